@@ -1,0 +1,11 @@
+/* cmd_convert - `weld convert`: not yet built (placeholder until its module lands). */
+#include "cli/cli.h"
+
+#include <stdio.h>
+
+int cmd_convert(int argc, char **argv)
+{
+    (void)argc;
+    fprintf(stderr, "weld %s: not available in this build yet\n", argv[0]);
+    return 1;
+}

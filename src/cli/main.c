@@ -1,0 +1,55 @@
+/*
+ * main - `weld <command> [options]`: dispatch to the subcommands in cmd_*.c.
+ */
+#include "cli/cli.h"
+#include "weld.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+};
+
+static const struct command commands[] = {
+    {"generate", cmd_generate, "generate text from a prompt"},
+    {"info", cmd_info, "show a model's architecture, tensors, tokenizer and memory needs"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"convert", cmd_convert, "convert between GGUF and Hugging Face directories, quantize"},
+    {"mkmodel", cmd_mkmodel, "write a random-weight model at a real model's shape"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "weld %s - LLM inference engine\n\nusage: weld <command> [options]\n\ncommands:\n",
+            weld_version());
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nRun 'weld <command> --help' for a command's options.\n"
+               "Environment: WELD_ACCELERATOR=cpu picks the backend; WELD_LOG=debug|info|warn|error.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("weld %s\n", weld_version());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "weld: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

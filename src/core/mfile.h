@@ -1,0 +1,31 @@
+/*
+ * mfile - a read-only view of a whole file, memory-mapped.
+ *
+ * Model weights are mmapped and pointed into, never copied. mfile_wrap() gives the same
+ * view over caller-owned memory (fuzz targets, tests, files already in memory); close
+ * then does not unmap. An empty file maps to data == NULL, size == 0.
+ */
+#ifndef WELD_CORE_MFILE_H
+#define WELD_CORE_MFILE_H
+
+#include "core/err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct mfile {
+    const uint8_t *data; /* size bytes, read-only */
+    size_t size;
+    int owned;           /* 1: mmapped by mfile_open, unmapped by mfile_close */
+};
+
+int mfile_open(struct mfile *m, const char *path, struct weld_err *e);
+void mfile_wrap(struct mfile *m, const void *data, size_t size);
+void mfile_close(struct mfile *m); /* safe on a zeroed or closed mfile */
+
+/* Read a whole (small) file into a NUL-terminated heap buffer; *len gets its size. */
+int file_read_all(const char *path, char **out, size_t *len, struct weld_err *e);
+/* Write n bytes to path atomically enough for our use (write then rename). */
+int file_write_all(const char *path, const void *data, size_t n, struct weld_err *e);
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * config - the hyperparameters of a Llama-family model, read from and written to both
+ * GGUF metadata and Hugging Face config.json.
+ *
+ * One struct describes every supported architecture; flags turn on the differences:
+ *   llama  (Llama 2/3, Mistral; HF "LlamaForCausalLM", "MistralForCausalLM")
+ *   qwen2  (QKV bias; HF "Qwen2ForCausalLM")
+ *   qwen3  (per-head RMSNorm on q and k before rope; HF "Qwen3ForCausalLM")
+ *
+ * Rope layout depends on where the weights came from, not only on the architecture: HF
+ * checkpoints (all archs) and GGUF qwen2/qwen3 rotate pairs (i, i + rope_dim/2) ("neox");
+ * GGUF llama rotates adjacent pairs (2i, 2i+1) because llama.cpp's converter permutes the
+ * rows of Q and K (see names.h). The loaders set rope_neox accordingly.
+ *
+ * GGUF keys (with A = general.architecture): A.vocab_size (or the length of
+ * tokenizer.ggml.tokens), A.embedding_length, A.block_count, A.attention.head_count,
+ * A.attention.head_count_kv, A.attention.key_length, A.feed_forward_length,
+ * A.context_length, A.attention.layer_norm_rms_epsilon, A.rope.freq_base,
+ * A.rope.dimension_count, A.rope.scaling.type/factor/original_context_length. Llama 3
+ * rope scaling is stored by llama.cpp as the tensor rope_freqs.weight (per-frequency
+ * divisors), not as keys: the model loader reads that tensor; the writer creates it.
+ * Tied embeddings in GGUF = no output.weight tensor.
+ */
+#ifndef WELD_MODEL_CONFIG_H
+#define WELD_MODEL_CONFIG_H
+
+#include "core/err.h"
+#include "core/json.h"
+#include "format/gguf.h"
+
+#include <stdbool.h>
+
+enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_COUNT };
+
+enum rope_scaling_type {
+    ROPE_SCALING_NONE = 0,
+    ROPE_SCALING_LINEAR, /* positions divided by factor */
+    ROPE_SCALING_LLAMA3, /* frequency-dependent divisors (Llama 3.1/3.2) */
+};
+
+struct model_config {
+    enum model_arch arch;
+    char name[128];        /* general.name / HF _name_or_path, may be empty */
+    int n_vocab;
+    int dim;               /* hidden size */
+    int n_layer;
+    int n_head;
+    int n_kv_head;         /* == n_head without GQA */
+    int head_dim;          /* usually dim / n_head; Qwen3 sets it explicitly */
+    int ffn_dim;           /* intermediate size */
+    int max_ctx;           /* trained context length */
+    int rope_dim;          /* rotated dimensions per head, usually head_dim */
+    float norm_eps;
+    float rope_theta;
+    bool rope_neox;        /* true: pairs (i, i+rope_dim/2); false: pairs (2i, 2i+1) */
+    enum rope_scaling_type rope_scaling;
+    float rope_factor;             /* LINEAR and LLAMA3 */
+    float rope_low_freq_factor;    /* LLAMA3 */
+    float rope_high_freq_factor;   /* LLAMA3 */
+    int rope_orig_ctx;             /* LLAMA3: original_max_position_embeddings */
+    bool tied_embeddings;  /* output projection reuses token_embd */
+    bool qkv_bias;         /* qwen2 */
+    bool qk_norm;          /* qwen3 */
+    int sliding_window;    /* 0: none (Mistral v0.1 used 4096); recorded, not yet applied */
+};
+
+const char *model_arch_name(enum model_arch a);  /* "llama", "qwen2", "qwen3" */
+int model_arch_from_name(const char *name);      /* -1 if unknown */
+
+/* Fill c from GGUF metadata (does not look at tensors except to count the vocabulary). */
+int model_config_from_gguf(const struct gguf_file *f, struct model_config *c,
+                           struct weld_err *e);
+/* Fill c from an HF config.json in dir, or from its text (fuzzing); `where` names it. */
+int model_config_from_hf(const char *dir, struct model_config *c, struct weld_err *e);
+int model_config_from_hf_json(const char *buf, size_t len, const char *where,
+                              struct model_config *c, struct weld_err *e);
+/* Check that the numbers make a runnable model (positive, divisible, in sane ranges). */
+int model_config_validate(const struct model_config *c, const char *where, struct weld_err *e);
+
+/* Write the architecture keys (general.architecture, A.*) into a GGUF writer. */
+int model_config_to_gguf(const struct model_config *c, struct gguf_writer *w,
+                         struct weld_err *e);
+/* Build an HF config.json object (architectures, model_type, torch_dtype as given). */
+json_t *model_config_to_hf_json(const struct model_config *c, const char *torch_dtype);
+
+/* Llama 3 rope: the per-frequency divisors (rope_dim/2 floats) that llama.cpp stores as
+   rope_freqs.weight; all 1 when rope_scaling != LLAMA3. */
+void model_config_llama3_freq_factors(const struct model_config *c, float *out);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * test.h - the assert runner every test executable uses.
+ *
+ *   TEST(name) { CHECK(x == 1); CHECK_EQ_INT(a, b); CHECK_NEAR(a, b, tol); }
+ *   int main(void) { RUN(name); return test_summary(); }
+ *
+ * A failed CHECK prints file:line and the expression and marks the current test failed,
+ * then the test goes on (REQUIRE returns from the test instead). test_summary() prints
+ * "N passed, N failed" and returns the exit status for ctest.
+ * Tests read shared data through test_shared_path("models/stories260K.gguf"), which looks
+ * in $WELD_SHARED, then ../shared and ../../shared relative to the source tree.
+ */
+#ifndef WELD_TEST_H
+#define WELD_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int test_n_pass, test_n_fail, test_cur_failed;
+static const char *test_cur_name;
+
+#define TEST(name) static void test_##name(void)
+
+#define CHECK(cond)                                                                         \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "%s:%d: %s: CHECK failed: %s\n", __FILE__, __LINE__,            \
+                    test_cur_name, #cond);                                                  \
+            test_cur_failed = 1;                                                            \
+        }                                                                                   \
+    } while (0)
+
+#define REQUIRE(cond)                                                                       \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "%s:%d: %s: REQUIRE failed: %s\n", __FILE__, __LINE__,          \
+                    test_cur_name, #cond);                                                  \
+            test_cur_failed = 1;                                                            \
+            return;                                                                         \
+        }                                                                                   \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                                  \
+    do {                                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                 \
+        if (a_ != b_) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: CHECK_EQ_INT failed: %s = %lld, %s = %lld\n",       \
+                    __FILE__, __LINE__, test_cur_name, #a, a_, #b, b_);                     \
+            test_cur_failed = 1;                                                            \
+        }                                                                                   \
+    } while (0)
+
+#define CHECK_EQ_STR(a, b)                                                                  \
+    do {                                                                                    \
+        const char *a_ = (a), *b_ = (b);                                                    \
+        if (!a_ || !b_ || strcmp(a_, b_) != 0) {                                            \
+            fprintf(stderr, "%s:%d: %s: CHECK_EQ_STR failed: %s = \"%s\", %s = \"%s\"\n",   \
+                    __FILE__, __LINE__, test_cur_name, #a, a_ ? a_ : "(null)", #b,          \
+                    b_ ? b_ : "(null)");                                                    \
+            test_cur_failed = 1;                                                            \
+        }                                                                                   \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                               \
+    do {                                                                                    \
+        double a_ = (double)(a), b_ = (double)(b);                                          \
+        if (!(fabs(a_ - b_) <= (tol))) {                                                    \
+            fprintf(stderr, "%s:%d: %s: CHECK_NEAR failed: %s = %.9g, %s = %.9g\n",         \
+                    __FILE__, __LINE__, test_cur_name, #a, a_, #b, b_);                     \
+            test_cur_failed = 1;                                                            \
+        }                                                                                   \
+    } while (0)
+
+#define RUN(name)                                                                           \
+    do {                                                                                    \
+        test_cur_name = #name;                                                              \
+        test_cur_failed = 0;                                                                \
+        test_##name();                                                                      \
+        if (test_cur_failed)                                                                \
+            test_n_fail++;                                                                  \
+        else                                                                                \
+            test_n_pass++;                                                                  \
+    } while (0)
+
+static inline int test_summary(void)
+{
+    printf("%d passed, %d failed\n", test_n_pass, test_n_fail);
+    return test_n_fail ? 1 : 0;
+}
+
+/* Path of a file under shared/ (e.g. "models/stories260K.gguf"), or NULL if not found. */
+static inline const char *test_shared_path(const char *rel)
+{
+    static char buf[4096];
+    const char *env = getenv("WELD_SHARED");
+    const char *roots[] = {env, WELD_SOURCE_DIR "/../shared", WELD_SOURCE_DIR "/../../shared"};
+    for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++) {
+        if (!roots[i])
+            continue;
+        snprintf(buf, sizeof buf, "%s/%s", roots[i], rel);
+        if (access(buf, R_OK) == 0)
+            return buf;
+    }
+    return NULL;
+}
+
+/* A scratch directory for this test executable (created once, under the build tree). */
+static inline const char *test_tmpdir(void)
+{
+    static char dir[4096];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "%s/tmp-XXXXXX", WELD_BINARY_DIR);
+        if (!mkdtemp(dir)) {
+            perror("mkdtemp");
+            exit(2);
+        }
+    }
+    return dir;
+}
+
+#endif

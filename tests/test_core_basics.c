@@ -1,0 +1,123 @@
+/* Unit tests for src/core: errors, allocation failure injection, fp16/bf16, rng, json. */
+#include "core/alloc.h"
+#include "core/err.h"
+#include "core/fp16.h"
+#include "core/json.h"
+#include "core/mfile.h"
+#include "core/rng.h"
+#include "test.h"
+
+TEST(err_set_formats_and_returns_status)
+{
+    struct weld_err e;
+    err_clear(&e);
+    CHECK_EQ_INT(err_set(&e, WELD_ERR_FORMAT, "%s: field '%s'", "f.json", "x"), WELD_ERR_FORMAT);
+    CHECK_EQ_STR(e.msg, "f.json: field 'x'");
+    err_prefix(&e, "loading %s", "m");
+    CHECK_EQ_STR(e.msg, "loading m: f.json: field 'x'");
+    CHECK_EQ_INT(e.status, WELD_ERR_FORMAT);
+    CHECK_EQ_INT(err_set(NULL, WELD_ERR_IO, "ignored"), WELD_ERR_IO);
+}
+
+TEST(alloc_fault_injection)
+{
+    alloc_fail_at(2);
+    void *a = wmalloc(8);
+    void *b = wmalloc(8);
+    void *c = wmalloc(8);
+    CHECK(a != NULL);
+    CHECK(b == NULL);
+    CHECK(c != NULL);
+    CHECK_EQ_INT(alloc_failed_count(), 1);
+    alloc_fail_at(0);
+    wfree(a);
+    wfree(c);
+    wfree(NULL);
+    CHECK(wcalloc((size_t)1 << 62, 16) == NULL);
+}
+
+TEST(fp16_roundtrip_and_rounding)
+{
+    CHECK_EQ_INT(fp16_from_f32(1.0f), 0x3c00);
+    CHECK_EQ_INT(fp16_from_f32(-2.0f), 0xc000);
+    CHECK_EQ_INT(fp16_from_f32(65504.0f), 0x7bff);
+    CHECK_EQ_INT(fp16_from_f32(1e6f), 0x7c00);
+    CHECK_EQ_INT(fp16_from_f32(1.0f + 1.0f / 2048), 0x3c00); /* tie rounds to even */
+    CHECK_EQ_INT(fp16_from_f32(1.0f + 3.0f / 2048), 0x3c02);
+    for (uint32_t h = 0; h < 0x7c00; h++)
+        if (fp16_from_f32(fp16_to_f32((uint16_t)h)) != h) {
+            CHECK_EQ_INT(fp16_from_f32(fp16_to_f32((uint16_t)h)), h);
+            break;
+        }
+    CHECK_NEAR(fp16_to_f32(0x0001), 5.960464477539063e-08, 1e-15);
+    CHECK_EQ_INT(bf16_from_f32(1.0f), 0x3f80);
+    CHECK_EQ_INT(bf16_from_f32(f32_from_bits(0x3f808000u)), 0x3f80); /* tie to even */
+    CHECK_EQ_INT(bf16_from_f32(f32_from_bits(0x3f818000u)), 0x3f82);
+    CHECK(bf16_to_f32(bf16_from_f32(3.140625f)) == 3.140625f);
+}
+
+TEST(rng_is_deterministic_and_normal)
+{
+    struct rng a, b;
+    rng_seed(&a, 42);
+    rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++)
+        CHECK(rng_u64(&a) == rng_u64(&b));
+    double s = 0, s2 = 0;
+    int n = 100000;
+    for (int i = 0; i < n; i++) {
+        double x = rng_normal(&a);
+        s += x;
+        s2 += x * x;
+    }
+    CHECK_NEAR(s / n, 0.0, 0.02);
+    CHECK_NEAR(s2 / n, 1.0, 0.02);
+}
+
+TEST(json_errors_name_position_and_field)
+{
+    struct weld_err e;
+    err_clear(&e);
+    const char *bad = "{\"a\": 1,\n \"b\": }";
+    json_t *v = jload_buf(bad, strlen(bad), "cfg.json", &e);
+    CHECK(v == NULL);
+    CHECK(strstr(e.msg, "cfg.json:2:") != NULL);
+    const char *good = "{\"a\": 1, \"s\": \"x\", \"f\": 2.5, \"n\": null}";
+    v = jload_buf(good, strlen(good), "cfg.json", &e);
+    REQUIRE(v != NULL);
+    int64_t i = 0;
+    double d = 0;
+    const char *s = NULL;
+    CHECK_EQ_INT(jget_int(v, "a", &i, "cfg.json", &e), WELD_OK);
+    CHECK_EQ_INT(i, 1);
+    CHECK_EQ_INT(jget_int(v, "n", &i, "cfg.json", &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_INT(jget_int(v, "missing", &i, "cfg.json", &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_INT(jget_int(v, "f", &i, "cfg.json", &e), WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "field 'f'") != NULL);
+    CHECK_EQ_INT(jget_double(v, "f", &d, "cfg.json", &e), WELD_OK);
+    CHECK_NEAR(d, 2.5, 0);
+    CHECK_EQ_INT(jget_str(v, "s", &s, "cfg.json", &e), WELD_OK);
+    CHECK_EQ_STR(s, "x");
+    CHECK_EQ_INT(jget_str(v, "a", &s, "cfg.json", &e), WELD_ERR_FORMAT);
+    json_decref(v);
+}
+
+TEST(mfile_reports_missing_file)
+{
+    struct mfile m;
+    struct weld_err e;
+    CHECK_EQ_INT(mfile_open(&m, "/nonexistent/x.gguf", &e), WELD_ERR_NOT_FOUND);
+    CHECK(strstr(e.msg, "/nonexistent/x.gguf") != NULL);
+    mfile_close(&m);
+}
+
+int main(void)
+{
+    RUN(err_set_formats_and_returns_status);
+    RUN(alloc_fault_injection);
+    RUN(fp16_roundtrip_and_rounding);
+    RUN(rng_is_deterministic_and_normal);
+    RUN(json_errors_name_position_and_field);
+    RUN(mfile_reports_missing_file);
+    return test_summary();
+}
