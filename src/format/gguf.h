@@ -65,7 +65,8 @@ struct gguf_kv {
     } v;
     /* arrays (type == GGUF_TYPE_ARRAY) */
     enum gguf_type arr_type; /* element type (never ARRAY: nested arrays are skipped over
-                                and reported as arr_n elements with arr_data NULL) */
+                                and reported as arr_n elements with arr_data NULL and
+                                arr_type GGUF_TYPE_COUNT) */
     uint64_t arr_n;
     const void *arr_data;    /* numeric elements, packed little-endian, maybe unaligned */
     struct gguf_str *arr_str; /* string elements (arr_n of them), heap array */
