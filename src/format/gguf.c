@@ -33,6 +33,7 @@
 
 #include "core/alloc.h"
 #include "core/fp16.h"
+#include "core/log.h"
 #include "core/progress.h"
 
 #include <errno.h>
@@ -609,11 +610,12 @@ void gguf_close(struct gguf_file *f)
     if (!f)
         return;
     struct gguf_priv *g = (struct gguf_priv *)f;
-    for (uint64_t i = 0; i < f->n_kv; i++) {
+    /* counts read from the header describe the arrays only once they are allocated */
+    for (uint64_t i = 0; f->kv && i < f->n_kv; i++) {
         wfree(f->kv[i].key);
         wfree(f->kv[i].arr_str);
     }
-    for (uint64_t i = 0; i < f->n_tensors; i++)
+    for (uint64_t i = 0; f->tensors && i < f->n_tensors; i++)
         wfree(f->tensors[i].name);
     wfree(f->kv);
     wfree(f->tensors);
@@ -800,4 +802,508 @@ int64_t gguf_arr_i64(const struct gguf_kv *kv, uint64_t i)
         return d >= -9.2e18 && d <= 9.2e18 ? (int64_t)d : 0; /* NaN and huge: 0 */
     }
     return type_is_signed(x.type) ? x.v.i64 : (int64_t)x.v.u64;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* writer                                                                                */
+
+struct buf {
+    uint8_t *p;
+    size_t n, cap;
+};
+
+static int buf_put(struct buf *b, const void *data, size_t n)
+{
+    if (n > SIZE_MAX - b->n)
+        return WELD_ERR_NOMEM;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n)
+            cap = cap > SIZE_MAX / 2 ? b->n + n : cap * 2;
+        uint8_t *q = wrealloc(b->p, cap);
+        if (!q)
+            return WELD_ERR_NOMEM;
+        b->p = q;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, data, n);
+    b->n += n;
+    return WELD_OK;
+}
+
+static int buf_le(struct buf *b, uint64_t v, int n)
+{
+    uint8_t tmp[8];
+    for (int i = 0; i < n; i++)
+        tmp[i] = (uint8_t)(v >> 8 * i);
+    return buf_put(b, tmp, (size_t)n);
+}
+
+static int buf_str(struct buf *b, const char *s, uint64_t len)
+{
+    int rc = buf_le(b, len, 8);
+    return rc ? rc : buf_put(b, s, (size_t)len);
+}
+
+struct wkv {
+    char *key;
+    enum gguf_type type;
+    struct buf val; /* the serialized value: what follows the type field in the file */
+};
+
+struct wtensor {
+    char *name;
+    enum weld_dtype type;
+    int n_dims;
+    int64_t ne[GGUF_MAX_DIMS];
+    size_t nbytes;
+    const void *data; /* or fill + ctx */
+    gguf_fill_fn fill;
+    void *ctx;
+    uint64_t offset; /* assigned by gguf_writer_write */
+};
+
+struct gguf_writer {
+    struct wkv *kv;
+    size_t n_kv, cap_kv;
+    struct wtensor *t;
+    size_t n_t, cap_t;
+    uint64_t alignment;
+};
+
+struct gguf_writer *gguf_writer_create(void)
+{
+    struct gguf_writer *w = wcalloc(1, sizeof *w);
+    if (w)
+        w->alignment = GGUF_DEFAULT_ALIGNMENT;
+    return w;
+}
+
+void gguf_writer_free(struct gguf_writer *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->n_kv; i++) {
+        wfree(w->kv[i].key);
+        wfree(w->kv[i].val.p);
+    }
+    for (size_t i = 0; i < w->n_t; i++)
+        wfree(w->t[i].name);
+    wfree(w->kv);
+    wfree(w->t);
+    wfree(w);
+}
+
+/* Grow an array of elem-size items so that one more fits. */
+static int grow(void **arr, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap)
+        return WELD_OK;
+    size_t nc = *cap ? *cap * 2 : 16;
+    void *p = wrealloc(*arr, nc * elem); /* nc * elem cannot overflow before memory does */
+    if (!p)
+        return WELD_ERR_NOMEM;
+    *arr = p;
+    *cap = nc;
+    return WELD_OK;
+}
+
+/* Check general.alignment: only a u32 power of two is accepted (as llama.cpp does). */
+static int check_alignment_kv(struct gguf_writer *w, const char *key, enum gguf_type type,
+                              const struct buf *val)
+{
+    if (strcmp(key, "general.alignment") != 0)
+        return WELD_OK;
+    if (type != GGUF_TYPE_UINT32)
+        return WELD_ERR_INVALID_ARG;
+    uint64_t a = ld_le(val->p, 4);
+    if (a == 0 || (a & (a - 1)) != 0 || a > GGUF_MAX_ALIGNMENT)
+        return WELD_ERR_INVALID_ARG;
+    w->alignment = a;
+    return WELD_OK;
+}
+
+/* Store key = (type, serialized value); takes ownership of val's buffer on success. */
+static int writer_set(struct gguf_writer *w, const char *key, enum gguf_type type,
+                      struct buf *val)
+{
+    int rc = WELD_ERR_INVALID_ARG;
+    if (!w || !key || !key[0] || (rc = check_alignment_kv(w, key, type, val)))
+        goto fail;
+    for (size_t i = 0; i < w->n_kv; i++)
+        if (strcmp(w->kv[i].key, key) == 0) {
+            wfree(w->kv[i].val.p);
+            w->kv[i].type = type;
+            w->kv[i].val = *val;
+            return WELD_OK;
+        }
+    rc = WELD_ERR_NOMEM;
+    if (grow((void **)&w->kv, &w->cap_kv, w->n_kv, sizeof *w->kv))
+        goto fail;
+    char *k = wstrdup(key);
+    if (!k)
+        goto fail;
+    w->kv[w->n_kv].key = k;
+    w->kv[w->n_kv].type = type;
+    w->kv[w->n_kv].val = *val;
+    w->n_kv++;
+    return WELD_OK;
+fail:
+    wfree(val->p);
+    return rc;
+}
+
+static int set_scalar(struct gguf_writer *w, const char *key, enum gguf_type type, uint64_t bits)
+{
+    struct buf b = {0};
+    if (buf_le(&b, bits, type_size(type)))
+        return WELD_ERR_NOMEM;
+    return writer_set(w, key, type, &b);
+}
+
+int gguf_writer_set_u8(struct gguf_writer *w, const char *key, uint8_t v)
+{
+    return set_scalar(w, key, GGUF_TYPE_UINT8, v);
+}
+
+int gguf_writer_set_u32(struct gguf_writer *w, const char *key, uint32_t v)
+{
+    return set_scalar(w, key, GGUF_TYPE_UINT32, v);
+}
+
+int gguf_writer_set_i32(struct gguf_writer *w, const char *key, int32_t v)
+{
+    return set_scalar(w, key, GGUF_TYPE_INT32, (uint32_t)v);
+}
+
+int gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v)
+{
+    return set_scalar(w, key, GGUF_TYPE_UINT64, v);
+}
+
+int gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v)
+{
+    return set_scalar(w, key, GGUF_TYPE_FLOAT32, f32_to_bits(v));
+}
+
+int gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v)
+{
+    return set_scalar(w, key, GGUF_TYPE_BOOL, v ? 1 : 0);
+}
+
+int gguf_writer_set_strn(struct gguf_writer *w, const char *key, const char *v, size_t len)
+{
+    struct buf b = {0};
+    if (!v && len)
+        return WELD_ERR_INVALID_ARG;
+    if (buf_str(&b, v, len)) {
+        wfree(b.p);
+        return WELD_ERR_NOMEM;
+    }
+    return writer_set(w, key, GGUF_TYPE_STRING, &b);
+}
+
+int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *v)
+{
+    if (!v)
+        return WELD_ERR_INVALID_ARG;
+    return gguf_writer_set_strn(w, key, v, strlen(v));
+}
+
+int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_type elem,
+                        const void *data, uint64_t n)
+{
+    int es = type_size(elem);
+    if (es == 0 || (n && !data) || n > SIZE_MAX / 8)
+        return WELD_ERR_INVALID_ARG;
+    struct buf b = {0};
+    int rc = buf_le(&b, elem, 4);
+    if (!rc)
+        rc = buf_le(&b, n, 8);
+    const uint8_t *p = data;
+    for (uint64_t i = 0; i < n && !rc; i++, p += es) {
+        uint64_t v = 0; /* host-order element to little-endian */
+        if (es == 1)
+            v = p[0];
+        else if (es == 2) {
+            uint16_t x;
+            memcpy(&x, p, 2);
+            v = x;
+        } else if (es == 4) {
+            uint32_t x;
+            memcpy(&x, p, 4);
+            v = x;
+        } else {
+            memcpy(&v, p, 8);
+        }
+        rc = buf_le(&b, v, es);
+    }
+    if (rc) {
+        wfree(b.p);
+        return rc;
+    }
+    return writer_set(w, key, GGUF_TYPE_ARRAY, &b);
+}
+
+int gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, const char *const *strs,
+                            const uint64_t *lens, uint64_t n)
+{
+    if (n && !strs)
+        return WELD_ERR_INVALID_ARG;
+    struct buf b = {0};
+    int rc = buf_le(&b, GGUF_TYPE_STRING, 4);
+    if (!rc)
+        rc = buf_le(&b, n, 8);
+    for (uint64_t i = 0; i < n && !rc; i++) {
+        if (!strs[i] && (!lens || lens[i])) {
+            rc = WELD_ERR_INVALID_ARG;
+            break;
+        }
+        rc = buf_str(&b, strs[i], lens ? lens[i] : strlen(strs[i]));
+    }
+    if (rc) {
+        wfree(b.p);
+        return rc;
+    }
+    return writer_set(w, key, GGUF_TYPE_ARRAY, &b);
+}
+
+/* Re-serialize one reader kv (the widened value narrowed back to its type). */
+static int serialize_kv(const struct gguf_kv *kv, struct buf *b)
+{
+    if (kv->type == GGUF_TYPE_STRING)
+        return buf_str(b, kv->v.str.ptr, kv->v.str.len);
+    if (kv->type != GGUF_TYPE_ARRAY) {
+        uint64_t bits = kv->v.u64;
+        if (kv->type == GGUF_TYPE_FLOAT32)
+            bits = f32_to_bits((float)kv->v.f64);
+        else if (kv->type == GGUF_TYPE_FLOAT64)
+            memcpy(&bits, &kv->v.f64, 8);
+        return buf_le(b, bits, type_size(kv->type)); /* signed: two's complement, truncated */
+    }
+    int rc = buf_le(b, kv->arr_type, 4);
+    if (!rc)
+        rc = buf_le(b, kv->arr_n, 8);
+    if (rc || kv->arr_n == 0)
+        return rc;
+    if (kv->arr_type == GGUF_TYPE_STRING) {
+        for (uint64_t i = 0; i < kv->arr_n && !rc; i++)
+            rc = buf_str(b, kv->arr_str[i].ptr, kv->arr_str[i].len);
+        return rc;
+    }
+    return buf_put(b, kv->arr_data, (size_t)(kv->arr_n * (uint64_t)type_size(kv->arr_type)));
+}
+
+int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_file *f, struct weld_err *e)
+{
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const struct gguf_kv *kv = &f->kv[i];
+        if (kv->type == GGUF_TYPE_ARRAY && kv->arr_type == GGUF_TYPE_COUNT) {
+            log_warn("%s: key '%s': nested arrays are not copied", f->path, kv->key);
+            continue;
+        }
+        int rc;
+        if (strcmp(kv->key, "general.alignment") == 0) {
+            rc = gguf_writer_set_u32(w, kv->key, (uint32_t)f->alignment);
+        } else {
+            struct buf b = {0};
+            rc = serialize_kv(kv, &b);
+            if (rc)
+                wfree(b.p);
+            else
+                rc = writer_set(w, kv->key, kv->type, &b);
+        }
+        if (rc)
+            return err_set(e, rc, "%s: key '%s': cannot copy: %s", f->path, kv->key,
+                           weld_status_str(rc));
+    }
+    return WELD_OK;
+}
+
+static int add_tensor(struct gguf_writer *w, const char *name, enum weld_dtype type,
+                      int n_dims, const int64_t *ne, const void *data, gguf_fill_fn fill,
+                      void *ctx)
+{
+    const struct dtype_info *di = dtype_get((int)type);
+    if (!w || !name || !name[0] || !di || n_dims < 1 || n_dims > GGUF_MAX_DIMS || !ne)
+        return WELD_ERR_INVALID_ARG;
+    struct wtensor t = {.type = type, .n_dims = n_dims, .data = data, .fill = fill, .ctx = ctx};
+    int64_t count = 1;
+    for (int d = 0; d < GGUF_MAX_DIMS; d++) {
+        t.ne[d] = d < n_dims ? ne[d] : 1;
+        if (t.ne[d] < 0 || (t.ne[d] && count > INT64_MAX / t.ne[d]))
+            return WELD_ERR_INVALID_ARG;
+        count *= t.ne[d];
+    }
+    if (t.ne[0] % di->block_size)
+        return WELD_ERR_INVALID_ARG;
+    uint64_t blocks = (uint64_t)(count / di->block_size);
+    if (blocks > (SIZE_MAX >> 2) / di->type_size)
+        return WELD_ERR_INVALID_ARG;
+    t.nbytes = (size_t)blocks * di->type_size;
+    if (t.nbytes && !data && !fill)
+        return WELD_ERR_INVALID_ARG;
+    for (size_t i = 0; i < w->n_t; i++)
+        if (strcmp(w->t[i].name, name) == 0)
+            return WELD_ERR_INVALID_ARG;
+    if (grow((void **)&w->t, &w->cap_t, w->n_t, sizeof *w->t) || !(t.name = wstrdup(name)))
+        return WELD_ERR_NOMEM;
+    w->t[w->n_t++] = t;
+    return WELD_OK;
+}
+
+int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum weld_dtype type,
+                           int n_dims, const int64_t *ne, const void *data)
+{
+    return add_tensor(w, name, type, n_dims, ne, data, NULL, NULL);
+}
+
+int gguf_writer_add_tensor_fn(struct gguf_writer *w, const char *name, enum weld_dtype type,
+                              int n_dims, const int64_t *ne, gguf_fill_fn fill, void *ctx)
+{
+    if (!fill)
+        return WELD_ERR_INVALID_ARG;
+    return add_tensor(w, name, type, n_dims, ne, NULL, fill, ctx);
+}
+
+/* Header, key/values and tensor infos, padded to the alignment; assigns tensor offsets. */
+static int build_header(struct gguf_writer *w, struct buf *b, uint64_t *data_bytes)
+{
+    int rc = buf_put(b, GGUF_MAGIC, 4);
+    rc = rc ? rc : buf_le(b, 3, 4);
+    rc = rc ? rc : buf_le(b, w->n_t, 8);
+    rc = rc ? rc : buf_le(b, w->n_kv, 8);
+    for (size_t i = 0; i < w->n_kv && !rc; i++) {
+        rc = buf_str(b, w->kv[i].key, strlen(w->kv[i].key));
+        rc = rc ? rc : buf_le(b, w->kv[i].type, 4);
+        rc = rc ? rc : buf_put(b, w->kv[i].val.p, w->kv[i].val.n);
+    }
+    uint64_t off = 0, a = w->alignment;
+    for (size_t i = 0; i < w->n_t && !rc; i++) {
+        struct wtensor *t = &w->t[i];
+        t->offset = off;
+        uint64_t padded = (t->nbytes + a - 1) / a * a; /* nbytes < SIZE_MAX / 4 */
+        if (padded > UINT64_MAX / 2 - off)
+            return WELD_ERR_LIMIT;
+        off += padded;
+        rc = buf_str(b, t->name, strlen(t->name));
+        rc = rc ? rc : buf_le(b, (uint64_t)t->n_dims, 4);
+        for (int d = 0; d < t->n_dims && !rc; d++)
+            rc = buf_le(b, (uint64_t)t->ne[d], 8);
+        rc = rc ? rc : buf_le(b, (uint64_t)t->type, 4);
+        rc = rc ? rc : buf_le(b, t->offset, 8);
+    }
+    static const uint8_t zeros[GGUF_DEFAULT_ALIGNMENT];
+    while (!rc && b->n % a)
+        rc = buf_put(b, zeros, (size_t)(a - b->n % a < sizeof zeros ? a - b->n % a : sizeof zeros));
+    *data_bytes = off;
+    return rc;
+}
+
+static int write_bytes(FILE *fp, const void *p, size_t n, const char *tmp, struct weld_err *e)
+{
+    if (n && fwrite(p, 1, n, fp) != n)
+        return err_set(e, WELD_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    return WELD_OK;
+}
+
+static int write_zeros(FILE *fp, uint64_t n, const char *tmp, struct weld_err *e)
+{
+    static const uint8_t zeros[4096];
+    while (n) {
+        size_t k = n < sizeof zeros ? (size_t)n : sizeof zeros;
+        int rc = write_bytes(fp, zeros, k, tmp, e);
+        if (rc)
+            return rc;
+        n -= k;
+    }
+    return WELD_OK;
+}
+
+/* One tensor's bytes (from its pointer or its fill callback, via *scratch) and padding. */
+static int write_tensor(struct gguf_writer *w, struct wtensor *t, FILE *fp, const char *tmp,
+                        struct buf *scratch, struct progress *pg, struct weld_err *e)
+{
+    const uint8_t *src = t->data;
+    int rc;
+    if (t->nbytes && !src) {
+        if (scratch->cap < t->nbytes) {
+            wfree(scratch->p);
+            scratch->cap = 0;
+            if (!(scratch->p = wmalloc(t->nbytes)))
+                return err_set(e, WELD_ERR_NOMEM, "%s: tensor '%s': out of memory for %zu "
+                               "bytes", tmp, t->name, t->nbytes);
+            scratch->cap = t->nbytes;
+        }
+        err_clear(e);
+        if ((rc = t->fill(t->ctx, scratch->p, t->nbytes, e))) {
+            if (!e)
+                return rc;
+            if (e->status == WELD_OK || !e->msg[0])
+                err_set(e, rc, "fill callback failed (%s)", weld_status_str(rc));
+            return err_prefix(e, "%s: tensor '%s'", tmp, t->name);
+        }
+        src = scratch->p;
+    }
+    const size_t chunk = (size_t)1 << 24;
+    for (size_t at = 0; at < t->nbytes; at += chunk) {
+        size_t k = t->nbytes - at < chunk ? t->nbytes - at : chunk;
+        if ((rc = write_bytes(fp, src + at, k, tmp, e)))
+            return rc;
+        progress_add(pg, k);
+    }
+    return write_zeros(fp, (w->alignment - t->nbytes % w->alignment) % w->alignment, tmp, e);
+}
+
+static int write_all(struct gguf_writer *w, FILE *fp, const char *path, const char *tmp,
+                     struct weld_err *e)
+{
+    struct buf hdr = {0}, scratch = {0};
+    uint64_t data_bytes = 0;
+    int rc = build_header(w, &hdr, &data_bytes);
+    if (rc)
+        rc = err_set(e, rc, "%s: cannot build the header: %s", path, weld_status_str(rc));
+    else
+        rc = write_bytes(fp, hdr.p, hdr.n, tmp, e);
+    wfree(hdr.p);
+    if (rc)
+        return rc;
+    struct progress pg;
+    progress_start(&pg, path, data_bytes);
+    for (size_t i = 0; i < w->n_t && !rc; i++)
+        rc = write_tensor(w, &w->t[i], fp, tmp, &scratch, &pg, e);
+    progress_end(&pg);
+    wfree(scratch.p);
+    if (!rc && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
+        rc = err_set(e, WELD_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    return rc;
+}
+
+int gguf_writer_write(struct gguf_writer *w, const char *path, struct weld_err *e)
+{
+    if (!w || !path)
+        return err_set(e, WELD_ERR_INVALID_ARG, "gguf_writer_write: no writer or path");
+    size_t n = strlen(path);
+    char *tmp = wmalloc(n + 5);
+    if (!tmp)
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory", path);
+    memcpy(tmp, path, n);
+    memcpy(tmp + n, ".tmp", 5);
+    FILE *fp = fopen(tmp, "wb");
+    int rc;
+    if (!fp) {
+        rc = err_set(e, WELD_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto free_tmp;
+    }
+    rc = write_all(w, fp, path, tmp, e);
+    if (fclose(fp) != 0 && !rc)
+        rc = err_set(e, WELD_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+    if (!rc && rename(tmp, path) != 0)
+        rc = err_set(e, WELD_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    if (rc)
+        unlink(tmp);
+free_tmp:
+    wfree(tmp);
+    return rc;
 }
