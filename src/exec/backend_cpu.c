@@ -1,0 +1,234 @@
+/*
+ * backend_cpu - the cpu backend: program builder + executor + scalar kernels + paged KV.
+ *
+ * A step: validate the batch; check the KV pool can hold every sequence's new positions
+ * (all-or-nothing, before anything changes); reserve them; find or build the program for
+ * the batch's shape (a small round-robin cache of PROG_CACHE programs, so alternating
+ * prefill/decode shapes do not rebuild every step); flatten tokens and positions; grow
+ * the activation arena to the program's plan; run the executor. If the executor fails the
+ * sequences are truncated back to where the batch started.
+ *
+ * Memory: weights are the model's (never copied, except small vectors in exec_weights);
+ * the KV cache is sized at creation; step tables and the arena grow to the largest step
+ * seen and are reused.
+ * Threading: a context is used by one thread at a time.
+ */
+#include "exec/backend.h"
+
+#include "core/alloc.h"
+#include "exec/exec.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define PROG_CACHE 4
+
+struct cpu_ctx {
+    const struct model *m;
+    struct backend_params params;
+    struct exec_weights *w;
+    struct kv_cache *kv;
+    const struct executor_impl *ex;
+    void *ex_state;
+    struct program *progs[PROG_CACHE];
+    int prog_next;
+    int32_t *tokens;  /* (cap_tokens) */
+    int *pos;         /* (cap_tokens) */
+    int cap_tokens;
+    int *seq_id;      /* (max_seqs) */
+    float *arena;     /* (cap_arena) */
+    size_t cap_arena;
+    char desc[256];
+};
+
+static void cpu_ctx_free(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    if (!c)
+        return;
+    if (c->ex && c->ex_state)
+        c->ex->free(c->ex_state);
+    for (int i = 0; i < PROG_CACHE; i++)
+        program_free(c->progs[i]);
+    kv_free(c->kv);
+    exec_weights_free(c->w);
+    wfree(c->tokens);
+    wfree(c->pos);
+    wfree(c->seq_id);
+    wfree(c->arena);
+    wfree(c);
+}
+
+static int cpu_ctx_create(void **out, const struct model *m, const struct backend_params *p,
+                          struct weld_err *e)
+{
+    *out = NULL;
+    if (p->max_seqs < 1 || p->max_ctx < 1 || p->n_splits < 0)
+        return err_set(e, WELD_ERR_INVALID_ARG, "cpu backend: max_seqs %d, max_ctx %d must "
+                       "be >= 1, n_splits %d >= 0", p->max_seqs, p->max_ctx, p->n_splits);
+    struct cpu_ctx *c = wcalloc(1, sizeof *c);
+    if (!c)
+        return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
+    c->m = m;
+    c->params = *p;
+    if (!c->params.n_splits)
+        c->params.n_splits = 1;
+    int rc = exec_weights_create(&c->w, m, e);
+    if (rc)
+        goto fail;
+    struct kv_config kc = {
+        .n_layer = m->cfg.n_layer, .kv_dim = m->cfg.n_kv_head * m->cfg.head_dim,
+        .max_seqs = p->max_seqs, .max_ctx = p->max_ctx, .block_size = p->kv_block_size,
+        .n_blocks = p->kv_blocks, .type = DT_F32,
+    };
+    if ((rc = kv_create(&c->kv, &kc, e)) || (rc = executor_from_env(&c->ex, e)) ||
+        (rc = c->ex->create(&c->ex_state, &m->cfg, e)))
+        goto fail;
+    if (!(c->seq_id = wcalloc((size_t)p->max_seqs, sizeof(int)))) {
+        rc = err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
+        goto fail;
+    }
+    snprintf(c->desc, sizeof c->desc, "cpu: %s executor, %d splits, kv %d blocks of %d",
+             c->ex->name, c->params.n_splits, c->kv->n_blocks, c->kv->block_size);
+    *out = c;
+    return WELD_OK;
+fail:
+    cpu_ctx_free(c);
+    return rc;
+}
+
+/* Reserve KV positions for every sequence of b, all-or-nothing. */
+static int reserve_kv(struct cpu_ctx *c, const struct batch *b, struct weld_err *e)
+{
+    long long more = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct batch_seq *bs = &b->seqs[s];
+        int have = kv_seq_len(c->kv, bs->seq_id);
+        if (bs->pos > have)
+            return err_set(e, WELD_ERR_INVALID_ARG, "batch seq %d (id %d): starts at pos %d "
+                           "but only positions 0..%d are cached", s, bs->seq_id, bs->pos,
+                           have - 1);
+        more += kv_seq_blocks_needed(c->kv, bs->seq_id, bs->pos, bs->n_tokens);
+    }
+    if (more > kv_n_free_blocks(c->kv))
+        return err_set(e, WELD_ERR_LIMIT, "kv cache: step needs %lld more blocks, %d free "
+                       "(drop finished sequences or raise the block count)", more,
+                       kv_n_free_blocks(c->kv));
+    for (int s = 0; s < b->n_seqs; s++) {
+        int rc = kv_seq_prepare(c->kv, b->seqs[s].seq_id, b->seqs[s].pos,
+                                b->seqs[s].n_tokens, e);
+        WELD_ASSERT(rc == WELD_OK); /* checked above */
+    }
+    return WELD_OK;
+}
+
+static int get_program(struct cpu_ctx *c, const struct batch *b, struct program **out,
+                       struct weld_err *e)
+{
+    for (int i = 0; i < PROG_CACHE; i++)
+        if (program_matches(c->progs[i], b)) {
+            *out = c->progs[i];
+            return WELD_OK;
+        }
+    struct program *p;
+    int rc = program_build(&p, &c->m->cfg, b, c->params.n_splits, e);
+    if (rc)
+        return rc;
+    program_free(c->progs[c->prog_next]);
+    c->progs[c->prog_next] = p;
+    c->prog_next = (c->prog_next + 1) % PROG_CACHE;
+    *out = p;
+    return WELD_OK;
+}
+
+static int grow_tables(struct cpu_ctx *c, int n_tokens, size_t arena, struct weld_err *e)
+{
+    if (n_tokens > c->cap_tokens) {
+        int32_t *t = wrealloc(c->tokens, (size_t)n_tokens * sizeof *t);
+        if (t)
+            c->tokens = t;
+        int *p = wrealloc(c->pos, (size_t)n_tokens * sizeof *p);
+        if (p)
+            c->pos = p;
+        if (!t || !p)
+            return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory for %d tokens",
+                           n_tokens);
+        c->cap_tokens = n_tokens;
+    }
+    if (arena > c->cap_arena) {
+        float *a = wrealloc(c->arena, arena * sizeof(float));
+        if (!a)
+            return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory for %zu activation "
+                           "floats", arena);
+        c->arena = a;
+        c->cap_arena = arena;
+    }
+    return WELD_OK;
+}
+
+static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct weld_err *e)
+{
+    struct cpu_ctx *c = ctx;
+    int rc = batch_validate(b, c->params.max_seqs, c->params.max_ctx, c->m->cfg.n_vocab, e);
+    if (rc)
+        return rc;
+    if (!logits)
+        return err_set(e, WELD_ERR_INVALID_ARG, "forward: logits buffer is NULL");
+    struct program *p;
+    if ((rc = get_program(c, b, &p, e)) ||
+        (rc = grow_tables(c, p->n_tokens, p->arena_floats, e)) || (rc = reserve_kv(c, b, e)))
+        return rc;
+    for (int s = 0, t = 0; s < b->n_seqs; s++) {
+        c->seq_id[s] = b->seqs[s].seq_id;
+        for (int i = 0; i < b->seqs[s].n_tokens; i++, t++) {
+            c->tokens[t] = b->seqs[s].tokens[i];
+            c->pos[t] = b->seqs[s].pos + i;
+        }
+    }
+    struct exec_step st = {
+        .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
+        .seq_id = c->seq_id, .arena = c->arena, .logits = logits,
+    };
+    rc = c->ex->run(c->ex_state, &st, e);
+    if (rc)
+        for (int s = 0; s < b->n_seqs; s++)
+            kv_seq_truncate(c->kv, b->seqs[s].seq_id, b->seqs[s].pos);
+    return rc;
+}
+
+static void cpu_drop_seq(void *ctx, int seq_id)
+{
+    struct cpu_ctx *c = ctx;
+    kv_seq_drop(c->kv, seq_id);
+}
+
+static int cpu_seq_len(void *ctx, int seq_id)
+{
+    struct cpu_ctx *c = ctx;
+    return kv_seq_len(c->kv, seq_id);
+}
+
+static void cpu_reset(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    kv_reset(c->kv);
+}
+
+static const char *cpu_describe(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    return c->desc;
+}
+
+const struct backend_iface backend_cpu = {
+    .name = "cpu",
+    .ctx_create = cpu_ctx_create,
+    .ctx_free = cpu_ctx_free,
+    .forward = cpu_forward,
+    .drop_seq = cpu_drop_seq,
+    .seq_len = cpu_seq_len,
+    .reset = cpu_reset,
+    .buffer_alloc = NULL,
+    .buffer_free = NULL,
+    .describe = cpu_describe,
+};

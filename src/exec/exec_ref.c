@@ -1,0 +1,108 @@
+/*
+ * exec_ref - the single-threaded reference executor, and the executor registry.
+ *
+ * Walks the instruction list in order. Before each instruction it checks that the counter
+ * the instruction waits on has reached wait_count (a program whose list order is not a
+ * valid schedule is a builder bug: WELD_ERR_INTERNAL naming the instruction); after it, it
+ * bumps the instruction's signal counter. Counters are reset at the start of each step:
+ * the single thread has no need for epochs.
+ *
+ * State: one scratch area (exec_scratch_floats) and a counter array grown on demand.
+ */
+#include "exec/exec.h"
+
+#include "core/alloc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct ref_state {
+    float *scratch;
+    int *counters;
+    int n_counters_cap;
+};
+
+static void ref_free(void *state)
+{
+    struct ref_state *s = state;
+    if (!s)
+        return;
+    wfree(s->scratch);
+    wfree(s->counters);
+    wfree(s);
+}
+
+static int ref_create(void **out, const struct model_config *c, struct weld_err *e)
+{
+    *out = NULL;
+    struct ref_state *s = wcalloc(1, sizeof *s);
+    if (!s || !(s->scratch = wcalloc(exec_scratch_floats(c), sizeof(float)))) {
+        ref_free(s);
+        return err_set(e, WELD_ERR_NOMEM, "exec ref: out of memory for scratch");
+    }
+    *out = s;
+    return WELD_OK;
+}
+
+static int ref_run(void *state, const struct exec_step *st, struct weld_err *e)
+{
+    struct ref_state *s = state;
+    const struct program *p = st->p;
+    if (p->n_counters > s->n_counters_cap) {
+        int *c = wrealloc(s->counters, (size_t)p->n_counters * sizeof(int));
+        if (!c)
+            return err_set(e, WELD_ERR_NOMEM, "exec ref: out of memory for %d counters",
+                           p->n_counters);
+        s->counters = c;
+        s->n_counters_cap = p->n_counters;
+    }
+    memset(s->counters, 0, (size_t)p->n_counters * sizeof(int));
+    for (int i = 0; i < p->n_instr; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        if (in->wait >= 0 && (in->wait >= p->n_counters ||
+                              s->counters[in->wait] < in->wait_count))
+            return err_set(e, WELD_ERR_INTERNAL,
+                           "exec ref: instruction %d (%s, layer %d) waits on counter %d for "
+                           "%d but it is %d: program order is not a valid schedule", i,
+                           prog_op_name(in->op), in->layer, in->wait, in->wait_count,
+                           in->wait < p->n_counters ? s->counters[in->wait] : -1);
+        exec_op_run(st, in, s->scratch);
+        if (in->signal >= 0 && in->signal < p->n_counters)
+            s->counters[in->signal]++;
+    }
+    return WELD_OK;
+}
+
+const struct executor_impl exec_ref_impl = {
+    .name = "ref",
+    .desc = "single-threaded reference interpreter",
+    .create = ref_create,
+    .free = ref_free,
+    .run = ref_run,
+};
+
+static const struct executor_impl *const executors[] = {&exec_ref_impl};
+#define N_EXECUTORS (sizeof executors / sizeof executors[0])
+
+int executor_find(const struct executor_impl **out, const char *name, struct weld_err *e)
+{
+    *out = NULL;
+    for (size_t i = 0; i < N_EXECUTORS; i++)
+        if (strcmp(executors[i]->name, name) == 0) {
+            *out = executors[i];
+            return WELD_OK;
+        }
+    char list[256] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < N_EXECUTORS && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
+                              executors[i]->name);
+    return err_set(e, WELD_ERR_NOT_FOUND, "WELD_EXEC=%s: unknown executor; available: %s",
+                   name, list);
+}
+
+int executor_from_env(const struct executor_impl **out, struct weld_err *e)
+{
+    const char *name = getenv("WELD_EXEC");
+    return executor_find(out, name && *name ? name : "ref", e);
+}

@@ -1,0 +1,36 @@
+/*
+ * ops - the implementation of each program opcode (semantics documented in program.c).
+ *
+ * Every executor calls exec_op_run() for each instruction; executors differ only in who
+ * runs which instruction when, never in arithmetic, so their logits are bit-identical.
+ * An op reads and writes only: the step's tables, the planned buffers named by the
+ * instruction, the KV cache rows of its own (layer, seq, position, head) and the caller's
+ * scratch (exec_scratch_floats() floats, private to the worker).
+ */
+#ifndef WELD_EXEC_OPS_H
+#define WELD_EXEC_OPS_H
+
+#include "exec/kv.h"
+#include "exec/program.h"
+#include "exec/weights.h"
+
+/* Everything one forward step's instructions need besides the instruction itself. */
+struct exec_step {
+    const struct model *m;
+    const struct exec_weights *w;
+    const struct program *p;
+    struct kv_cache *kv;
+    const int32_t *tokens;   /* (n_tokens) flattened token ids */
+    const int *pos;          /* (n_tokens) position of each token */
+    const int *seq_id;       /* (n_seqs) KV cache seq id of each batch sequence */
+    float *arena;            /* (p->arena_floats) planned activation buffers */
+    float *logits;           /* (n_logit_rows, n_vocab) caller's output */
+};
+
+/* Floats of per-worker scratch an op needs for model config c. */
+size_t exec_scratch_floats(const struct model_config *c);
+
+/* Run one instruction. */
+void exec_op_run(const struct exec_step *st, const struct prog_instr *in, float *scratch);
+
+#endif

@@ -1,0 +1,359 @@
+/*
+ * program - the builder and buffer planner, and the reference for what each opcode means.
+ *
+ * Build order: fill the shape tables from the batch, emit stages (each a run of
+ * instructions sharing one counter), record each buffer's first write and last read, then
+ * place buffers in the arena. Notation below: T = tokens of the batch, t one of them,
+ * pos(t) its position, sid(t) the seq id of its sequence; x = buffer X; W* the layer's
+ * weights; hd = head_dim; "rows r" = [row0, row1) of the instruction.
+ *
+ * Opcodes (executed by exec/ops.c; every executor must give these exact results):
+ *
+ * EMBED            rows = tokens. x[t] = f32(tok_embd row token(t)).
+ *                  in -, out X.
+ *
+ * ATTN_NORM_QKV_ROPE  layer l; rows = head units over the concatenation
+ *                  [Q heads 0..n_head) [K heads 0..n_kv) [V heads 0..n_kv), so a split never
+ *                  cuts a head (rope and qk-norm work on whole heads). For every token t:
+ *                  h = rmsnorm(x[t]) * attn_norm; for each unit u: y = W[u*hd..+hd) h
+ *                  (+ bias); Q and K units: y = rmsnorm(y) * q_norm/k_norm (qwen3) then
+ *                  rope at pos(t) (linear scaling divides pos; llama3 divides frequencies);
+ *                  Q unit -> q[t][u*hd..], K/V unit -> KV cache row (l, sid(t), pos(t)).
+ *                  in X, out Q (and the KV cache).
+ *
+ * ATTENTION        layer l; seq s; rows = KV heads. For every token t of s and every query
+ *                  head hq with hq / (n_head / n_kv) in rows: causal attention over cache
+ *                  positions 0..pos(t) of sid(s) with scores q.k / sqrt(hd), softmax computed
+ *                  online (running max, rescaled sum) in position order; att[t][hq*hd..].
+ *                  Waits for all QKV instructions: the batch's own keys are in the cache.
+ *                  in Q, out ATT.
+ *
+ * O_PROJ_RESIDUAL  layer l; rows = output dims. x[t][r] += Wo[r] . att[t].
+ *                  in ATT, out X.
+ *
+ * FFN_NORM_GATE_UP_SILU  layer l; rows = ffn dims. h = rmsnorm(x[t]) * ffn_norm;
+ *                  hid[t][r] = silu(Wgate[r] . h) * (Wup[r] . h).
+ *                  in X, out HID.
+ *
+ * DOWN_PROJ_RESIDUAL  layer l; rows = output dims. x[t][r] += Wdown[r] . hid[t].
+ *                  in HID, out X.
+ *
+ * FINAL_NORM_LOGITS  rows = vocab ids. For each logit row k (token t = logit_tok[k]):
+ *                  h = rmsnorm(x[t]) * output_norm; logits[k][r] = Woutput[r] . h.
+ *                  in X, out LOGITS.
+ *
+ * Row-range instructions of one stage write disjoint outputs and read only what earlier
+ * stages finished, so any number of workers can run a stage without atomics; each
+ * recomputes the (cheap) rmsnorm of its input instead of sharing it.
+ */
+#include "exec/program.h"
+
+#include "core/alloc.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROG_MAX_SPLITS 4096
+#define PROG_ALIGN_FLOATS 16 /* 64 bytes */
+
+static const char *const op_names[OP_COUNT] = {
+    "EMBED", "ATTN_NORM_QKV_ROPE", "ATTENTION", "O_PROJ_RESIDUAL",
+    "FFN_NORM_GATE_UP_SILU", "DOWN_PROJ_RESIDUAL", "FINAL_NORM_LOGITS",
+};
+
+const char *prog_op_name(int op)
+{
+    return op >= 0 && op < OP_COUNT ? op_names[op] : "?";
+}
+
+void program_free(struct program *p)
+{
+    if (!p)
+        return;
+    wfree(p->seq_ntok);
+    wfree(p->seq_all_logits);
+    wfree(p->seq_tok0);
+    wfree(p->tok_seq);
+    wfree(p->logit_tok);
+    wfree(p->instrs);
+    wfree(p->bufs);
+    wfree(p);
+}
+
+bool program_matches(const struct program *p, const struct batch *b)
+{
+    if (!p || p->n_seqs != b->n_seqs)
+        return false;
+    for (int s = 0; s < b->n_seqs; s++)
+        if (p->seq_ntok[s] != b->seqs[s].n_tokens ||
+            p->seq_all_logits[s] != b->seqs[s].all_logits)
+            return false;
+    return true;
+}
+
+static int fill_shape(struct program *p, const struct batch *b)
+{
+    p->n_seqs = b->n_seqs;
+    p->n_tokens = batch_n_tokens(b);
+    p->n_logit_rows = batch_n_logit_rows(b);
+    p->seq_ntok = wcalloc((size_t)p->n_seqs, sizeof(int));
+    p->seq_all_logits = wcalloc((size_t)p->n_seqs, sizeof(bool));
+    p->seq_tok0 = wcalloc((size_t)p->n_seqs, sizeof(int));
+    p->tok_seq = wcalloc((size_t)p->n_tokens, sizeof(int));
+    p->logit_tok = wcalloc((size_t)p->n_logit_rows, sizeof(int));
+    if (!p->seq_ntok || !p->seq_all_logits || !p->seq_tok0 || !p->tok_seq || !p->logit_tok)
+        return WELD_ERR_NOMEM;
+    int t = 0, r = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct batch_seq *bs = &b->seqs[s];
+        p->seq_ntok[s] = bs->n_tokens;
+        p->seq_all_logits[s] = bs->all_logits;
+        p->seq_tok0[s] = t;
+        for (int i = 0; i < bs->n_tokens; i++, t++) {
+            p->tok_seq[t] = s;
+            if (bs->all_logits || i == bs->n_tokens - 1)
+                p->logit_tok[r++] = t;
+        }
+    }
+    return WELD_OK;
+}
+
+/* ---- emitting ---------------------------------------------------------------------- */
+
+struct builder {
+    struct program *p;
+    int cap;
+    int stage_first;   /* first instruction of the current stage */
+    int prev_count;    /* instruction count of the previous stage (0: none) */
+};
+
+static void stage_begin(struct builder *bd) { bd->stage_first = bd->p->n_instr; }
+
+static void stage_end(struct builder *bd)
+{
+    bd->prev_count = bd->p->n_instr - bd->stage_first;
+    bd->p->n_counters++;
+}
+
+static void emit(struct builder *bd, int op, int layer, int seq, int row0, int row1, int in,
+                 int out)
+{
+    struct program *p = bd->p;
+    WELD_ASSERT(p->n_instr < bd->cap);
+    struct prog_instr *ins = &p->instrs[p->n_instr];
+    ins->op = (uint8_t)op;
+    ins->layer = (int16_t)layer;
+    ins->seq = seq;
+    ins->row0 = row0;
+    ins->row1 = row1;
+    ins->in = in;
+    ins->out = out;
+    ins->signal = p->n_counters;
+    ins->wait = bd->prev_count ? p->n_counters - 1 : -1;
+    ins->wait_count = bd->prev_count;
+    for (int id = 0; id < 2; id++) {
+        int bi = id ? out : in;
+        if (bi < 0)
+            continue;
+        struct prog_buf *buf = &p->bufs[bi];
+        if (buf->first < 0)
+            buf->first = p->n_instr;
+        if (buf->last < p->n_instr)
+            buf->last = p->n_instr;
+    }
+    p->n_instr++;
+}
+
+/* One stage of a row-range op over `total` units cut into n_splits slices. */
+static void emit_split(struct builder *bd, int op, int layer, int total, int in, int out)
+{
+    int n = bd->p->n_splits < total ? bd->p->n_splits : total;
+    stage_begin(bd);
+    for (int i = 0; i < n; i++) {
+        int r0 = (int)((long long)total * i / n), r1 = (int)((long long)total * (i + 1) / n);
+        emit(bd, op, layer, -1, r0, r1, in, out);
+    }
+    stage_end(bd);
+}
+
+static int add_buf(struct program *p, enum prog_buf_kind kind, int layer, size_t rows,
+                   size_t cols)
+{
+    struct prog_buf *b = &p->bufs[p->n_bufs];
+    b->kind = kind;
+    b->layer = layer;
+    b->n_floats = rows * cols;
+    b->first = b->last = -1;
+    b->external = kind == PROG_BUF_LOGITS;
+    return p->n_bufs++;
+}
+
+static void emit_layer(struct builder *bd, const struct model_config *c, int l)
+{
+    struct program *p = bd->p;
+    size_t nt = (size_t)p->n_tokens, qd = (size_t)c->n_head * (size_t)c->head_dim;
+    int q = add_buf(p, PROG_BUF_Q, l, nt, qd);
+    int att = add_buf(p, PROG_BUF_ATT, l, nt, qd);
+    int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
+    emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, p->buf_x, q);
+    stage_begin(bd);
+    for (int s = 0; s < p->n_seqs; s++)
+        for (int h = 0; h < c->n_kv_head; h++)
+            emit(bd, OP_ATTENTION, l, s, h, h + 1, q, att);
+    stage_end(bd);
+    emit_split(bd, OP_O_PROJ_RESIDUAL, l, c->dim, att, p->buf_x);
+    emit_split(bd, OP_FFN_NORM_GATE_UP_SILU, l, c->ffn_dim, p->buf_x, hid);
+    emit_split(bd, OP_DOWN_PROJ_RESIDUAL, l, c->dim, hid, p->buf_x);
+}
+
+/* ---- buffer planning --------------------------------------------------------------- */
+
+static bool lifetimes_overlap(const struct prog_buf *a, const struct prog_buf *b)
+{
+    return a->first <= b->last && b->first <= a->last;
+}
+
+static int cmp_size_desc(const void *pa, const void *pb, void *ctx)
+{
+    const struct prog_buf *bufs = ctx;
+    size_t a = bufs[*(const int *)pa].n_floats, b = bufs[*(const int *)pb].n_floats;
+    if (a != b)
+        return a < b ? 1 : -1;
+    return *(const int *)pa - *(const int *)pb;
+}
+
+/* Lowest offset where buf fits without touching any placed buffer alive at the same time. */
+static size_t place_one(const struct program *p, const int *placed, int n_placed,
+                        const struct prog_buf *buf, size_t len)
+{
+    size_t best = 0;
+    for (;;) {
+        bool moved = false;
+        for (int j = 0; j < n_placed; j++) {
+            const struct prog_buf *o = &p->bufs[placed[j]];
+            size_t olen = (o->n_floats + PROG_ALIGN_FLOATS - 1) / PROG_ALIGN_FLOATS *
+                          PROG_ALIGN_FLOATS;
+            if (!lifetimes_overlap(buf, o))
+                continue;
+            if (best < o->offset + olen && o->offset < best + len) {
+                best = o->offset + olen;
+                moved = true;
+            }
+        }
+        if (!moved)
+            return best;
+    }
+}
+
+static int plan_buffers(struct program *p)
+{
+    int *order = wcalloc((size_t)p->n_bufs, sizeof(int));
+    if (!order)
+        return WELD_ERR_NOMEM;
+    int n = 0;
+    for (int i = 0; i < p->n_bufs; i++)
+        if (!p->bufs[i].external)
+            order[n++] = i;
+    qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, p->bufs);
+    p->arena_floats = 0;
+    for (int k = 0; k < n; k++) {
+        struct prog_buf *buf = &p->bufs[order[k]];
+        size_t len = (buf->n_floats + PROG_ALIGN_FLOATS - 1) / PROG_ALIGN_FLOATS *
+                     PROG_ALIGN_FLOATS;
+        buf->offset = place_one(p, order, k, buf, len);
+        if (buf->offset + len > p->arena_floats)
+            p->arena_floats = buf->offset + len;
+    }
+    wfree(order);
+    return WELD_OK;
+}
+
+/* ---- entry point ------------------------------------------------------------------- */
+
+static int check_sizes(const struct model_config *c, const struct program *p, int n_splits,
+                       long long *max_instr, struct weld_err *e)
+{
+    if (c->n_layer < 1 || c->n_layer > INT16_MAX || c->n_head < 1 || c->n_kv_head < 1 ||
+        c->head_dim < 1 || c->dim < 1 || c->ffn_dim < 1 || c->n_vocab < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "program: bad model config (n_layer %d, "
+                       "n_head %d, n_kv_head %d, head_dim %d, dim %d, ffn_dim %d, n_vocab %d)",
+                       c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->dim, c->ffn_dim,
+                       c->n_vocab);
+    if (n_splits < 1 || n_splits > PROG_MAX_SPLITS)
+        return err_set(e, WELD_ERR_INVALID_ARG, "program: n_splits %d not in [1, %d]",
+                       n_splits, PROG_MAX_SPLITS);
+    long long per_layer = 4LL * n_splits + (long long)p->n_seqs * c->n_kv_head;
+    *max_instr = 2LL * n_splits + per_layer * c->n_layer;
+    if (*max_instr > INT_MAX / 2)
+        return err_set(e, WELD_ERR_LIMIT, "program: %lld instructions is too many", *max_instr);
+    /* largest buffer: n_tokens * max(dim, n_head*head_dim, ffn_dim) floats */
+    long long widest = c->dim;
+    if ((long long)c->n_head * c->head_dim > widest)
+        widest = (long long)c->n_head * c->head_dim;
+    if (c->ffn_dim > widest)
+        widest = c->ffn_dim;
+    if ((double)widest * p->n_tokens * (3.0 * c->n_layer + 1) * sizeof(float) > (double)SIZE_MAX / 2)
+        return err_set(e, WELD_ERR_LIMIT, "program: activation buffers overflow");
+    return WELD_OK;
+}
+
+int program_build(struct program **out, const struct model_config *c, const struct batch *b,
+                  int n_splits, struct weld_err *e)
+{
+    *out = NULL;
+    struct program *p = wcalloc(1, sizeof *p);
+    if (!p || fill_shape(p, b))
+        goto nomem;
+    long long max_instr = 0;
+    int rc = check_sizes(c, p, n_splits, &max_instr, e);
+    if (rc) {
+        program_free(p);
+        return rc;
+    }
+    p->n_splits = n_splits;
+    p->instrs = wcalloc((size_t)max_instr, sizeof *p->instrs);
+    p->bufs = wcalloc(3 * (size_t)c->n_layer + 2, sizeof *p->bufs);
+    if (!p->instrs || !p->bufs)
+        goto nomem;
+    struct builder bd = {.p = p, .cap = (int)max_instr};
+    p->buf_x = add_buf(p, PROG_BUF_X, -1, (size_t)p->n_tokens, (size_t)c->dim);
+    p->buf_logits = add_buf(p, PROG_BUF_LOGITS, -1, (size_t)p->n_logit_rows,
+                            (size_t)c->n_vocab);
+    emit_split(&bd, OP_EMBED, -1, p->n_tokens, -1, p->buf_x);
+    for (int l = 0; l < c->n_layer; l++)
+        emit_layer(&bd, c, l);
+    emit_split(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, p->buf_x, p->buf_logits);
+    if (plan_buffers(p))
+        goto nomem;
+    *out = p;
+    return WELD_OK;
+nomem:
+    program_free(p);
+    return err_set(e, WELD_ERR_NOMEM, "program: out of memory building the instruction list");
+}
+
+static const char *buf_kind_name(enum prog_buf_kind k)
+{
+    static const char *const names[] = {"X", "Q", "ATT", "HID", "LOGITS"};
+    return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}
+
+void program_dump(const struct program *p, FILE *f)
+{
+    fprintf(f, "program: %d seqs, %d tokens, %d logit rows, %d splits, %d instructions, "
+            "%d counters, arena %zu floats\n", p->n_seqs, p->n_tokens, p->n_logit_rows,
+            p->n_splits, p->n_instr, p->n_counters, p->arena_floats);
+    for (int i = 0; i < p->n_bufs; i++) {
+        const struct prog_buf *b = &p->bufs[i];
+        fprintf(f, "  buf %d %s layer %d: %zu floats at %zu%s, live [%d, %d]\n", i,
+                buf_kind_name(b->kind), b->layer, b->n_floats, b->offset,
+                b->external ? " (external)" : "", b->first, b->last);
+    }
+    for (int i = 0; i < p->n_instr; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        fprintf(f, "  %4d %-22s layer %3d seq %3d rows [%d, %d) in %d out %d wait %d>=%d "
+                "signal %d\n", i, prog_op_name(in->op), in->layer, in->seq, in->row0,
+                in->row1, in->in, in->out, in->wait, in->wait_count, in->signal);
+    }
+}

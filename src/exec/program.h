@@ -1,0 +1,119 @@
+/*
+ * program - the forward pass of a Llama-family model as an instruction list.
+ *
+ * The program builder turns (model config, batch shape, n_splits) into a flat list of
+ * instructions, each a fused op over a slice of the work (a row range of a weight matrix,
+ * one (sequence, KV head) of attention, a range of tokens). Every executor runs this same
+ * list: the single-threaded reference executor (exec_ref.c) walks it in order; the later
+ * persistent-team megakernel hands instructions to workers that synchronise only through
+ * the counters named in each instruction; the later op-by-op executor runs each stage with
+ * a barrier. The opcodes and their exact semantics are documented in program.c.
+ *
+ * Shape, not data: a program depends on the number of sequences, each sequence's token
+ * count and logits mode, never on token ids, positions or seq ids, which the executor
+ * reads from the step's batch. A runner builds a program once per distinct shape and reuses
+ * it (a steady decode step reuses one program forever).
+ *
+ * Dependencies: instructions are grouped in stages (EMBED; per layer QKV, ATTENTION,
+ * O_PROJ, FFN, DOWN; FINAL). Stage k owns counter k; each of its instructions signals
+ * counter k once when done and waits until counter k-1 has reached the previous stage's
+ * instruction count (wait_count). A megakernel with per-step epochs waits for
+ * wait_count * epoch, so counters never need resetting. The list order is a valid serial
+ * schedule; exec_ref checks every wait is met when it reaches an instruction.
+ *
+ * Buffers: activations live in one arena of planned buffers (PROG_BUF_*), placed once per
+ * program by liveness (first writer to last reader in list order) so that buffers whose
+ * lifetimes do not overlap share memory. The logits buffer is the caller's and is not in
+ * the arena. K and V go straight to the paged KV cache (exec/kv.h).
+ *
+ * Token tables (flattened batch layout of batch.h): tok_seq[t] is the batch sequence of
+ * token t, seq_tok0[s] / seq_ntok[s] its token span, logit_tok[r] the token of logit row r.
+ */
+#ifndef WELD_EXEC_PROGRAM_H
+#define WELD_EXEC_PROGRAM_H
+
+#include "core/err.h"
+#include "exec/batch.h"
+#include "model/config.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum prog_op {
+    OP_EMBED = 0,
+    OP_ATTN_NORM_QKV_ROPE,
+    OP_ATTENTION,
+    OP_O_PROJ_RESIDUAL,
+    OP_FFN_NORM_GATE_UP_SILU,
+    OP_DOWN_PROJ_RESIDUAL,
+    OP_FINAL_NORM_LOGITS,
+    OP_COUNT
+};
+
+/* Kinds of planned buffers; each instance is one struct prog_buf. */
+enum prog_buf_kind {
+    PROG_BUF_X = 0,   /* residual stream (n_tokens, dim); lives the whole program */
+    PROG_BUF_Q,       /* per layer: roped queries (n_tokens, n_head * head_dim) */
+    PROG_BUF_ATT,     /* per layer: attention output (n_tokens, n_head * head_dim) */
+    PROG_BUF_HID,     /* per layer: silu(gate) * up (n_tokens, ffn_dim) */
+    PROG_BUF_LOGITS,  /* (n_logit_rows, n_vocab); external: the caller's buffer */
+};
+
+struct prog_instr {
+    uint8_t op;         /* enum prog_op */
+    int16_t layer;      /* -1 for EMBED and FINAL_NORM_LOGITS */
+    int32_t seq;        /* batch sequence index (ATTENTION), else -1 */
+    int32_t row0, row1; /* work range [row0, row1); unit depends on op (see program.c) */
+    int32_t in, out;    /* buffer ids (index into program.bufs), -1 if none */
+    int32_t wait;       /* counter waited on, -1: none */
+    int32_t wait_count; /* value (per epoch) the wait counter must reach */
+    int32_t signal;     /* counter incremented by one when this instruction is done */
+};
+
+struct prog_buf {
+    enum prog_buf_kind kind;
+    int layer;          /* -1 for X and LOGITS */
+    size_t n_floats;
+    size_t offset;      /* floats from the arena start (64-byte aligned); unused if external */
+    int first, last;    /* instruction indices of first write and last read */
+    bool external;      /* LOGITS: not in the arena */
+};
+
+struct program {
+    /* shape */
+    int n_seqs, n_tokens, n_logit_rows;
+    int *seq_ntok;       /* (n_seqs) */
+    bool *seq_all_logits; /* (n_seqs) */
+    int *seq_tok0;       /* (n_seqs) first token index */
+    int *tok_seq;        /* (n_tokens) batch sequence of each token */
+    int *logit_tok;      /* (n_logit_rows) token index of each logit row */
+    int n_splits;
+    /* instructions */
+    struct prog_instr *instrs; /* (n_instr) */
+    int n_instr;
+    int n_counters;      /* == number of stages */
+    /* buffers */
+    struct prog_buf *bufs; /* (n_bufs) */
+    int n_bufs;
+    int buf_x, buf_logits;     /* ids of the two program-wide buffers */
+    size_t arena_floats;       /* arena size the executor must provide */
+};
+
+/* Build the program for model config c and the shape of batch b (which must be valid).
+   n_splits >= 1: row-range ops are cut into that many slices (fewer when there are fewer
+   rows or heads than that). */
+int program_build(struct program **out, const struct model_config *c, const struct batch *b,
+                  int n_splits, struct weld_err *e);
+void program_free(struct program *p);
+
+/* True if p was built for the same shape as b (so it can run b). */
+bool program_matches(const struct program *p, const struct batch *b);
+
+const char *prog_op_name(int op);
+
+/* One line per instruction and buffer, for debugging ("weld ... --dump-program"). */
+void program_dump(const struct program *p, FILE *f);
+
+#endif

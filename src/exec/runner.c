@@ -1,0 +1,82 @@
+/*
+ * runner - a model bound to the backend WELD_ACCELERATOR picks (see runner.h).
+ *
+ * A thin layer: it chooses the backend, fills in defaults and forwards calls, so the CLI
+ * and engine never see backend interfaces or contexts.
+ */
+#include "exec/runner.h"
+
+#include "core/alloc.h"
+
+struct runner {
+    const struct model *m;
+    const struct backend_iface *be;
+    void *ctx;
+    struct backend_params params;
+};
+
+int runner_create_ex(struct runner **out, const struct model *m,
+                     const struct backend_params *params, struct weld_err *e)
+{
+    *out = NULL;
+    if (!m)
+        return err_set(e, WELD_ERR_INVALID_ARG, "runner: no model");
+    const struct backend_iface *be;
+    int rc = backend_from_env(&be, e);
+    if (rc)
+        return rc;
+    struct runner *r = wcalloc(1, sizeof *r);
+    if (!r)
+        return err_set(e, WELD_ERR_NOMEM, "runner: out of memory");
+    r->m = m;
+    r->be = be;
+    r->params = *params;
+    if (r->params.max_ctx <= 0)
+        r->params.max_ctx = m->cfg.max_ctx;
+    if ((rc = be->ctx_create(&r->ctx, m, &r->params, e))) {
+        wfree(r);
+        return rc;
+    }
+    *out = r;
+    return WELD_OK;
+}
+
+int runner_create(struct runner **out, const struct model *m, int max_seqs, int max_ctx,
+                  struct weld_err *e)
+{
+    struct backend_params p = {.max_seqs = max_seqs, .max_ctx = max_ctx};
+    return runner_create_ex(out, m, &p, e);
+}
+
+int runner_forward(struct runner *r, const struct batch *b, float *logits,
+                   struct weld_err *e)
+{
+    return r->be->forward(r->ctx, b, logits, e);
+}
+
+void runner_drop_seq(struct runner *r, int seq_id)
+{
+    if (r)
+        r->be->drop_seq(r->ctx, seq_id);
+}
+
+void runner_free(struct runner *r)
+{
+    if (!r)
+        return;
+    r->be->ctx_free(r->ctx);
+    wfree(r);
+}
+
+int runner_n_vocab(const struct runner *r) { return r->m->cfg.n_vocab; }
+int runner_max_ctx(const struct runner *r) { return r->params.max_ctx; }
+
+int runner_seq_len(const struct runner *r, int seq_id)
+{
+    return r->be->seq_len ? r->be->seq_len(r->ctx, seq_id) : 0;
+}
+
+const char *runner_describe(const struct runner *r)
+{
+    return r->be->describe ? r->be->describe(r->ctx) : r->be->name;
+}

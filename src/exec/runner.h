@@ -1,0 +1,43 @@
+/*
+ * runner - the small API the CLI and engine call to run forward steps on a model.
+ *
+ *     struct runner *r;
+ *     runner_create(&r, model, max_seqs, max_ctx, &err);        // backend from
+ *     struct batch_seq s = {.seq_id = 0, .tokens = ids, .n_tokens = n, .pos = 0};
+ *     struct batch b = {&s, 1};                                 // WELD_ACCELERATOR
+ *     runner_forward(r, &b, logits, &err);    // logits: (batch_n_logit_rows(&b), n_vocab)
+ *     ... next step: pos = n, one token ...
+ *     runner_drop_seq(r, 0);
+ *     runner_free(r);
+ *
+ * A runner holds the backend context (KV cache, cached programs) for one model; the model
+ * must outlive it. Positions at or beyond max_ctx give WELD_ERR_LIMIT. Not thread-safe:
+ * one step at a time.
+ */
+#ifndef WELD_EXEC_RUNNER_H
+#define WELD_EXEC_RUNNER_H
+
+#include "exec/backend.h"
+#include "exec/batch.h"
+
+struct runner;
+
+/* max_ctx <= 0: the model's trained context length. */
+int runner_create(struct runner **out, const struct model *m, int max_seqs, int max_ctx,
+                  struct weld_err *e);
+/* Same with every backend parameter (n_splits, KV block size and count). */
+int runner_create_ex(struct runner **out, const struct model *m,
+                     const struct backend_params *params, struct weld_err *e);
+int runner_forward(struct runner *r, const struct batch *b, float *logits,
+                   struct weld_err *e);
+void runner_drop_seq(struct runner *r, int seq_id);
+void runner_free(struct runner *r);
+
+int runner_n_vocab(const struct runner *r);
+int runner_max_ctx(const struct runner *r);
+/* Positions cached for seq_id (what the next step's pos should be). */
+int runner_seq_len(const struct runner *r, int seq_id);
+/* "cpu: ref executor, ..." */
+const char *runner_describe(const struct runner *r);
+
+#endif

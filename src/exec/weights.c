@@ -1,0 +1,186 @@
+/*
+ * weights (exec) - model checks and f32 copies of small vectors (see weights.h).
+ *
+ * Two passes over the layer tensors: the first checks and counts the floats the vectors
+ * need, the second (after one allocation) converts them. Tensor names in messages are
+ * built from the GGUF naming scheme so hand-built models (name == NULL) still get useful
+ * errors.
+ */
+#include "exec/weights.h"
+
+#include "core/alloc.h"
+#include "kernels/cpu/kernels.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *model_where(const struct model *m) { return m->path ? m->path : "model"; }
+
+static int check_config(const struct model *m, struct weld_err *e)
+{
+    const struct model_config *c = &m->cfg;
+    const char *w = model_where(m);
+    if (c->n_vocab < 1 || c->dim < 1 || c->n_layer < 1 || c->n_head < 1 || c->n_kv_head < 1 ||
+        c->head_dim < 1 || c->ffn_dim < 1)
+        return err_set(e, WELD_ERR_FORMAT, "%s: config: n_vocab %d, dim %d, n_layer %d, "
+                       "n_head %d, n_kv_head %d, head_dim %d, ffn_dim %d must all be >= 1", w,
+                       c->n_vocab, c->dim, c->n_layer, c->n_head, c->n_kv_head, c->head_dim,
+                       c->ffn_dim);
+    if (c->n_head % c->n_kv_head)
+        return err_set(e, WELD_ERR_FORMAT, "%s: config: n_head %d is not a multiple of "
+                       "n_kv_head %d", w, c->n_head, c->n_kv_head);
+    if (c->rope_dim < 2 || c->rope_dim % 2 || c->rope_dim > c->head_dim)
+        return err_set(e, WELD_ERR_FORMAT, "%s: config: rope_dim %d must be even and in "
+                       "[2, head_dim %d]", w, c->rope_dim, c->head_dim);
+    if (!(c->norm_eps >= 0) || !(c->rope_theta > 0))
+        return err_set(e, WELD_ERR_FORMAT, "%s: config: norm_eps %g / rope_theta %g out of "
+                       "range", w, c->norm_eps, c->rope_theta);
+    if (c->rope_scaling == ROPE_SCALING_LINEAR && !(c->rope_factor > 0))
+        return err_set(e, WELD_ERR_FORMAT, "%s: config: linear rope factor %g must be > 0", w,
+                       c->rope_factor);
+    if ((long long)c->n_head * c->head_dim > INT_MAX / 4 || c->n_layer > INT16_MAX)
+        return err_set(e, WELD_ERR_LIMIT, "%s: config: model too large", w);
+    return WELD_OK;
+}
+
+static int check_tensor(const struct model *m, const struct tensor *t, const char *name,
+                        int64_t ne0, int64_t ne1, struct weld_err *e)
+{
+    const char *w = model_where(m);
+    if (!t->data)
+        return err_set(e, WELD_ERR_FORMAT, "%s: tensor '%s' is missing", w, name);
+    if (!kern_type_supported(t->type))
+        return err_set(e, WELD_ERR_UNSUPPORTED, "%s: tensor '%s': type %s (%d) cannot be "
+                       "computed with", w, name, dtype_name(t->type), (int)t->type);
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return err_set(e, WELD_ERR_FORMAT, "%s: tensor '%s': shape {%lld, %lld, %lld, %lld}, "
+                       "expected {%lld, %lld}", w, name, (long long)t->ne[0],
+                       (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                       (long long)ne0, (long long)ne1);
+    size_t rb = dtype_row_bytes(t->type, ne0);
+    if (rb == 0)
+        return err_set(e, WELD_ERR_FORMAT, "%s: tensor '%s': row of %lld elements is not a "
+                       "whole number of %s blocks", w, name, (long long)ne0,
+                       dtype_name(t->type));
+    if ((uint64_t)ne1 > SIZE_MAX / rb || t->nbytes < rb * (size_t)ne1)
+        return err_set(e, WELD_ERR_FORMAT, "%s: tensor '%s': %zu bytes, %lld rows of %zu "
+                       "bytes need more", w, name, t->nbytes, (long long)ne1, rb);
+    return WELD_OK;
+}
+
+/* A vector tensor: optional ones may be absent (data == NULL); counts floats needed. */
+static int check_vec(const struct model *m, const struct tensor *t, const char *name,
+                     int64_t n, bool required, size_t *n_floats, struct weld_err *e)
+{
+    if (!t->data && !required)
+        return WELD_OK;
+    int rc = check_tensor(m, t, name, n, 1, e);
+    if (rc)
+        return rc;
+    *n_floats += (size_t)n;
+    return WELD_OK;
+}
+
+static float *take_vec(const struct tensor *t, int64_t n, float **cursor)
+{
+    if (!t->data)
+        return NULL;
+    float *v = *cursor;
+    kern_to_f32(t->type, t->data, v, n);
+    *cursor += n;
+    return v;
+}
+
+static int check_layer(const struct model *m, int l, size_t *nf, struct weld_err *e)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *L = &m->layers[l];
+    int64_t qd = (int64_t)c->n_head * c->head_dim, kd = (int64_t)c->n_kv_head * c->head_dim;
+    char nm[96];
+    int rc;
+#define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+    if ((rc = check_vec(m, &L->attn_norm, NAME("attn_norm.weight"), c->dim, true, nf, e)) ||
+        (rc = check_tensor(m, &L->wq, NAME("attn_q.weight"), c->dim, qd, e)) ||
+        (rc = check_tensor(m, &L->wk, NAME("attn_k.weight"), c->dim, kd, e)) ||
+        (rc = check_tensor(m, &L->wv, NAME("attn_v.weight"), c->dim, kd, e)) ||
+        (rc = check_vec(m, &L->bq, NAME("attn_q.bias"), qd, c->qkv_bias, nf, e)) ||
+        (rc = check_vec(m, &L->bk, NAME("attn_k.bias"), kd, c->qkv_bias, nf, e)) ||
+        (rc = check_vec(m, &L->bv, NAME("attn_v.bias"), kd, c->qkv_bias, nf, e)) ||
+        (rc = check_vec(m, &L->q_norm, NAME("attn_q_norm.weight"), c->head_dim, c->qk_norm,
+                        nf, e)) ||
+        (rc = check_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), c->head_dim, c->qk_norm,
+                        nf, e)) ||
+        (rc = check_tensor(m, &L->wo, NAME("attn_output.weight"), qd, c->dim, e)) ||
+        (rc = check_vec(m, &L->ffn_norm, NAME("ffn_norm.weight"), c->dim, true, nf, e)) ||
+        (rc = check_tensor(m, &L->w_gate, NAME("ffn_gate.weight"), c->dim, c->ffn_dim, e)) ||
+        (rc = check_tensor(m, &L->w_up, NAME("ffn_up.weight"), c->dim, c->ffn_dim, e)) ||
+        (rc = check_tensor(m, &L->w_down, NAME("ffn_down.weight"), c->ffn_dim, c->dim, e)))
+        return rc;
+#undef NAME
+    return WELD_OK;
+}
+
+static int check_model(const struct model *m, size_t *nf, struct weld_err *e)
+{
+    int rc = check_config(m, e);
+    if (rc)
+        return rc;
+    const struct model_config *c = &m->cfg;
+    if (!m->layers)
+        return err_set(e, WELD_ERR_FORMAT, "%s: no layers", model_where(m));
+    if ((rc = check_tensor(m, &m->tok_embd, "token_embd.weight", c->dim, c->n_vocab, e)) ||
+        (rc = check_tensor(m, &m->output, "output.weight", c->dim, c->n_vocab, e)) ||
+        (rc = check_vec(m, &m->output_norm, "output_norm.weight", c->dim, true, nf, e)))
+        return rc;
+    for (int l = 0; l < c->n_layer; l++)
+        if ((rc = check_layer(m, l, nf, e)))
+            return rc;
+    return WELD_OK;
+}
+
+void exec_weights_free(struct exec_weights *w)
+{
+    if (!w)
+        return;
+    wfree(w->mem);
+    wfree(w->layers);
+    wfree(w);
+}
+
+int exec_weights_create(struct exec_weights **out, const struct model *m, struct weld_err *e)
+{
+    *out = NULL;
+    size_t nf = 0;
+    int rc = check_model(m, &nf, e);
+    if (rc)
+        return rc;
+    const struct model_config *c = &m->cfg;
+    struct exec_weights *w = wcalloc(1, sizeof *w);
+    if (!w || !(w->layers = wcalloc((size_t)c->n_layer, sizeof *w->layers)) ||
+        !(w->mem = wcalloc(nf, sizeof(float)))) {
+        exec_weights_free(w);
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for norm vectors",
+                       model_where(m));
+    }
+    w->m = m;
+    w->rope_pos_scale = c->rope_scaling == ROPE_SCALING_LINEAR ? 1.0f / c->rope_factor : 1.0f;
+    float *cur = w->mem;
+    int64_t qd = (int64_t)c->n_head * c->head_dim, kd = (int64_t)c->n_kv_head * c->head_dim;
+    w->output_norm = take_vec(&m->output_norm, c->dim, &cur);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct layer_weights *L = &m->layers[l];
+        struct exec_layer_vecs *v = &w->layers[l];
+        v->attn_norm = take_vec(&L->attn_norm, c->dim, &cur);
+        v->bq = take_vec(&L->bq, qd, &cur);
+        v->bk = take_vec(&L->bk, kd, &cur);
+        v->bv = take_vec(&L->bv, kd, &cur);
+        if (c->qk_norm) { /* only qwen3 normalises q and k, whatever else the file holds */
+            v->q_norm = take_vec(&L->q_norm, c->head_dim, &cur);
+            v->k_norm = take_vec(&L->k_norm, c->head_dim, &cur);
+        }
+        v->ffn_norm = take_vec(&L->ffn_norm, c->dim, &cur);
+    }
+    *out = w;
+    return WELD_OK;
+}
