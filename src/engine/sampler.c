@@ -1,0 +1,489 @@
+/*
+ * sampler - see sampler.h for the semantics and the order of operations.
+ *
+ * Data layout.
+ *   history: an open-addressing hash table keyed by token id (linear probing, capacity a
+ *     power of two, at most half full) holding, per distinct token seen, its generated
+ *     count and whether the prompt contains it. Memory and sampler_reset are proportional
+ *     to the history, not to the vocabulary, so a sampler per running sequence is cheap.
+ *   cand: scratch of n_vocab (value, token) pairs, allocated on the first sample (8 bytes
+ *     per vocabulary entry: 1.2 MB at 150K). It starts as the logits copy indexed by token,
+ *     the penalties adjust it in place through the history table, and the filters then
+ *     shrink a prefix cand[0, nc) of survivors whose values become unnormalized weights
+ *     exp(l - max).
+ *
+ * Cost per sample at vocabulary V: O(V) for the copy, temperature and exp; top-k is a
+ * quickselect (O(V) expected) plus a sort of the k survivors only when top-p needs order;
+ * top-p without top-k selects and sorts a growing head (256, 1024, ... tokens) until its
+ * mass reaches p, so a peaked distribution never sorts the whole vocabulary; min-p is a
+ * linear filter. No full sort happens unless top-p needs most of the vocabulary.
+ *
+ * Deliberately not done: logit bias, bad-word lists, grammar masks (they belong in front
+ * of this, on the logits row), and vLLM's keeping of extra tokens tied with the k-th
+ * largest under top-k (exactly k survive here).
+ */
+#include "engine/sampler.h"
+
+#include "core/alloc.h"
+#include "core/rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SAMPLER_EPS 1e-5f /* vLLM's _SAMPLING_EPS: temperatures below it are greedy */
+
+struct hist_slot {
+    int32_t token;     /* -1: empty */
+    int32_t gen_count; /* times generated */
+    int32_t in_prompt; /* 1 if the prompt contains it */
+};
+
+struct cand {
+    float v;
+    int32_t i;
+};
+
+struct sampler {
+    struct sampler_params p;
+    int n_vocab;
+    struct rng rng;
+    struct hist_slot *hist; /* (hist_cap) */
+    int hist_cap, hist_used;
+    struct cand *cand;      /* (n_vocab), lazily allocated */
+};
+
+/* ------------------------------------------------------------------------------------- */
+/* parameters and lifetime */
+
+struct sampler_params sampler_params_default(void)
+{
+    struct sampler_params p = {
+        .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+        .repetition_penalty = 1.0f, .frequency_penalty = 0.0f, .presence_penalty = 0.0f,
+        .seed = 0,
+    };
+    return p;
+}
+
+int sampler_params_check(const struct sampler_params *p, struct weld_err *e)
+{
+    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: temperature %g must be finite and "
+                       ">= 0", (double)p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: top_p %g must be in (0, 1]",
+                       (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: min_p %g must be in [0, 1]",
+                       (double)p->min_p);
+    if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: repetition_penalty %g must be "
+                       "finite and > 0", (double)p->repetition_penalty);
+    if (!isfinite(p->frequency_penalty))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: frequency_penalty must be finite");
+    if (!isfinite(p->presence_penalty))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: presence_penalty must be finite");
+    return WELD_OK;
+}
+
+static int hist_alloc(struct sampler *s, int cap)
+{
+    struct hist_slot *h = wmalloc((size_t)cap * sizeof *h);
+    if (!h)
+        return WELD_ERR_NOMEM;
+    for (int i = 0; i < cap; i++)
+        h[i] = (struct hist_slot){-1, 0, 0};
+    wfree(s->hist);
+    s->hist = h;
+    s->hist_cap = cap;
+    s->hist_used = 0;
+    return WELD_OK;
+}
+
+int sampler_create(struct sampler **out, const struct sampler_params *p, int n_vocab,
+                   struct weld_err *e)
+{
+    *out = NULL;
+    if (n_vocab <= 0)
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: n_vocab %d must be > 0", n_vocab);
+    int rc = sampler_params_check(p, e);
+    if (rc != WELD_OK)
+        return rc;
+    struct sampler *s = wcalloc(1, sizeof *s);
+    if (!s || hist_alloc(s, 64) != WELD_OK) {
+        sampler_free(s);
+        return err_set(e, WELD_ERR_NOMEM, "sampler: out of memory");
+    }
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    rng_seed(&s->rng, p->seed);
+    *out = s;
+    return WELD_OK;
+}
+
+void sampler_free(struct sampler *s)
+{
+    if (!s)
+        return;
+    wfree(s->hist);
+    wfree(s->cand);
+    wfree(s);
+}
+
+void sampler_reset(struct sampler *s)
+{
+    for (int i = 0; i < s->hist_cap; i++)
+        s->hist[i] = (struct hist_slot){-1, 0, 0};
+    s->hist_used = 0;
+    rng_seed(&s->rng, s->p.seed);
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* history */
+
+static struct hist_slot *hist_slot_for(struct hist_slot *h, int cap, int32_t token)
+{
+    uint32_t i = ((uint32_t)token * 0x9E3779B1u) & (uint32_t)(cap - 1);
+    while (h[i].token != -1 && h[i].token != token)
+        i = (i + 1) & (uint32_t)(cap - 1);
+    return &h[i];
+}
+
+static int hist_grow(struct sampler *s)
+{
+    struct hist_slot *old = s->hist;
+    int old_cap = s->hist_cap;
+    s->hist = NULL;
+    if (hist_alloc(s, old_cap * 2) != WELD_OK) {
+        s->hist = old;
+        s->hist_cap = old_cap;
+        return WELD_ERR_NOMEM;
+    }
+    for (int i = 0; i < old_cap; i++)
+        if (old[i].token != -1) {
+            *hist_slot_for(s->hist, s->hist_cap, old[i].token) = old[i];
+            s->hist_used++;
+        }
+    wfree(old);
+    return WELD_OK;
+}
+
+int sampler_accept(struct sampler *s, int token, bool is_prompt)
+{
+    if (token < 0 || token >= s->n_vocab)
+        return WELD_ERR_INVALID_ARG;
+    struct hist_slot *h = hist_slot_for(s->hist, s->hist_cap, token);
+    if (h->token == -1) {
+        if (2 * (s->hist_used + 1) > s->hist_cap) {
+            if (s->hist_cap > (1 << 29) || hist_grow(s) != WELD_OK)
+                return WELD_ERR_NOMEM;
+            h = hist_slot_for(s->hist, s->hist_cap, token);
+        }
+        h->token = token;
+        s->hist_used++;
+    }
+    if (is_prompt)
+        h->in_prompt = 1;
+    else if (h->gen_count < INT32_MAX)
+        h->gen_count++;
+    return WELD_OK;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* selection helpers */
+
+/* a ranks before b: larger value, then lower index. */
+static inline int cand_better(const struct cand *a, const struct cand *b)
+{
+    return a->v > b->v || (a->v == b->v && a->i < b->i);
+}
+
+static inline void cand_swap(struct cand *a, size_t x, size_t y)
+{
+    struct cand t = a[x];
+    a[x] = a[y];
+    a[y] = t;
+}
+
+/* Lomuto partition of [lo, hi) around a median-of-three pivot; returns its final index. */
+static size_t cand_partition(struct cand *a, size_t lo, size_t hi)
+{
+    size_t mid = lo + (hi - lo) / 2, last = hi - 1;
+    if (cand_better(&a[mid], &a[lo]))
+        cand_swap(a, lo, mid);
+    if (cand_better(&a[last], &a[lo]))
+        cand_swap(a, lo, last);
+    if (cand_better(&a[last], &a[mid]))
+        cand_swap(a, mid, last);
+    cand_swap(a, mid, last);
+    const struct cand piv = a[last];
+    size_t st = lo;
+    for (size_t i = lo; i < last; i++)
+        if (cand_better(&a[i], &piv))
+            cand_swap(a, i, st++);
+    cand_swap(a, st, last);
+    return st;
+}
+
+/* Rearrange a[0, n) so that a[0, k) holds the k best (in no particular order). */
+static void cand_select(struct cand *a, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n;
+    if (k == 0 || k >= n)
+        return;
+    while (hi - lo > 1) {
+        size_t p = cand_partition(a, lo, hi);
+        if (p == k)
+            return;
+        if (p < k)
+            lo = p + 1;
+        else
+            hi = p;
+    }
+}
+
+static int cand_cmp(const void *x, const void *y)
+{
+    const struct cand *a = x, *b = y;
+    return cand_better(a, b) ? -1 : cand_better(b, a) ? 1 : 0;
+}
+
+/* Sort the k best of a[0, n) to the front, best first. */
+static void cand_top_sorted(struct cand *a, size_t n, size_t k)
+{
+    if (k > n)
+        k = n;
+    cand_select(a, n, k);
+    qsort(a, k, sizeof *a, cand_cmp);
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* the pipeline */
+
+/* Copy logits into cand (indexed by token) and apply the penalties. */
+static int load_and_penalize(struct sampler *s, const float *logits, struct weld_err *e)
+{
+    struct cand *c = s->cand;
+    for (int i = 0; i < s->n_vocab; i++) {
+        if (isnan(logits[i]))
+            return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
+        c[i].v = logits[i];
+        c[i].i = i;
+    }
+    const struct sampler_params *p = &s->p;
+    if (p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+        p->presence_penalty == 0.0f)
+        return WELD_OK;
+    for (int k = 0; k < s->hist_cap; k++) {
+        const struct hist_slot *h = &s->hist[k];
+        if (h->token == -1)
+            continue;
+        float *l = &c[h->token].v;
+        if (p->repetition_penalty != 1.0f)
+            *l = *l > 0.0f ? *l / p->repetition_penalty : *l * p->repetition_penalty;
+        if (h->gen_count > 0)
+            *l -= (float)h->gen_count * p->frequency_penalty + p->presence_penalty;
+    }
+    return WELD_OK;
+}
+
+/* Keep the smallest most-probable prefix of c[0, *nc) (weights, *z their sum) whose mass
+   reaches top_p * z; sorts only as much of the head as it needs. */
+static void apply_top_p(struct cand *c, size_t *nc, double *z, float top_p)
+{
+    const double target = (double)top_p * *z;
+    size_t m = 256;
+    for (;;) {
+        if (m > *nc)
+            m = *nc;
+        cand_top_sorted(c, *nc, m);
+        double cum = 0.0;
+        for (size_t j = 0; j < m; j++) {
+            cum += c[j].v;
+            if (cum >= target) {
+                *nc = j + 1;
+                *z = cum;
+                return;
+            }
+        }
+        if (m == *nc) { /* rounding left the total a hair short: keep everything */
+            *z = cum;
+            return;
+        }
+        m *= 4;
+    }
+}
+
+/* Run steps 3-6 of sampler.h into s->cand[0, *nc) with weights summing to *z; for greedy
+   *nc = 1 and the weight is 1. */
+static int build_candidates(struct sampler *s, const float *logits, size_t *nc, double *z,
+                            struct weld_err *e)
+{
+    if (!s->cand && !(s->cand = wmalloc((size_t)s->n_vocab * sizeof *s->cand)))
+        return err_set(e, WELD_ERR_NOMEM, "sampler: out of memory for %d candidates",
+                       s->n_vocab);
+    int rc = load_and_penalize(s, logits, e);
+    if (rc != WELD_OK)
+        return rc;
+    struct cand *c = s->cand;
+    size_t n = (size_t)s->n_vocab, best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (c[i].v > c[best].v)
+            best = i;
+    if (s->p.temperature < SAMPLER_EPS) {
+        c[0] = (struct cand){1.0f, c[best].i};
+        *nc = 1;
+        *z = 1.0;
+        return WELD_OK;
+    }
+    const float maxv = c[best].v;
+    if (isinf(maxv))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%zu] is %s", best,
+                       maxv > 0 ? "+inf" : "-inf, as is every logit");
+    *nc = n;
+    if (s->p.top_k > 0 && (size_t)s->p.top_k < n) {
+        cand_select(c, n, (size_t)s->p.top_k);
+        *nc = (size_t)s->p.top_k;
+    }
+    const float inv_t = 1.0f / s->p.temperature;
+    double sum = 0.0;
+    for (size_t i = 0; i < *nc; i++) {
+        c[i].v = expf((c[i].v - maxv) * inv_t);
+        sum += c[i].v;
+    }
+    *z = sum;
+    if (s->p.top_p < 1.0f)
+        apply_top_p(c, nc, z, s->p.top_p);
+    if (s->p.min_p > 0.0f) { /* the largest weight is exp(0) = 1 */
+        size_t k = 0;
+        sum = 0.0;
+        for (size_t i = 0; i < *nc; i++)
+            if (c[i].v >= s->p.min_p) {
+                c[k++] = c[i];
+                sum += c[i].v;
+            }
+        *nc = k;
+        *z = sum;
+    }
+    return WELD_OK;
+}
+
+int sampler_sample(struct sampler *s, const float *logits, int *token, struct weld_err *e)
+{
+    size_t nc;
+    double z;
+    int rc = build_candidates(s, logits, &nc, &z, e);
+    if (rc != WELD_OK)
+        return rc;
+    const struct cand *c = s->cand;
+    *token = c[nc - 1].i;
+    if (nc == 1)
+        return WELD_OK;
+    double u = rng_uniform(&s->rng) * z, acc = 0.0;
+    for (size_t i = 0; i < nc; i++) {
+        acc += c[i].v;
+        if (u < acc) {
+            *token = c[i].i;
+            return WELD_OK;
+        }
+    }
+    for (size_t i = nc; i-- > 0;) /* u rounded up to z: the last token with weight */
+        if (c[i].v > 0.0f) {
+            *token = c[i].i;
+            break;
+        }
+    return WELD_OK;
+}
+
+int sampler_probs(struct sampler *s, const float *logits, float *probs, struct weld_err *e)
+{
+    size_t nc;
+    double z;
+    int rc = build_candidates(s, logits, &nc, &z, e);
+    if (rc != WELD_OK)
+        return rc;
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    for (size_t i = 0; i < nc; i++)
+        probs[s->cand[i].i] = (float)(s->cand[i].v / z);
+    return WELD_OK;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* logprobs */
+
+static double log_sum_exp(const float *l, int n)
+{
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (l[i] > m)
+            m = l[i];
+    if (isinf(m))
+        return m;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)l[i] - (double)m);
+    return (double)m + log(sum);
+}
+
+float sampler_logprob(const float *logits, int n_vocab, int token)
+{
+    if (token < 0 || token >= n_vocab)
+        return -INFINITY;
+    return (float)((double)logits[token] - log_sum_exp(logits, n_vocab));
+}
+
+/* Min-heap on "better" over ids/vals: the root is the worst of the kept n. */
+static void heap_sift_down(int32_t *ids, float *vals, int n, int i)
+{
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;
+        struct cand cw = {vals[w], ids[w]};
+        if (l < n && cand_better(&cw, &(struct cand){vals[l], ids[l]}))
+            w = l, cw = (struct cand){vals[l], ids[l]};
+        if (r < n && cand_better(&cw, &(struct cand){vals[r], ids[r]}))
+            w = r;
+        if (w == i)
+            return;
+        int32_t ti = ids[i];
+        float tv = vals[i];
+        ids[i] = ids[w], vals[i] = vals[w];
+        ids[w] = ti, vals[w] = tv;
+        i = w;
+    }
+}
+
+int sampler_top_logprobs(const float *logits, int n_vocab, int n, int32_t *ids,
+                         float *logprobs)
+{
+    if (n <= 0 || n_vocab <= 0)
+        return 0;
+    if (n > n_vocab)
+        n = n_vocab;
+    for (int i = 0; i < n; i++) {
+        ids[i] = i;
+        logprobs[i] = logits[i];
+    }
+    for (int i = n / 2 - 1; i >= 0; i--)
+        heap_sift_down(ids, logprobs, n, i);
+    for (int t = n; t < n_vocab; t++) {
+        struct cand x = {logits[t], t}, root = {logprobs[0], ids[0]};
+        if (cand_better(&x, &root)) {
+            ids[0] = t;
+            logprobs[0] = logits[t];
+            heap_sift_down(ids, logprobs, n, 0);
+        }
+    }
+    /* heap sort: repeatedly move the worst to the end, leaving best first */
+    for (int end = n - 1; end > 0; end--) {
+        int32_t ti = ids[0];
+        float tv = logprobs[0];
+        ids[0] = ids[end], logprobs[0] = logprobs[end];
+        ids[end] = ti, logprobs[end] = tv;
+        heap_sift_down(ids, logprobs, end, 0);
+    }
+    const double lse = log_sum_exp(logits, n_vocab);
+    for (int i = 0; i < n; i++)
+        logprobs[i] = (float)((double)logprobs[i] - lse);
+    return n;
+}

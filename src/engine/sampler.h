@@ -1,0 +1,75 @@
+/*
+ * sampler - turns one row of logits into the next token, with vLLM's sampling semantics.
+ *
+ * A sampler belongs to one sequence: it holds that sequence's parameters, its seeded rng
+ * and its token history (which tokens the prompt contains, how often each was generated).
+ * The caller feeds the history with sampler_accept (prompt tokens with is_prompt = true,
+ * then each token it decides to keep); sampler_sample does NOT record the token it returns,
+ * so speculative decoding can reject it.
+ *
+ * Order of operations (vLLM's, on a private copy; the caller's logits are never modified):
+ *   1. repetition penalty r over tokens seen in prompt or output: l > 0 ? l / r : l * r
+ *   2. frequency and presence penalties over generated tokens only:
+ *        l -= count * frequency_penalty + (count > 0) * presence_penalty
+ *   3. temperature < 1e-5: greedy, argmax with the lowest index on ties (top-k/p/min-p
+ *      ignored); else l /= temperature
+ *   4. top-k: keep the k largest (ties broken by lower index; exactly k survive)
+ *   5. top-p: over what top-k kept, keep the smallest most-probable prefix whose mass is
+ *      >= top_p (always at least one token)
+ *   6. min-p: drop tokens whose probability is below min_p * (largest probability)
+ *   7. draw from the renormalized survivors with the sampler's xoshiro rng
+ * The same parameters, seed, history and logits always give the same token.
+ *
+ * Logprobs (sampler_top_logprobs, sampler_logprob) are of the raw logits row, log_softmax
+ * with no penalty or temperature applied, which is what vLLM reports by default.
+ */
+#ifndef WELD_ENGINE_SAMPLER_H
+#define WELD_ENGINE_SAMPLER_H
+
+#include "core/err.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct sampler_params {
+    float temperature;        /* >= 0; < 1e-5 means greedy */
+    int top_k;                /* <= 0 or >= n_vocab: off */
+    float top_p;              /* (0, 1]; 1: off */
+    float min_p;              /* [0, 1]; 0: off */
+    float repetition_penalty; /* > 0; 1: off; prompt and generated tokens */
+    float frequency_penalty;  /* 0: off; generated tokens only */
+    float presence_penalty;   /* 0: off; generated tokens only */
+    uint64_t seed;
+};
+
+struct sampler;
+
+/* temperature 1, every filter and penalty off, seed 0. */
+struct sampler_params sampler_params_default(void);
+/* WELD_ERR_INVALID_ARG naming the field when a value is out of its range. */
+int sampler_params_check(const struct sampler_params *p, struct weld_err *e);
+
+int sampler_create(struct sampler **out, const struct sampler_params *p, int n_vocab,
+                   struct weld_err *e);
+void sampler_free(struct sampler *s);
+/* Forget the history and reseed the rng from params.seed (a fresh request). */
+void sampler_reset(struct sampler *s);
+/* Record a prompt token (is_prompt) or a generated one. WELD_ERR_INVALID_ARG if token is
+   outside [0, n_vocab); WELD_ERR_NOMEM if the history cannot grow. */
+int sampler_accept(struct sampler *s, int token, bool is_prompt);
+
+/* Pick the next token from logits (n_vocab floats). Errors: a NaN logit, a +inf logit
+   (outside greedy), or every logit -inf (outside greedy). */
+int sampler_sample(struct sampler *s, const float *logits, int *token, struct weld_err *e);
+/* The distribution sampler_sample draws from, after every step above: probs gets n_vocab
+   values summing to 1, zero for filtered tokens (one-hot for greedy). */
+int sampler_probs(struct sampler *s, const float *logits, float *probs, struct weld_err *e);
+
+/* The n most probable tokens of a raw logits row, most probable first (lower index first on
+   ties), with their log-probabilities. Returns how many were written: min(n, n_vocab). */
+int sampler_top_logprobs(const float *logits, int n_vocab, int n, int32_t *ids,
+                         float *logprobs);
+/* log_softmax(logits)[token]. */
+float sampler_logprob(const float *logits, int n_vocab, int token);
+
+#endif
