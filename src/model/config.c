@@ -719,9 +719,9 @@ int model_config_to_gguf(const struct model_config *c, struct gguf_writer *w,
 static json_t *json_float(float f)
 {
     char buf[48];
-    for (int prec = 1; prec <= 9; prec++) {
+    for (int prec = 1; prec <= 17; prec++) {
         snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
-        if (strtof(buf, NULL) == f)
+        if ((float)strtod(buf, NULL) == f) /* how the readers convert it back */
             break;
     }
     return json_real(strtod(buf, NULL));
