@@ -644,7 +644,7 @@ static void build_min(struct hb *b, enum fault fault)
             hb_str(b, "yy");
     }
     /* tensors */
-    uint64_t ne1[2] = {4, 1}, ne2[2] = {32, 1};
+    uint64_t ne1[5] = {4, 1, 1, 1, 1}, ne2[2] = {32, 1};
     if (fault == F_NE_OVERFLOW)
         ne1[0] = ne1[1] = (uint64_t)1 << 40;
     if (fault == F_NE_NEGATIVE)
