@@ -32,6 +32,9 @@
  * model-0000i-of-0000N.safetensors plus model.safetensors.index.json with
  * {"metadata": {"total_size": bytes}, "weight_map": {name: file}}. Each header is compact
  * JSON ("__metadata__" first, then tensors) padded with spaces to a multiple of 8 bytes.
+ * Tensors are packed back to back with no padding (the reference reader rejects gaps), so
+ * a tensor's data is aligned to its element size only when the sizes before it keep it so,
+ * which real model shapes do; odd-sized tensors can leave later ones unaligned.
  * Callback tensors are filled one at a time into a single reused buffer (one tensor in
  * memory at a time, never the model). Files are written as NAME.tmp and renamed only after
  * every shard was written; on failure the .tmp files are removed. Errors from
