@@ -11,6 +11,7 @@
  * bit-for-bit: batching with other sequences, prefill chunking, n_splits, KV block size.
  * Then errors: context limit, KV exhaustion, bad tensors, WELD_ACCELERATOR / WELD_EXEC.
  */
+#include "core/alloc.h"
 #include "core/rng.h"
 #include "exec/runner.h"
 #include "test.h"
@@ -341,8 +342,376 @@ TEST(qwen3_bf16) { check_against_ref(&spec_qwen3, DT_BF16, 16); }
 TEST(qwen2_q8_0) { check_against_ref(&spec_qwen2, DT_Q8_0, 17); }
 TEST(llama_neox_q8_0) { check_against_ref(&spec_llama_neox, DT_Q8_0, 18); }
 
-/* BATCH_TESTS */
-static void run_batch_tests(void) {}
+/* ---- batch invariants (bit-identical) ------------------------------------------------ */
+
+struct sched_seq {
+    int id;              /* runner seq id */
+    const int32_t *toks; /* the whole sequence */
+    int n;
+    int start_step;      /* first step it takes part in */
+    const int *chunks;   /* chunk sizes, the last one repeats */
+    int n_chunks;
+};
+
+/* Run a schedule; out[i] gets (n, vocab) logits of sched seq i, one row per position. */
+static int run_schedule(const struct model *m, const struct backend_params *bp,
+                        const struct sched_seq *ss, int n_ss, float **out)
+{
+    struct runner *r = NULL;
+    struct weld_err e = {0};
+    if (runner_create_ex(&r, m, bp, &e)) {
+        fprintf(stderr, "runner_create_ex: %s\n", e.msg);
+        return -1;
+    }
+    const int V = m->cfg.n_vocab;
+    int cur[8] = {0}, k[8] = {0}, rc = 0;
+    float *logits = malloc(sizeof(float) * 64 * (size_t)V);
+    for (int step = 0; rc == 0; step++) {
+        struct batch_seq bs[8];
+        int n = 0, idx[8];
+        for (int i = 0; i < n_ss; i++) {
+            if (step < ss[i].start_step || cur[i] >= ss[i].n)
+                continue;
+            int c = ss[i].chunks[k[i] < ss[i].n_chunks ? k[i] : ss[i].n_chunks - 1];
+            k[i]++;
+            if (c > ss[i].n - cur[i])
+                c = ss[i].n - cur[i];
+            bs[n] = (struct batch_seq){.seq_id = ss[i].id, .tokens = ss[i].toks + cur[i],
+                                       .n_tokens = c, .pos = cur[i], .all_logits = true};
+            idx[n++] = i;
+        }
+        if (n == 0) {
+            bool left = false;
+            for (int i = 0; i < n_ss; i++)
+                left |= cur[i] < ss[i].n;
+            if (!left)
+                break;
+            continue;
+        }
+        struct batch b = {bs, n};
+        if ((rc = runner_forward(r, &b, logits, &e)) != 0) {
+            fprintf(stderr, "runner_forward: %s\n", e.msg);
+            break;
+        }
+        for (int j = 0, row = 0; j < n; j++)
+            for (int t = 0; t < bs[j].n_tokens; t++, row++)
+                memcpy(out[idx[j]] + (size_t)(cur[idx[j]] + t) * V,
+                       logits + (size_t)row * V, sizeof(float) * (size_t)V);
+        for (int j = 0; j < n; j++)
+            cur[idx[j]] += bs[j].n_tokens;
+    }
+    free(logits);
+    runner_free(r);
+    return rc;
+}
+
+static float **alloc_outs(int n, int len, int V)
+{
+    float **o = calloc((size_t)n, sizeof *o);
+    for (int i = 0; i < n; i++)
+        o[i] = calloc((size_t)len * V, sizeof(float));
+    return o;
+}
+
+static void free_outs(float **o, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(o[i]);
+    free(o);
+}
+
+static void check_batch_invariants(const struct tspec *s, int wtype, uint64_t seed)
+{
+    enum { NS = 3, LEN = 21 };
+    struct tmodel *tm = tm_build(s, wtype, seed);
+    const int V = s->vocab, lens[NS] = {21, 9, 15};
+    int32_t toks[NS][LEN];
+    for (int i = 0; i < NS; i++)
+        rand_tokens(seed * 10 + (uint64_t)i, toks[i], lens[i], V);
+    /* alone: each sequence prefilled whole, by itself */
+    static const int whole[] = {64}, one[] = {1}, three[] = {3}, seven[] = {7};
+    static const int mixA[] = {5, 1, 1, 4, 1}, mixB[] = {3, 2, 1}, mixC[] = {1, 6, 1};
+    float **alone = alloc_outs(NS, LEN, V);
+    struct backend_params bp = {.max_seqs = 8, .max_ctx = 32};
+    for (int i = 0; i < NS; i++) {
+        struct sched_seq one_seq = {2, toks[i], lens[i], 0, whole, 1};
+        REQUIRE(run_schedule(&tm->m, &bp, &one_seq, 1, &alone[i]) == 0);
+    }
+    /* chunked prefill, alone */
+    const int *chunkings[] = {one, three, seven};
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < NS; i++) {
+            float **o = alloc_outs(1, LEN, V);
+            struct sched_seq one_seq = {i, toks[i], lens[i], 0, chunkings[c], 1};
+            REQUIRE(run_schedule(&tm->m, &bp, &one_seq, 1, o) == 0);
+            CHECK(memcmp(o[0], alone[i], sizeof(float) * (size_t)lens[i] * V) == 0);
+            free_outs(o, 1);
+        }
+    /* mixed batches: sequences join at different steps with prefill chunks and decodes,
+       with several splits and KV block sizes */
+    struct sched_seq mixed[NS] = {
+        {5, toks[0], lens[0], 0, mixA, 5},
+        {0, toks[1], lens[1], 1, mixB, 3},
+        {7, toks[2], lens[2], 3, mixC, 3},
+    };
+    const int splits[] = {1, 3, 7}, blocks[] = {16, 4, 1};
+    for (int v = 0; v < 3; v++) {
+        struct backend_params bq = {.max_seqs = 8, .max_ctx = 32, .n_splits = splits[v],
+                                    .kv_block_size = blocks[v]};
+        float **o = alloc_outs(NS, LEN, V);
+        REQUIRE(run_schedule(&tm->m, &bq, mixed, NS, o) == 0);
+        for (int i = 0; i < NS; i++)
+            if (memcmp(o[i], alone[i], sizeof(float) * (size_t)lens[i] * V) != 0) {
+                fprintf(stderr, "variant %d (splits %d, block %d), seq %d differs\n", v,
+                        splits[v], blocks[v], i);
+                CHECK(0);
+            }
+        free_outs(o, NS);
+    }
+    free_outs(alone, NS);
+    tm_free(tm);
+}
+
+TEST(batch_invariants_llama) { check_batch_invariants(&spec_llama, DT_F32, 21); }
+TEST(batch_invariants_qwen3_q8_0) { check_batch_invariants(&spec_qwen3, DT_Q8_0, 22); }
+TEST(batch_invariants_qwen2_bf16) { check_batch_invariants(&spec_qwen2, DT_BF16, 23); }
+
+/* all_logits = false returns exactly the last row of the all_logits run. */
+TEST(last_logits_only)
+{
+    struct tmodel *tm = tm_build(&spec_qwen2, DT_F32, 31);
+    const int V = spec_qwen2.vocab;
+    int32_t a[6], b2[3];
+    rand_tokens(1, a, 6, V);
+    rand_tokens(2, b2, 3, V);
+    float *all = malloc(sizeof(float) * 9 * V), *last = malloc(sizeof(float) * 2 * V);
+    struct weld_err e;
+    for (int mode = 0; mode < 2; mode++) {
+        struct runner *r;
+        REQUIRE(runner_create(&r, &tm->m, 4, 16, &e) == WELD_OK);
+        struct batch_seq bs[2] = {{3, a, 6, 0, mode == 0}, {1, b2, 3, 0, mode == 0}};
+        struct batch b = {bs, 2};
+        CHECK_EQ_INT(batch_n_logit_rows(&b), mode == 0 ? 9 : 2);
+        CHECK_EQ_INT(runner_forward(r, &b, mode == 0 ? all : last, &e), WELD_OK);
+        runner_free(r);
+    }
+    CHECK(memcmp(last, all + 5 * V, sizeof(float) * V) == 0);
+    CHECK(memcmp(last + V, all + 8 * V, sizeof(float) * V) == 0);
+    free(all), free(last);
+    tm_free(tm);
+}
+
+/* Re-running from an earlier position (truncation) gives the same logits again. */
+TEST(rewind_and_drop)
+{
+    struct tmodel *tm = tm_build(&spec_llama, DT_F32, 41);
+    const int V = spec_llama.vocab;
+    int32_t t[10];
+    rand_tokens(3, t, 10, V);
+    float *l1 = malloc(sizeof(float) * 10 * V), *l2 = malloc(sizeof(float) * 10 * V);
+    struct weld_err e;
+    struct runner *r;
+    REQUIRE(runner_create(&r, &tm->m, 2, 16, &e) == WELD_OK);
+    struct batch_seq bs = {0, t, 10, 0, true};
+    struct batch b = {&bs, 1};
+    CHECK_EQ_INT(runner_forward(r, &b, l1, &e), WELD_OK);
+    bs = (struct batch_seq){0, t + 4, 6, 4, true}; /* redo positions 4..9 */
+    CHECK_EQ_INT(runner_forward(r, &b, l2 + 4 * V, &e), WELD_OK);
+    CHECK(memcmp(l1 + 4 * V, l2 + 4 * V, sizeof(float) * 6 * V) == 0);
+    runner_drop_seq(r, 0);
+    CHECK_EQ_INT(runner_seq_len(r, 0), 0);
+    bs = (struct batch_seq){0, t + 4, 1, 4, true}; /* gap after a drop */
+    CHECK_EQ_INT(runner_forward(r, &b, l2, &e), WELD_ERR_INVALID_ARG);
+    bs = (struct batch_seq){0, t, 10, 0, true};
+    CHECK_EQ_INT(runner_forward(r, &b, l2, &e), WELD_OK);
+    CHECK(memcmp(l1, l2, sizeof(float) * 10 * V) == 0);
+    runner_free(r);
+    free(l1), free(l2);
+    tm_free(tm);
+}
+
+/* ---- errors -------------------------------------------------------------------------- */
+
+TEST(limits_and_bad_batches)
+{
+    struct tmodel *tm = tm_build(&spec_llama, DT_F32, 51);
+    const int V = spec_llama.vocab;
+    int32_t t[20];
+    rand_tokens(4, t, 20, V);
+    float *lg = malloc(sizeof(float) * 20 * V);
+    struct weld_err e;
+    struct runner *r;
+    REQUIRE(runner_create(&r, &tm->m, 2, 16, &e) == WELD_OK);
+    CHECK_EQ_INT(runner_max_ctx(r), 16);
+    CHECK_EQ_INT(runner_n_vocab(r), V);
+    struct batch_seq bs = {0, t, 17, 0, false};
+    struct batch b = {&bs, 1};
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
+    CHECK(strstr(e.msg, "max_ctx = 16") != NULL);
+    bs.n_tokens = 16;
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
+    bs = (struct batch_seq){0, t, 1, 16, false}; /* position 16 == max_ctx */
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
+    bs = (struct batch_seq){2, t, 1, 0, false};  /* seq id out of range */
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
+    int32_t bad = V;
+    bs = (struct batch_seq){1, &bad, 1, 0, false};
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "vocabulary") != NULL);
+    struct batch_seq two[2] = {{1, t, 1, 0, false}, {1, t, 1, 0, false}};
+    struct batch b2 = {two, 2};
+    CHECK_EQ_INT(runner_forward(r, &b2, lg, &e), WELD_ERR_INVALID_ARG);
+    bs = (struct batch_seq){1, t, 0, 0, false};
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
+    b.n_seqs = 0;
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
+    runner_free(r);
+    runner_free(NULL);
+    free(lg);
+    tm_free(tm);
+}
+
+TEST(kv_exhaustion_is_all_or_nothing)
+{
+    struct tmodel *tm = tm_build(&spec_qwen2, DT_F32, 52);
+    const int V = spec_qwen2.vocab;
+    int32_t t[16];
+    rand_tokens(5, t, 16, V);
+    float *lg = malloc(sizeof(float) * 16 * V);
+    struct weld_err e;
+    struct runner *r;
+    struct backend_params bp = {.max_seqs = 3, .max_ctx = 16, .kv_block_size = 4,
+                                .kv_blocks = 5};
+    REQUIRE(runner_create_ex(&r, &tm->m, &bp, &e) == WELD_OK);
+    struct batch_seq bs[2] = {{0, t, 12, 0, false}, {1, t, 5, 0, false}}; /* 3 + 2 blocks */
+    struct batch b = {bs, 2};
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
+    bs[0] = (struct batch_seq){0, t + 12, 1, 12, false}; /* needs a 6th block */
+    bs[1] = (struct batch_seq){1, t + 5, 1, 5, false};
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
+    CHECK(strstr(e.msg, "blocks") != NULL);
+    CHECK_EQ_INT(runner_seq_len(r, 0), 12);
+    CHECK_EQ_INT(runner_seq_len(r, 1), 5);
+    runner_drop_seq(r, 1);
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG); /* seq 1 was dropped */
+    b.n_seqs = 1;
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
+    CHECK_EQ_INT(runner_seq_len(r, 0), 13);
+    runner_free(r);
+    free(lg);
+    tm_free(tm);
+}
+
+TEST(bad_tensors_are_named)
+{
+    struct tmodel *tm = tm_build(&spec_qwen3, DT_F32, 53);
+    struct weld_err e;
+    struct runner *r = NULL;
+    tm->layers[1].wq.ne[1] -= 1;
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "blk.1.attn_q.weight") != NULL);
+    CHECK(r == NULL);
+    tm->layers[1].wq.ne[1] += 1;
+    const void *kn = tm->layers[0].k_norm.data;
+    tm->layers[0].k_norm.data = NULL;
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "blk.0.attn_k_norm.weight") != NULL && strstr(e.msg, "missing"));
+    tm->layers[0].k_norm.data = kn;
+    tm->m.output.type = DT_I32;
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "output.weight") != NULL);
+    tm->m.output.type = DT_F32;
+    tm->m.output.nbytes -= 4;
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_FORMAT);
+    tm->m.output.nbytes += 4;
+    tm->m.cfg.n_kv_head = 3;
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "n_kv_head") != NULL);
+    tm->m.cfg.n_kv_head = 2;
+    tm->m.cfg.rope_dim = 33;
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_FORMAT);
+    tm->m.cfg.rope_dim = 32;
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 0, 8, &e), WELD_ERR_INVALID_ARG);
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
+    runner_free(r);
+    tm_free(tm);
+}
+
+TEST(accelerator_and_executor_env)
+{
+    struct tmodel *tm = tm_build(&spec_llama, DT_F32, 54);
+    struct weld_err e;
+    struct runner *r = NULL;
+    unsetenv("WELD_ACCELERATOR");
+    REQUIRE(runner_create(&r, &tm->m, 1, 8, &e) == WELD_OK);
+    CHECK(strncmp(runner_describe(r), "cpu: ref executor", 17) == 0);
+    runner_free(r);
+    setenv("WELD_ACCELERATOR", "cpu", 1);
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
+    runner_free(r);
+    r = NULL;
+    setenv("WELD_ACCELERATOR", "nope", 1);
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_STR(e.msg, "WELD_ACCELERATOR=nope: backend not built in; available: cpu");
+    CHECK(r == NULL);
+    setenv("WELD_ACCELERATOR", "cuda", 1);
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_STR(e.msg, "WELD_ACCELERATOR=cuda: backend not built in; available: cpu");
+    unsetenv("WELD_ACCELERATOR");
+    setenv("WELD_EXEC", "mega", 1);
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_STR(e.msg, "WELD_EXEC=mega: unknown executor; available: ref");
+    setenv("WELD_EXEC", "ref", 1);
+    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
+    runner_free(r);
+    unsetenv("WELD_EXEC");
+    tm_free(tm);
+}
+
+/* Every allocation in create and forward may fail: NOMEM, no leak (ASan), no crash. */
+TEST(allocation_failures)
+{
+    struct tmodel *tm = tm_build(&spec_qwen2, DT_F32, 55);
+    int32_t t[5] = {1, 2, 3, 4, 5};
+    float *lg = malloc(sizeof(float) * 5 * spec_qwen2.vocab);
+    int saw_ok = 0;
+    for (long n = 1; n < 60 && !saw_ok; n++) {
+        struct weld_err e;
+        struct runner *r = NULL;
+        alloc_fail_at(n);
+        int rc = runner_create(&r, &tm->m, 2, 8, &e);
+        if (rc == WELD_OK) {
+            struct batch_seq bs = {1, t, 5, 0, true};
+            struct batch b = {&bs, 1};
+            rc = runner_forward(r, &b, lg, &e);
+            if (rc == WELD_OK)
+                saw_ok = alloc_failed_count() == 0;
+            else
+                CHECK_EQ_INT(runner_seq_len(r, 1), 0);
+        }
+        alloc_fail_at(0);
+        if (rc != WELD_OK)
+            CHECK_EQ_INT(rc, WELD_ERR_NOMEM);
+        runner_free(r);
+    }
+    CHECK(saw_ok);
+    free(lg);
+    tm_free(tm);
+}
+
+static void run_batch_tests(void)
+{
+    RUN(batch_invariants_llama);
+    RUN(batch_invariants_qwen3_q8_0);
+    RUN(batch_invariants_qwen2_bf16);
+    RUN(last_logits_only);
+    RUN(rewind_and_drop);
+    RUN(limits_and_bad_batches);
+    RUN(kv_exhaustion_is_all_or_nothing);
+    RUN(bad_tensors_are_named);
+    RUN(accelerator_and_executor_env);
+    RUN(allocation_failures);
+}
 
 int main(void)
 {

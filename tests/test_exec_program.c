@@ -1,0 +1,238 @@
+/*
+ * Program builder and KV cache units: instruction counts and row ranges per n_splits, the
+ * counter chain (every wait refers to the previous stage with its exact size), the buffer
+ * plan (no two buffers alive at once overlap; memory is actually reused), shape matching;
+ * the paged KV cache's block tables, free list, truncation and all-or-nothing reservation.
+ */
+#include "exec/kv.h"
+#include "exec/program.h"
+#include "test.h"
+
+static struct model_config small_cfg(void)
+{
+    struct model_config c = {0};
+    c.n_vocab = 100, c.dim = 64, c.n_layer = 3, c.n_head = 8, c.n_kv_head = 2;
+    c.head_dim = 8, c.ffn_dim = 160, c.rope_dim = 8, c.max_ctx = 64;
+    return c;
+}
+
+static int count_op(const struct program *p, int op, int layer)
+{
+    int n = 0;
+    for (int i = 0; i < p->n_instr; i++)
+        n += p->instrs[i].op == op && p->instrs[i].layer == layer;
+    return n;
+}
+
+/* Rows of every (op, layer) group cover [0, total) exactly once, in order. */
+static bool covers(const struct program *p, int op, int layer, int total)
+{
+    int next = 0;
+    for (int i = 0; i < p->n_instr; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        if (in->op != op || in->layer != layer)
+            continue;
+        if (in->row0 != next || in->row1 <= in->row0)
+            return false;
+        next = in->row1;
+    }
+    return next == total;
+}
+
+TEST(splits_and_counts)
+{
+    struct model_config c = small_cfg();
+    int32_t tok[7] = {0};
+    struct batch_seq s[2] = {{0, tok, 4, 0, false}, {3, tok, 3, 9, true}};
+    struct batch b = {s, 2};
+    const int splits[] = {1, 3, 7, 1000};
+    for (int k = 0; k < 4; k++) {
+        struct program *p;
+        struct weld_err e;
+        REQUIRE(program_build(&p, &c, &b, splits[k], &e) == WELD_OK);
+        int ns = splits[k];
+        CHECK_EQ_INT(p->n_tokens, 7);
+        CHECK_EQ_INT(p->n_logit_rows, 4);
+        CHECK_EQ_INT(p->logit_tok[0], 3);
+        CHECK_EQ_INT(p->logit_tok[3], 6);
+        CHECK_EQ_INT(p->tok_seq[4], 1);
+        CHECK_EQ_INT(count_op(p, OP_EMBED, -1), ns < 7 ? ns : 7);
+        CHECK_EQ_INT(count_op(p, OP_ATTN_NORM_QKV_ROPE, 1), ns < 12 ? ns : 12);
+        CHECK_EQ_INT(count_op(p, OP_ATTENTION, 2), 2 * 2);
+        CHECK_EQ_INT(count_op(p, OP_FFN_NORM_GATE_UP_SILU, 0), ns < 160 ? ns : 160);
+        CHECK_EQ_INT(count_op(p, OP_FINAL_NORM_LOGITS, -1), ns < 100 ? ns : 100);
+        CHECK(covers(p, OP_EMBED, -1, 7));
+        for (int l = 0; l < 3; l++) {
+            CHECK(covers(p, OP_ATTN_NORM_QKV_ROPE, l, 8 + 2 * 2));
+            CHECK(covers(p, OP_O_PROJ_RESIDUAL, l, 64));
+            CHECK(covers(p, OP_FFN_NORM_GATE_UP_SILU, l, 160));
+            CHECK(covers(p, OP_DOWN_PROJ_RESIDUAL, l, 64));
+        }
+        CHECK(covers(p, OP_FINAL_NORM_LOGITS, -1, 100));
+        CHECK_EQ_INT(p->n_counters, 2 + 5 * 3);
+        program_free(p);
+    }
+}
+
+TEST(counter_chain)
+{
+    struct model_config c = small_cfg();
+    int32_t tok[5] = {0};
+    struct batch_seq s = {0, tok, 5, 0, true};
+    struct batch b = {&s, 1};
+    struct program *p;
+    struct weld_err e;
+    REQUIRE(program_build(&p, &c, &b, 3, &e) == WELD_OK);
+    int *signals = calloc((size_t)p->n_counters, sizeof(int));
+    for (int i = 0; i < p->n_instr; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        REQUIRE(in->signal >= 0 && in->signal < p->n_counters);
+        if (i == 0 || p->instrs[i - 1].signal != in->signal) { /* first of a stage */
+            CHECK_EQ_INT(in->signal, i == 0 ? 0 : p->instrs[i - 1].signal + 1);
+        }
+        if (in->signal == 0) {
+            CHECK_EQ_INT(in->wait, -1);
+        } else {
+            /* waits for the whole previous stage, which is already complete in list order */
+            CHECK_EQ_INT(in->wait, in->signal - 1);
+            CHECK_EQ_INT(in->wait_count, signals[in->wait]);
+            CHECK(in->wait_count > 0);
+        }
+        signals[in->signal]++;
+    }
+    free(signals);
+    program_free(p);
+}
+
+TEST(buffer_plan)
+{
+    struct model_config c = small_cfg();
+    int32_t tok[9] = {0};
+    struct batch_seq s = {0, tok, 9, 0, false};
+    struct batch b = {&s, 1};
+    struct program *p;
+    struct weld_err e;
+    REQUIRE(program_build(&p, &c, &b, 2, &e) == WELD_OK);
+    size_t total = 0;
+    for (int i = 0; i < p->n_bufs; i++) {
+        const struct prog_buf *x = &p->bufs[i];
+        CHECK(x->first >= 0 && x->last >= x->first);
+        if (x->external)
+            continue;
+        total += x->n_floats;
+        CHECK(x->offset % 16 == 0);
+        CHECK(x->offset + x->n_floats <= p->arena_floats);
+        for (int j = 0; j < i; j++) {
+            const struct prog_buf *y = &p->bufs[j];
+            if (y->external || x->last < y->first || y->last < x->first)
+                continue;
+            bool disjoint = x->offset + x->n_floats <= y->offset ||
+                            y->offset + y->n_floats <= x->offset;
+            CHECK(disjoint);
+        }
+        /* every instruction's buffers are alive while it runs */
+    }
+    for (int i = 0; i < p->n_instr; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        if (in->in >= 0)
+            CHECK(p->bufs[in->in].first <= i && i <= p->bufs[in->in].last);
+        CHECK(p->bufs[in->out].first <= i && i <= p->bufs[in->out].last);
+    }
+    CHECK(p->arena_floats < total / 2); /* layers share memory */
+    FILE *devnull = fopen("/dev/null", "w");
+    program_dump(p, devnull);
+    fclose(devnull);
+    program_free(p);
+    program_free(NULL);
+}
+
+TEST(shape_matching)
+{
+    struct model_config c = small_cfg();
+    int32_t tok[4] = {0};
+    struct batch_seq s[2] = {{0, tok, 1, 5, false}, {1, tok, 1, 9, false}};
+    struct batch b = {s, 2};
+    struct program *p;
+    struct weld_err e;
+    REQUIRE(program_build(&p, &c, &b, 1, &e) == WELD_OK);
+    s[0].pos = 6, s[1].seq_id = 4, s[1].tokens = tok + 2; /* data changes: same program */
+    CHECK(program_matches(p, &b));
+    s[1].all_logits = true;
+    CHECK(!program_matches(p, &b));
+    s[1].all_logits = false, s[0].n_tokens = 2;
+    CHECK(!program_matches(p, &b));
+    b.n_seqs = 1;
+    CHECK(!program_matches(p, &b));
+    CHECK(!program_matches(NULL, &b));
+    CHECK_EQ_INT(program_build(&p, &c, &b, 0, &e), WELD_ERR_INVALID_ARG);
+    CHECK_EQ_STR(prog_op_name(OP_ATTENTION), "ATTENTION");
+    CHECK_EQ_STR(prog_op_name(99), "?");
+    program_free(p);
+}
+
+TEST(kv_blocks)
+{
+    struct kv_config kc = {.n_layer = 2, .kv_dim = 4, .max_seqs = 3, .max_ctx = 10,
+                           .block_size = 4, .n_blocks = 6, .type = DT_F32};
+    struct kv_cache *kv;
+    struct weld_err e;
+    REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
+    CHECK_EQ_INT(kv->max_blocks_per_seq, 3);
+    CHECK_EQ_INT(kv_n_free_blocks(kv), 6);
+    CHECK_EQ_INT(kv_seq_prepare(kv, 0, 0, 5, &e), WELD_OK); /* 2 blocks */
+    CHECK_EQ_INT(kv_seq_prepare(kv, 1, 0, 9, &e), WELD_OK); /* 3 blocks */
+    CHECK_EQ_INT(kv_n_free_blocks(kv), 1);
+    CHECK_EQ_INT(kv_seq_blocks_needed(kv, 0, 5, 4), 1);
+    CHECK_EQ_INT(kv_seq_prepare(kv, 2, 0, 5, &e), WELD_ERR_LIMIT); /* needs 2, 1 free */
+    CHECK_EQ_INT(kv_seq_len(kv, 2), 0);
+    CHECK_EQ_INT(kv_n_free_blocks(kv), 1);
+    CHECK_EQ_INT(kv_seq_prepare(kv, 0, 7, 1, &e), WELD_ERR_INVALID_ARG); /* gap */
+    CHECK_EQ_INT(kv_seq_prepare(kv, 0, 0, 11, &e), WELD_ERR_LIMIT);     /* past max_ctx */
+    CHECK_EQ_INT(kv_seq_prepare(kv, 3, 0, 1, &e), WELD_ERR_INVALID_ARG);
+    /* rows are distinct per (layer, seq, pos) and stable across table growth */
+    float *r0 = kv_k_row(kv, 1, 0, 4);
+    r0[0] = 42;
+    CHECK(kv_k_row(kv, 0, 0, 4) != r0 && kv_v_row(kv, 1, 0, 4) != r0);
+    CHECK(kv_k_row(kv, 1, 1, 4) != r0);
+    CHECK_EQ_INT(kv_seq_prepare(kv, 0, 5, 3, &e), WELD_OK);
+    CHECK(kv_k_row(kv, 1, 0, 4)[0] == 42);
+    /* truncating to a block boundary frees the blocks after it */
+    kv_seq_truncate(kv, 1, 4);
+    CHECK_EQ_INT(kv_seq_len(kv, 1), 4);
+    CHECK_EQ_INT(kv_n_free_blocks(kv), 3);
+    CHECK_EQ_INT(kv_seq_prepare(kv, 1, 2, 1, &e), WELD_OK); /* rewind inside a block */
+    CHECK_EQ_INT(kv_seq_len(kv, 1), 3);
+    CHECK_EQ_INT(kv_n_free_blocks(kv), 3);
+    kv_seq_drop(kv, 0);
+    kv_seq_drop(kv, 99);
+    CHECK_EQ_INT(kv_n_free_blocks(kv), 5);
+    /* every block is owned once: free + tables == n_blocks, no duplicates */
+    int seen[6] = {0};
+    for (int i = 0; i < kv->n_free; i++)
+        seen[kv->free_ids[i]]++;
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < kv->seqs[s].n_blocks; i++)
+            seen[kv->seqs[s].blocks[i]]++;
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ_INT(seen[i], 1);
+    kv_reset(kv);
+    CHECK_EQ_INT(kv_n_free_blocks(kv), 6);
+    kv_free(kv);
+    kv_free(NULL);
+    kc.type = DT_Q4_0;
+    CHECK_EQ_INT(kv_create(&kv, &kc, &e), WELD_ERR_UNSUPPORTED);
+    kc.type = DT_F32, kc.kv_dim = 0;
+    CHECK_EQ_INT(kv_create(&kv, &kc, &e), WELD_ERR_INVALID_ARG);
+    kc.kv_dim = 1 << 30, kc.n_layer = 1 << 30;
+    CHECK_EQ_INT(kv_create(&kv, &kc, &e), WELD_ERR_LIMIT);
+}
+
+int main(void)
+{
+    RUN(splits_and_counts);
+    RUN(counter_chain);
+    RUN(buffer_plan);
+    RUN(shape_matching);
+    RUN(kv_blocks);
+    return test_summary();
+}
