@@ -1,0 +1,14 @@
+# Tokenizer parity with Hugging Face: a node script (tests/node/tokenizer_ref.js) writes the
+# reference ids and decodes for the corpus into the build tree (fixture), then
+# test_tokenizer_parity compares weld against them. Skipped cleanly when node or the node
+# modules are missing (the C test then reports the missing file).
+find_program(WELD_NODE node)
+if(WELD_NODE AND TARGET test_tokenizer_parity)
+  add_test(NAME tokenizer_ref_data
+           COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/tokenizer_ref.js
+                   ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_ref
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
+  set_tests_properties(tokenizer_ref_data PROPERTIES FIXTURES_SETUP tokenizer_ref TIMEOUT 300)
+  set_tests_properties(test_tokenizer_parity PROPERTIES FIXTURES_REQUIRED tokenizer_ref
+    ENVIRONMENT "WELD_NODE_DIR=${CMAKE_CURRENT_SOURCE_DIR}/node;WELD_TOKENIZER_REF=${CMAKE_CURRENT_BINARY_DIR}/tokenizer_ref/tokenizer_ref.json")
+endif()
