@@ -164,7 +164,9 @@ TEST(shape_matching)
     b.n_seqs = 1;
     CHECK(!program_matches(p, &b));
     CHECK(!program_matches(NULL, &b));
-    CHECK_EQ_INT(program_build(&p, &c, &b, 0, &e), WELD_ERR_INVALID_ARG);
+    struct program *p2 = (struct program *)&c;
+    CHECK_EQ_INT(program_build(&p2, &c, &b, 0, &e), WELD_ERR_INVALID_ARG);
+    CHECK(p2 == NULL);
     CHECK_EQ_STR(prog_op_name(OP_ATTENTION), "ATTENTION");
     CHECK_EQ_STR(prog_op_name(99), "?");
     program_free(p);
