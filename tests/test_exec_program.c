@@ -117,6 +117,10 @@ TEST(buffer_plan)
     for (int i = 0; i < p->n_bufs; i++) {
         const struct prog_buf *x = &p->bufs[i];
         CHECK(x->first >= 0 && x->last >= x->first);
+        /* lifetimes cover whole stages (instructions of a stage may run concurrently) */
+        CHECK(x->first == 0 || p->instrs[x->first - 1].signal != p->instrs[x->first].signal);
+        CHECK(x->last == p->n_instr - 1 ||
+              p->instrs[x->last + 1].signal != p->instrs[x->last].signal);
         if (x->external)
             continue;
         total += x->n_floats;

@@ -45,6 +45,10 @@
  * Row-range instructions of one stage write disjoint outputs and read only what earlier
  * stages finished, so any number of workers can run a stage without atomics; each
  * recomputes the (cheap) rmsnorm of its input instead of sharing it.
+ *
+ * Buffer liveness is taken at stage granularity (a stage's instructions may run
+ * concurrently), and because every stage waits for the whole previous one, two buffers
+ * whose stage ranges do not overlap can share memory with no extra synchronisation.
  */
 #include "exec/program.h"
 
@@ -246,8 +250,38 @@ static size_t place_one(const struct program *p, const int *placed, int n_placed
     }
 }
 
+/* Instructions of one stage may run at the same time, so a buffer is alive from the first
+   instruction of the stage that first writes it to the last of the stage that last reads
+   it (the stage of instruction i is its signal counter). */
+static int widen_to_stages(struct program *p)
+{
+    int *lo = wcalloc((size_t)p->n_counters, sizeof(int));
+    int *hi = wcalloc((size_t)p->n_counters, sizeof(int));
+    if (!lo || !hi) {
+        wfree(lo);
+        wfree(hi);
+        return WELD_ERR_NOMEM;
+    }
+    for (int i = p->n_instr - 1; i >= 0; i--)
+        lo[p->instrs[i].signal] = i;
+    for (int i = 0; i < p->n_instr; i++)
+        hi[p->instrs[i].signal] = i;
+    for (int b = 0; b < p->n_bufs; b++) {
+        struct prog_buf *buf = &p->bufs[b];
+        if (buf->first < 0)
+            continue;
+        buf->first = lo[p->instrs[buf->first].signal];
+        buf->last = hi[p->instrs[buf->last].signal];
+    }
+    wfree(lo);
+    wfree(hi);
+    return WELD_OK;
+}
+
 static int plan_buffers(struct program *p)
 {
+    if (widen_to_stages(p))
+        return WELD_ERR_NOMEM;
     int *order = wcalloc((size_t)p->n_bufs, sizeof(int));
     if (!order)
         return WELD_ERR_NOMEM;

@@ -41,14 +41,17 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* Full semantics, unit of row0/row1 and buffers of each opcode: see program.c. */
 enum prog_op {
-    OP_EMBED = 0,
-    OP_ATTN_NORM_QKV_ROPE,
-    OP_ATTENTION,
-    OP_O_PROJ_RESIDUAL,
-    OP_FFN_NORM_GATE_UP_SILU,
-    OP_DOWN_PROJ_RESIDUAL,
-    OP_FINAL_NORM_LOGITS,
+    OP_EMBED = 0,             /* rows = tokens: x[t] = embedding of token t */
+    OP_ATTN_NORM_QKV_ROPE,    /* rows = Q|K|V heads: rmsnorm, projections, bias, qk-norm,
+                                 rope; Q to a buffer, K/V appended to the paged cache */
+    OP_ATTENTION,             /* one batch sequence, rows = KV heads: causal online-softmax
+                                 attention over the cache, all query heads of the group */
+    OP_O_PROJ_RESIDUAL,       /* rows = model dims: x += Wo att */
+    OP_FFN_NORM_GATE_UP_SILU, /* rows = ffn dims: hid = silu(Wgate h) * (Wup h) */
+    OP_DOWN_PROJ_RESIDUAL,    /* rows = model dims: x += Wdown hid */
+    OP_FINAL_NORM_LOGITS,     /* rows = vocab ids: logits = Woutput rmsnorm(x) */
     OP_COUNT
 };
 
