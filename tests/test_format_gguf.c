@@ -542,6 +542,56 @@ TEST(writer_fill_error_leaves_no_file)
     gguf_writer_free(w);
 }
 
+static int fill_pattern(void *ctx, void *dst, size_t size, struct weld_err *e)
+{
+    uint32_t seed = *(const uint32_t *)ctx;
+    uint8_t *p = dst;
+    for (size_t i = 0; i < size; i++)
+        p[i] = (uint8_t)((i * 2654435761u + seed) >> 13);
+    return WELD_OK;
+}
+
+/* A tensor larger than the writer's 16 MiB write chunk, then a smaller one reusing the
+   scratch buffer. */
+TEST(writer_large_tensor)
+{
+    uint32_t s1 = 1, s2 = 2;
+    int64_t ne1[2] = {4096, 1100}, ne2[1] = {1000};
+    struct gguf_writer *w = gguf_writer_create();
+    REQUIRE(w != NULL);
+    CHECK_EQ_INT(gguf_writer_add_tensor_fn(w, "big", DT_F32, 2, ne1, fill_pattern, &s1), WELD_OK);
+    CHECK_EQ_INT(gguf_writer_add_tensor_fn(w, "small", DT_BF16, 1, ne2, fill_pattern, &s2),
+                 WELD_OK);
+    const char *path = tmp_path("big.gguf");
+    struct weld_err e = {0};
+    CHECK_EQ_INT(gguf_writer_write(w, path, &e), WELD_OK);
+    gguf_writer_free(w);
+    struct gguf_file *f = NULL;
+    REQUIRE(gguf_open(&f, path, &e) == WELD_OK);
+    const struct gguf_tensor *t = gguf_find_tensor(f, "big");
+    REQUIRE(t != NULL && t->nbytes == 4096u * 1100 * 4);
+    uint8_t *want = malloc(t->nbytes);
+    REQUIRE(want != NULL);
+    fill_pattern(&s1, want, t->nbytes, NULL);
+    CHECK(memcmp(t->data, want, t->nbytes) == 0);
+    t = gguf_find_tensor(f, "small");
+    REQUIRE(t != NULL && t->nbytes == 2000);
+    CHECK_EQ_INT(t->offset, 4096u * 1100 * 4);
+    fill_pattern(&s2, want, t->nbytes, NULL);
+    CHECK(memcmp(t->data, want, t->nbytes) == 0);
+    free(want);
+    gguf_close(f);
+    remove(path);
+}
+
+TEST(type_names)
+{
+    CHECK_EQ_STR(gguf_type_name(GGUF_TYPE_STRING), "string");
+    CHECK_EQ_STR(gguf_type_name(GGUF_TYPE_FLOAT64), "f64");
+    CHECK_EQ_STR(gguf_type_name(GGUF_TYPE_COUNT), "unknown");
+    CHECK_EQ_STR(gguf_type_name((enum gguf_type)-1), "unknown");
+}
+
 /* Copy stories260K through the writer (all kvs, every tensor) and compare. */
 TEST(copy_model_through_writer)
 {
@@ -827,6 +877,8 @@ int main(void)
     RUN(writer_output_matches_hand_built_bytes);
     RUN(writer_custom_alignment);
     RUN(writer_fill_error_leaves_no_file);
+    RUN(writer_large_tensor);
+    RUN(type_names);
     RUN(copy_model_through_writer);
     RUN(corrupted_files_fail_cleanly);
     RUN(truncated_at_every_offset);

@@ -185,9 +185,9 @@ static const char *const type_names[GGUF_TYPE_COUNT] = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64",
 };
 
-static const char *gguf_type_name(uint32_t t)
+const char *gguf_type_name(enum gguf_type t)
 {
-    return t < GGUF_TYPE_COUNT ? type_names[t] : "unknown";
+    return (unsigned)t < GGUF_TYPE_COUNT ? type_names[t] : "unknown";
 }
 
 /* Bytes of one scalar of type t; 0 for STRING, ARRAY and unknown types. */
