@@ -592,11 +592,20 @@ TEST(kv_exhaustion_is_all_or_nothing)
     CHECK(strstr(e.msg, "blocks") != NULL);
     CHECK_EQ_INT(runner_seq_len(r, 0), 12);
     CHECK_EQ_INT(runner_seq_len(r, 1), 5);
+    /* the pool is full; seq 1 grows by a block while seq 0 (listed after it) rewinds and
+       frees one: fits */
+    bs[0] = (struct batch_seq){1, t + 5, 4, 5, false};
+    bs[1] = (struct batch_seq){0, t + 4, 1, 4, false};
+    CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
+    CHECK_EQ_INT(runner_seq_len(r, 0), 5);
+    CHECK_EQ_INT(runner_seq_len(r, 1), 9);
     runner_drop_seq(r, 1);
+    bs[0] = (struct batch_seq){0, t + 5, 7, 5, false};
+    bs[1] = (struct batch_seq){1, t + 9, 1, 9, false};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG); /* seq 1 was dropped */
     b.n_seqs = 1;
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
-    CHECK_EQ_INT(runner_seq_len(r, 0), 13);
+    CHECK_EQ_INT(runner_seq_len(r, 0), 12);
     runner_free(r);
     free(lg);
     tm_free(tm);

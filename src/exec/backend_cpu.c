@@ -114,6 +114,9 @@ static int reserve_kv(struct cpu_ctx *c, const struct batch *b, struct weld_err 
         return err_set(e, WELD_ERR_LIMIT, "kv cache: step needs %lld more blocks, %d free "
                        "(drop finished sequences or raise the block count)", more,
                        kv_n_free_blocks(c->kv));
+    /* Rewinds first, so blocks they free are there for the sequences that grow. */
+    for (int s = 0; s < b->n_seqs; s++)
+        kv_seq_truncate(c->kv, b->seqs[s].seq_id, b->seqs[s].pos);
     for (int s = 0; s < b->n_seqs; s++) {
         int rc = kv_seq_prepare(c->kv, b->seqs[s].seq_id, b->seqs[s].pos,
                                 b->seqs[s].n_tokens, e);
