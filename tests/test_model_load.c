@@ -381,6 +381,228 @@ TEST(hf_errors_and_llama3)
     model_free(h);
 }
 
+/* ---- synthetic models (qwen2 / qwen3, other types) ---- */
+
+static uint8_t big_zero[256 * 64 * 4];
+
+/* The tensors a config needs, as (GGUF name, ne0, ne1) with ne1 = 0 for vectors. */
+struct tspec {
+    char name[48];
+    int64_t ne0, ne1;
+};
+
+static int synth_specs(const struct model_config *c, struct tspec *t)
+{
+    int n = 0;
+    int64_t qd = (int64_t)c->n_head * c->head_dim, kd = (int64_t)c->n_kv_head * c->head_dim;
+#define ADD(nm, a, b) (snprintf(t[n].name, sizeof t[n].name, "%s", nm), t[n].ne0 = a, \
+                       t[n].ne1 = b, n++)
+    ADD("token_embd.weight", c->dim, c->n_vocab);
+    ADD("output_norm.weight", c->dim, 0);
+    if (!c->tied_embeddings)
+        ADD("output.weight", c->dim, c->n_vocab);
+    for (int l = 0; l < c->n_layer; l++) {
+        char b[48];
+#define L(sfx, a, bb) (snprintf(b, sizeof b, "blk.%d." sfx, l), ADD(b, a, bb))
+        L("attn_norm.weight", c->dim, 0);
+        L("attn_q.weight", c->dim, qd);
+        L("attn_k.weight", c->dim, kd);
+        L("attn_v.weight", c->dim, kd);
+        L("attn_output.weight", qd, c->dim);
+        L("ffn_norm.weight", c->dim, 0);
+        L("ffn_gate.weight", c->dim, c->ffn_dim);
+        L("ffn_up.weight", c->dim, c->ffn_dim);
+        L("ffn_down.weight", c->ffn_dim, c->dim);
+        if (c->qkv_bias) {
+            L("attn_q.bias", qd, 0);
+            L("attn_k.bias", kd, 0);
+            L("attn_v.bias", kd, 0);
+        }
+        if (c->qk_norm) {
+            L("attn_q_norm.weight", c->head_dim, 0);
+            L("attn_k_norm.weight", c->head_dim, 0);
+        }
+#undef L
+    }
+#undef ADD
+    return n;
+}
+
+/* Matrices in wtype, vectors F32; `drop` (GGUF name) left out. */
+static int write_synth_gguf(const char *path, const struct model_config *c,
+                            enum weld_dtype wtype, const char *drop)
+{
+    static struct tspec t[128];
+    int n = synth_specs(c, t);
+    struct weld_err e;
+    struct gguf_writer *w = gguf_writer_create();
+    int rc = w ? model_config_to_gguf(c, w, &e) : -1;
+    for (int i = 0; rc == WELD_OK && i < n; i++) {
+        if (drop && strcmp(drop, t[i].name) == 0)
+            continue;
+        int64_t ne[2] = {t[i].ne0, t[i].ne1};
+        rc = gguf_writer_add_tensor(w, t[i].name, t[i].ne1 ? wtype : DT_F32,
+                                    t[i].ne1 ? 2 : 1, ne, big_zero);
+    }
+    if (rc == WELD_OK)
+        rc = gguf_writer_write(w, path, &e);
+    gguf_writer_free(w);
+    return rc;
+}
+
+/* The same as an HF directory in dtype (every tensor, vectors too). */
+static int write_synth_hf(const char *dir, const struct model_config *c, int dtype,
+                          const char *drop_hf)
+{
+    static struct tspec t[128];
+    int n = synth_specs(c, t);
+    struct weld_err e;
+    mkdir(dir, 0755);
+    struct st_writer *w = st_writer_create();
+    int rc = w ? WELD_OK : -1;
+    for (int i = 0; rc == WELD_OK && i < n; i++) {
+        char hf[160];
+        if (tensor_name_gguf_to_hf(t[i].name, hf, sizeof hf) != 0)
+            return -1;
+        if (drop_hf && strcmp(drop_hf, hf) == 0)
+            continue;
+        int64_t shape[2] = {t[i].ne1 ? t[i].ne1 : t[i].ne0, t[i].ne0};
+        rc = st_writer_add(w, hf, dtype, t[i].ne1 ? 2 : 1, t[i].ne1 ? shape : &t[i].ne0,
+                           big_zero);
+    }
+    if (rc == WELD_OK)
+        rc = st_writer_write_dir(w, dir, 0, &e);
+    st_writer_free(w);
+    char cfg_path[4300];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    json_t *j = model_config_to_hf_json(c, "bfloat16");
+    if (rc == WELD_OK)
+        rc = j ? jsave_file(j, cfg_path, &e) : -1;
+    json_decref(j);
+    return rc;
+}
+
+static struct model_config small_cfg(enum model_arch arch)
+{
+    struct model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = arch;
+    c.n_vocab = 256;
+    c.dim = 64;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.head_dim = arch == ARCH_QWEN3 ? 32 : 16; /* qwen3: n_head * head_dim != dim */
+    c.rope_dim = c.head_dim;
+    c.ffn_dim = 128;
+    c.max_ctx = 512;
+    c.norm_eps = 1e-6f;
+    c.rope_theta = 1e6f;
+    c.rope_neox = true;
+    c.tied_embeddings = true;
+    c.qkv_bias = arch == ARCH_QWEN2;
+    c.qk_norm = arch == ARCH_QWEN3;
+    return c;
+}
+
+static int load_synth(const char *file, const struct model_config *c, enum weld_dtype wtype,
+                      const char *drop, struct model **m, struct weld_err *e)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", test_tmpdir(), file);
+    *m = NULL;
+    if (write_synth_gguf(path, c, wtype, drop) != WELD_OK)
+        return -1;
+    return model_load(m, path, e);
+}
+
+TEST(qwen2_gguf)
+{
+    struct model_config c = small_cfg(ARCH_QWEN2);
+    struct model *m = NULL;
+    struct weld_err e;
+    int rc = load_synth("qwen2.gguf", &c, DT_F16, NULL, &m, &e);
+    if (rc)
+        fprintf(stderr, "  %s\n", e.msg);
+    REQUIRE(rc == WELD_OK);
+    CHECK_EQ_INT(m->cfg.arch, ARCH_QWEN2);
+    CHECK(m->cfg.qkv_bias && m->cfg.rope_neox && m->cfg.tied_embeddings);
+    CHECK(m->layers[1].bk.data != NULL);
+    CHECK_EQ_INT(m->layers[1].bk.ne[0], 32);
+    CHECK_EQ_INT(m->layers[1].bq.ne[0], 64);
+    CHECK_EQ_INT(m->layers[1].wq.type, DT_F16);
+    CHECK_EQ_INT(m->layers[1].wq.nbytes, 64 * 64 * 2);
+    CHECK(m->output.data == m->tok_embd.data);
+    model_free(m);
+    CHECK_EQ_INT(load_synth("qwen2-nobias.gguf", &c, DT_F16, "blk.1.attn_k.bias", &m, &e),
+                 WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "qwen2-nobias.gguf: tensor 'blk.1.attn_k.bias' is missing") != NULL);
+}
+
+TEST(qwen3_gguf_quantized)
+{
+    struct model_config c = small_cfg(ARCH_QWEN3);
+    c.tied_embeddings = false;
+    struct model *m = NULL;
+    struct weld_err e;
+    int rc = load_synth("qwen3.gguf", &c, DT_Q8_0, NULL, &m, &e);
+    if (rc)
+        fprintf(stderr, "  %s\n", e.msg);
+    REQUIRE(rc == WELD_OK);
+    CHECK(m->cfg.qk_norm && !m->cfg.qkv_bias && !m->cfg.tied_embeddings);
+    CHECK_EQ_INT(m->cfg.head_dim, 32);
+    CHECK_EQ_INT(m->layers[0].wq.ne[1], 128);
+    CHECK_EQ_INT(m->layers[0].wo.ne[0], 128);
+    CHECK_EQ_INT(m->layers[0].wo.type, DT_Q8_0);
+    CHECK_EQ_INT(m->layers[0].wo.nbytes, 64 * (128 / 32) * 34);
+    CHECK_EQ_INT(m->layers[1].k_norm.ne[0], 32);
+    CHECK(m->output.data != m->tok_embd.data);
+    CHECK(m->layers[0].bq.data == NULL);
+    model_free(m);
+    CHECK_EQ_INT(load_synth("qwen3-nonorm.gguf", &c, DT_Q8_0, "blk.0.attn_k_norm.weight", &m,
+                            &e),
+                 WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "'blk.0.attn_k_norm.weight' is missing") != NULL);
+    CHECK_EQ_INT(load_synth("qwen3-noout.gguf", &c, DT_Q8_0, "output.weight", &m, &e),
+                 WELD_OK); /* GGUF: no output.weight means tied */
+    CHECK(m && m->cfg.tied_embeddings && m->output.data == m->tok_embd.data);
+    model_free(m);
+}
+
+TEST(synth_hf_bf16)
+{
+    struct model_config c = small_cfg(ARCH_QWEN2);
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/qwen2-hf", test_tmpdir());
+    REQUIRE(write_synth_hf(dir, &c, DT_BF16, NULL) == WELD_OK);
+    struct model *m = NULL;
+    struct weld_err e;
+    int rc = model_load(&m, dir, &e);
+    if (rc)
+        fprintf(stderr, "  %s\n", e.msg);
+    REQUIRE(rc == WELD_OK);
+    CHECK(m->cfg.qkv_bias && m->cfg.tied_embeddings);
+    CHECK_EQ_INT(m->layers[1].w_down.type, DT_BF16);
+    CHECK_EQ_INT(m->layers[1].w_down.ne[0], 128); /* HF [dim, ffn] reversed */
+    CHECK_EQ_INT(m->layers[1].w_down.ne[1], 64);
+    CHECK_EQ_INT(m->layers[1].bv.type, DT_BF16);
+    CHECK_EQ_STR(m->layers[1].bv.name, "blk.1.attn_v.bias");
+    model_free(m);
+    c = small_cfg(ARCH_QWEN3);
+    snprintf(dir, sizeof dir, "%s/qwen3-hf", test_tmpdir());
+    REQUIRE(write_synth_hf(dir, &c, DT_F16, "model.layers.1.self_attn.q_norm.weight")
+            == WELD_OK);
+    CHECK_EQ_INT(model_load(&m, dir, &e), WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "'model.layers.1.self_attn.q_norm.weight' (blk.1.attn_q_norm.weight) "
+                        "is missing") != NULL);
+    /* config says untied but there is no lm_head */
+    c.tied_embeddings = false;
+    snprintf(dir, sizeof dir, "%s/qwen3-nohead", test_tmpdir());
+    REQUIRE(write_synth_hf(dir, &c, DT_F16, "lm_head.weight") == WELD_OK);
+    CHECK_EQ_INT(model_load(&m, dir, &e), WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "'lm_head.weight'") != NULL);
+}
+
 /* Fail each allocation in turn: every failure must be reported and leak nothing. */
 TEST(alloc_failures)
 {
@@ -422,6 +644,9 @@ int main(void)
     RUN(not_found);
     RUN(hf_dir);
     RUN(hf_errors_and_llama3);
+    RUN(qwen2_gguf);
+    RUN(qwen3_gguf_quantized);
+    RUN(synth_hf_bf16);
     RUN(alloc_failures);
     return test_summary();
 }
