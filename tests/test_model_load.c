@@ -200,10 +200,13 @@ TEST(wrong_type)
 
 TEST(tied_and_rope_freqs)
 {
-    struct edit ed[] = {{EDIT_DROP, "output.weight"}, {EDIT_ADD_ROPE, NULL}};
+    /* plus unknown tensors, which are ignored */
+    struct edit ed[] = {{EDIT_DROP, "output.weight"}, {EDIT_ADD_ROPE, NULL},
+                        {EDIT_ADD_BIAS, "blk.0.attn_foo.weight"},
+                        {EDIT_ADD_BIAS, "blk.7.attn_q.bias"}};
     struct model *m = NULL;
     struct weld_err e;
-    int rc = load_edited("tied.gguf", ed, 2, &m, &e);
+    int rc = load_edited("tied.gguf", ed, 4, &m, &e);
     if (rc)
         fprintf(stderr, "  %s\n", e.msg);
     REQUIRE(rc == WELD_OK);

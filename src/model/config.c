@@ -152,8 +152,11 @@ static int gguf_read_arch(const struct gguf_file *f, struct model_config *c, cha
                        "%s: architecture '%s' is not supported (supported: %s)", f->path, arch,
                        SUPPORTED_ARCHS);
     c->arch = (enum model_arch)a;
-    if (gguf_get_str(f, "general.name", &s, NULL) == WELD_OK)
-        gstr_copy(s, c->name, sizeof c->name);
+    if (gguf_get_str(f, "general.name", &s, NULL) == WELD_OK) {
+        s.len = s.len < sizeof c->name ? s.len : sizeof c->name - 1; /* truncate */
+        if (gstr_copy(s, c->name, sizeof c->name) != 0)
+            c->name[0] = '\0';
+    }
     return WELD_OK;
 }
 
