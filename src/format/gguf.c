@@ -14,16 +14,21 @@
  * Tensor infos are validated as they are read: 1..4 dims, each ne in [0, 2^63), the element
  * count free of overflow, a known type, ne[0] a multiple of the block size, the offset a
  * multiple of the alignment, and [data_offset + offset, + nbytes) inside the file. Keys and
- * tensor names must be unique; uniqueness and gguf_find_* use an open-addressing hash
- * table (xxhash) kept next to the public struct (struct gguf_priv wraps struct gguf_file),
- * so hostile files with many keys stay O(n).
+ * tensor names must be unique, non-empty and free of NUL bytes; uniqueness and gguf_find_*
+ * use an open-addressing hash table (xxhash) kept next to the public struct (struct
+ * gguf_priv wraps struct gguf_file), so files with many keys stay O(n). Other limits:
+ * at most 2^31 - 1 keys and tensors, general.alignment (any integer type) a power of two
+ * up to 2^30. An opened file is never modified, so any number of threads may read it.
  *
  * Writer design. Keys are stored already serialized (the value bytes that follow the type
  * field), in insertion order; setting a key again replaces its bytes. Tensors keep a data
  * pointer or a fill callback; offsets are assigned at write time, each tensor padded to the
  * alignment (32, or general.alignment when set as a u32). The file is written to
  * "<path>.tmp" with stdio and renamed into place only when everything succeeded, so a
- * failed conversion never leaves a truncated model under the real name.
+ * failed conversion never leaves a truncated model under the real name. A writer is used
+ * from one thread. Its set/add calls return WELD_ERR_INVALID_ARG for bad arguments (empty
+ * key, duplicate tensor, ne[0] not a multiple of the block size, general.alignment that is
+ * not a u32 power of two) and WELD_ERR_NOMEM; gguf_writer_write fills a message.
  *
  * Not done on purpose: big-endian GGUF files (rejected with a hint), GGUF v1, in-place
  * editing, and checks that tensor data regions do not overlap (llama.cpp writes them

@@ -117,7 +117,8 @@ int gguf_get_arr(const struct gguf_file *f, const char *key, enum gguf_type elem
                  const struct gguf_kv **out, struct weld_err *e);
 /* "u8", "i32", "string", "array", ...; "unknown" for anything else. */
 const char *gguf_type_name(enum gguf_type t);
-/* Element i of a numeric array as double / int64 (any numeric element type). */
+/* Element i (< arr_n) of a numeric array as double / int64 (any numeric element type; for
+   int64, u64 values above INT64_MAX wrap and floats truncate, NaN or out of range giving 0). */
 double gguf_arr_f64(const struct gguf_kv *kv, uint64_t i);
 int64_t gguf_arr_i64(const struct gguf_kv *kv, uint64_t i);
 
