@@ -19,6 +19,9 @@
  * A.rope.dimension_count, A.rope.scaling.type/factor/original_context_length. Llama 3
  * rope scaling is stored by llama.cpp as the tensor rope_freqs.weight (per-frequency
  * divisors), not as keys: the model loader reads that tensor; the writer creates it.
+ * model_config_to_gguf also records the Llama 3 parameters as weld.rope.llama3.{factor,
+ * low_freq_factor, high_freq_factor, original_context_length} (ignored by llama.cpp), and
+ * model_config_from_gguf reports ROPE_SCALING_LLAMA3 only when those keys are present.
  * Tied embeddings in GGUF = no output.weight tensor.
  */
 #ifndef WELD_MODEL_CONFIG_H
