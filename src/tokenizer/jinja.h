@@ -205,6 +205,9 @@ struct jinja_ctx {
     struct jinja_value *date_string; /* context "date_string" or NULL */
 };
 
+/* Count n units of work against max_steps (loops over items, scans of long strings). */
+void jinja_charge(struct jinja_ctx *c, size_t n);
+
 _Noreturn void jinja_fail_at(struct jinja_ctx *c, enum weld_status s, const char *fmt, ...)
     WELD_PRINTF(3, 4);
 
@@ -226,7 +229,7 @@ struct jinja_value *jv_func(struct jinja_ctx *c, const char *name, struct jinja_
 
 const char *jv_type_name(const struct jinja_value *v);
 bool jv_truthy(const struct jinja_value *v);
-bool jv_equal(const struct jinja_value *a, const struct jinja_value *b);
+bool jv_equal(struct jinja_ctx *c, const struct jinja_value *a, const struct jinja_value *b);
 int jv_compare(struct jinja_ctx *c, const struct jinja_value *a, const struct jinja_value *b);
 bool jv_is_seq(const struct jinja_value *v); /* list or tuple */
 

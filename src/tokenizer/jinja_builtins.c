@@ -472,7 +472,7 @@ static struct jinja_value *f_unique(struct jinja_ctx *c, struct jinja_value *v,
         k = sort_key(c, k, cs);
         bool seen = false;
         for (size_t j = 0; j < keys->u.list.n && !seen; j++)
-            seen = jv_equal(keys->u.list.v[j], k);
+            seen = jv_equal(c, keys->u.list.v[j], k);
         if (!seen) {
             jv_list_push(c, keys, k);
             jv_list_push(c, out, it[i]);
@@ -705,9 +705,9 @@ static bool t_compare(struct jinja_ctx *c, struct jinja_str name, struct jinja_v
     *known = true;
 #define IS(z) jinja_str_eq(name, z)
     if (IS("eq") || IS("equalto") || IS("=="))
-        return jv_equal(v, o);
+        return jv_equal(c, v, o);
     if (IS("ne") || IS("!="))
-        return !jv_equal(v, o);
+        return !jv_equal(c, v, o);
     if (IS("lt") || IS("lessthan") || IS("<"))
         return jv_compare(c, v, o) < 0;
     if (IS("le") || IS("<="))
@@ -735,7 +735,7 @@ static bool t_compare(struct jinja_ctx *c, struct jinja_str name, struct jinja_v
         size_t n;
         struct jinja_value **it = items_of(c, lst, &n, "in test");
         for (size_t i = 0; i < n; i++)
-            if (jv_equal(v, it[i]))
+            if (jv_equal(c, v, it[i]))
                 return true;
         return false;
     }

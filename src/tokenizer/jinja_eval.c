@@ -266,6 +266,12 @@ static struct jinja_value *eval_slice(struct jinja_ctx *c, struct jinja_scope *s
 
 struct jinja_value **jinja_iter_items(struct jinja_ctx *c, struct jinja_value *v, size_t *n)
 {
+    if (jv_is_seq(v))
+        jinja_charge(c, v->u.list.n);
+    else if (v->t == JV_DICT)
+        jinja_charge(c, v->u.dict.n);
+    else if (v->t == JV_STR)
+        jinja_charge(c, v->u.s.n);
     switch (v->t) {
     case JV_UNDEF: *n = 0; return NULL;
     case JV_LIST:
@@ -487,6 +493,7 @@ static bool contains(struct jinja_ctx *c, struct jinja_value *needle, struct jin
 {
     switch (hay->t) {
     case JV_STR:
+        jinja_charge(c, hay->u.s.n / 16);
         if (needle->t != JV_STR)
             jinja_fail_at(c, WELD_ERR_FORMAT, "'in <string>' requires string as left operand");
         if (needle->u.s.n == 0)
@@ -495,11 +502,13 @@ static bool contains(struct jinja_ctx *c, struct jinja_value *needle, struct jin
     case JV_LIST:
     case JV_TUPLE:
         for (size_t i = 0; i < hay->u.list.n; i++)
-            if (jv_equal(needle, hay->u.list.v[i]))
+            if (jv_equal(c, needle, hay->u.list.v[i]))
                 return true;
         return false;
     case JV_DICT:
-    case JV_NS: return needle->t == JV_STR && jv_dict_get(hay, needle->u.s) != NULL;
+    case JV_NS:
+        jinja_charge(c, hay->u.dict.n);
+        return needle->t == JV_STR && jv_dict_get(hay, needle->u.s) != NULL;
     case JV_UNDEF: return false;
     default:
         jinja_fail_at(c, WELD_ERR_FORMAT, "argument of type '%s' is not iterable",
@@ -520,9 +529,9 @@ static struct jinja_value *eval_binary(struct jinja_ctx *c, struct jinja_scope *
         return jv_str_ref(c, (struct jinja_str){buf.p ? buf.p : "", buf.n});
     }
     if (strcmp(op, "==") == 0)
-        return jv_bool(jv_equal(a, b));
+        return jv_bool(jv_equal(c, a, b));
     if (strcmp(op, "!=") == 0)
-        return jv_bool(!jv_equal(a, b));
+        return jv_bool(!jv_equal(c, a, b));
     if (strcmp(op, "in") == 0)
         return jv_bool(contains(c, a, b));
     if (strcmp(op, "not in") == 0)
@@ -542,6 +551,7 @@ static struct jinja_value *eval_binary(struct jinja_ctx *c, struct jinja_scope *
         return jv_str_ref(c, (struct jinja_str){buf.p ? buf.p : "", buf.n});
     }
     if (op[0] == '+' && jv_is_seq(a) && a->t == b->t) {
+        jinja_charge(c, a->u.list.n + b->u.list.n);
         struct jinja_value *out = jv_list(c, a->t, a->u.list.n + b->u.list.n);
         for (size_t i = 0; i < a->u.list.n; i++)
             jv_list_push(c, out, a->u.list.v[i]);
@@ -601,6 +611,7 @@ static struct jinja_value *eval_literal_coll(struct jinja_ctx *c, struct jinja_s
             if (k->t != JV_STR)
                 jinja_fail_at(c, WELD_ERR_UNSUPPORTED, "dict keys must be strings, not %s",
                               jv_type_name(k));
+            jinja_charge(c, d->u.dict.n); /* linear key lookup */
             jv_dict_set(c, d, k->u.s, jinja_eval(c, s, n->kw_vals[i]));
         }
         return d;

@@ -167,7 +167,10 @@ static void lex_string(struct lexer *L)
 {
     size_t start = L->pos;
     char q = L->src[L->pos++];
-    char *o = jinja_alloc(L->a, L->len - start + 1);
+    size_t end = L->pos; /* find the closing quote first, to size the copy */
+    while (end < L->len && L->src[end] != q)
+        end += L->src[end] == '\\' ? 2 : 1;
+    char *o = jinja_alloc(L->a, (end < L->len ? end : L->len) - start + 1);
     size_t n = 0;
     for (;;) {
         if (L->pos >= L->len)

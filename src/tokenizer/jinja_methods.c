@@ -134,6 +134,7 @@ static struct jinja_value *m_find(struct jinja_ctx *c, struct jinja_str s, struc
                                   bool last)
 {
     const char *hit = NULL;
+    jinja_charge(c, s.n / 16);
     if (!last) {
         hit = x.n == 0 ? s.s : memmem(s.s, s.n, x.s, x.n);
     } else {
@@ -148,6 +149,7 @@ static struct jinja_value *m_find(struct jinja_ctx *c, struct jinja_str s, struc
 
 static struct jinja_value *m_count(struct jinja_ctx *c, struct jinja_str s, struct jinja_str x)
 {
+    jinja_charge(c, s.n / 16);
     if (x.n == 0)
         return jv_int(c, jstr_cp_index(s, s.n) + 1);
     int64_t n = 0;
@@ -246,7 +248,7 @@ static struct jinja_value *seq_method(struct jinja_ctx *c, const char *m, struct
             jinja_fail_at(c, WELD_ERR_FORMAT, "list.%s(): missing argument", m);
         int64_t n = 0;
         for (size_t i = 0; i < self->u.list.n; i++) {
-            if (!jv_equal(self->u.list.v[i], x))
+            if (!jv_equal(c, self->u.list.v[i], x))
                 continue;
             if (m[0] == 'i')
                 return jv_int(c, (int64_t)i);

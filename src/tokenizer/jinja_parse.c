@@ -270,12 +270,18 @@ static struct jinja_node *parse_primary(struct parser *P)
     switch (t->type) {
     case JT_STRING: {
         struct jinja_node *n = lit_node(P, t);
-        while (peek(P)->type == JT_STRING) { /* adjacent literals concatenate */
-            struct jinja_str b = next(P)->s, a_ = n->lit->u.s;
-            char *s = jinja_alloc(P->a, a_.n + b.n + 1);
-            memcpy(s, a_.s, a_.n);
-            memcpy(s + a_.n, b.s, b.n);
-            n->lit->u.s = (struct jinja_str){s, a_.n + b.n};
+        size_t first = P->i, total = t->s.n;
+        while (peek(P)->type == JT_STRING) /* adjacent literals concatenate */
+            total += next(P)->s.n;
+        if (P->i > first) {
+            char *s = jinja_alloc(P->a, total + 1);
+            size_t k = t->s.n;
+            memcpy(s, t->s.s, k);
+            for (size_t j = first; j < P->i; j++) {
+                memcpy(s + k, P->t[j].s.s, P->t[j].s.n);
+                k += P->t[j].s.n;
+            }
+            n->lit->u.s = (struct jinja_str){s, total};
         }
         return n;
     }

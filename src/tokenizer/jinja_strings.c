@@ -143,6 +143,7 @@ struct jinja_value *jstr_split(struct jinja_ctx *c, struct jinja_str s,
                                const struct jinja_str *sep, int64_t maxsplit)
 {
     struct jinja_value *out = jv_list(c, JV_LIST, 0);
+    jinja_charge(c, s.n / 16);
     if (sep && sep->n == 0)
         jinja_fail_at(c, WELD_ERR_FORMAT, "split: empty separator");
     size_t i = 0;
@@ -193,6 +194,7 @@ struct jinja_str jstr_replace(struct jinja_ctx *c, struct jinja_str s, struct ji
     struct jinja_buf b = {0};
     size_t i = 0;
     int64_t done = 0;
+    jinja_charge(c, s.n / 16);
     if (old.n == 0) { /* Python inserts rep between every code point */
         while (count < 0 || done < count) {
             jbuf_put(c, &b, rep.s, rep.n);

@@ -107,6 +107,13 @@ void jinja_fail_at(struct jinja_ctx *c, enum weld_status s, const char *fmt, ...
     jinja_raise(c->fail, s, "line %d: %s", c->line, msg);
 }
 
+void jinja_charge(struct jinja_ctx *c, size_t n)
+{
+    if (n > (size_t)c->lim.max_steps || c->steps > c->lim.max_steps - (long)n)
+        jinja_fail_at(c, WELD_ERR_LIMIT, "template ran more than %ld steps", c->lim.max_steps);
+    c->steps += (long)n;
+}
+
 /* ---- constructors ---- */
 
 static struct jinja_value v_none = {.t = JV_NONE};
@@ -293,8 +300,12 @@ static double num_val(const struct jinja_value *v)
     return v->t == JV_FLOAT ? v->u.f : v->t == JV_INT ? (double)v->u.i : (double)v->u.b;
 }
 
-bool jv_equal(const struct jinja_value *a, const struct jinja_value *b)
+static bool equal_d(struct jinja_ctx *c, const struct jinja_value *a,
+                    const struct jinja_value *b, int depth)
 {
+    if (depth > c->lim.max_depth)
+        jinja_fail_at(c, WELD_ERR_LIMIT, "values nested too deeply to compare");
+    jinja_charge(c, 1);
     if (is_num(a) && is_num(b)) {
         if (a->t != JV_FLOAT && b->t != JV_FLOAT)
             return (a->t == JV_INT ? a->u.i : a->u.b) == (b->t == JV_INT ? b->u.i : b->u.b);
@@ -304,7 +315,7 @@ bool jv_equal(const struct jinja_value *a, const struct jinja_value *b)
         if (a->t != b->t || a->u.list.n != b->u.list.n)
             return false;
         for (size_t i = 0; i < a->u.list.n; i++)
-            if (!jv_equal(a->u.list.v[i], b->u.list.v[i]))
+            if (!equal_d(c, a->u.list.v[i], b->u.list.v[i], depth + 1))
                 return false;
         return true;
     }
@@ -319,7 +330,7 @@ bool jv_equal(const struct jinja_value *a, const struct jinja_value *b)
             return false;
         for (size_t i = 0; i < a->u.dict.n; i++) {
             struct jinja_value *o = jv_dict_get(b, a->u.dict.k[i]);
-            if (!o || !jv_equal(a->u.dict.v[i], o))
+            if (!o || !equal_d(c, a->u.dict.v[i], o, depth + 1))
                 return false;
         }
         return true;
@@ -328,8 +339,17 @@ bool jv_equal(const struct jinja_value *a, const struct jinja_value *b)
     }
 }
 
-int jv_compare(struct jinja_ctx *c, const struct jinja_value *a, const struct jinja_value *b)
+bool jv_equal(struct jinja_ctx *c, const struct jinja_value *a, const struct jinja_value *b)
 {
+    return equal_d(c, a, b, 0);
+}
+
+static int compare_d(struct jinja_ctx *c, const struct jinja_value *a,
+                     const struct jinja_value *b, int depth)
+{
+    if (depth > c->lim.max_depth)
+        jinja_fail_at(c, WELD_ERR_LIMIT, "values nested too deeply to compare");
+    jinja_charge(c, 1);
     if (is_num(a) && is_num(b)) {
         double x = num_val(a), y = num_val(b);
         if (a->t == JV_INT && b->t == JV_INT)
@@ -345,13 +365,18 @@ int jv_compare(struct jinja_ctx *c, const struct jinja_value *a, const struct ji
     }
     if (jv_is_seq(a) && a->t == b->t) {
         for (size_t i = 0; i < a->u.list.n && i < b->u.list.n; i++) {
-            if (!jv_equal(a->u.list.v[i], b->u.list.v[i]))
-                return jv_compare(c, a->u.list.v[i], b->u.list.v[i]);
+            if (!equal_d(c, a->u.list.v[i], b->u.list.v[i], depth + 1))
+                return compare_d(c, a->u.list.v[i], b->u.list.v[i], depth + 1);
         }
         return a->u.list.n < b->u.list.n ? -1 : a->u.list.n > b->u.list.n;
     }
     jinja_fail_at(c, WELD_ERR_FORMAT, "cannot compare %s with %s", jv_type_name(a),
                   jv_type_name(b));
+}
+
+int jv_compare(struct jinja_ctx *c, const struct jinja_value *a, const struct jinja_value *b)
+{
+    return compare_d(c, a, b, 0);
 }
 
 /* ---- buffers ---- */
