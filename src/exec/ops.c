@@ -2,19 +2,30 @@
  * ops - one function per opcode, over the instruction's slice of work (see program.c for
  * what each computes and ops.h for what each may touch).
  *
- * Scratch layout (floats, per worker): h (dim) normalised input | row (max matrix width)
- * dequantised weight row | cos, sin (rope_dim/2 each) | acc (head_dim) attention
- * accumulator. Everything is per token and in a fixed order, so a token's numbers do not
- * depend on the batch, the split or the executor.
+ * Loop order: weight rows outside, tokens inside, so each weight row is read (and, for
+ * non-F32 types, converted) once per OPS_TILE tokens rather than once per token; the
+ * normalised inputs of a tile of tokens are kept in scratch. The arithmetic of one
+ * (row, token) pair is always kern_dot_f32(row as f32, input) in the same order, so a
+ * token's numbers do not depend on the tile, the batch, the split or the executor.
+ *
+ * Scratch layout (floats, per worker):
+ *   h     (OPS_TILE, dim)          normalised inputs of a tile of tokens
+ *   row   (max matrix width)       a weight row converted to f32
+ *   y     (OPS_TILE, ywidth)       per-token outputs of one head, or gate and up values
+ *   cosv, sinv (OPS_TILE, rope_dim/2) rope angles of the tile's positions
+ *   acc   (head_dim)               attention accumulator
  */
 #include "exec/ops.h"
 
 #include "kernels/cpu/kernels.h"
 
 #include <math.h>
+#include <string.h>
+
+#define OPS_TILE 16
 
 struct scratch {
-    float *h, *row, *cosv, *sinv, *acc;
+    float *h, *row, *y, *cosv, *sinv, *acc;
 };
 
 static int max_width(const struct model_config *c)
@@ -27,20 +38,24 @@ static int max_width(const struct model_config *c)
     return w;
 }
 
+static int y_width(const struct model_config *c) { return c->head_dim > 2 ? c->head_dim : 2; }
+
 size_t exec_scratch_floats(const struct model_config *c)
 {
-    return (size_t)c->dim + (size_t)max_width(c) + (size_t)c->rope_dim + (size_t)c->head_dim +
-           64;
+    return (size_t)OPS_TILE * (size_t)c->dim + (size_t)max_width(c) +
+           (size_t)OPS_TILE * (size_t)y_width(c) + (size_t)OPS_TILE * (size_t)c->rope_dim +
+           (size_t)c->head_dim + 64;
 }
 
 static struct scratch scratch_split(const struct model_config *c, float *base)
 {
     struct scratch s;
     s.h = base;
-    s.row = s.h + c->dim;
-    s.cosv = s.row + max_width(c);
-    s.sinv = s.cosv + c->rope_dim / 2;
-    s.acc = s.sinv + c->rope_dim / 2;
+    s.row = s.h + (size_t)OPS_TILE * c->dim;
+    s.y = s.row + max_width(c);
+    s.cosv = s.y + (size_t)OPS_TILE * y_width(c);
+    s.sinv = s.cosv + (size_t)OPS_TILE * (c->rope_dim / 2);
+    s.acc = s.sinv + (size_t)OPS_TILE * (c->rope_dim / 2);
     return s;
 }
 
@@ -49,6 +64,12 @@ static float *buf_ptr(const struct exec_step *st, int id)
     if (id == st->p->buf_logits)
         return st->logits;
     return st->arena + st->p->bufs[id].offset;
+}
+
+/* Row r of w as f32 (in place for F32, else converted into buf). */
+static const float *wrow(const struct tensor *w, size_t rb, int64_t r, float *buf)
+{
+    return kern_row_f32(w->type, kern_tensor_row(w, rb, r), w->ne[0], buf);
 }
 
 static void op_embed(const struct exec_step *st, const struct prog_instr *in)
@@ -61,53 +82,94 @@ static void op_embed(const struct exec_step *st, const struct prog_instr *in)
         kern_to_f32(emb->type, kern_tensor_row(emb, rb, st->tokens[t]), x + t * dim, dim);
 }
 
-/* One head unit of the QKV op for token t (see program.c for the unit numbering). */
-static void qkv_unit(const struct exec_step *st, int layer, int t, int u, float *q,
-                     const struct scratch *sc)
+/* Where a head unit's output goes and what is applied to it (see program.c). */
+struct qkv_target {
+    const struct tensor *w;
+    const float *bias, *norm; /* bias already offset to the head; may be NULL */
+    int head;
+    int kind; /* 0 q, 1 k, 2 v */
+};
+
+static struct qkv_target qkv_select(const struct exec_step *st, int layer, int u)
 {
     const struct model_config *c = &st->m->cfg;
     const struct layer_weights *L = &st->m->layers[layer];
     const struct exec_layer_vecs *v = &st->w->layers[layer];
-    const int hd = c->head_dim;
-    int sid = st->seq_id[st->p->tok_seq[t]], pos = st->pos[t];
-    const struct tensor *w;
-    const float *bias, *norm;
-    float *dst;
-    int head;
-    if (u < c->n_head) {
-        head = u, w = &L->wq, bias = v->bq, norm = v->q_norm;
-        dst = q + (size_t)t * c->n_head * hd + (size_t)head * hd;
-    } else if (u < c->n_head + c->n_kv_head) {
-        head = u - c->n_head, w = &L->wk, bias = v->bk, norm = v->k_norm;
-        dst = kv_k_row(st->kv, layer, sid, pos) + (size_t)head * hd;
-    } else {
-        head = u - c->n_head - c->n_kv_head, w = &L->wv, bias = v->bv, norm = NULL;
-        dst = kv_v_row(st->kv, layer, sid, pos) + (size_t)head * hd;
+    struct qkv_target q = {0};
+    if (u < c->n_head)
+        q = (struct qkv_target){&L->wq, v->bq, v->q_norm, u, 0};
+    else if (u < c->n_head + c->n_kv_head)
+        q = (struct qkv_target){&L->wk, v->bk, v->k_norm, u - c->n_head, 1};
+    else
+        q = (struct qkv_target){&L->wv, v->bv, NULL, u - c->n_head - c->n_kv_head, 2};
+    if (q.bias)
+        q.bias += (size_t)q.head * c->head_dim;
+    return q;
+}
+
+/* One head unit for tokens [t0, t0 + nt) whose normalised inputs are in sc->h. */
+static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int nt, float *qbuf,
+                     const struct scratch *sc)
+{
+    const struct model_config *c = &st->m->cfg;
+    const int hd = c->head_dim, half = c->rope_dim / 2;
+    struct qkv_target q = qkv_select(st, layer, u);
+    size_t rb = kern_row_bytes(q.w);
+    for (int j = 0; j < hd; j++) {
+        const float *wr = wrow(q.w, rb, (int64_t)q.head * hd + j, sc->row);
+        for (int i = 0; i < nt; i++)
+            sc->y[(size_t)i * hd + j] = kern_dot_f32(wr, sc->h + (size_t)i * c->dim, c->dim);
     }
-    kern_matvec(w, (int64_t)head * hd, (int64_t)(head + 1) * hd, sc->h, dst, sc->row);
-    if (bias)
-        for (int i = 0; i < hd; i++)
-            dst[i] += bias[(size_t)head * hd + i];
-    if (norm)
-        kern_rmsnorm(dst, norm, c->norm_eps, dst, hd);
-    if (u < c->n_head + c->n_kv_head)
-        kern_rope_apply(dst, c->rope_dim, c->rope_neox, sc->cosv, sc->sinv);
+    for (int i = 0; i < nt; i++) {
+        int t = t0 + i, sid = st->seq_id[st->p->tok_seq[t]], pos = st->pos[t];
+        float *y = sc->y + (size_t)i * hd, *dst;
+        if (q.bias)
+            for (int k = 0; k < hd; k++)
+                y[k] += q.bias[k];
+        if (q.norm)
+            kern_rmsnorm(y, q.norm, c->norm_eps, y, hd);
+        if (q.kind != 2)
+            kern_rope_apply(y, c->rope_dim, c->rope_neox, sc->cosv + (size_t)i * half,
+                            sc->sinv + (size_t)i * half);
+        if (q.kind == 0)
+            dst = qbuf + (size_t)t * c->n_head * hd + (size_t)q.head * hd;
+        else if (q.kind == 1)
+            dst = kv_k_row(st->kv, layer, sid, pos) + (size_t)q.head * hd;
+        else
+            dst = kv_v_row(st->kv, layer, sid, pos) + (size_t)q.head * hd;
+        memcpy(dst, y, sizeof(float) * (size_t)hd);
+    }
+}
+
+/* Normalise tokens' residual rows into sc->h: tok[i] or, if tok is NULL, t0 + i. */
+static void norm_tile(const struct exec_step *st, const float *x, const float *weight,
+                      const int *tok, int t0, int nt, const struct scratch *sc)
+{
+    const struct model_config *c = &st->m->cfg;
+    for (int i = 0; i < nt; i++) {
+        int t = tok ? tok[i] : t0 + i;
+        kern_rmsnorm(x + (size_t)t * c->dim, weight, c->norm_eps, sc->h + (size_t)i * c->dim,
+                     c->dim);
+    }
 }
 
 static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
                    const struct scratch *sc)
 {
     const struct model_config *c = &st->m->cfg;
+    const int half = c->rope_dim / 2;
     const float *x = buf_ptr(st, in->in);
     float *q = buf_ptr(st, in->out);
-    for (int t = 0; t < st->p->n_tokens; t++) {
-        kern_rmsnorm(x + (size_t)t * c->dim, st->w->layers[in->layer].attn_norm, c->norm_eps,
-                     sc->h, c->dim);
+    for (int t0 = 0; t0 < st->p->n_tokens; t0 += OPS_TILE) {
+        int nt = st->p->n_tokens - t0 < OPS_TILE ? st->p->n_tokens - t0 : OPS_TILE;
+        norm_tile(st, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
         if (in->row0 < c->n_head + c->n_kv_head)
-            kern_rope_angles((double)st->pos[t] * st->w->rope_pos_scale, c->rope_theta,
-                             c->rope_dim, st->m->rope_freq_factors, sc->cosv, sc->sinv);
+            for (int i = 0; i < nt; i++)
+                kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale,
+                                 c->rope_theta, c->rope_dim, st->m->rope_freq_factors,
+                                 sc->cosv + (size_t)i * half, sc->sinv + (size_t)i * half);
         for (int u = in->row0; u < in->row1; u++)
-            qkv_unit(st, in->layer, t, u, q, sc);
+            qkv_unit(st, in->layer, u, t0, nt, q, sc);
     }
 }
 
@@ -165,10 +227,11 @@ static void op_proj_residual(const struct exec_step *st, const struct prog_instr
     const float *src = buf_ptr(st, in->in);
     float *x = buf_ptr(st, in->out);
     size_t rb = kern_row_bytes(w);
-    for (int t = 0; t < st->p->n_tokens; t++)
-        for (int r = in->row0; r < in->row1; r++)
-            x[t * dim + r] += kern_row_dot(w->type, kern_tensor_row(w, rb, r),
-                                           src + t * n_in, n_in, sc->row);
+    for (int r = in->row0; r < in->row1; r++) {
+        const float *wr = wrow(w, rb, r, sc->row);
+        for (int t = 0; t < st->p->n_tokens; t++)
+            x[t * dim + r] += kern_dot_f32(wr, src + t * n_in, n_in);
+    }
 }
 
 static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
@@ -177,17 +240,20 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
     const struct model_config *c = &st->m->cfg;
     const struct layer_weights *L = &st->m->layers[in->layer];
     const float *x = buf_ptr(st, in->in);
-    float *hid = buf_ptr(st, in->out);
+    float *hid = buf_ptr(st, in->out), *g = sc->y, *u = sc->y + OPS_TILE;
     size_t rbg = kern_row_bytes(&L->w_gate), rbu = kern_row_bytes(&L->w_up);
-    for (int t = 0; t < st->p->n_tokens; t++) {
-        kern_rmsnorm(x + (size_t)t * c->dim, st->w->layers[in->layer].ffn_norm, c->norm_eps,
-                     sc->h, c->dim);
+    for (int t0 = 0; t0 < st->p->n_tokens; t0 += OPS_TILE) {
+        int nt = st->p->n_tokens - t0 < OPS_TILE ? st->p->n_tokens - t0 : OPS_TILE;
+        norm_tile(st, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
         for (int r = in->row0; r < in->row1; r++) {
-            float g = kern_row_dot(L->w_gate.type, kern_tensor_row(&L->w_gate, rbg, r), sc->h,
-                                   c->dim, sc->row);
-            float u = kern_row_dot(L->w_up.type, kern_tensor_row(&L->w_up, rbu, r), sc->h,
-                                   c->dim, sc->row);
-            kern_silu_mul(&g, &u, &hid[(size_t)t * c->ffn_dim + r], 1);
+            const float *wg = wrow(&L->w_gate, rbg, r, sc->row);
+            for (int i = 0; i < nt; i++)
+                g[i] = kern_dot_f32(wg, sc->h + (size_t)i * c->dim, c->dim);
+            const float *wu = wrow(&L->w_up, rbu, r, sc->row);
+            for (int i = 0; i < nt; i++)
+                u[i] = kern_dot_f32(wu, sc->h + (size_t)i * c->dim, c->dim);
+            for (int i = 0; i < nt; i++)
+                kern_silu_mul(&g[i], &u[i], &hid[(size_t)(t0 + i) * c->ffn_dim + r], 1);
         }
     }
 }
@@ -196,16 +262,20 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
                      const struct scratch *sc)
 {
     const struct model_config *c = &st->m->cfg;
+    const struct program *p = st->p;
     const struct tensor *w = &st->m->output;
     const float *x = buf_ptr(st, in->in);
     float *logits = buf_ptr(st, in->out);
     size_t rb = kern_row_bytes(w);
-    for (int k = 0; k < st->p->n_logit_rows; k++) {
-        int t = st->p->logit_tok[k];
-        kern_rmsnorm(x + (size_t)t * c->dim, st->w->output_norm, c->norm_eps, sc->h, c->dim);
-        for (int r = in->row0; r < in->row1; r++)
-            logits[(size_t)k * c->n_vocab + r] =
-                kern_row_dot(w->type, kern_tensor_row(w, rb, r), sc->h, c->dim, sc->row);
+    for (int k0 = 0; k0 < p->n_logit_rows; k0 += OPS_TILE) {
+        int nk = p->n_logit_rows - k0 < OPS_TILE ? p->n_logit_rows - k0 : OPS_TILE;
+        norm_tile(st, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
+        for (int r = in->row0; r < in->row1; r++) {
+            const float *wr = wrow(w, rb, r, sc->row);
+            for (int i = 0; i < nk; i++)
+                logits[(size_t)(k0 + i) * c->n_vocab + r] =
+                    kern_dot_f32(wr, sc->h + (size_t)i * c->dim, c->dim);
+        }
     }
 }
 

@@ -43,6 +43,11 @@ float kern_dot_f32(const float *a, const float *b, int64_t n);
    dequantized). n must be a multiple of the type's block size. */
 void kern_to_f32(int t, const void *src, float *dst, int64_t n);
 
+/* A weight row of type t (n elements) as f32: the row itself for F32, else converted into
+   scratch (n floats). kern_dot_f32(kern_row_f32(...), x, n) == kern_row_dot(...), bit for
+   bit, so callers may convert a row once and dot it with many vectors. */
+const float *kern_row_f32(int t, const void *row, int64_t n, float *scratch);
+
 /* Dot product of a weight row of type t (n elements) with x; scratch holds n floats. */
 float kern_row_dot(int t, const void *row, const float *x, int64_t n, float *scratch);
 

@@ -64,12 +64,17 @@ void kern_to_f32(int t, const void *src, float *dst, int64_t n)
     }
 }
 
-float kern_row_dot(int t, const void *row, const float *x, int64_t n, float *scratch)
+const float *kern_row_f32(int t, const void *row, int64_t n, float *scratch)
 {
     if (t == DT_F32)
-        return kern_dot_f32(row, x, n);
+        return row;
     kern_to_f32(t, row, scratch, n);
-    return kern_dot_f32(scratch, x, n);
+    return scratch;
+}
+
+float kern_row_dot(int t, const void *row, const float *x, int64_t n, float *scratch)
+{
+    return kern_dot_f32(kern_row_f32(t, row, n, scratch), x, n);
 }
 
 static size_t row_bytes(int t, int64_t n)
