@@ -367,7 +367,8 @@ static void cache_put(struct tok_cache *c, uint64_t h, const char *w, size_t n,
         return; /* the cache is only an optimisation */
     }
     memcpy(wc, w, n);
-    memcpy(ic, ids, n_ids * sizeof *ic);
+    if (n_ids)
+        memcpy(ic, ids, n_ids * sizeof *ic);
     pthread_mutex_lock(&c->lock);
     struct tok_cache_ent *e = &c->ents[h & (c->cap - 1)];
     wfree(e->word);
@@ -399,6 +400,6 @@ int tok_model_encode(const struct tokenizer *t, const char *w, size_t n, struct 
     size_t start = out->n;
     rc = model_run(t, w, n, out);
     if (rc == WELD_OK && n <= TOK_CACHE_MAX_WORD)
-        cache_put(t->cache, h, w, n, out->v + start, out->n - start);
+        cache_put(t->cache, h, w, n, out->n > start ? out->v + start : NULL, out->n - start);
     return rc;
 }

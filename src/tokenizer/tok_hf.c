@@ -743,13 +743,29 @@ static int config_post(struct tokenizer *t, const json_t *root, const char *wher
     return WELD_OK;
 }
 
+/* Config files may hold integers beyond 64 bits (model_max_length = 1e30), which Jansson
+   rejects unless integers are decoded as reals; ids are then read back from doubles. */
+static json_t *load_config_json(const char *path, struct weld_err *e)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &buf, &len, e))
+        return NULL;
+    json_error_t je;
+    json_t *v = json_loadb(buf, len, JSON_DECODE_INT_AS_REAL, &je);
+    wfree(buf);
+    if (!v)
+        err_set(e, WELD_ERR_FORMAT, "%s:%d:%d: bad JSON: %s", path, je.line, je.column, je.text);
+    return v;
+}
+
 static int load_config(struct tokenizer *t, const char *dir, struct weld_err *e)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     struct stat st;
     if (stat(path, &st) == 0) {
-        json_t *root = jload_file(path, e);
+        json_t *root = load_config_json(path, e);
         if (!root)
             return e ? e->status : WELD_ERR_FORMAT;
         int32_t id;
@@ -768,15 +784,15 @@ static int load_config(struct tokenizer *t, const char *dir, struct weld_err *e)
     }
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (stat(path, &st) == 0) {
-        json_t *root = jload_file(path, e);
+        json_t *root = load_config_json(path, e);
         if (!root)
             return e ? e->status : WELD_ERR_FORMAT;
         const json_t *v = json_object_get(root, "eos_token_id");
         for (size_t i = 0; i < (json_is_array(v) ? json_array_size(v) : 1); i++) {
             const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
-            if (json_is_integer(x) && json_integer_value(x) >= 0 &&
-                json_integer_value(x) < t->n_vocab)
-                t->eog[json_integer_value(x)] = 1;
+            double d = json_is_number(x) ? json_number_value(x) : -1;
+            if (d >= 0 && d < t->n_vocab && d == (double)(int32_t)d)
+                t->eog[(int32_t)d] = 1;
         }
         json_decref(root);
     }
