@@ -13,6 +13,7 @@
  */
 #include "core/alloc.h"
 #include "core/rng.h"
+#include "exec/exec.h"
 #include "exec/runner.h"
 #include "test.h"
 
@@ -708,6 +709,49 @@ TEST(allocation_failures)
     tm_free(tm);
 }
 
+/* The reference executor refuses a list whose order breaks its own dependencies. */
+TEST(ref_checks_schedule)
+{
+    struct tmodel *tm = tm_build(&spec_llama, DT_F32, 56);
+    struct weld_err e;
+    struct exec_weights *w = NULL;
+    struct kv_cache *kv = NULL;
+    struct program *p = NULL;
+    void *state = NULL;
+    int32_t toks[3] = {1, 2, 3};
+    int pos[3] = {0, 1, 2}, sid[1] = {0};
+    struct batch_seq bs = {0, toks, 3, 0, false};
+    struct batch b = {&bs, 1};
+    struct kv_config kc = {.n_layer = tm->m.cfg.n_layer,
+                           .kv_dim = tm->m.cfg.n_kv_head * tm->m.cfg.head_dim,
+                           .max_seqs = 1, .max_ctx = 8, .type = DT_F32};
+    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
+    REQUIRE(kv_seq_prepare(kv, 0, 0, 3, &e) == WELD_OK);
+    REQUIRE(program_build(&p, &tm->m.cfg, &b, 2, &e) == WELD_OK);
+    REQUIRE(exec_ref_impl.create(&state, &tm->m.cfg, &e) == WELD_OK);
+    float *arena = calloc(p->arena_floats, sizeof(float));
+    float *logits = calloc((size_t)tm->m.cfg.n_vocab, sizeof(float));
+    struct exec_step st = {.m = &tm->m, .w = w, .p = p, .kv = kv, .tokens = toks, .pos = pos,
+                           .seq_id = sid, .arena = arena, .logits = logits};
+    CHECK_EQ_INT(exec_ref_impl.run(state, &st, &e), WELD_OK);
+    /* move the first ATTENTION of layer 0 ahead of its QKV stage */
+    int a = 0;
+    while (p->instrs[a].op != OP_ATTENTION)
+        a++;
+    struct prog_instr tmp = p->instrs[a];
+    p->instrs[a] = p->instrs[1];
+    p->instrs[1] = tmp;
+    CHECK_EQ_INT(exec_ref_impl.run(state, &st, &e), WELD_ERR_INTERNAL);
+    CHECK(strstr(e.msg, "ATTENTION") != NULL);
+    free(arena), free(logits);
+    exec_ref_impl.free(state);
+    program_free(p);
+    kv_free(kv);
+    exec_weights_free(w);
+    tm_free(tm);
+}
+
 static void run_batch_tests(void)
 {
     RUN(batch_invariants_llama);
@@ -720,6 +764,7 @@ static void run_batch_tests(void)
     RUN(bad_tensors_are_named);
     RUN(accelerator_and_executor_env);
     RUN(allocation_failures);
+    RUN(ref_checks_schedule);
 }
 
 int main(void)
