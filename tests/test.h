@@ -17,6 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int test_n_pass, test_n_fail, test_cur_failed;
@@ -107,14 +110,23 @@ static inline const char *test_shared_path(const char *rel)
     return NULL;
 }
 
-/* A scratch directory for this test executable (created once, under the build tree). */
+static inline int test_rm_entry(const char *path, const struct stat *sb, int flag,
+                                struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+/* A scratch directory for this test executable, under the build tree: tmp-<program>,
+   emptied at first use so runs do not pile up. */
 static inline const char *test_tmpdir(void)
 {
     static char dir[4096];
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/tmp-XXXXXX", WELD_BINARY_DIR);
-        if (!mkdtemp(dir)) {
-            perror("mkdtemp");
+        snprintf(dir, sizeof dir, "%s/tmp-%s", WELD_BINARY_DIR, program_invocation_short_name);
+        nftw(dir, test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        if (mkdir(dir, 0700) != 0) {
+            perror(dir);
             exit(2);
         }
     }

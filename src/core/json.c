@@ -45,7 +45,7 @@ int jget_int(const json_t *obj, const char *key, int64_t *out, const char *where
     }
     if (json_is_real(v)) {
         double d = json_real_value(v);
-        if (d == (double)(int64_t)d) {
+        if (d >= -9.2e18 && d <= 9.2e18 && d == (double)(int64_t)d) {
             *out = (int64_t)d;
             return WELD_OK;
         }
