@@ -1,11 +1,52 @@
-/* cmd_convert - `weld convert`: not yet built (placeholder until its module lands). */
+/*
+ * cmd_convert - `weld convert IN OUT`: GGUF <-> Hugging Face directory, quantization and
+ * dtype changes (model/convert.h does the work). OUT ending in .gguf makes a GGUF file,
+ * anything else a directory.
+ */
 #include "cli/cli.h"
+#include "core/err.h"
+#include "format/dtype.h"
+#include "model/convert.h"
 
 #include <stdio.h>
 
 int cmd_convert(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "weld %s: not available in this build yet\n", argv[0]);
-    return 1;
+    const char *dtype = NULL;
+    uint64_t shard = 0;
+    const struct cli_opt opts[] = {
+        {"dtype", 0, OPT_STR, &dtype, "T",
+         "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K (default: keep; f32 for "
+         "quantized GGUF -> HF)"},
+        {"shard-size", 0, OPT_SIZE, &shard, "BYTES",
+         "HF output: split safetensors into shards of at most BYTES (default: one file)"},
+    };
+    const char *pos[2];
+    int n_pos = 0;
+    int r = cli_parse(argc, argv, "convert IN OUT [--dtype T] [--shard-size BYTES]",
+                      "Convert a model between GGUF (OUT ends in .gguf) and a Hugging Face "
+                      "directory,\nor quantize / change its type. Llama Q/K rows are permuted "
+                      "as llama.cpp does.", opts, (int)(sizeof opts / sizeof opts[0]), pos, 2,
+                      &n_pos);
+    if (r)
+        return r == 1 ? 0 : 2;
+    if (n_pos != 2) {
+        fprintf(stderr, "weld convert: expected IN and OUT (see weld convert --help)\n");
+        return 2;
+    }
+    struct convert_opts o = {-1, shard};
+    if (dtype) {
+        o.dtype = dtype_from_name(dtype);
+        if (o.dtype < 0) {
+            fprintf(stderr, "weld convert: --dtype '%s' is not a known type\n", dtype);
+            return 2;
+        }
+    }
+    struct weld_err e = {0};
+    if (convert_model(pos[0], pos[1], &o, &e)) {
+        fprintf(stderr, "weld convert: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "wrote %s\n", pos[1]);
+    return 0;
 }

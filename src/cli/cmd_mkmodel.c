@@ -1,11 +1,130 @@
-/* cmd_mkmodel - `weld mkmodel`: not yet built (placeholder until its module lands). */
+/*
+ * cmd_mkmodel - `weld mkmodel`: write a random-weight model at a preset or explicit shape,
+ * with a real tokenizer, as a GGUF file or a Hugging Face directory (model/mkmodel.h does
+ * the work; this file only maps options onto a struct model_config).
+ *
+ * Explicit dimensions override the preset's; without a preset, --dim, --layers and
+ * --heads are required and the vocabulary comes from the tokenizer (or --vocab).
+ */
 #include "cli/cli.h"
+#include "core/err.h"
+#include "format/dtype.h"
+#include "model/config.h"
+#include "model/mkmodel.h"
 
 #include <stdio.h>
+#include <string.h>
+
+struct mk_args {
+    const char *arch, *preset, *tokenizer, *dtype, *out, *name;
+    int dim, layers, heads, kv_heads, head_dim, ffn, vocab, ctx;
+    bool tied, untied;
+    float theta, eps;
+    uint64_t seed;
+};
+
+static void apply_dims(const struct mk_args *a, struct model_config *c)
+{
+    if (a->dim) c->dim = a->dim;
+    if (a->layers) c->n_layer = a->layers;
+    if (a->heads) c->n_head = a->heads;
+    if (a->kv_heads) c->n_kv_head = a->kv_heads;
+    if (a->head_dim) c->head_dim = a->head_dim, c->rope_dim = a->head_dim;
+    if (a->ffn) c->ffn_dim = a->ffn;
+    if (a->vocab) c->n_vocab = a->vocab;
+    if (a->ctx) c->max_ctx = a->ctx;
+    if (a->theta > 0) c->rope_theta = a->theta;
+    if (a->eps > 0) c->norm_eps = a->eps;
+    if (a->tied) c->tied_embeddings = true;
+    if (a->untied) c->tied_embeddings = false;
+    if (a->name) snprintf(c->name, sizeof c->name, "%s", a->name);
+}
+
+static int build_config(const struct mk_args *a, struct model_config *c)
+{
+    int arch = model_arch_from_name(a->arch);
+    struct weld_err e = {0};
+    if (arch < 0) {
+        fprintf(stderr, "weld mkmodel: --arch '%s' is not one of llama, qwen2, qwen3\n", a->arch);
+        return 2;
+    }
+    if (a->preset) {
+        if (mkmodel_preset(a->preset, (enum model_arch)arch, c, &e)) {
+            fprintf(stderr, "weld mkmodel: %s\n", e.msg);
+            return 2;
+        }
+    } else {
+        if (!a->dim || !a->layers || !a->heads) {
+            fprintf(stderr, "weld mkmodel: give --preset NAME, or at least --dim, --layers and "
+                            "--heads\n");
+            return 2;
+        }
+        memset(c, 0, sizeof *c);
+        c->arch = (enum model_arch)arch;
+        snprintf(c->name, sizeof c->name, "weld-mkmodel");
+    }
+    apply_dims(a, c);
+    if (a->preset && (a->dim || a->heads) && !a->head_dim)
+        c->head_dim = 0, c->rope_dim = 0; /* recomputed as dim / heads */
+    if (a->preset && a->heads && !a->kv_heads)
+        c->n_kv_head = 0;
+    mkmodel_config_defaults(c);
+    return 0;
+}
 
 int cmd_mkmodel(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "weld %s: not available in this build yet\n", argv[0]);
-    return 1;
+    struct mk_args a = {.arch = "llama", .dtype = "f32"};
+    const struct cli_opt opts[] = {
+        {"arch", 0, OPT_STR, &a.arch, "NAME", "llama, qwen2 or qwen3 (default llama)"},
+        {"preset", 0, OPT_STR, &a.preset, "NAME",
+         "tiny, llama-110m, llama-3.2-1b, qwen3-0.6b, qwen2-0.5b"},
+        {"dim", 0, OPT_INT, &a.dim, "N", "hidden size"},
+        {"layers", 0, OPT_INT, &a.layers, "N", "number of layers"},
+        {"heads", 0, OPT_INT, &a.heads, "N", "attention heads"},
+        {"kv-heads", 0, OPT_INT, &a.kv_heads, "N", "key/value heads (default = heads)"},
+        {"head-dim", 0, OPT_INT, &a.head_dim, "N", "per-head size (default dim/heads)"},
+        {"ffn", 0, OPT_INT, &a.ffn, "N", "feed-forward size (default 4*dim)"},
+        {"vocab", 0, OPT_INT, &a.vocab, "N", "vocabulary size (default: the tokenizer's)"},
+        {"ctx", 0, OPT_INT, &a.ctx, "N", "context length (default 2048)"},
+        {"rope-theta", 0, OPT_FLOAT, &a.theta, "F", "rope base (default 1e4 llama, 1e6 qwen)"},
+        {"eps", 0, OPT_FLOAT, &a.eps, "F", "RMSNorm epsilon"},
+        {"tied", 0, OPT_FLAG, &a.tied, NULL, "tie output and embedding weights"},
+        {"untied", 0, OPT_FLAG, &a.untied, NULL, "separate output weights"},
+        {"tokenizer", 't', OPT_STR, &a.tokenizer, "PATH", "tokenizer.json or its directory"},
+        {"dtype", 0, OPT_STR, &a.dtype, "T", "f32, f16, bf16, q8_0 or q4_0 (default f32)"},
+        {"seed", 0, OPT_U64, &a.seed, "S", "random seed (default 0)"},
+        {"name", 0, OPT_STR, &a.name, "NAME", "general.name / _name_or_path"},
+        {"out", 'o', OPT_STR, &a.out, "PATH", "output: FILE.gguf or an HF directory"},
+    };
+    int n_pos = 0;
+    int r = cli_parse(argc, argv, "mkmodel --preset NAME | --dim N --layers N --heads N ... "
+                      "--tokenizer PATH --out PATH",
+                      "Write a model with random weights (N(0, 0.02), norms 1) at a real "
+                      "model's shape.\nThe same --seed gives the same weights in GGUF and HF "
+                      "output.", opts, (int)(sizeof opts / sizeof opts[0]), NULL, 0, &n_pos);
+    if (r)
+        return r == 1 ? 0 : 2;
+    if (!a.out) {
+        fprintf(stderr, "weld mkmodel: --out PATH is required (FILE.gguf or a directory)\n");
+        return 2;
+    }
+    struct model_config c;
+    if ((r = build_config(&a, &c)))
+        return r;
+    int dt = dtype_from_name(a.dtype);
+    if (dt < 0) {
+        fprintf(stderr, "weld mkmodel: --dtype '%s' is not a known type\n", a.dtype);
+        return 2;
+    }
+    struct mkmodel_opts o = {a.tokenizer, dt, a.seed, a.out};
+    struct weld_err e = {0};
+    if (mkmodel_write(&c, &o, &e)) {
+        fprintf(stderr, "weld mkmodel: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, vocab >= %d)\n",
+            a.out, model_arch_name(c.arch), c.dim, c.n_layer, c.n_head, c.n_kv_head,
+            c.n_vocab);
+    return 0;
 }

@@ -281,19 +281,47 @@ static int hf_fill_tokens(struct hf_ctx *c, struct tokmeta *t, json_t *vocab, in
     return WELD_OK;
 }
 
-/* SentencePiece convention: normal pieces score -(id - first normal id), others 0. */
-static void hf_llama_scores(struct tokmeta *t)
+/* Scores for a SentencePiece-style vocabulary: walking the merges in order, each merge's
+   result token (if normal and not yet scored) gets the next score 0, -1, -2, ...; normal
+   tokens no merge produces follow in id order; byte/control/unknown tokens score 0. This
+   ranks pieces the way the BPE merges do, and reproduces SentencePiece files whose pieces
+   are stored in score order (stories260K: score = -(id - 259)). */
+static int hf_llama_scores(struct tokmeta *t, const struct strmap *map)
 {
-    int64_t first = -1;
-    for (int64_t i = 0; i < t->n_tokens; i++) {
-        if (t->types[i] == TOKMETA_NORMAL) {
-            if (first < 0)
-                first = i;
-            t->scores[i] = -(float)(i - first);
-        } else {
-            t->scores[i] = 0.0f;
+    uint8_t *done = wcalloc((size_t)t->n_tokens + 1, 1);
+    if (!done)
+        return WELD_ERR_NOMEM;
+    float next = 0.0f;
+    for (int64_t i = 0; i < t->n_tokens; i++)
+        t->scores[i] = 0.0f;
+    for (int64_t m = 0; m < t->n_merges; m++) {
+        const char *s = t->merges[m], *sp = strchr(s, ' ');
+        if (!sp)
+            continue;
+        size_t la = (size_t)(sp - s), lb = strlen(sp + 1);
+        char *cat = wmalloc(la + lb + 1);
+        if (!cat) {
+            wfree(done);
+            return WELD_ERR_NOMEM;
+        }
+        memcpy(cat, s, la);
+        memcpy(cat + la, sp + 1, lb + 1);
+        int64_t id = strmap_get(map, cat);
+        wfree(cat);
+        if (id >= 0 && !done[id] && t->types[id] == TOKMETA_NORMAL) {
+            done[id] = 1;
+            t->scores[id] = -next;
+            next += 1.0f;
         }
     }
+    for (int64_t i = 0; i < t->n_tokens; i++) {
+        if (!done[i] && t->types[i] == TOKMETA_NORMAL) {
+            t->scores[i] = -next;
+            next += 1.0f;
+        }
+    }
+    wfree(done);
+    return WELD_OK;
 }
 
 static int hf_merges(struct hf_ctx *c, struct tokmeta *t, json_t *merges, struct weld_err *e)
@@ -622,14 +650,12 @@ int tokmeta_from_hf(struct tokmeta **out, const char *path, const char *pre_hint
     }
     for (int64_t i = 0; i < n; i++)
         strmap_put(&c.vocab, t->tokens[i], i);
-    if (llama) {
+    if (llama)
         snprintf(t->pre, sizeof t->pre, "default");
-    } else {
-        if ((rc = hf_detect_pre(&c, t, pre_hint, e)))
-            goto out_t;
-        if ((rc = hf_merges(&c, t, json_object_get(model, "merges"), e)))
-            goto out_t;
-    }
+    else if ((rc = hf_detect_pre(&c, t, pre_hint, e)))
+        goto out_t;
+    if ((rc = hf_merges(&c, t, json_object_get(model, "merges"), e)))
+        goto out_t;
     hf_specials(&c, t);
     if (llama) {
         json_t *unk = json_object_get(model, "unk_token");
@@ -638,7 +664,10 @@ int tokmeta_from_hf(struct tokmeta **out, const char *path, const char *pre_hint
             t->types[uid] = TOKMETA_UNKNOWN;
             t->unk = uid;
         }
-        hf_llama_scores(t);
+        if (hf_llama_scores(t, &c.vocab)) {
+            rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory", file);
+            goto out_t;
+        }
         if (t->add_space_prefix < 0) {
             char *norm = json_dumps(json_object_get(c.tok, "normalizer"), JSON_COMPACT);
             t->add_space_prefix = norm && strstr(norm, "\"Prepend\"") ? 1 : 0;
@@ -977,7 +1006,7 @@ static json_t *model_json(const struct tokmeta *t, const struct strmap *map, int
         if (strmap_get(map, t->tokens[i]) == i) /* first of duplicate texts */
             json_object_set_new(vocab, t->tokens[i], json_integer(i));
     json_t *merges;
-    if (llama) {
+    if (llama && t->n_merges == 0) {
         merges = sp_merges_json(t, map);
     } else {
         merges = json_array();

@@ -15,10 +15,12 @@
  *           U+2581 for spaces, <0xXX> byte tokens, scores instead of merges.
  *
  * Scores for "llama" from tokenizer.json: llama.cpp's LlamaHfVocab writes -1000 for every
- * token, which leaves its SentencePiece tokenizer nothing to rank merges by. We use the
- * SentencePiece convention instead (pieces are stored in score order): a normal token's
- * score is -(id - first normal id), byte/control/unknown tokens score 0. That is exactly
- * what stories260K.gguf holds, so GGUF -> HF -> GGUF keeps scores.
+ * token, which leaves its SentencePiece tokenizer nothing to rank merges by. We rank by
+ * the merges instead: each merge's result token, in merge order, gets the next score 0,
+ * -1, -2, ...; normal tokens no merge produces follow in id order; byte, control and
+ * unknown tokens score 0. For a SentencePiece file stored in score order (stories260K:
+ * score = -(id - 259)) this gives back the original scores, so GGUF -> HF -> GGUF keeps
+ * them.
  * Merges for "llama" going to tokenizer.json are derived from the scores like HF's
  * SentencePieceExtractor: every split of a normal piece into two pieces both in the
  * vocabulary, ordered by the piece's score (descending), then by the ids of left and right.
@@ -54,7 +56,8 @@ struct tokmeta {
     float *scores;         /* (n_tokens) */
     int32_t *types;        /* (n_tokens) enum tokmeta_type */
     int64_t n_merges;
-    char **merges;         /* (n_merges) "left right"; gpt2 only (llama: derived on output) */
+    char **merges;         /* (n_merges) "left right"; written to GGUF for gpt2 only; a
+                              llama tokmeta read from GGUF has none (derived on output) */
     int64_t bos, eos, unk, pad; /* token ids, -1 if none */
     int add_bos, add_eos;  /* -1 unset (the reader's default applies), else 0/1 */
     int add_space_prefix;  /* llama: -1 unset, else 0/1 */

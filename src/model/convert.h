@@ -1,0 +1,37 @@
+/*
+ * convert - model conversion between GGUF files and Hugging Face directories, and
+ * (re)quantization, with tensors streamed through the writers' fill callbacks (one tensor,
+ * often one row, in memory at a time; never the whole model).
+ *
+ *   GGUF -> HF    config.json (+ bos/eos), generation_config.json, tokenizer.json and
+ *                 tokenizer_config.json (tokmeta), safetensors with HF names and reversed
+ *                 shapes; llama attn_q/attn_k rows un-permuted; quantized tensors
+ *                 dequantized to the target float type (default: F16 or BF16 when every
+ *                 matrix already is, else F32); rope_freqs.weight dropped (config.json
+ *                 carries the llama3 rope_scaling).
+ *   HF -> GGUF    GGUF names and ne order, llama Q/K permuted, tokenizer keys via tokmeta,
+ *                 llama3 rope scaling as rope_freqs.weight, tied embeddings -> no
+ *                 output.weight; 1-D tensors F32, matrices in --dtype (default: as stored).
+ *   GGUF -> GGUF  metadata copied; matrices quantized to --dtype when their rows are a
+ *                 multiple of the block size, else kept F16 (noted on stderr); 1-D F32.
+ *   HF -> HF      dtype change (f32/f16/bf16); config.json copied with torch_dtype updated,
+ *                 tokenizer and generation config files copied.
+ * The output kind follows the OUT path: "*.gguf" is a GGUF file, anything else a directory.
+ * The input kind: a directory is HF, a file is GGUF.
+ */
+#ifndef WELD_MODEL_CONVERT_H
+#define WELD_MODEL_CONVERT_H
+
+#include "core/err.h"
+
+#include <stdint.h>
+
+struct convert_opts {
+    int dtype;           /* enum weld_dtype, or -1 for the default described above */
+    uint64_t shard_size; /* HF output: max bytes per safetensors shard, 0 = one file */
+};
+
+int convert_model(const char *in, const char *out, const struct convert_opts *o,
+                  struct weld_err *e);
+
+#endif
