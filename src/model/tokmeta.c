@@ -446,7 +446,8 @@ static int64_t json_first_id(json_t *v)
 {
     if (json_is_array(v))
         v = json_array_get(v, 0);
-    return json_is_integer(v) ? json_integer_value(v) : -1;
+    double d = json_is_number(v) ? json_number_value(v) : -1;
+    return d >= 0 && d < TOKMETA_MAX_TOKENS && d == (double)(int64_t)d ? (int64_t)d : -1;
 }
 
 /* TemplateProcessing: a leading special token means "add BOS" (crude, like llama.cpp). */
@@ -551,9 +552,15 @@ static json_t *load_optional(const char *dir, const char *name, struct weld_err 
     if (!f)
         return NULL;
     fclose(f);
-    json_t *j = jload_file(path, e);
+    /* tokenizer_config.json files carry model_max_length = 1e30 written as an integer:
+       integers are read as reals here (only strings and booleans are used from it) */
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_DECODE_INT_AS_REAL | JSON_DECODE_ANY, &je);
     if (!j)
-        *rc = e ? e->status : WELD_ERR_FORMAT;
+        *rc = err_set(e, WELD_ERR_FORMAT, "%s:%d:%d: bad JSON: %s", path, je.line, je.column,
+                      je.text);
+    else if (!json_is_object(j))
+        *rc = err_set(e, WELD_ERR_FORMAT, "%s: not a JSON object", path);
     return j;
 }
 
