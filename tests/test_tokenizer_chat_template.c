@@ -75,12 +75,16 @@ static int render_str(const char *src, const char *ctx_json, char **out, struct 
 
 /* Compare one {template|source, context, expected|error} case; returns true if it passes. */
 static bool check_case(const char *what, const char *src, const json_t *ctx, const json_t *exp,
-                       const json_t *experr)
+                       const json_t *experr, const struct chat_template_opts *opts)
 {
     char *out = NULL;
     size_t len = 0;
     struct weld_err e = {0};
-    int rc = render(src, ctx, &out, &len, &e);
+    struct chat_template *t = NULL;
+    int rc = chat_template_parse(&t, src, strlen(src), &e);
+    if (rc == WELD_OK)
+        rc = chat_template_render_ex(t, ctx, opts, &out, &len, &e);
+    chat_template_free(t);
     bool ok;
     if (experr) {
         ok = rc != WELD_OK;
@@ -114,6 +118,9 @@ TEST(reference_renders)
     REQUIRE(json_is_object(templates) && json_is_array(cases));
     CHECK(json_object_size(templates) >= 4);
     CHECK(json_array_size(cases) >= 4 * 15 * 2);
+    struct chat_template_opts opts = chat_template_default_opts();
+    opts.now = (int64_t)json_integer_value(json_object_get(doc, "now"));
+    CHECK(opts.now > 0);
     size_t i, n_fail = 0, n_run = 0, n_err = 0;
     json_t *c;
     json_array_foreach(cases, i, c) {
@@ -129,7 +136,7 @@ TEST(reference_renders)
                  json_is_true(json_object_get(ctx, "add_generation_prompt")) ? "true" : "false");
         json_t *experr = json_object_get(c, "error");
         n_err += experr != NULL;
-        if (!check_case(what, src, ctx, json_object_get(c, "expected"), experr))
+        if (!check_case(what, src, ctx, json_object_get(c, "expected"), experr, &opts))
             n_fail++;
         n_run++;
     }
@@ -154,7 +161,7 @@ TEST(jinja_cases)
         char what[128];
         snprintf(what, sizeof what, "case %zu: %.80s", i, src);
         if (!check_case(what, src, json_object_get(c, "context"), json_object_get(c, "expected"),
-                        json_object_get(c, "error")))
+                        json_object_get(c, "error"), NULL))
             n_fail++;
     }
     CHECK(n_fail == 0);
@@ -239,7 +246,7 @@ TEST(runtime_errors)
     chat_template_free(NULL);
 }
 
-static int render_limited(const char *src, const struct chat_template_limits *lim,
+static int render_limited(const char *src, const struct chat_template_opts *lim,
                           struct weld_err *e)
 {
     struct chat_template *t = NULL;
@@ -255,7 +262,7 @@ static int render_limited(const char *src, const struct chat_template_limits *li
 TEST(limits)
 {
     struct weld_err e = {0};
-    struct chat_template_limits lim = chat_template_default_limits();
+    struct chat_template_opts lim = chat_template_default_opts();
     lim.max_steps = 200000;
     /* nested loops that would run 10^10 iterations */
     CHECK_EQ_INT(render_limited("{% for i in range(100000) %}{% for j in range(100000) %}x"
@@ -268,13 +275,13 @@ TEST(limits)
                  WELD_ERR_LIMIT);
     CHECK(strstr(e.msg, "deeper") != NULL);
     /* output size */
-    lim = chat_template_default_limits();
+    lim = chat_template_default_opts();
     lim.max_output = 1000;
     CHECK_EQ_INT(render_limited("{% for i in range(2000) %}ab{% endfor %}", &lim, &e),
                  WELD_ERR_LIMIT);
     CHECK_EQ_INT(render_limited("{{ 'x' * 100000000000 }}", &lim, &e), WELD_ERR_LIMIT);
     /* memory: quadratic string growth */
-    lim = chat_template_default_limits();
+    lim = chat_template_default_opts();
     lim.max_memory = 4u << 20;
     CHECK_EQ_INT(render_limited("{% set ns = namespace(s='') %}{% for i in range(100000) %}"
                                 "{% set ns.s = ns.s ~ 'abcdefgh' %}{% endfor %}",
@@ -292,10 +299,22 @@ TEST(dates)
 {
     char *out = NULL;
     struct weld_err e = {0};
-    REQUIRE(render_str("{{ strftime_now('%d %b %Y') }}", "{\"date_string\": \"26 Jul 2024\"}",
-                       &out, &e) == WELD_OK);
-    CHECK_EQ_STR(out, "26 Jul 2024");
+    /* Llama 3.x: the template prefers a given date_string over strftime_now() */
+    const char *llama = "{%- if not date_string is defined %}{%- set date_string = "
+                        "strftime_now('%d %b %Y') %}{%- endif %}Today Date: {{ date_string }}";
+    REQUIRE(render_str(llama, "{\"date_string\": \"26 Jul 2024\"}", &out, &e) == WELD_OK);
+    CHECK_EQ_STR(out, "Today Date: 26 Jul 2024");
     wfree(out);
+    /* a fixed clock */
+    struct chat_template *t = NULL;
+    REQUIRE(chat_template_parse(&t, llama, strlen(llama), &e) == WELD_OK);
+    struct chat_template_opts o = chat_template_default_opts();
+    o.now = 1721995200; /* 2024-07-26 12:00:00 UTC */
+    REQUIRE(chat_template_render_ex(t, NULL, &o, &out, NULL, &e) == WELD_OK);
+    CHECK_EQ_STR(out, "Today Date: 26 Jul 2024");
+    wfree(out);
+    chat_template_free(t);
+    /* the real clock */
     REQUIRE(render_str("{{ strftime_now('%Y') }}|{{ strftime_now is defined }}", "{}", &out,
                        &e) == WELD_OK);
     CHECK(strlen(out) == 4 + 5 && out[0] == '2' && strcmp(out + 4, "|True") == 0);

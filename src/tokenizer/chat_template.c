@@ -25,9 +25,9 @@ struct chat_template {
     struct jinja_node *root;
 };
 
-struct chat_template_limits chat_template_default_limits(void)
+struct chat_template_opts chat_template_default_opts(void)
 {
-    struct chat_template_limits l = {
+    struct chat_template_opts l = {
         .max_output = 64u << 20,
         .max_memory = 512u << 20,
         .max_steps = 50000000,
@@ -80,7 +80,7 @@ void chat_template_free(struct chat_template *t)
 }
 
 int chat_template_render_ex(const struct chat_template *t, const json_t *context,
-                            const struct chat_template_limits *limits, char **out,
+                            const struct chat_template_opts *opts, char **out,
                             size_t *out_len, struct weld_err *e)
 {
     *out = NULL;
@@ -104,7 +104,7 @@ int chat_template_render_ex(const struct chat_template *t, const json_t *context
     st->ctx.a = &st->arena;
     st->ctx.fail = &st->fail;
     st->ctx.out = &st->buf;
-    st->ctx.lim = limits ? *limits : chat_template_default_limits();
+    st->ctx.lim = opts ? *opts : chat_template_default_opts();
     if (st->ctx.lim.max_depth < 8)
         st->ctx.lim.max_depth = 8;
     st->arena.limit = st->ctx.lim.max_memory;

@@ -11,8 +11,10 @@
  * Undefined (prints as "", falsy, `is defined` false, attribute access on it is an error),
  * Python value printing (True, None, ['a', 1]) and transformers' globals raise_exception()
  * and strftime_now(). tojson writes like json.dumps(ensure_ascii=False) (", " and ": ").
- * The "date_string" context variable, when given, replaces what strftime_now() returns so
- * renders are reproducible.
+ * Dates: Llama 3.x templates use a "date_string" context variable when it is defined and
+ * call strftime_now() otherwise; callers wanting reproducible output pass date_string, or
+ * fix the clock with chat_template_opts.now (which also covers templates such as gpt-oss
+ * that call strftime_now() unconditionally).
  *
  * Supported: text, {{ }}, {% %}, {# #}, whitespace control (- and +), raw, if/elif/else,
  * for (tuple targets, `if` filter, else, loop.*), set (names, tuples, namespace attributes,
@@ -22,7 +24,7 @@
  * conditional expressions) and the filters, tests and str/list/dict methods real templates
  * use. Not supported: include/extends/import, call blocks, filter blocks, autoescape.
  *
- * Limits (struct chat_template_limits) bound output size, evaluation steps, recursion depth
+ * Limits (struct chat_template_opts) bound output size, evaluation steps, recursion depth
  * and memory so that no template can hang or exhaust the process; exceeding one returns
  * WELD_ERR_LIMIT. A parsed template is immutable: concurrent renders are safe.
  */
@@ -34,18 +36,21 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct chat_template;
 
-struct chat_template_limits {
-    size_t max_output; /* bytes of rendered output */
+struct chat_template_opts {
+    size_t max_output; /* bytes of rendered output (and of any one string) */
     size_t max_memory; /* bytes of scratch values alive during one render */
-    long max_steps;    /* expression/statement evaluations */
+    long max_steps;    /* expression/statement evaluations and items iterated */
     int max_depth;     /* nesting of evaluation (macro recursion included) */
+    int64_t now;       /* strftime_now() clock, seconds since the epoch in UTC; 0 = the real
+                          clock in local time, as transformers' datetime.now() */
 };
 
-/* The defaults: 64 MiB output, 512 MiB memory, 50M steps, depth 256. */
-struct chat_template_limits chat_template_default_limits(void);
+/* The defaults: 64 MiB output, 512 MiB memory, 50M steps, depth 256, real clock. */
+struct chat_template_opts chat_template_default_opts(void);
 
 /* Compile src (len bytes, need not be NUL-terminated). Syntax errors return WELD_ERR_FORMAT
  * with "line L, column C: ..." in the message. */
@@ -60,7 +65,7 @@ void chat_template_free(struct chat_template *t);
 int chat_template_render(const struct chat_template *t, const json_t *context, char **out,
                          size_t *out_len, struct weld_err *e);
 int chat_template_render_ex(const struct chat_template *t, const json_t *context,
-                            const struct chat_template_limits *limits, char **out,
+                            const struct chat_template_opts *opts, char **out,
                             size_t *out_len, struct weld_err *e);
 
 /* Parse and render in one call for plain {role, content} conversations. bos/eos may be NULL

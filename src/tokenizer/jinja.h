@@ -166,7 +166,8 @@ struct jinja_value {
             size_t n, cap;
         } list; /* JV_LIST, JV_TUPLE */
         struct {
-            struct jinja_str *k;
+            struct jinja_str *k;   /* (n) key text */
+            unsigned char *kint;   /* (n) 1 where the key is an int, kept as its decimal text */
             struct jinja_value **v;
             size_t n, cap;
         } dict; /* JV_DICT, JV_NS; insertion order */
@@ -178,6 +179,7 @@ struct jinja_value {
         struct jinja_loop *loop;
     } u;
     const char *undef_name; /* JV_UNDEF: what was looked up, for error messages */
+    bool safe;              /* JV_STR: a jinja2 Markup (from |safe or |escape) */
 };
 
 struct jinja_loop {
@@ -196,13 +198,12 @@ struct jinja_buf {
 struct jinja_ctx {
     struct jinja_arena *a;
     struct jinja_fail *fail;
-    struct chat_template_limits lim;
+    struct chat_template_opts lim;
     struct jinja_buf *out; /* where statements write: the result, or a macro/set capture */
     long steps;
     int depth;
     int line; /* line of the node being evaluated, for messages */
     struct jinja_scope *globals; /* the template's top-level scope; its parent holds the context */
-    struct jinja_value *date_string; /* context "date_string" or NULL */
 };
 
 /* Count n units of work against max_steps (loops over items, scans of long strings). */
@@ -225,6 +226,12 @@ struct jinja_value *jv_dict(struct jinja_ctx *c, enum jinja_vtype t);
 void jv_dict_set(struct jinja_ctx *c, struct jinja_value *d, struct jinja_str k,
                  struct jinja_value *v);
 struct jinja_value *jv_dict_get(const struct jinja_value *d, struct jinja_str k); /* or NULL */
+/* Keys given as values: str or int (bool counts as int, as in Python). */
+struct jinja_value *jv_dict_lookup(struct jinja_ctx *c, const struct jinja_value *d,
+                                   const struct jinja_value *key); /* NULL if absent */
+void jv_dict_put(struct jinja_ctx *c, struct jinja_value *d, const struct jinja_value *key,
+                 struct jinja_value *v);
+struct jinja_value *jv_dict_key(struct jinja_ctx *c, const struct jinja_value *d, size_t i);
 struct jinja_value *jv_func(struct jinja_ctx *c, const char *name, struct jinja_value *self);
 
 const char *jv_type_name(const struct jinja_value *v);
@@ -236,9 +243,13 @@ bool jv_is_seq(const struct jinja_value *v); /* list or tuple */
 /* str() as Python prints it (str values verbatim, containers via repr()). */
 void jv_to_str(struct jinja_ctx *c, struct jinja_buf *b, const struct jinja_value *v);
 struct jinja_str jv_as_str(struct jinja_ctx *c, const struct jinja_value *v);
-/* json.dumps(v, ensure_ascii=False, indent=indent (<0: none), sort_keys). */
+struct jinja_json_opts {
+    int indent; /* < 0: single line with ", " and ": " */
+    bool sort_keys, ensure_ascii;
+};
+/* json.dumps(v, ensure_ascii, indent, sort_keys) as transformers' tojson calls it. */
 void jv_to_json(struct jinja_ctx *c, struct jinja_buf *b, const struct jinja_value *v,
-                int indent, bool sort_keys, int depth);
+                const struct jinja_json_opts *o, int depth);
 struct jinja_value *jv_from_json(struct jinja_ctx *c, const json_t *j, int depth);
 
 void jbuf_put(struct jinja_ctx *c, struct jinja_buf *b, const char *s, size_t n);
@@ -272,6 +283,9 @@ struct jinja_value *jinja_method(struct jinja_ctx *c, struct jinja_value *self,
                                  struct jinja_str name);
 struct jinja_value *jinja_call_func(struct jinja_ctx *c, const struct jinja_value *f,
                                     const struct jinja_args *args);
+/* jinja2 Markup: a str flagged safe; html escaping as markupsafe does it. */
+struct jinja_value *jinja_markup(struct jinja_ctx *c, struct jinja_str s);
+struct jinja_str jinja_html_escape(struct jinja_ctx *c, struct jinja_str s);
 bool jinja_is_global_func(struct jinja_str name, const char **canon);
 /* Call a macro value (defined in jinja_eval.c). */
 struct jinja_value *jinja_call_macro(struct jinja_ctx *c, const struct jinja_value *m,

@@ -13,8 +13,7 @@
  *   - lists are immutable (transformers renders in ImmutableSandboxedEnvironment), so
  *     append/pop/update raise an error; range() is capped at 100000 items like the sandbox.
  * Global functions: range, namespace, dict, raise_exception (-> WELD_ERR_INVALID_ARG with
- * the template's message), strftime_now (returns the "date_string" context variable when
- * given, else the local time formatted with strftime).
+ * the template's message), strftime_now (see jinja_methods.c).
  */
 #include "tokenizer/jinja.h"
 
@@ -202,17 +201,19 @@ static struct jinja_value *f_join(struct jinja_ctx *c, struct jinja_value *v,
 static struct jinja_value *f_tojson(struct jinja_ctx *c, struct jinja_value *v,
                                     const struct jinja_args *a)
 {
-    struct jinja_value *ind = arg(a, 99, "indent"), *sk = arg(a, 99, "sort_keys");
-    struct jinja_value *ea = arg(a, 0, "ensure_ascii");
-    if (ea && jv_truthy(ea))
-        jinja_fail_at(c, WELD_ERR_UNSUPPORTED, "tojson: ensure_ascii=True is not supported");
-    int indent = -1;
+    /* transformers: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
+    struct jinja_value *ea = arg(a, 0, "ensure_ascii"), *ind = arg(a, 1, "indent");
+    struct jinja_value *sep = arg(a, 2, "separators"), *sk = arg(a, 3, "sort_keys");
+    if (sep && sep->t != JV_NONE)
+        jinja_fail_at(c, WELD_ERR_UNSUPPORTED, "tojson: separators= is not supported");
+    struct jinja_json_opts o = {.indent = -1, .sort_keys = opt_bool(sk, false),
+                                .ensure_ascii = opt_bool(ea, false)};
     if (ind && ind->t != JV_NONE) {
         int64_t k = need_int(c, ind, "tojson indent");
-        indent = k < 0 ? 0 : k > 64 ? 64 : (int)k;
+        o.indent = k < 0 ? 0 : k > 64 ? 64 : (int)k;
     }
     struct jinja_buf b = {0};
-    jv_to_json(c, &b, v, indent, opt_bool(sk, false), 0);
+    jv_to_json(c, &b, v, &o, 0);
     return str_val(c, (struct jinja_str){b.p ? b.p : "", b.n});
 }
 
@@ -220,6 +221,8 @@ static struct jinja_value *f_map(struct jinja_ctx *c, struct jinja_value *v,
                                  const struct jinja_args *a, struct jinja_scope *s)
 {
     size_t n;
+    if (!jv_truthy(v)) /* jinja2: `if value:` before iterating */
+        return jv_list(c, JV_LIST, 0);
     struct jinja_value **it = items_of(c, v, &n, "map");
     struct jinja_value *attr = arg(a, 99, "attribute"), *dflt = arg(a, 99, "default");
     struct jinja_value *out = jv_list(c, JV_LIST, n);
@@ -245,6 +248,8 @@ static struct jinja_value *f_select(struct jinja_ctx *c, struct jinja_value *v,
                                     const struct jinja_args *a, bool by_attr, bool keep)
 {
     size_t n;
+    if (!jv_truthy(v)) /* jinja2: `if value:` before iterating */
+        return jv_list(c, JV_LIST, 0);
     struct jinja_value **it = items_of(c, v, &n, "select");
     size_t k = 0;
     struct jinja_str path = {0};
@@ -278,7 +283,7 @@ static struct jinja_value *f_items(struct jinja_ctx *c, struct jinja_value *v)
     struct jinja_value *out = jv_list(c, JV_LIST, v->u.dict.n);
     for (size_t i = 0; i < v->u.dict.n; i++) {
         struct jinja_value *t = jv_list(c, JV_TUPLE, 2);
-        jv_list_push(c, t, str_val(c, v->u.dict.k[i]));
+        jv_list_push(c, t, jv_dict_key(c, v, i));
         jv_list_push(c, t, v->u.dict.v[i]);
         jv_list_push(c, out, t);
     }
@@ -399,9 +404,15 @@ static struct jinja_value *f_format(struct jinja_ctx *c, struct jinja_value *v,
     return str_val(c, (struct jinja_str){b.p ? b.p : "", b.n});
 }
 
-static struct jinja_value *f_escape(struct jinja_ctx *c, struct jinja_value *v)
+struct jinja_value *jinja_markup(struct jinja_ctx *c, struct jinja_str s)
 {
-    struct jinja_str s = jv_as_str(c, v);
+    struct jinja_value *m = jv_str_ref(c, s);
+    m->safe = true;
+    return m;
+}
+
+struct jinja_str jinja_html_escape(struct jinja_ctx *c, struct jinja_str s)
+{
     struct jinja_buf b = {0};
     for (size_t i = 0; i < s.n; i++) {
         switch (s.s[i]) {
@@ -413,7 +424,14 @@ static struct jinja_value *f_escape(struct jinja_ctx *c, struct jinja_value *v)
         default: jbuf_put(c, &b, s.s + i, 1);
         }
     }
-    return str_val(c, (struct jinja_str){b.p ? b.p : "", b.n});
+    return (struct jinja_str){b.p ? b.p : "", b.n};
+}
+
+static struct jinja_value *f_escape(struct jinja_ctx *c, struct jinja_value *v)
+{
+    if (v->t == JV_STR && v->safe)
+        return v;
+    return jinja_markup(c, jinja_html_escape(c, jv_as_str(c, v)));
 }
 
 /* jinja2's title filter: capitalize each piece split at whitespace and -([{< runs. */
@@ -674,7 +692,7 @@ struct jinja_value *jinja_filter(struct jinja_ctx *c, struct jinja_str name,
     if (IS("indent"))
         return f_indent(c, v, a);
     if (IS("safe"))
-        return v;
+        return v->t == JV_STR && v->safe ? v : jinja_markup(c, jv_as_str(c, v));
     if (IS("escape") || IS("e") || IS("forceescape"))
         return f_escape(c, v);
     if (IS("sum"))
@@ -685,7 +703,7 @@ struct jinja_value *jinja_filter(struct jinja_ctx *c, struct jinja_str name,
         return f_format(c, v, a);
     if (IS("attr")) {
         struct jinja_str nm = need_str(c, arg(a, 0, "name"), "attr");
-        if (v->t == JV_DICT || v->t == JV_NS) {
+        if (v->t == JV_NS) { /* getattr only: dict items are not attributes */
             struct jinja_value *x = jv_dict_get(v, nm);
             return x ? x : jv_undef(c, "attribute");
         }
@@ -731,7 +749,7 @@ static bool t_compare(struct jinja_ctx *c, struct jinja_str name, struct jinja_v
             return v->t == JV_STR &&
                    (v->u.s.n == 0 || memmem(lst->u.s.s, lst->u.s.n, v->u.s.s, v->u.s.n));
         if (lst->t == JV_DICT)
-            return v->t == JV_STR && jv_dict_get(lst, v->u.s);
+            return jv_dict_lookup(c, lst, v) != NULL;
         size_t n;
         struct jinja_value **it = items_of(c, lst, &n, "in test");
         for (size_t i = 0; i < n; i++)

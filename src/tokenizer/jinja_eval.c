@@ -174,13 +174,12 @@ static struct jinja_value *get_item(struct jinja_ctx *c, struct jinja_value *obj
     case JV_UNDEF: undefined_error(c, obj);
     case JV_DICT:
     case JV_NS:
-        if (key->t == JV_STR) {
-            struct jinja_value *v = jv_dict_get(obj, key->u.s);
+        {
+            struct jinja_value *v = jv_dict_lookup(c, obj, key);
             if (v)
                 return v;
-            return jv_undef(c, cstr(c, key->u.s));
+            return jv_undef(c, key->t == JV_STR ? cstr(c, key->u.s) : "item");
         }
-        return jv_undef(c, "item");
     case JV_LIST:
     case JV_TUPLE:
         if (!as_index(key, &i))
@@ -279,7 +278,7 @@ struct jinja_value **jinja_iter_items(struct jinja_ctx *c, struct jinja_value *v
     case JV_DICT: {
         struct jinja_value **out = jinja_alloc(c->a, (v->u.dict.n + 1) * sizeof *out);
         for (size_t i = 0; i < v->u.dict.n; i++)
-            out[i] = jv_str_ref(c, v->u.dict.k[i]);
+            out[i] = jv_dict_key(c, v, i);
         *n = v->u.dict.n;
         return out;
     }
@@ -508,7 +507,7 @@ static bool contains(struct jinja_ctx *c, struct jinja_value *needle, struct jin
     case JV_DICT:
     case JV_NS:
         jinja_charge(c, hay->u.dict.n);
-        return needle->t == JV_STR && jv_dict_get(hay, needle->u.s) != NULL;
+        return jv_dict_lookup(c, hay, needle) != NULL;
     case JV_UNDEF: return false;
     default:
         jinja_fail_at(c, WELD_ERR_FORMAT, "argument of type '%s' is not iterable",
@@ -545,10 +544,16 @@ static struct jinja_value *eval_binary(struct jinja_ctx *c, struct jinja_scope *
         return jv_bool(op[1] == '=' ? r >= 0 : r > 0);
     }
     if (op[0] == '+' && a->t == JV_STR && b->t == JV_STR) {
+        /* Markup + str escapes the str (markupsafe), and the result stays Markup */
+        bool safe = a->safe || b->safe;
+        struct jinja_str x = safe && !a->safe ? jinja_html_escape(c, a->u.s) : a->u.s;
+        struct jinja_str y = safe && !b->safe ? jinja_html_escape(c, b->u.s) : b->u.s;
         struct jinja_buf buf = {0};
-        jbuf_put(c, &buf, a->u.s.s, a->u.s.n);
-        jbuf_put(c, &buf, b->u.s.s, b->u.s.n);
-        return jv_str_ref(c, (struct jinja_str){buf.p ? buf.p : "", buf.n});
+        jbuf_put(c, &buf, x.s, x.n);
+        jbuf_put(c, &buf, y.s, y.n);
+        struct jinja_value *r = jv_str_ref(c, (struct jinja_str){buf.p ? buf.p : "", buf.n});
+        r->safe = safe;
+        return r;
     }
     if (op[0] == '+' && jv_is_seq(a) && a->t == b->t) {
         jinja_charge(c, a->u.list.n + b->u.list.n);
@@ -608,11 +613,8 @@ static struct jinja_value *eval_literal_coll(struct jinja_ctx *c, struct jinja_s
         struct jinja_value *d = jv_dict(c, JV_DICT);
         for (size_t i = 0; i < n->n_items; i++) {
             struct jinja_value *k = jinja_eval(c, s, n->items[i]);
-            if (k->t != JV_STR)
-                jinja_fail_at(c, WELD_ERR_UNSUPPORTED, "dict keys must be strings, not %s",
-                              jv_type_name(k));
             jinja_charge(c, d->u.dict.n); /* linear key lookup */
-            jv_dict_set(c, d, k->u.s, jinja_eval(c, s, n->kw_vals[i]));
+            jv_dict_put(c, d, k, jinja_eval(c, s, n->kw_vals[i]));
         }
         return d;
     }
@@ -810,7 +812,6 @@ void jinja_render(struct jinja_ctx *c, const struct jinja_node *root, const json
             jv_dict_set(c, g->vars, k->u.s, jv_from_json(c, val, 0));
         }
     }
-    c->date_string = jv_dict_get(g->vars, (struct jinja_str){"date_string", 11});
     struct jinja_scope *top = scope_new(c, g);
     c->globals = top;
     exec_node(c, top, root);

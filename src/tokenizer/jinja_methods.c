@@ -1,6 +1,7 @@
 /*
  * jinja_methods - Python methods of str, list/tuple and dict values, loop.cycle, and the
- * global functions (range, namespace, dict, raise_exception, strftime_now).
+ * global functions (range, namespace, dict, raise_exception, strftime_now: C strftime of the
+ * local time, or of chat_template_opts.now in UTC when set).
  *
  * `obj.name` on a str/list/dict first asks jinja_method() whether name is a method of that
  * type (Python's getattr comes before the item lookup, so `d.items` is the method even if
@@ -271,13 +272,13 @@ static struct jinja_value *dict_method(struct jinja_ctx *c, const char *m, struc
         struct jinja_value *k = p(a, 0), *d = p(a, 1);
         if (!k)
             jinja_fail_at(c, WELD_ERR_FORMAT, "dict.get(): missing key");
-        struct jinja_value *v = k->t == JV_STR ? jv_dict_get(self, k->u.s) : NULL;
+        struct jinja_value *v = jv_dict_lookup(c, self, k);
         return v ? v : d ? d : jv_none();
     }
     if (strcmp(m, "items") == 0 || strcmp(m, "keys") == 0 || strcmp(m, "values") == 0) {
         struct jinja_value *out = jv_list(c, JV_LIST, self->u.dict.n);
         for (size_t i = 0; i < self->u.dict.n; i++) {
-            struct jinja_value *key = jv_str_ref(c, self->u.dict.k[i]);
+            struct jinja_value *key = jv_dict_key(c, self, i);
             if (m[0] == 'k') {
                 jv_list_push(c, out, key);
             } else if (m[0] == 'v') {
@@ -337,7 +338,7 @@ static struct jinja_value *g_dict(struct jinja_ctx *c, const struct jinja_args *
             jinja_fail_at(c, WELD_ERR_FORMAT, "%s(): positional argument must be a mapping",
                           ns ? "namespace" : "dict");
         for (size_t i = 0; i < src->u.dict.n; i++)
-            jv_dict_set(c, d, src->u.dict.k[i], src->u.dict.v[i]);
+            jv_dict_put(c, d, jv_dict_key(c, src, i), src->u.dict.v[i]);
     }
     for (size_t i = 0; i < a->n_kw; i++)
         jv_dict_set(c, d, a->kw_names[i], a->kw[i]);
@@ -347,16 +348,19 @@ static struct jinja_value *g_dict(struct jinja_ctx *c, const struct jinja_args *
 static struct jinja_value *g_strftime(struct jinja_ctx *c, const struct jinja_args *a)
 {
     struct jinja_str fmt = sarg(c, a, 0, "strftime_now");
-    if (c->date_string && c->date_string->t == JV_STR)
-        return c->date_string;
     char f[256], out[512];
     if (fmt.n >= sizeof f)
         jinja_fail_at(c, WELD_ERR_FORMAT, "strftime_now(): format too long");
     memcpy(f, fmt.s, fmt.n);
     f[fmt.n] = '\0';
-    time_t now = time(NULL);
     struct tm tm;
-    localtime_r(&now, &tm);
+    if (c->lim.now) { /* a fixed clock (tests, reproducible prompts): UTC */
+        time_t t = (time_t)c->lim.now;
+        gmtime_r(&t, &tm);
+    } else {
+        time_t t = time(NULL);
+        localtime_r(&t, &tm);
+    }
     size_t n = strftime(out, sizeof out, f, &tm);
     return jv_str(c, out, n);
 }

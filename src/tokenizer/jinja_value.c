@@ -201,18 +201,19 @@ struct jinja_value *jv_dict(struct jinja_ctx *c, enum jinja_vtype t)
     return jv_new(c, t);
 }
 
-static size_t dict_find(const struct jinja_value *d, struct jinja_str k)
+static size_t dict_find(const struct jinja_value *d, struct jinja_str k, int kint)
 {
     for (size_t i = 0; i < d->u.dict.n; i++)
-        if (d->u.dict.k[i].n == k.n && memcmp(d->u.dict.k[i].s, k.s, k.n) == 0)
+        if (d->u.dict.kint[i] == kint && d->u.dict.k[i].n == k.n &&
+            memcmp(d->u.dict.k[i].s, k.s, k.n) == 0)
             return i;
     return (size_t)-1;
 }
 
-void jv_dict_set(struct jinja_ctx *c, struct jinja_value *d, struct jinja_str k,
-                 struct jinja_value *v)
+static void dict_set(struct jinja_ctx *c, struct jinja_value *d, struct jinja_str k, int kint,
+                     struct jinja_value *v)
 {
-    size_t i = dict_find(d, k);
+    size_t i = dict_find(d, k, kint);
     if (i != (size_t)-1) {
         d->u.dict.v[i] = v;
         return;
@@ -220,23 +221,82 @@ void jv_dict_set(struct jinja_ctx *c, struct jinja_value *d, struct jinja_str k,
     if (d->u.dict.n == d->u.dict.cap) {
         size_t cap = d->u.dict.cap ? d->u.dict.cap * 2 : 4;
         struct jinja_str *nk = jinja_alloc(c->a, cap * sizeof *nk);
+        unsigned char *ni = jinja_alloc(c->a, cap);
         struct jinja_value **nv = jinja_alloc(c->a, cap * sizeof *nv);
         if (d->u.dict.n) {
             memcpy(nk, d->u.dict.k, d->u.dict.n * sizeof *nk);
+            memcpy(ni, d->u.dict.kint, d->u.dict.n);
             memcpy(nv, d->u.dict.v, d->u.dict.n * sizeof *nv);
         }
         d->u.dict.k = nk;
+        d->u.dict.kint = ni;
         d->u.dict.v = nv;
         d->u.dict.cap = cap;
     }
     d->u.dict.k[d->u.dict.n] = k;
+    d->u.dict.kint[d->u.dict.n] = (unsigned char)kint;
     d->u.dict.v[d->u.dict.n++] = v;
+}
+
+void jv_dict_set(struct jinja_ctx *c, struct jinja_value *d, struct jinja_str k,
+                 struct jinja_value *v)
+{
+    dict_set(c, d, k, 0, v);
 }
 
 struct jinja_value *jv_dict_get(const struct jinja_value *d, struct jinja_str k)
 {
-    size_t i = dict_find(d, k);
+    size_t i = dict_find(d, k, 0);
     return i == (size_t)-1 ? NULL : d->u.dict.v[i];
+}
+
+/* The (text, is_int) form of a key value; false if the type cannot be a key here. */
+static bool key_form(struct jinja_ctx *c, const struct jinja_value *key, struct jinja_str *k,
+                     int *kint)
+{
+    if (key->t == JV_STR) {
+        *k = key->u.s;
+        *kint = 0;
+        return true;
+    }
+    if (key->t != JV_INT && key->t != JV_BOOL)
+        return false;
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%lld", (long long)(key->t == JV_INT ? key->u.i : key->u.b));
+    char *p = jinja_alloc(c->a, (size_t)n + 1);
+    memcpy(p, buf, (size_t)n + 1);
+    *k = (struct jinja_str){p, (size_t)n};
+    *kint = 1;
+    return true;
+}
+
+struct jinja_value *jv_dict_lookup(struct jinja_ctx *c, const struct jinja_value *d,
+                                   const struct jinja_value *key)
+{
+    struct jinja_str k;
+    int kint;
+    if (!key_form(c, key, &k, &kint))
+        return NULL;
+    size_t i = dict_find(d, k, kint);
+    return i == (size_t)-1 ? NULL : d->u.dict.v[i];
+}
+
+void jv_dict_put(struct jinja_ctx *c, struct jinja_value *d, const struct jinja_value *key,
+                 struct jinja_value *v)
+{
+    struct jinja_str k;
+    int kint;
+    if (!key_form(c, key, &k, &kint))
+        jinja_fail_at(c, WELD_ERR_UNSUPPORTED, "dict keys must be str or int, not %s",
+                      jv_type_name(key));
+    dict_set(c, d, k, kint, v);
+}
+
+struct jinja_value *jv_dict_key(struct jinja_ctx *c, const struct jinja_value *d, size_t i)
+{
+    if (!d->u.dict.kint[i])
+        return jv_str_ref(c, d->u.dict.k[i]);
+    return jv_int(c, strtoll(d->u.dict.k[i].s, NULL, 10));
 }
 
 struct jinja_value *jv_func(struct jinja_ctx *c, const char *name, struct jinja_value *self)
@@ -329,7 +389,8 @@ static bool equal_d(struct jinja_ctx *c, const struct jinja_value *a,
         if (a->u.dict.n != b->u.dict.n)
             return false;
         for (size_t i = 0; i < a->u.dict.n; i++) {
-            struct jinja_value *o = jv_dict_get(b, a->u.dict.k[i]);
+            size_t j = dict_find(b, a->u.dict.k[i], a->u.dict.kint[i]);
+            struct jinja_value *o = j == (size_t)-1 ? NULL : b->u.dict.v[j];
             if (!o || !equal_d(c, a->u.dict.v[i], o, depth + 1))
                 return false;
         }
@@ -506,7 +567,10 @@ static void put_repr(struct jinja_ctx *c, struct jinja_buf *b, const struct jinj
         for (size_t i = 0; i < v->u.dict.n; i++) {
             if (i)
                 jbuf_putz(c, b, ", ");
-            put_repr_str(c, b, v->u.dict.k[i]);
+            if (v->u.dict.kint[i])
+                jbuf_put(c, b, v->u.dict.k[i].s, v->u.dict.k[i].n);
+            else
+                put_repr_str(c, b, v->u.dict.k[i]);
             jbuf_putz(c, b, ": ");
             put_repr(c, b, v->u.dict.v[i], depth + 1);
         }
@@ -546,16 +610,31 @@ struct jinja_str jv_as_str(struct jinja_ctx *c, const struct jinja_value *v)
 
 /* ---- JSON ---- */
 
-static void put_json_str(struct jinja_ctx *c, struct jinja_buf *b, struct jinja_str s)
+static void put_json_str(struct jinja_ctx *c, struct jinja_buf *b, struct jinja_str s, bool ascii)
 {
     jbuf_putz(c, b, "\"");
     size_t run = 0;
     for (size_t i = 0; i < s.n; i++) {
         unsigned char ch = (unsigned char)s.s[i];
-        if (ch >= 0x20 && ch != '"' && ch != '\\')
+        if (ch >= 0x20 && ch != '"' && ch != '\\' && (ch < 0x80 || !ascii))
             continue;
         jbuf_put(c, b, s.s + run, i - run);
         run = i + 1;
+        if (ch >= 0x80) { /* ensure_ascii: \uXXXX, surrogate pairs above the BMP */
+            uint32_t cp = 0;
+            int extra = ch >= 0xF0 ? 3 : ch >= 0xE0 ? 2 : ch >= 0xC0 ? 1 : 0;
+            cp = ch & (0x3F >> extra);
+            for (int k = 0; k < extra && i + 1 < s.n; k++)
+                cp = (cp << 6) | ((unsigned char)s.s[++i] & 0x3F);
+            run = i + 1;
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                jbuf_printf(c, b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+            } else {
+                jbuf_printf(c, b, "\\u%04x", cp);
+            }
+            continue;
+        }
         switch (ch) {
         case '"': jbuf_putz(c, b, "\\\""); break;
         case '\\': jbuf_putz(c, b, "\\\\"); break;
@@ -586,24 +665,38 @@ static int key_cmp(const void *x, const void *y)
     return r ? r : (a->n > b_->n) - (a->n < b_->n);
 }
 
+/* Key text plus its index, so sort_keys can reorder without losing the value. */
+struct json_key {
+    struct jinja_str k;
+    size_t i;
+};
+
+static int json_key_cmp(const void *x, const void *y)
+{
+    const struct json_key *a = x, *b_ = y;
+    int r = key_cmp(&a->k, &b_->k);
+    return r ? r : (a->i > b_->i) - (a->i < b_->i);
+}
+
 static void put_json_dict(struct jinja_ctx *c, struct jinja_buf *b, const struct jinja_value *v,
-                          int indent, bool sort_keys, int depth)
+                          const struct jinja_json_opts *o, int depth)
 {
     size_t n = v->u.dict.n;
-    struct jinja_str *keys = jinja_alloc(c->a, (n ? n : 1) * sizeof *keys);
-    if (n)
-        memcpy(keys, v->u.dict.k, n * sizeof *keys);
-    if (sort_keys && n > 1)
-        qsort(keys, n, sizeof *keys, key_cmp);
+    struct json_key *keys = jinja_alloc(c->a, (n ? n : 1) * sizeof *keys);
+    for (size_t i = 0; i < n; i++)
+        keys[i] = (struct json_key){v->u.dict.k[i], i};
+    if (o->sort_keys && n > 1)
+        qsort(keys, n, sizeof *keys, json_key_cmp);
+    int indent = o->indent;
     jbuf_putz(c, b, "{");
     for (size_t i = 0; i < n; i++) {
         if (i)
             jbuf_putz(c, b, indent >= 0 ? "," : ", ");
         if (indent >= 0)
             put_indent(c, b, indent, depth + 1);
-        put_json_str(c, b, keys[i]);
+        put_json_str(c, b, keys[i].k, o->ensure_ascii);
         jbuf_putz(c, b, ": ");
-        jv_to_json(c, b, jv_dict_get(v, keys[i]), indent, sort_keys, depth + 1);
+        jv_to_json(c, b, v->u.dict.v[keys[i].i], o, depth + 1);
     }
     if (indent >= 0 && n)
         put_indent(c, b, indent, depth);
@@ -611,8 +704,9 @@ static void put_json_dict(struct jinja_ctx *c, struct jinja_buf *b, const struct
 }
 
 void jv_to_json(struct jinja_ctx *c, struct jinja_buf *b, const struct jinja_value *v,
-                int indent, bool sort_keys, int depth)
+                const struct jinja_json_opts *o, int depth)
 {
+    int indent = o->indent;
     if (depth > c->lim.max_depth)
         jinja_fail_at(c, WELD_ERR_LIMIT, "value nested too deeply for tojson");
     switch (v->t) {
@@ -620,7 +714,7 @@ void jv_to_json(struct jinja_ctx *c, struct jinja_buf *b, const struct jinja_val
     case JV_BOOL: jbuf_putz(c, b, v->u.b ? "true" : "false"); return;
     case JV_INT: jbuf_printf(c, b, "%lld", (long long)v->u.i); return;
     case JV_FLOAT: put_float(c, b, v->u.f, true); return;
-    case JV_STR: put_json_str(c, b, v->u.s); return;
+    case JV_STR: put_json_str(c, b, v->u.s, o->ensure_ascii); return;
     case JV_LIST:
     case JV_TUPLE:
         jbuf_putz(c, b, "[");
@@ -629,13 +723,13 @@ void jv_to_json(struct jinja_ctx *c, struct jinja_buf *b, const struct jinja_val
                 jbuf_putz(c, b, indent >= 0 ? "," : ", ");
             if (indent >= 0)
                 put_indent(c, b, indent, depth + 1);
-            jv_to_json(c, b, v->u.list.v[i], indent, sort_keys, depth + 1);
+            jv_to_json(c, b, v->u.list.v[i], o, depth + 1);
         }
         if (indent >= 0 && v->u.list.n)
             put_indent(c, b, indent, depth);
         jbuf_putz(c, b, "]");
         return;
-    case JV_DICT: put_json_dict(c, b, v, indent, sort_keys, depth); return;
+    case JV_DICT: put_json_dict(c, b, v, o, depth); return;
     default:
         jinja_fail_at(c, WELD_ERR_FORMAT, "tojson: object of type %s is not JSON serializable",
                       jv_type_name(v));

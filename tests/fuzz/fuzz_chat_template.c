@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct weld_err e = {0};
     if (chat_template_parse(&t, (const char *)data, size, &e) != WELD_OK)
         return 0;
-    struct chat_template_limits lim = {
+    struct chat_template_opts lim = {
         .max_output = 1 << 16, .max_memory = 16 << 20, .max_steps = 200000, .max_depth = 64};
     char *out = NULL;
     if (chat_template_render_ex(t, ctx, &lim, &out, NULL, &e) == WELD_OK)
