@@ -187,8 +187,8 @@ static int matrix_type(int want, int src_type, int64_t cols, const char *name)
         return src_type;
     const struct dtype_info *di = dtype_get(want);
     if (di && di->quantized && cols % di->block_size) {
-        log_info("convert: %s: rows of %lld are not a multiple of %d; kept as f16", name,
-                 (long long)cols, di->block_size);
+        log_debug("convert: %s: rows of %lld are not a multiple of %d; kept as f16", name,
+                  (long long)cols, di->block_size);
         return DT_F16;
     }
     return want;
@@ -390,9 +390,23 @@ static int gguf_add_all(struct gguf_writer *w, struct cv_job *job, struct weld_e
     return WELD_OK;
 }
 
-/* The matrices' common type, for general.file_type. */
-static int job_main_type(const struct cv_job *job)
+/* The matrices' common type, for general.file_type; notes the f16 fallbacks. */
+static int job_main_type(const struct cv_job *job, int want)
 {
+    int n_f16 = 0, n_mat = 0;
+    const char *first = NULL;
+    for (int i = 0; want >= 0 && i < job->n; i++) {
+        n_mat += job->t[i].n_dims >= 2;
+        if (job->t[i].n_dims >= 2 && job->t[i].dst_type != want) {
+            n_f16++;
+            first = first ? first : job->t[i].name;
+        }
+    }
+    if (n_f16)
+        log_info("convert: %d matrices (%s, ...) have rows that are not whole %s blocks; kept "
+                 "as f16", n_f16, first, dtype_name(want));
+    if (want >= 0 && n_f16 < n_mat)
+        return want;
     for (int i = 0; i < job->n; i++)
         if (job->t[i].n_dims >= 2)
             return job->t[i].dst_type;
@@ -460,7 +474,7 @@ static int hf_to_gguf(const char *in, const char *out, const struct convert_opts
             goto out;
         }
     }
-    int main_type = job_main_type(&job);
+    int main_type = job_main_type(&job, o->dtype);
     const struct dtype_info *di = dtype_get(main_type);
     if (gguf_writer_set_u32(w, "general.file_type", ftype_of(main_type)) ||
         (di && di->quantized && gguf_writer_set_u32(w, "general.quantization_version", 2))) {
@@ -519,7 +533,7 @@ static int gguf_to_gguf(const char *in, const char *out, const struct convert_op
         if ((rc = cv_check(t, g->nbytes, in, e)))
             goto out;
     }
-    int main_type = job_main_type(&job);
+    int main_type = job_main_type(&job, o->dtype);
     const struct dtype_info *di = dtype_get(main_type);
     if (gguf_writer_set_u32(w, "general.file_type", ftype_of(main_type)) ||
         (di && di->quantized && gguf_writer_set_u32(w, "general.quantization_version", 2))) {
