@@ -626,92 +626,111 @@ static struct jinja_value *f_trim(struct jinja_ctx *c, struct jinja_value *v,
                                  true, true));
 }
 
+/* Uniform signature for the filter table; `s` is the caller's scope (map() re-enters). */
+typedef struct jinja_value *(*filter_fn)(struct jinja_ctx *c, struct jinja_value *v,
+                                         const struct jinja_args *a, struct jinja_scope *s);
+
+#define FILTER(fname) \
+    static struct jinja_value *fname(struct jinja_ctx *c, struct jinja_value *v, \
+                                     const struct jinja_args *a, struct jinja_scope *s)
+
+FILTER(fx_trim) { return f_trim(c, v, a); }
+FILTER(fx_length) { return f_length(c, v); }
+FILTER(fx_tojson) { return f_tojson(c, v, a); }
+FILTER(fx_default) { return f_default(c, v, a); }
+FILTER(fx_first) { return f_first_last(c, v, false); }
+FILTER(fx_last) { return f_first_last(c, v, true); }
+FILTER(fx_join) { return f_join(c, v, a); }
+FILTER(fx_upper) { return str_val(c, jstr_case(c, jv_as_str(c, v), JSTR_UPPER)); }
+FILTER(fx_lower) { return str_val(c, jstr_case(c, jv_as_str(c, v), JSTR_LOWER)); }
+FILTER(fx_capitalize) { return str_val(c, jstr_case(c, jv_as_str(c, v), JSTR_CAPITALIZE)); }
+FILTER(fx_title) { return f_title(c, v); }
+FILTER(fx_items) { return f_items(c, v); }
+FILTER(fx_replace) { return f_replace(c, v, a); }
+FILTER(fx_map) { return f_map(c, v, a, s); }
+FILTER(fx_select) { return f_select(c, v, a, false, true); }
+FILTER(fx_reject) { return f_select(c, v, a, false, false); }
+FILTER(fx_selectattr) { return f_select(c, v, a, true, true); }
+FILTER(fx_rejectattr) { return f_select(c, v, a, true, false); }
+FILTER(fx_string) { return str_val(c, jv_as_str(c, v)); }
+FILTER(fx_int) { return f_int(c, v, a); }
+FILTER(fx_float) { return f_float(c, v, a); }
+FILTER(fx_round) { return f_round(c, v, a); }
+FILTER(fx_sort) { return do_sort(c, v, a); }
+FILTER(fx_unique) { return f_unique(c, v, a); }
+FILTER(fx_reverse) { return f_reverse(c, v); }
+FILTER(fx_dictsort) { return f_dictsort(c, v, a); }
+FILTER(fx_indent) { return f_indent(c, v, a); }
+FILTER(fx_escape) { return f_escape(c, v); }
+FILTER(fx_sum) { return f_sum(c, v, a); }
+FILTER(fx_min) { return f_minmax(c, v, a, false); }
+FILTER(fx_max) { return f_minmax(c, v, a, true); }
+FILTER(fx_format) { return f_format(c, v, a); }
+
+FILTER(fx_list)
+{
+    size_t n;
+    struct jinja_value **it = items_of(c, v, &n, "list");
+    return list_of(c, it, n);
+}
+
+FILTER(fx_abs)
+{
+    if (v->t == JV_FLOAT)
+        return jv_float(c, fabs(v->u.f));
+    int64_t k = need_int(c, v, "abs");
+    if (k == INT64_MIN)
+        jinja_fail_at(c, WELD_ERR_LIMIT, "integer overflow");
+    return jv_int(c, k < 0 ? -k : k);
+}
+
+FILTER(fx_safe)
+{
+    return v->t == JV_STR && v->safe ? v : jinja_markup(c, jv_as_str(c, v));
+}
+
+FILTER(fx_attr)
+{
+    struct jinja_str nm = need_str(c, arg(a, 0, "name"), "attr");
+    if (v->t == JV_NS) { /* getattr only: dict items are not attributes */
+        struct jinja_value *x = jv_dict_get(v, nm);
+        return x ? x : jv_undef(c, "attribute");
+    }
+    return jv_undef(c, "attribute");
+}
+
+FILTER(fx_wordcount)
+{
+    return jv_int(c, (int64_t)jstr_split(c, jv_as_str(c, v), NULL, -1)->u.list.n);
+}
+
+static const struct {
+    const char *name;
+    filter_fn fn;
+} filters[] = {
+    {"trim", fx_trim},       {"length", fx_length},         {"count", fx_length},
+    {"tojson", fx_tojson},   {"default", fx_default},       {"d", fx_default},
+    {"first", fx_first},     {"last", fx_last},             {"join", fx_join},
+    {"upper", fx_upper},     {"lower", fx_lower},           {"capitalize", fx_capitalize},
+    {"title", fx_title},     {"items", fx_items},           {"replace", fx_replace},
+    {"list", fx_list},       {"map", fx_map},               {"select", fx_select},
+    {"reject", fx_reject},   {"selectattr", fx_selectattr}, {"rejectattr", fx_rejectattr},
+    {"string", fx_string},   {"int", fx_int},               {"float", fx_float},
+    {"abs", fx_abs},         {"round", fx_round},           {"sort", fx_sort},
+    {"unique", fx_unique},   {"reverse", fx_reverse},       {"dictsort", fx_dictsort},
+    {"indent", fx_indent},   {"safe", fx_safe},             {"escape", fx_escape},
+    {"e", fx_escape},        {"forceescape", fx_escape},    {"sum", fx_sum},
+    {"min", fx_min},         {"max", fx_max},               {"format", fx_format},
+    {"attr", fx_attr},       {"wordcount", fx_wordcount},
+};
+
 struct jinja_value *jinja_filter(struct jinja_ctx *c, struct jinja_str name,
                                  struct jinja_value *v, const struct jinja_args *a,
                                  struct jinja_scope *s)
 {
-#define IS(z) jinja_str_eq(name, z)
-    if (IS("trim"))
-        return f_trim(c, v, a);
-    if (IS("length") || IS("count"))
-        return f_length(c, v);
-    if (IS("tojson"))
-        return f_tojson(c, v, a);
-    if (IS("default") || IS("d"))
-        return f_default(c, v, a);
-    if (IS("first") || IS("last"))
-        return f_first_last(c, v, IS("last"));
-    if (IS("join"))
-        return f_join(c, v, a);
-    if (IS("upper") || IS("lower") || IS("capitalize"))
-        return str_val(c, jstr_case(c, jv_as_str(c, v),
-                                    IS("upper")   ? JSTR_UPPER
-                                    : IS("lower") ? JSTR_LOWER
-                                                  : JSTR_CAPITALIZE));
-    if (IS("title"))
-        return f_title(c, v);
-    if (IS("items"))
-        return f_items(c, v);
-    if (IS("replace"))
-        return f_replace(c, v, a);
-    if (IS("list")) {
-        size_t n;
-        struct jinja_value **it = items_of(c, v, &n, "list");
-        return list_of(c, it, n);
-    }
-    if (IS("map"))
-        return f_map(c, v, a, s);
-    if (IS("select") || IS("reject"))
-        return f_select(c, v, a, false, IS("select"));
-    if (IS("selectattr") || IS("rejectattr"))
-        return f_select(c, v, a, true, IS("selectattr"));
-    if (IS("string"))
-        return str_val(c, jv_as_str(c, v));
-    if (IS("int"))
-        return f_int(c, v, a);
-    if (IS("float"))
-        return f_float(c, v, a);
-    if (IS("abs")) {
-        if (v->t == JV_FLOAT)
-            return jv_float(c, fabs(v->u.f));
-        int64_t k = need_int(c, v, "abs");
-        if (k == INT64_MIN)
-            jinja_fail_at(c, WELD_ERR_LIMIT, "integer overflow");
-        return jv_int(c, k < 0 ? -k : k);
-    }
-    if (IS("round"))
-        return f_round(c, v, a);
-    if (IS("sort"))
-        return do_sort(c, v, a);
-    if (IS("unique"))
-        return f_unique(c, v, a);
-    if (IS("reverse"))
-        return f_reverse(c, v);
-    if (IS("dictsort"))
-        return f_dictsort(c, v, a);
-    if (IS("indent"))
-        return f_indent(c, v, a);
-    if (IS("safe"))
-        return v->t == JV_STR && v->safe ? v : jinja_markup(c, jv_as_str(c, v));
-    if (IS("escape") || IS("e") || IS("forceescape"))
-        return f_escape(c, v);
-    if (IS("sum"))
-        return f_sum(c, v, a);
-    if (IS("min") || IS("max"))
-        return f_minmax(c, v, a, IS("max"));
-    if (IS("format"))
-        return f_format(c, v, a);
-    if (IS("attr")) {
-        struct jinja_str nm = need_str(c, arg(a, 0, "name"), "attr");
-        if (v->t == JV_NS) { /* getattr only: dict items are not attributes */
-            struct jinja_value *x = jv_dict_get(v, nm);
-            return x ? x : jv_undef(c, "attribute");
-        }
-        return jv_undef(c, "attribute");
-    }
-    if (IS("wordcount"))
-        return jv_int(c, (int64_t)jstr_split(c, jv_as_str(c, v), NULL, -1)->u.list.n);
-#undef IS
+    for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
+        if (jinja_str_eq(name, filters[i].name))
+            return filters[i].fn(c, v, a, s);
     jinja_fail_at(c, WELD_ERR_UNSUPPORTED, "unknown filter '%.*s'", (int)name.n, name.s);
 }
 

@@ -417,6 +417,20 @@ static struct jinja_value *repeat(struct jinja_ctx *c, struct jinja_value *seq, 
     return out;
 }
 
+/* x ** y for y >= 0, by squaring; overflow is an error (Python would go to a bigint). */
+static struct jinja_value *int_pow(struct jinja_ctx *c, int64_t x, int64_t y)
+{
+    int64_t acc = 1, base = x;
+    while (y > 0) {
+        if ((y & 1) && __builtin_mul_overflow(acc, base, &acc))
+            jinja_fail_at(c, WELD_ERR_LIMIT, "integer overflow");
+        y >>= 1;
+        if (y && __builtin_mul_overflow(base, base, &base))
+            jinja_fail_at(c, WELD_ERR_LIMIT, "integer overflow");
+    }
+    return jv_int(c, acc);
+}
+
 static struct jinja_value *arith(struct jinja_ctx *c, const char *op, struct jinja_value *a,
                                  struct jinja_value *b)
 {
@@ -435,21 +449,8 @@ static struct jinja_value *arith(struct jinja_ctx *c, const char *op, struct jin
             return int_result(c, __builtin_sub_overflow(x, y, &r), &r);
         return jv_float(c, fx - fy);
     case '*':
-        if (op[1] == '*') {
-            if (ints && y >= 0) {
-                int64_t acc = 1;
-                for (int64_t i = 0; i < y; i++) {
-                    if (__builtin_mul_overflow(acc, x, &acc))
-                        jinja_fail_at(c, WELD_ERR_LIMIT, "integer overflow");
-                    if (acc == 0 || acc == 1)
-                        break;
-                    if (acc == -1 && (y - i - 1) % 2 == 0)
-                        break;
-                }
-                return jv_int(c, acc);
-            }
-            return jv_float(c, pow(fx, fy));
-        }
+        if (op[1] == '*')
+            return ints && y >= 0 ? int_pow(c, x, y) : jv_float(c, pow(fx, fy));
         if (ints)
             return int_result(c, __builtin_mul_overflow(x, y, &r), &r);
         return jv_float(c, fx * fy);

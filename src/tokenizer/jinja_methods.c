@@ -162,6 +162,10 @@ static struct jinja_value *m_count(struct jinja_ctx *c, struct jinja_str s, stru
     return jv_int(c, n);
 }
 
+static struct jinja_value *str_method_more(struct jinja_ctx *c, const char *m,
+                                           struct jinja_str s, const struct jinja_args *a);
+
+/* Python str methods; m is one of str_methods[]. */
 static struct jinja_value *str_method(struct jinja_ctx *c, const char *m, struct jinja_str s,
                                       const struct jinja_args *a)
 {
@@ -200,6 +204,15 @@ static struct jinja_value *str_method(struct jinja_ctx *c, const char *m, struct
     }
     if (IS("count"))
         return m_count(c, s, sarg(c, a, 0, m));
+#undef IS
+    return str_method_more(c, m, s, a);
+}
+
+/* join, the is*() predicates, splitlines, removeprefix/removesuffix. */
+static struct jinja_value *str_method_more(struct jinja_ctx *c, const char *m, struct jinja_str s,
+                                           const struct jinja_args *a)
+{
+#define IS(z) (strcmp(m, z) == 0)
     if (IS("join")) {
         size_t n;
         struct jinja_value *v = p(a, 0);
