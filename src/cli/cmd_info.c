@@ -1,11 +1,265 @@
-/* cmd_info - `weld info`: not yet built (placeholder until its module lands). */
+/*
+ * cmd_info - `weld info MODEL`: what a GGUF file or Hugging Face directory holds, read
+ * straight from the files (format/ readers, model config, tokmeta) without loading the
+ * model for inference: architecture and config, parameter count, tensors by type (every
+ * tensor with --tensors), tokenizer, chat template (first lines; all with --template),
+ * and memory: weight bytes plus the f16 KV cache per token and at the trained context.
+ *
+ * Everything goes to stdout; a file that cannot be read gives one error line on stderr
+ * and exit status 1.
+ */
 #include "cli/cli.h"
+#include "core/err.h"
+#include "format/dtype.h"
+#include "format/gguf.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "model/tokmeta.h"
 
+#include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* One tensor as both formats describe it: GGUF ne[] order. */
+struct info_tensor {
+    const char *name;
+    int type;
+    int n_dims;
+    int64_t ne[8];
+    size_t nbytes;
+};
+
+struct info {
+    const char *path;
+    int hf;
+    struct gguf_file *g;
+    struct st_set *st;
+    struct model_config c;
+    struct tokmeta *tok;
+    int n_tensors;
+    struct info_tensor *t;
+};
+
+static void human(double bytes, char *buf, size_t n)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024 && i < 4)
+        bytes /= 1024, i++;
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
+}
+
+static int info_open_gguf(struct info *in, struct weld_err *e)
+{
+    int rc = gguf_open(&in->g, in->path, e);
+    if (rc || (rc = model_config_from_gguf(in->g, &in->c, e)))
+        return rc;
+    in->c.tied_embeddings = gguf_find_tensor(in->g, "output.weight") == NULL;
+    in->t = calloc(in->g->n_tensors ? in->g->n_tensors : 1, sizeof *in->t);
+    if (!in->t)
+        return err_set(e, WELD_ERR_NOMEM, "out of memory");
+    for (uint64_t i = 0; i < in->g->n_tensors; i++) {
+        const struct gguf_tensor *s = &in->g->tensors[i];
+        struct info_tensor *t = &in->t[in->n_tensors++];
+        t->name = s->name, t->type = s->type, t->n_dims = s->n_dims, t->nbytes = s->nbytes;
+        for (int d = 0; d < s->n_dims; d++)
+            t->ne[d] = s->ne[d];
+    }
+    rc = tokmeta_from_gguf(&in->tok, in->g, e);
+    return rc == WELD_ERR_NOT_FOUND ? WELD_OK : rc;
+}
+
+static int info_open_hf(struct info *in, struct weld_err *e)
+{
+    int rc = model_config_from_hf(in->path, &in->c, e);
+    if (rc || (rc = st_open_dir(&in->st, in->path, e)))
+        return rc;
+    in->t = calloc(in->st->n_tensors ? (size_t)in->st->n_tensors : 1, sizeof *in->t);
+    if (!in->t)
+        return err_set(e, WELD_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < in->st->n_tensors; i++) {
+        const struct st_tensor *s = &in->st->tensors[i];
+        struct info_tensor *t = &in->t[in->n_tensors++];
+        t->name = s->name, t->type = s->dtype, t->n_dims = s->n_dims, t->nbytes = s->nbytes;
+        for (int d = 0; d < s->n_dims; d++)
+            t->ne[d] = s->shape[s->n_dims - 1 - d];
+    }
+    char p[4200];
+    snprintf(p, sizeof p, "%s/tokenizer.json", in->path);
+    if (access(p, R_OK) == 0)
+        return tokmeta_from_hf(&in->tok, in->path, NULL, in->c.n_vocab, e);
+    return WELD_OK;
+}
+
+static void print_config(const struct model_config *c)
+{
+    printf("architecture: %s\n", model_arch_name(c->arch));
+    if (c->name[0])
+        printf("  name               %s\n", c->name);
+    printf("  vocab              %d\n  dim                %d\n  layers             %d\n"
+           "  heads              %d\n  kv heads           %d\n  head dim           %d\n"
+           "  ffn dim            %d\n  context            %d\n  rope dim           %d\n"
+           "  rope theta         %g\n  norm eps           %g\n",
+           c->n_vocab, c->dim, c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->ffn_dim,
+           c->max_ctx, c->rope_dim, (double)c->rope_theta, (double)c->norm_eps);
+    if (c->rope_scaling == ROPE_SCALING_LINEAR)
+        printf("  rope scaling       linear, factor %g\n", (double)c->rope_factor);
+    else if (c->rope_scaling == ROPE_SCALING_LLAMA3)
+        printf("  rope scaling       llama3, factor %g, low %g, high %g, original context %d\n",
+               (double)c->rope_factor, (double)c->rope_low_freq_factor,
+               (double)c->rope_high_freq_factor, c->rope_orig_ctx);
+    else
+        printf("  rope scaling       none\n");
+    printf("  tied embeddings    %s\n  qkv bias           %s\n  qk norm            %s\n",
+           c->tied_embeddings ? "yes" : "no", c->qkv_bias ? "yes" : "no",
+           c->qk_norm ? "yes" : "no");
+    if (c->sliding_window)
+        printf("  sliding window     %d\n", c->sliding_window);
+}
+
+static void print_tensors(const struct info *in, int all, uint64_t *weight_bytes)
+{
+    uint64_t n_params = 0, bytes = 0, per_type[DT_COUNT + 1] = {0}, count[DT_COUNT + 1] = {0};
+    for (int i = 0; i < in->n_tensors; i++) {
+        const struct info_tensor *t = &in->t[i];
+        uint64_t n = 1;
+        for (int d = 0; d < t->n_dims; d++)
+            n *= (uint64_t)t->ne[d];
+        n_params += n;
+        bytes += t->nbytes;
+        int k = t->type >= 0 && t->type < DT_COUNT ? t->type : DT_COUNT;
+        per_type[k] += t->nbytes;
+        count[k]++;
+    }
+    char hb[32];
+    human((double)bytes, hb, sizeof hb);
+    printf("parameters: %" PRIu64 " (%.2fM)\n", n_params, (double)n_params / 1e6);
+    printf("tensors: %d, %s\n", in->n_tensors, hb);
+    for (int k = 0; k <= DT_COUNT; k++) {
+        if (!count[k])
+            continue;
+        human((double)per_type[k], hb, sizeof hb);
+        printf("  %-8s %5" PRIu64 " tensors  %s\n", k < DT_COUNT ? dtype_name(k) : "other",
+               count[k], hb);
+    }
+    for (int i = 0; all && i < in->n_tensors; i++) {
+        const struct info_tensor *t = &in->t[i];
+        char shape[96] = "";
+        size_t used = 0;
+        for (int d = 0; d < t->n_dims && used < sizeof shape; d++)
+            used += (size_t)snprintf(shape + used, sizeof shape - used, d ? " x %" PRId64 : "%" PRId64,
+                                     t->ne[d]);
+        printf("  %-40s %-6s %-22s %zu\n", t->name, t->type >= 0 ? dtype_name(t->type) : "?",
+               shape, t->nbytes);
+    }
+    *weight_bytes = bytes;
+}
+
+static void print_token(const struct tokmeta *t, const char *what, int64_t id)
+{
+    if (id >= 0)
+        printf("  %-18s %" PRId64 " '%s'\n", what, id, t->tokens[id]);
+    else
+        printf("  %-18s none\n", what);
+}
+
+static void print_tokenizer(const struct tokmeta *t, int whole_template)
+{
+    if (!t) {
+        printf("tokenizer: none\n");
+        return;
+    }
+    printf("tokenizer: %s", t->model);
+    if (strcmp(t->model, "llama"))
+        printf(" (byte-level BPE, pre-tokenizer %s)\n", t->pre);
+    else
+        printf(" (SentencePiece-style BPE with byte fallback)\n");
+    printf("  vocab              %" PRId64 "\n", t->n_tokens);
+    if (t->n_merges)
+        printf("  merges             %" PRId64 "\n", t->n_merges);
+    print_token(t, "bos", t->bos);
+    print_token(t, "eos", t->eos);
+    print_token(t, "unk", t->unk);
+    print_token(t, "pad", t->pad);
+    printf("  add bos            %s\n", tokmeta_effective_add_bos(t) ? "yes" : "no");
+    if (!t->chat_template) {
+        printf("chat template: none\n");
+        return;
+    }
+    const char *s = t->chat_template;
+    int lines = 0, shown = 0;
+    for (const char *p = s; *p; p++)
+        lines += *p == '\n';
+    lines += s[0] && s[strlen(s) - 1] != '\n';
+    printf("chat template: %zu bytes, %d lines\n", strlen(s), lines);
+    while (*s && (whole_template || shown < 8)) {
+        const char *nl = strchr(s, '\n');
+        int len = nl ? (int)(nl - s) : (int)strlen(s);
+        if (!whole_template && len > 160)
+            printf("  | %.157s...\n", s);
+        else
+            printf("  | %.*s\n", len, s);
+        shown++;
+        s = nl ? nl + 1 : s + len;
+    }
+    if (*s)
+        printf("  (%d more lines; --template shows all)\n", lines - shown);
+}
+
+static void print_memory(const struct model_config *c, uint64_t weights)
+{
+    uint64_t kv = 2ull * (uint64_t)c->n_layer * (uint64_t)c->n_kv_head * (uint64_t)c->head_dim * 2;
+    char a[32], b[32], d[32];
+    human((double)weights, a, sizeof a);
+    human((double)kv * (double)c->max_ctx, b, sizeof b);
+    human((double)weights + (double)kv * (double)c->max_ctx, d, sizeof d);
+    printf("memory:\n  weights            %s\n  kv cache (f16)     %" PRIu64 " bytes per token; "
+           "%s at context %d\n  total at context   %s\n", a, kv, b, c->max_ctx, d);
+}
 
 int cmd_info(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "weld %s: not available in this build yet\n", argv[0]);
-    return 1;
+    bool tensors = false, whole_template = false;
+    const struct cli_opt opts[] = {
+        {"tensors", 0, OPT_FLAG, &tensors, NULL, "list every tensor: name, type, shape, bytes"},
+        {"template", 0, OPT_FLAG, &whole_template, NULL, "print the whole chat template"},
+    };
+    const char *pos[1];
+    int n_pos = 0;
+    int r = cli_parse(argc, argv, "info MODEL [--tensors] [--template]",
+                      "Show a model's architecture, parameters, tensors, tokenizer, chat "
+                      "template and memory needs.\nMODEL is a GGUF file or a Hugging Face "
+                      "directory.", opts, 2, pos, 1, &n_pos);
+    if (r)
+        return r == 1 ? 0 : 2;
+    if (n_pos != 1) {
+        fprintf(stderr, "weld info: expected one MODEL (see weld info --help)\n");
+        return 2;
+    }
+    struct info in = {.path = pos[0]};
+    struct weld_err e = {0};
+    struct stat st;
+    if (stat(in.path, &st) != 0) {
+        fprintf(stderr, "weld info: %s: no such file or directory\n", in.path);
+        return 1;
+    }
+    in.hf = S_ISDIR(st.st_mode);
+    int rc = in.hf ? info_open_hf(&in, &e) : info_open_gguf(&in, &e);
+    if (rc == WELD_OK) {
+        uint64_t wbytes = 0;
+        printf("model: %s (%s)\n", in.path, in.hf ? "Hugging Face directory" : "GGUF");
+        print_config(&in.c);
+        print_tensors(&in, tensors, &wbytes);
+        print_tokenizer(in.tok, whole_template);
+        print_memory(&in.c, wbytes);
+    } else {
+        fprintf(stderr, "weld info: %s\n", e.msg);
+    }
+    tokmeta_free(in.tok);
+    free(in.t);
+    gguf_close(in.g);
+    st_close(in.st);
+    return rc ? 1 : 0;
 }

