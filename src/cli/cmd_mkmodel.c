@@ -123,8 +123,8 @@ int cmd_mkmodel(int argc, char **argv)
         fprintf(stderr, "weld mkmodel: %s\n", e.msg);
         return 1;
     }
-    fprintf(stderr, "wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, vocab >= %d)\n",
+    fprintf(stderr, "wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ffn %d)\n",
             a.out, model_arch_name(c.arch), c.dim, c.n_layer, c.n_head, c.n_kv_head,
-            c.n_vocab);
+            c.ffn_dim);
     return 0;
 }
