@@ -18,6 +18,7 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/mkmodel.h"
+#include "model/model.h"
 #include "model/names.h"
 #include "model/tokmeta.h"
 
@@ -576,6 +577,32 @@ TEST(mkmodel_llama3_rope_freqs)
     gguf_close(g);
 }
 
+/* The loader accepts what mkmodel writes, in both formats, for every arch. */
+TEST(mkmodel_outputs_load)
+{
+    static const char *archs[] = {"llama", "qwen2", "qwen3"};
+    for (int a = 0; a < 3; a++) {
+        char paths[2][4096];
+        snprintf(paths[0], sizeof paths[0], "%s/same_%s.gguf", test_tmpdir(), archs[a]);
+        snprintf(paths[1], sizeof paths[1], "%s/same_%s_hf", test_tmpdir(), archs[a]);
+        for (int k = 0; k < 2; k++) {
+            struct model *m = NULL;
+            struct weld_err e = {0};
+            int rc = model_load(&m, paths[k], &e);
+            if (rc)
+                fprintf(stderr, "  model_load %s: %s\n", paths[k], e.msg);
+            CHECK_EQ_INT(rc, WELD_OK);
+            if (m) {
+                CHECK_EQ_INT(m->cfg.arch, a);
+                CHECK_EQ_INT(m->cfg.n_vocab, 32000);
+                CHECK_EQ_INT(m->cfg.n_layer, 2);
+                CHECK_EQ_INT(m->cfg.tied_embeddings, a != 0);
+            }
+            model_free(m);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(tokmeta_llama2);
@@ -589,6 +616,7 @@ int main(void)
     RUN(tokmeta_gguf_round_trip);
     RUN(mkmodel_same_weights_each_arch);
     RUN(mkmodel_values_from_rng);
+    RUN(mkmodel_outputs_load);
     RUN(mkmodel_each_tokenizer);
     RUN(mkmodel_q8_0_near_f32);
     RUN(mkmodel_presets);
