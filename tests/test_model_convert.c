@@ -413,6 +413,45 @@ TEST(bad_inputs)
     }
 }
 
+/* Fail the Nth allocation of a conversion for many N: every run either succeeds or
+   reports an error (no crash; ASan builds also check nothing leaks). */
+TEST(alloc_failures)
+{
+    const char *src = stories();
+    REQUIRE(src);
+    struct convert_opts oq = {DT_Q8_0, 0}, oh = {-1, 0};
+    int n_fail = 0, done_q = 0, done_h = 0;
+    for (long n = 1; n < 4000 && !(done_q && done_h); n += n < 200 ? 1 : 23) {
+        struct weld_err e = {0};
+        if (!done_q) {
+            alloc_fail_at(n);
+            int rc = convert_model(src, tmp_path("fi.gguf"), &oq, &e);
+            long failed = alloc_failed_count();
+            alloc_fail_at(0);
+            if (rc == WELD_OK && failed == 0) {
+                done_q = 1;
+            } else if (rc != WELD_OK) {
+                n_fail++;
+                CHECK(e.msg[0] != 0);
+            }
+        }
+        if (!done_h) {
+            alloc_fail_at(n);
+            int rc = convert_model(src, tmp_path("fi_hf"), &oh, &e);
+            long failed = alloc_failed_count();
+            alloc_fail_at(0);
+            if (rc == WELD_OK && failed == 0) {
+                done_h = 1;
+            } else if (rc != WELD_OK) {
+                n_fail++;
+                CHECK(e.msg[0] != 0);
+            }
+        }
+    }
+    CHECK(done_q && done_h);
+    CHECK(n_fail > 10);
+}
+
 int main(void)
 {
     RUN(stories_gguf_hf_gguf);
@@ -422,5 +461,6 @@ int main(void)
     RUN(hf_to_hf_f16);
     RUN(mkmodel_hf_to_gguf_matches);
     RUN(bad_inputs);
+    RUN(alloc_failures);
     return test_summary();
 }
