@@ -30,6 +30,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -380,6 +381,32 @@ static int hf_to_gguf_tensor(const struct st_tensor *s, const struct model_confi
     return cv_check(t, s->nbytes, where, e);
 }
 
+/* llama.cpp's tensor order: token_embd, blk.0 .. blk.N (numerically), output_norm, output;
+   within a layer by name. Keeps a layer's weights together in the file. */
+static int gguf_order_key(const char *name, long *layer)
+{
+    *layer = 0;
+    if (!strncmp(name, "token_embd.", 11))
+        return 0;
+    if (sscanf(name, "blk.%ld.", layer) == 1)
+        return 1;
+    if (!strncmp(name, "output_norm.", 12))
+        return 2;
+    return 3;
+}
+
+static int gguf_order_cmp(const void *pa, const void *pb)
+{
+    const struct cv_tensor *a = pa, *b = pb;
+    long la, lb;
+    int ga = gguf_order_key(a->name, &la), gb = gguf_order_key(b->name, &lb);
+    if (ga != gb)
+        return ga - gb;
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
 static int gguf_add_all(struct gguf_writer *w, struct cv_job *job, struct weld_err *e)
 {
     for (int i = 0; i < job->n; i++) {
@@ -461,6 +488,8 @@ static int hf_to_gguf(const char *in, const char *out, const struct convert_opts
     for (int i = 0; i < s->n_tensors; i++)
         if ((rc = hf_to_gguf_tensor(&s->tensors[i], &c, o->dtype, &job, in, e)))
             goto out;
+    if (job.n)
+        qsort(job.t, (size_t)job.n, sizeof *job.t, gguf_order_cmp);
     if (c.rope_scaling == ROPE_SCALING_LLAMA3) {
         int64_t ne[1] = {c.rope_dim / 2};
         freqs = wcalloc((size_t)c.rope_dim / 2 + 1, sizeof *freqs);
