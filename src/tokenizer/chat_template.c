@@ -50,10 +50,18 @@ int chat_template_parse(struct chat_template **out, const char *src, size_t len,
         wfree(t);
         return err_set(e, WELD_ERR_NOMEM, "chat template: out of memory (%zu bytes)", len);
     }
-    if (len)
-        memcpy(t->src, src, len);
-    t->src[len] = '\0';
-    t->len = len;
+    size_t n = 0; /* jinja2 normalises \r\n and \r to \n before lexing */
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            t->src[n++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n')
+                i++;
+        } else {
+            t->src[n++] = src[i];
+        }
+    }
+    t->src[n] = '\0';
+    t->len = n;
     struct jinja_fail fail = {.e = e};
     t->arena.fail = &fail;
     int rc = setjmp(fail.jb);

@@ -11,7 +11,9 @@
  *     (not for "{%+" and not for "{{");
  *   - trim_blocks: one newline right after "%}" or "#}" is dropped (not after "+%}");
  *   - a single trailing newline of the whole template is dropped (keep_trailing_newline
- *     is False in jinja2).
+ *     is False in jinja2);
+ *   - "whitespace" is Python's \s (Unicode), and lstrip_blocks strips it except newlines.
+ * The caller has already turned \r\n and \r into \n, as jinja2 does with the source.
  * Comments produce no tokens. {% raw %}...{% endraw %} becomes one text token.
  * Inside tags the lexer emits names, numbers, string literals (unescaped as Python does
  * for \n \t \r \\ \' \" \xHH \uHHHH \UHHHHHHHH) and operators. A "}}" only closes a
@@ -19,6 +21,7 @@
  * Every token carries its 1-based line and column for error messages.
  */
 #include "tokenizer/jinja.h"
+#include "tokenizer/jinja_strings.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -88,25 +91,40 @@ static bool is_ws(char ch)
 }
 
 /* Emit the text [start, end), applying the pending trims and the strip before tag_kind. */
+/* Start of the whitespace run (Python's \s, or [^\S\n] when !newlines) ending at e. */
+static size_t ws_run_start(struct jinja_str t, size_t e, bool newlines)
+{
+    while (e > 0) {
+        size_t p = e - 1;
+        while (p > 0 && ((unsigned char)t.s[p] & 0xC0) == 0x80)
+            p--;
+        int32_t cp;
+        if (jstr_next(t, p, &cp) != e || !jstr_is_space(cp) || (!newlines && cp == '\n'))
+            break;
+        e = p;
+    }
+    return e;
+}
+
+/* Emit the text [start, end), applying the pending trims and the strip before tag_kind. */
 static void lex_text(struct lexer *L, size_t start, size_t end, char tag_kind, char tag_mod)
 {
+    struct jinja_str src = {L->src, L->len};
     size_t s = start, e = end;
     if (L->strip_next_text) {
-        while (s < e && is_ws(L->src[s]))
-            s++;
+        s = (size_t)(jstr_strip((struct jinja_str){L->src + s, e - s}, NULL, true, false).s - L->src);
     } else if (L->trim_newline && s < e && L->src[s] == '\n') {
         s++;
-    } else if (L->trim_newline && s + 1 < e && L->src[s] == '\r' && L->src[s + 1] == '\n') {
-        s += 2;
     }
     L->strip_next_text = L->trim_newline = false;
     if (tag_mod == '-') {
-        while (e > s && is_ws(L->src[e - 1]))
-            e--;
+        e = ws_run_start((struct jinja_str){L->src, e}, e, true);
+        if (e < s)
+            e = s;
     } else if ((tag_kind == '%' || tag_kind == '#') && tag_mod != '+') {
-        size_t p = e;
-        while (p > start && (L->src[p - 1] == ' ' || L->src[p - 1] == '\t'))
-            p--;
+        size_t p = ws_run_start(src, e, false); /* lstrip_blocks: only from a line start */
+        if (p < start)
+            p = start;
         if ((p == 0 || L->src[p - 1] == '\n') && p >= s)
             e = p;
     }
