@@ -22,7 +22,10 @@
  * (rendered as plain body), expressions (literals, lists, tuples, dicts, attribute/item
  * access, slices, calls, filters, tests, arithmetic, comparisons, in, and/or/not, ~,
  * conditional expressions) and the filters, tests and str/list/dict methods real templates
- * use. Not supported: include/extends/import, call blocks, filter blocks, autoescape.
+ * use. Not supported: include/extends/import, call blocks, filter blocks, recursive loops,
+ * autoescape, str.format, integers beyond 64 bits (an error, not a bigint), macros closing
+ * over loop variables. Markup is modelled only as far as templates use it ('x'|safe + y
+ * escapes y).
  *
  * Limits (struct chat_template_opts) bound output size, evaluation steps, recursion depth
  * and memory so that no template can hang or exhaust the process; exceeding one returns

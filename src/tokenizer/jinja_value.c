@@ -7,9 +7,11 @@
  *
  * Values (struct jinja_value) mirror the Python objects jinja2 would see: Undefined, None,
  * bool, int (int64; overflow is an error, not a wrap), float, str (UTF-8 bytes), list,
- * tuple, dict (string keys only, insertion ordered, linear lookup: template dicts are
- * small), namespace, macro, function, loop. Lists and dicts are mutable and shared by
- * reference, as in Python. None/True/False are static singletons.
+ * tuple, dict (str or int keys, an int key kept as its decimal text plus a flag; insertion
+ * ordered; linear lookup, charged as work since template dicts are small), namespace,
+ * macro, function, loop. A str may carry `safe` (jinja2 Markup, from |safe or |escape).
+ * Containers are shared by reference, as in Python; only namespaces are ever mutated after
+ * construction. None/True/False are static singletons and never written.
  *
  * Printing follows Python: str() for {{ }} and ~ (True, None, 1.0, ['a', 1], {'k': 'v'}),
  * repr() inside containers; tojson follows json.dumps(ensure_ascii=False).
