@@ -603,6 +603,44 @@ TEST(mkmodel_outputs_load)
     }
 }
 
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* A hand-made byte-level tokenizer: special ids from config.json, the template from
+   chat_template.json, the pre-tokenizer from the caller's hint (no Split to recognise). */
+TEST(tokmeta_fallback_files)
+{
+    struct weld_err e = {0};
+    const char *dir = tmp_path("handmade_tok");
+    REQUIRE(mkmodel_make_dir(dir, &e) == WELD_OK);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    write_text(p, "{\"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", \"special\": true}],"
+                  " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
+                  " \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}}");
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    write_text(p, "{\"bos_token_id\": 3, \"eos_token_id\": [3, 1]}");
+    snprintf(p, sizeof p, "%s/chat_template.json", dir);
+    write_text(p, "{\"chat_template\": \"{{ messages }}\"}");
+    struct tokmeta *t = NULL;
+    CHECK_EQ_INT(tokmeta_from_hf(&t, dir, NULL, 0, &e), WELD_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "pre_tokenizer") != NULL);
+    REQUIRE(tokmeta_from_hf(&t, dir, "qwen2", 0, &e) == WELD_OK);
+    CHECK_EQ_INT(t->n_tokens, 4);
+    CHECK_EQ_INT(t->n_merges, 1);
+    CHECK_EQ_INT(t->types[3], TOKMETA_CONTROL);
+    CHECK_EQ_INT(t->bos, 3);
+    CHECK_EQ_INT(t->eos, 3);
+    CHECK_EQ_STR(t->chat_template, "{{ messages }}");
+    tokmeta_free(t);
+}
+
 int main(void)
 {
     RUN(tokmeta_llama2);
@@ -611,6 +649,7 @@ int main(void)
     RUN(tokmeta_deepseek_v3);
     RUN(tokmeta_pre_hint);
     RUN(tokmeta_bad_files);
+    RUN(tokmeta_fallback_files);
     RUN(tokmeta_hf_round_trip);
     RUN(tokmeta_llama_merges_from_scores);
     RUN(tokmeta_gguf_round_trip);

@@ -167,6 +167,7 @@ int tokmeta_effective_add_bos(const struct tokmeta *t)
 struct hf_ctx {
     const char *where;       /* tokenizer.json path, for messages */
     json_t *tok, *cfg, *gen; /* tokenizer.json, tokenizer_config.json, generation_config */
+    json_t *model_cfg;       /* config.json next to them (last fallback for special ids) */
     json_t *added;           /* tok.added_tokens (array) or NULL */
     struct strmap vocab;     /* text -> id over t->tokens */
 };
@@ -501,19 +502,24 @@ static void hf_specials(struct hf_ctx *c, struct tokmeta *t)
             t->add_space_prefix = json_is_true(v);
     }
     hf_post_processor(c, t);
-    if (c->gen) {
+    json_t *fallbacks[2] = {c->gen, c->model_cfg};
+    for (int i = 0; i < 2; i++) {
+        if (!fallbacks[i])
+            continue;
         if (t->bos < 0)
-            t->bos = json_first_id(json_object_get(c->gen, "bos_token_id"));
+            t->bos = json_first_id(json_object_get(fallbacks[i], "bos_token_id"));
         if (t->eos < 0)
-            t->eos = json_first_id(json_object_get(c->gen, "eos_token_id"));
+            t->eos = json_first_id(json_object_get(fallbacks[i], "eos_token_id"));
         if (t->pad < 0)
-            t->pad = json_first_id(json_object_get(c->gen, "pad_token_id"));
+            t->pad = json_first_id(json_object_get(fallbacks[i], "pad_token_id"));
     }
     int64_t *all[4] = {&t->bos, &t->eos, &t->unk, &t->pad};
     for (int i = 0; i < 4; i++)
         if (*all[i] >= t->n_tokens)
             *all[i] = -1;
 }
+
+static json_t *load_optional(const char *dir, const char *name, struct weld_err *e, int *rc);
 
 static int hf_chat_template(struct hf_ctx *c, struct tokmeta *t, const char *dir,
                             struct weld_err *e)
@@ -540,7 +546,15 @@ static int hf_chat_template(struct hf_ctx *c, struct tokmeta *t, const char *dir
     size_t len;
     if (file_read_all(path, &t->chat_template, &len, NULL) != WELD_OK)
         t->chat_template = NULL;
-    return WELD_OK;
+    if (t->chat_template)
+        return WELD_OK;
+    int rc;
+    json_t *j = load_optional(dir, "chat_template.json", e, &rc);
+    s = json_string_value(json_object_get(j, "chat_template"));
+    if (s && !(t->chat_template = wstrdup(s)))
+        rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
+    json_decref(j);
+    return rc;
 }
 
 static json_t *load_optional(const char *dir, const char *name, struct weld_err *e, int *rc)
@@ -591,6 +605,7 @@ static int hf_open(struct hf_ctx *c, const char *path, char *dir, size_t dir_cap
     c->gen = load_optional(dir, "generation_config.json", e, &rc);
     if (rc)
         return rc;
+    c->model_cfg = load_optional(dir, "config.json", NULL, &rc); /* a fallback: errors ignored */
     c->added = json_object_get(c->tok, "added_tokens");
     if (c->added && !json_is_array(c->added))
         return err_set(e, WELD_ERR_FORMAT, "%s: added_tokens is not an array", file);
@@ -692,6 +707,7 @@ out_json:
     json_decref(c.tok);
     json_decref(c.cfg);
     json_decref(c.gen);
+    json_decref(c.model_cfg);
     return rc;
 }
 
