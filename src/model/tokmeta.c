@@ -636,6 +636,26 @@ static int hf_kind(struct hf_ctx *c, json_t *model, int *llama, struct weld_err 
     return WELD_OK;
 }
 
+/* SentencePiece-style extras: the unknown token's type, scores, add_space_prefix. */
+static int hf_llama_finish(struct hf_ctx *c, struct tokmeta *t, json_t *model,
+                           struct weld_err *e)
+{
+    json_t *unk = json_object_get(model, "unk_token");
+    int64_t uid = json_is_string(unk) ? hf_token_entry_id(c, unk) : -1;
+    if (uid >= 0) {
+        t->types[uid] = TOKMETA_UNKNOWN;
+        t->unk = uid;
+    }
+    if (hf_llama_scores(t, &c->vocab))
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory", c->where);
+    if (t->add_space_prefix < 0) {
+        char *norm = json_dumps(json_object_get(c->tok, "normalizer"), JSON_COMPACT);
+        t->add_space_prefix = norm && strstr(norm, "\"Prepend\"") ? 1 : 0;
+        free(norm);
+    }
+    return WELD_OK;
+}
+
 int tokmeta_from_hf(struct tokmeta **out, const char *path, const char *pre_hint,
                     int64_t n_vocab_min, struct weld_err *e)
 {
@@ -679,24 +699,8 @@ int tokmeta_from_hf(struct tokmeta **out, const char *path, const char *pre_hint
     if ((rc = hf_merges(&c, t, json_object_get(model, "merges"), e)))
         goto out_t;
     hf_specials(&c, t);
-    if (llama) {
-        json_t *unk = json_object_get(model, "unk_token");
-        int64_t uid = json_is_string(unk) ? hf_token_entry_id(&c, unk) : -1;
-        if (uid >= 0) {
-            t->types[uid] = TOKMETA_UNKNOWN;
-            t->unk = uid;
-        }
-        if (hf_llama_scores(t, &c.vocab)) {
-            rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory", file);
-            goto out_t;
-        }
-        if (t->add_space_prefix < 0) {
-            char *norm = json_dumps(json_object_get(c.tok, "normalizer"), JSON_COMPACT);
-            t->add_space_prefix = norm && strstr(norm, "\"Prepend\"") ? 1 : 0;
-            free(norm);
-        }
-    }
-    if ((rc = hf_chat_template(&c, t, dir, e)))
+    if ((llama && (rc = hf_llama_finish(&c, t, model, e))) ||
+        (rc = hf_chat_template(&c, t, dir, e)))
         goto out_t;
     *out = t;
     t = NULL;
