@@ -12,3 +12,18 @@ if(WELD_NODE AND TARGET test_tokenizer_parity)
   set_tests_properties(test_tokenizer_parity PROPERTIES FIXTURES_REQUIRED tokenizer_ref
     ENVIRONMENT "WELD_NODE_DIR=${CMAKE_CURRENT_SOURCE_DIR}/node;WELD_TOKENIZER_REF=${CMAKE_CURRENT_BINARY_DIR}/tokenizer_ref/tokenizer_ref.json")
 endif()
+
+# `weld tokenize` end to end: stories260K ids as llama.cpp's llama-tokenize prints them.
+set(weld_tok_model ${CMAKE_SOURCE_DIR}/../shared/models/stories260K.gguf)
+if(EXISTS ${weld_tok_model})
+  add_test(NAME cli_tokenize_stories260k
+           COMMAND weld tokenize -m ${weld_tok_model} "Once upon a time")
+  set_tests_properties(cli_tokenize_stories260k PROPERTIES
+                       PASS_REGULAR_EXPRESSION "^1 403 407 261 378\n$")
+  add_test(NAME cli_tokenize_pieces
+           COMMAND weld tokenize -m ${weld_tok_model} --no-special --show-pieces "Once upon")
+  set_tests_properties(cli_tokenize_pieces PROPERTIES
+                       PASS_REGULAR_EXPRESSION "^403\tOnce\n407\t upon\n$")
+endif()
+add_test(NAME cli_tokenize_usage COMMAND weld tokenize "text without a model")
+set_tests_properties(cli_tokenize_usage PROPERTIES WILL_FAIL TRUE)
