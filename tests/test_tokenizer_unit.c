@@ -13,6 +13,8 @@
 #include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
+#include <time.h>
+
 static const char *node_dir(void)
 {
     static char buf[4096];
@@ -369,10 +371,11 @@ TEST(stream_holds_partial_chars)
     REQUIRE(d);
     char buf[16];
     CHECK_EQ_INT(detok_push(d, c3, buf, sizeof buf), 0);
-    size_t k = detok_push(d, a9, buf, sizeof buf);
-    CHECK(k == 2 && memcmp(buf, "\xC3\xA9", 2) == 0);
-    k = detok_push(d, x, buf, sizeof buf);
-    CHECK(k == 2 && memcmp(buf, " x", 2) == 0);
+    /* a run of byte tokens is held until it ends: a later invalid byte would turn the
+       whole run into U+FFFD in the full decode */
+    CHECK_EQ_INT(detok_push(d, a9, buf, sizeof buf), 0);
+    size_t k = detok_push(d, x, buf, sizeof buf);
+    CHECK(k == 4 && memcmp(buf, "\xC3\xA9 x", 4) == 0);
     /* a lone lead byte comes out as U+FFFD only at flush */
     CHECK_EQ_INT(detok_push(d, c3, buf, sizeof buf), 0);
     k = detok_flush(d, buf, sizeof buf);
@@ -538,6 +541,117 @@ TEST(alloc_failures)
     CHECK(ok > 0);
 }
 
+/* Streaming random id sequences (byte tokens, partial characters, specials, ids out of
+   range) must always concatenate to the full decode. */
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static void stream_random(const struct tokenizer *t, const char *name)
+{
+    int n_vocab = tokenizer_n_vocab(t), bad = 0;
+    int32_t ids[48];
+    for (int iter = 0; iter < 300; iter++) {
+        size_t n = 1 + rnd() % 40;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t r = rnd() % 10;
+            if (r < 4) /* byte tokens of both alphabets: the first 512 ids hold most */
+                ids[i] = (int32_t)(rnd() % (n_vocab < 512 ? n_vocab : 512));
+            else if (r < 9)
+                ids[i] = (int32_t)(rnd() % n_vocab);
+            else
+                ids[i] = r % 2 ? -3 : n_vocab + 5;
+        }
+        for (int skip = 0; skip < 2; skip++) {
+            char *want = NULL, buf[5], got[8192];
+            size_t wn = 0, gn = 0;
+            struct weld_err e = {0};
+            CHECK(tokenizer_decode(t, ids, n, skip, &want, &wn, &e) == WELD_OK);
+            struct detok *d = detok_create(t, skip);
+            REQUIRE(d && want);
+            for (size_t i = 0; i <= n; i++) {
+                for (int first = 1;; first = 0) {
+                    size_t k = i < n ? detok_push(d, first ? ids[i] : -1, buf, sizeof buf)
+                                     : detok_flush(d, buf, sizeof buf);
+                    if (!k)
+                        break;
+                    if (gn + k <= sizeof got)
+                        memcpy(got + gn, buf, k);
+                    gn += k;
+                }
+            }
+            if (gn != wn || memcmp(got, want, wn) != 0) {
+                if (bad++ < 3)
+                    fprintf(stderr, "%s: stream != decode (iter %d skip %d): \"%.*s\" vs "
+                            "\"%.*s\"\n", name, iter, skip, (int)(gn < 200 ? gn : 200), got,
+                            (int)(wn < 200 ? wn : 200), want);
+            }
+            detok_free(d);
+            wfree(want);
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
+TEST(stream_random_ids)
+{
+    const char *names[] = {"llama2", "llama3", "qwen3", "deepseek_v3"};
+    for (int i = 0; i < 4; i++) {
+        struct weld_err e = {0};
+        struct tokenizer *t = NULL;
+        REQUIRE(tokenizer_load_hf(&t, model_dir(names[i]), &e) == WELD_OK);
+        stream_random(t, names[i]);
+        tokenizer_free(t);
+    }
+    const char *path = test_shared_path("models/stories260K.gguf");
+    struct gguf_file *f = NULL;
+    struct tokenizer *t = NULL;
+    struct weld_err e = {0};
+    REQUIRE(path && gguf_open(&f, path, &e) == WELD_OK);
+    REQUIRE(tokenizer_load_gguf(&t, f, &e) == WELD_OK);
+    stream_random(t, "stories260K");
+    tokenizer_free(t);
+    gguf_close(f);
+}
+
+/* A long text is one BPE word for the SentencePiece-style tokenizer (no pre-tokenizer):
+   the heap-based merge keeps that O(n log n). Checks it stays fast and round-trips. */
+TEST(long_text)
+{
+    struct weld_err e = {0};
+    struct tokenizer *t = NULL;
+    REQUIRE(tokenizer_load_hf(&t, model_dir("llama2"), &e) == WELD_OK);
+    size_t n = 400000;
+    char *s = wmalloc(n + 1);
+    REQUIRE(s);
+    const char *words[] = {"the ", "quick ", "日本 ", "brown\n", "fox's ", "😀 ", "12345 "};
+    size_t k = 0;
+    for (uint32_t i = 0; k + 16 < n; i++) {
+        const char *w = words[rnd() % 7];
+        memcpy(s + k, w, strlen(w));
+        k += strlen(w);
+    }
+    s[k] = 0;
+    int32_t *ids = NULL;
+    size_t ni = 0, len = 0;
+    char *out = NULL;
+    time_t t0 = time(NULL);
+    CHECK(tokenizer_encode(t, s, k, false, true, &ids, &ni, &e) == WELD_OK);
+    CHECK(ni > k / 8);
+    CHECK(tokenizer_decode(t, ids, ni, false, &out, &len, &e) == WELD_OK);
+    CHECK(out && len == k && memcmp(out, s, k) == 0);
+    CHECK(time(NULL) - t0 < 30);
+    wfree(ids);
+    wfree(out);
+    wfree(s);
+    tokenizer_free(t);
+}
+
 int main(void)
 {
     RUN(stories260k_matches_llama_cpp);
@@ -550,5 +664,7 @@ int main(void)
     RUN(bad_tokenizer_json);
     RUN(bad_gguf);
     RUN(alloc_failures);
+    RUN(stream_random_ids);
+    RUN(long_text);
     return test_summary();
 }

@@ -19,6 +19,10 @@
  * prefix is new text; the window then drops its first prefix_index ids, so it stays a few
  * tokens long and every step costs O(window). Text that did not fit the caller's buffer
  * waits in `pending`.
+ * One rule beyond HF: with a ByteFallback decoder, nothing is emitted while the window ends
+ * in a <0xXX> token, because ByteFallback decodes a whole run of byte tokens at once and a
+ * later invalid byte turns the entire run (even bytes that were valid ASCII) into U+FFFD;
+ * HF's DecodeStream errors out there (InvalidPrefix), weld waits for the run to end.
  */
 #include "tokenizer/tok_internal.h"
 
@@ -287,7 +291,16 @@ struct detok {
     struct tok_buf pending;  /* new text not yet handed out */
     size_t pending_off;
     bool failed;             /* out of memory: the stream stops producing */
+    bool byte_runs;          /* the decoder has ByteFallback */
 };
+
+static bool is_byte_token(const struct tokenizer *t, int32_t id)
+{
+    if (id < 0 || id >= t->n_vocab || !t->vocab[id].s || t->vocab[id].len != 6)
+        return false;
+    const char *s = t->vocab[id].s;
+    return memcmp(s, "<0x", 3) == 0 && s[5] == '>' && hexval(s[3]) >= 0 && hexval(s[4]) >= 0;
+}
 
 struct detok *detok_create(const struct tokenizer *t, bool skip_special)
 {
@@ -296,6 +309,9 @@ struct detok *detok_create(const struct tokenizer *t, bool skip_special)
         return NULL;
     d->t = t;
     d->skip_special = skip_special;
+    for (int i = 0; i < t->n_decs; i++)
+        if (t->decs[i].kind == TOK_DEC_BYTEFALLBACK)
+            d->byte_runs = true;
     return d;
 }
 
@@ -329,6 +345,8 @@ static size_t drain(struct detok *d, char *out, size_t cap)
 static void step(struct detok *d, bool final)
 {
     struct tok_buf s = {0};
+    if (!final && d->byte_runs && d->ids.n && is_byte_token(d->t, d->ids.v[d->ids.n - 1]))
+        return;
     if (decode_into(d->t, d->ids.v, d->ids.n, d->skip_special, &s)) {
         d->failed = true;
         goto out;
