@@ -109,6 +109,59 @@ TEST(stories260k_matches_llama_cpp)
     gguf_close(f);
 }
 
+/* tests/data/tokenizer_stories260k_llamacpp.jsonl: the tricky cases tokenized by llama.cpp
+   (81ff7abe) llama-tokenize -m stories260K.gguf -f FILE --ids --no-escape
+   [--no-parse-special]. */
+static bool json_ids_equal(const json_t *a, const int32_t *ids, size_t n)
+{
+    if (json_array_size(a) != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (json_integer_value(json_array_get(a, i)) != ids[i])
+            return false;
+    return true;
+}
+
+TEST(stories260k_corpus_matches_llama_cpp)
+{
+    const char *path = test_shared_path("models/stories260K.gguf");
+    REQUIRE(path);
+    char ref[4200];
+    snprintf(ref, sizeof ref, "%s/tests/data/tokenizer_stories260k_llamacpp.jsonl",
+             WELD_SOURCE_DIR);
+    struct gguf_file *f = NULL;
+    struct tokenizer *t = NULL;
+    struct weld_err e = {0};
+    char *buf = NULL;
+    size_t len = 0;
+    REQUIRE(gguf_open(&f, path, &e) == WELD_OK);
+    REQUIRE(tokenizer_load_gguf(&t, f, &e) == WELD_OK);
+    REQUIRE(file_read_all(ref, &buf, &len, &e) == WELD_OK);
+    int n = 0, bad = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        const json_t *tx = json_object_get(o, "text");
+        REQUIRE(json_is_string(tx));
+        for (int ps = 0; ps < 2; ps++) {
+            int32_t *ids = NULL;
+            size_t ni = 0;
+            CHECK(tokenizer_encode(t, json_string_value(tx), json_string_length(tx), true, ps,
+                                   &ids, &ni, &e) == WELD_OK);
+            if (!json_ids_equal(json_object_get(o, ps ? "ids" : "ids_no_parse_special"), ids,
+                                ni) && bad++ < 5)
+                fprintf(stderr, "  llama.cpp differs (parse_special=%d): %s\n", ps, line);
+            wfree(ids);
+        }
+        n++;
+        json_decref(o);
+    }
+    CHECK(n >= 150);
+    CHECK_EQ_INT(bad, 0);
+    wfree(buf);
+    tokenizer_free(t);
+    gguf_close(f);
+}
+
 /* Write a GGUF "gpt2" tokenizer from a tokenizer.json the way convert_hf_to_gguf does. */
 static int write_gguf_from_json(const char *json_path, const char *pre, const char *out,
                                 struct weld_err *e)
@@ -655,6 +708,7 @@ TEST(long_text)
 int main(void)
 {
     RUN(stories260k_matches_llama_cpp);
+    RUN(stories260k_corpus_matches_llama_cpp);
     RUN(gguf_gpt2_llama3);
     RUN(gguf_gpt2_qwen3);
     RUN(gguf_gpt2_deepseek_v3);
