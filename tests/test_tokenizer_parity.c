@@ -3,7 +3,7 @@
  *
  * Reads the reference file written by tests/node/tokenizer_ref.js (path from
  * $WELD_TOKENIZER_REF, else tokenizer_ref/tokenizer_ref.json in the working directory):
- * ~2,200 strings and, for four real tokenizers (Llama 2/Mistral SentencePiece-style BPE,
+ * ~2,600 strings and, for four real tokenizers (Llama 2/Mistral SentencePiece-style BPE,
  * Llama 3, Qwen 3, DeepSeek V3), HF's ids with and without special tokens and HF's decode
  * of the ids with and without skip_special_tokens. Each tokenizer.json is loaded on its
  * own (tokenizer_load_hf_json_buf: exactly what the Rust library sees) and must give the

@@ -19,37 +19,6 @@
 #include <string.h>
 #include <utf8proc.h>
 
-const char tok_re_gpt2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-const char tok_re_llama3[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-const char tok_re_qwen2[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-const char tok_re_dsv3_digits[] = "\\p{N}{1,3}";
-const char tok_re_dsv3_cjk[] = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+";
-const char tok_re_dsv3_main[] =
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}"
-    "\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
-
-pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *errbuf,
-                              size_t errcap)
-{
-    int ec;
-    PCRE2_SIZE eo;
-    uint32_t opt = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opt, &ec, &eo, NULL);
-    if (!re) {
-        char msg[256];
-        pcre2_get_error_message(ec, (PCRE2_UCHAR *)msg, sizeof msg);
-        snprintf(errbuf, errcap, "bad regex at offset %zu: %s", (size_t)eo, msg);
-        return NULL;
-    }
-    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter on error */
-    return re;
-}
-
 /* Non-empty matches of re in s[0..n): appends (start, end) pairs to m. */
 static int regex_matches(const pcre2_code *re, const char *s, size_t n, struct tok_spans *m)
 {

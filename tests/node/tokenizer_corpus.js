@@ -86,6 +86,29 @@ function randomCodepoints(rnd) {
   return s;
 }
 
+// Adversarial strings: rare white space and format characters, combining marks, Hangul
+// jamo, case-folding oddities and code points from every plane up to U+2FFFF (assigned in
+// newer Unicode versions or not at all), where regex engines' Unicode tables disagree.
+const RARE = [' ', '  ', '\t', '\n', '\r\n', '\u00a0', '\u180e', '\ufeff', '\u2028', '\u3000',
+  '\u200b', '\u0301', '\u0308', '\u1161', '\u11a8', '\u3099', '\u309a', "'", 's', "'S", "'ll",
+  '0', '٣', 'Ⅻ', 'ǅ', 'İ', 'ß', 'ﬃ', 'ᾼ', '\u0345'];
+
+function adversarial(rnd) {
+  let s = '';
+  const n = 1 + Math.floor(rnd() * 15);
+  for (let k = 0; k < n; k++) {
+    const x = rnd();
+    let cp;
+    if (x < 0.4) { s += RARE[Math.floor(rnd() * RARE.length)]; continue; }
+    if (x < 0.7) cp = Math.floor(rnd() * 0x30000);
+    else if (x < 0.85) cp = 0x1100 + Math.floor(rnd() * 0x200);
+    else cp = 0xac00 + Math.floor(rnd() * 0x2c00);
+    if (cp >= 0xd800 && cp < 0xe000) cp = 0x41;
+    s += String.fromCodePoint(cp);
+  }
+  return s;
+}
+
 function corpus() {
   const file = path.join(__dirname, '..', 'data', 'tokenizer_cases.jsonl');
   const out = fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.length).map((l) => JSON.parse(l));
@@ -93,6 +116,12 @@ function corpus() {
   for (let i = 0; i < 1800; i++) out.push(genString(rnd));
   for (let i = 0; i < 250; i++) out.push(randomCodepoints(rnd));
   for (let i = 0; i < 20; i++) out.push(genString(rnd).repeat(20)); // long texts
+  for (let i = 0; i < 400; i++) out.push(adversarial(rnd));
+  // Soak testing: WELD_TOK_CORPUS_EXTRA=N appends N more strings from a second seed
+  // (WELD_TOK_CORPUS_SEED); the committed test runs without it.
+  const extra = parseInt(process.env.WELD_TOK_CORPUS_EXTRA || '0', 10);
+  const rnd2 = mulberry32(parseInt(process.env.WELD_TOK_CORPUS_SEED || '7', 10));
+  for (let i = 0; i < extra; i++) out.push(i % 8 === 7 ? randomCodepoints(rnd2) : genString(rnd2));
   return out;
 }
 
