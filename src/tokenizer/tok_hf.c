@@ -313,7 +313,7 @@ static int load_normalizer(struct hf *h, const json_t *n)
             return fmt_err(h, "normalizer.prepend", "must be a string");
         nm->kind = TOK_NORM_PREPEND;
         nm->alen = json_string_length(p);
-        if (!(nm->a = wstrndup(json_string_value(p), nm->alen)))
+        if (!(nm->a = tok_memdup(json_string_value(p), nm->alen)))
             return nomem(h);
     } else if (!strcmp(type, "Replace")) {
         const char *pat;
@@ -326,12 +326,12 @@ static int load_normalizer(struct hf *h, const json_t *n)
             return fmt_err(h, "normalizer.content", "must be a string");
         nm->kind = TOK_NORM_REPLACE;
         nm->blen = json_string_length(c);
-        if (!(nm->b = wstrndup(json_string_value(c), nm->blen)))
+        if (!(nm->b = tok_memdup(json_string_value(c), nm->blen)))
             return nomem(h);
         if (is_re && compile(h, "normalizer", pat, pl, false, &nm->re))
             return WELD_ERR_FORMAT;
         nm->alen = pl;
-        if (!is_re && !(nm->a = wstrndup(pat, pl)))
+        if (!is_re && !(nm->a = tok_memdup(pat, pl)))
             return nomem(h);
     } else if (!strcmp(type, "Lowercase")) {
         nm->kind = TOK_NORM_LOWERCASE;
@@ -591,7 +591,7 @@ static int load_decoder(struct hf *h, const json_t *d)
         dc->kind = TOK_DEC_REPLACE;
         dc->alen = pl;
         dc->blen = json_string_length(c);
-        if (!(dc->a = wstrndup(pat, pl)) || !(dc->b = wstrndup(json_string_value(c), dc->blen)))
+        if (!(dc->a = tok_memdup(pat, pl)) || !(dc->b = tok_memdup(json_string_value(c), dc->blen)))
             return nomem(h);
     } else if (!strcmp(type, "Metaspace")) {
         char r[8];
@@ -601,7 +601,7 @@ static int load_decoder(struct hf *h, const json_t *d)
         dc->kind = TOK_DEC_METASPACE;
         dc->prepend = parse_prepend(d);
         dc->alen = rl;
-        if (!(dc->a = wstrndup(r, rl)))
+        if (!(dc->a = tok_memdup(r, rl)))
             return nomem(h);
     } else {
         return unsupported(h, "decoder.type", type);

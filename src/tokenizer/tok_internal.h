@@ -171,6 +171,8 @@ struct tok_buf {
 };
 int tok_buf_put(struct tok_buf *b, const void *s, size_t n);
 int tok_buf_putc(struct tok_buf *b, char c);
+/* Copy exactly n bytes (NUL bytes included) plus a terminating NUL; NULL on no memory. */
+char *tok_memdup(const char *s, size_t n);
 /* Append s with invalid UTF-8 replaced the way Rust's String::from_utf8_lossy does. */
 int tok_buf_put_lossy(struct tok_buf *b, const char *s, size_t n);
 

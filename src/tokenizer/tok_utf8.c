@@ -157,6 +157,17 @@ int tok_buf_put(struct tok_buf *b, const void *s, size_t n)
     return WELD_OK;
 }
 
+char *tok_memdup(const char *s, size_t n)
+{
+    char *p = n < (size_t)-1 ? wmalloc(n + 1) : NULL;
+    if (!p)
+        return NULL;
+    if (n)
+        memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
 int tok_buf_putc(struct tok_buf *b, char c)
 {
     return tok_buf_put(b, &c, 1);

@@ -197,7 +197,7 @@ int tok_add_added(struct tokenizer *t, const struct tok_added *a)
     t->added = v;
     struct tok_added *n = &v[t->n_added];
     *n = *a;
-    n->text = wstrndup(a->text, a->len);
+    n->text = tok_memdup(a->text, a->len);
     if (!n->text)
         return WELD_ERR_NOMEM;
     t->n_added++;
