@@ -1,7 +1,7 @@
 # Tokenizer parity with Hugging Face: a node script (tests/node/tokenizer_ref.js) writes the
 # reference ids and decodes for the corpus into the build tree (fixture), then
-# test_tokenizer_parity compares weld against them. Skipped cleanly when node or the node
-# modules are missing (the C test then reports the missing file).
+# test_tokenizer_parity compares weld against them. Without node the fixture is not
+# registered and the C test fails, saying the reference file is missing and how to make it.
 find_program(WELD_NODE node)
 if(WELD_NODE AND TARGET test_tokenizer_parity)
   add_test(NAME tokenizer_ref_data
