@@ -1,0 +1,191 @@
+/*
+ * sched - the continuous-batching scheduler: which sequences run in each step, how many
+ * tokens each, and with which KV blocks.
+ *
+ * What it is. Plain C data structures with no model code. The scheduler owns a KV block
+ * manager (kv_manager.h) and a set of sequences; sched_step turns their state into a step
+ * plan (the entries of one forward pass plus the block copies to do before it); the
+ * engine runs the forward pass, calls sched_step_done, samples, and reports back with
+ * sched_append_token / sched_finish / sched_fork. One call sequence per step:
+ *
+ *   sched_step(s, &plan)          plan entries, copies, preempted and failed sequences
+ *   (copies, then forward pass over plan.entries)
+ *   sched_step_done(s)            the planned tokens are now computed (prefix cache fed)
+ *   for entries with sample: sample; sched_fork (n > 1) / sched_append_token / sched_finish
+ *
+ * Sequence. Its token list is prompt + generated so far; positions equal token indices.
+ * n_computed tokens have KV in its block table. States: WAITING (no blocks; new, or
+ * preempted and waiting to recompute), RUNNING (admitted, holds blocks), FAILED (can never
+ * fit; blocks released, the engine must finish it). A sequence is released by
+ * sched_finish or sched_abort, whatever its state; the pointer is invalid afterwards.
+ *
+ * Order. Both queues are kept sorted by the policy key: FCFS by arrival (the order of
+ * sched_add; a fork inherits its parent's), priority by (priority, arrival), lower first.
+ * A preempted sequence keeps its key, so under FCFS it goes back to the front of the
+ * waiting queue. The last running sequence in key order is the "newest" (lowest priority).
+ *
+ * A step, with budget = max_num_batched_tokens:
+ *   1. running sequences whose prompt is done decode one token each, in key order;
+ *   2. running sequences in the middle of their prefill continue with a chunk of
+ *      min(remaining, budget left) tokens;
+ *   3. if nothing was preempted in this step, waiting sequences are admitted in key order
+ *      while running < max_num_seqs and budget is left: a prefix-cache hit skips its full
+ *      blocks (never the whole token list), then a chunk of min(rest, budget left) tokens.
+ *      Admission stops at the first sequence whose chunk's blocks are not available (no
+ *      preemption for admission: head-of-line order is kept).
+ *   When a running sequence in 1-2 cannot get its blocks, the newest running sequence is
+ *   preempted by recompute (its blocks released to the prefix cache, n_computed reset, put
+ *   back in the waiting queue, its plan entry if any removed and its tokens refunded,
+ *   counted, logged with log_info) and the allocation is retried. If the sequence that
+ *   needs blocks is itself the newest, it is preempted; if it is the only running one, it
+ *   can never fit: it becomes FAILED and is listed in the plan's failed list.
+ * A step's total tokens never exceed max_num_batched_tokens, and a chunk never crosses
+ * max_model_len. An entry samples when its chunk reaches the end of the known tokens.
+ *
+ * Rejection. sched_add refuses (WELD_ERR_LIMIT, message naming the limit) a token list
+ * longer than max_model_len or needing more blocks than the whole pool.
+ *
+ * Deliberately not done: swapping to host memory, preemption for admission, speculative
+ * decoding slots, multi-step lookahead, fairness between sequences beyond the key order.
+ */
+#ifndef WELD_ENGINE_SCHED_H
+#define WELD_ENGINE_SCHED_H
+
+#include "core/err.h"
+#include "engine/kv_manager.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum sched_policy { SCHED_POLICY_FCFS = 0, SCHED_POLICY_PRIORITY };
+
+enum sched_state { SCHED_WAITING = 0, SCHED_RUNNING, SCHED_FAILED };
+
+struct sched_config {
+    struct kvm_config kv;       /* the block pool */
+    int max_num_batched_tokens; /* >= 1: tokens per step (default 2048) */
+    int max_num_seqs;           /* >= 1: running sequences (default 256) */
+    int max_model_len;          /* >= 1: tokens per sequence, prompt + generated */
+    enum sched_policy policy;
+};
+
+/* Read-only to callers; written by the scheduler. */
+struct sched_seq {
+    uint64_t id;            /* the caller's id, reported back unchanged */
+    void *user;             /* the caller's pointer (its request), never dereferenced */
+    int priority;           /* lower runs first under SCHED_POLICY_PRIORITY */
+    uint64_t arrival;       /* order of sched_add; forks inherit the parent's */
+    enum sched_state state;
+    int32_t *tokens;        /* (n_tokens) prompt then generated tokens */
+    int n_tokens;
+    int n_prompt;           /* tokens given to sched_add */
+    int n_computed;         /* == table.n_computed once stepped: tokens with KV */
+    int n_cached;           /* tokens served from the prefix cache at the first admission */
+    int n_preemptions;      /* times this sequence was preempted */
+    struct kvm_table table; /* its physical blocks */
+    /* private */
+    int cap_tokens;
+    int queue_index;        /* index in the running or waiting array, -1: none */
+    bool admitted_once;
+};
+
+struct sched_seq_params {
+    uint64_t id;
+    void *user;
+    int priority;
+    const int32_t *tokens;  /* (n_tokens) the prompt, copied; n_tokens >= 1 */
+    int n_tokens;
+    const void *cache_salt; /* optional (NULL/0): requests with different salts never share */
+    size_t cache_salt_len;
+};
+
+/* One sequence's work in a step: tokens[first, first + n_tokens) at positions first... */
+struct sched_entry {
+    struct sched_seq *seq;  /* NULL if the sequence was aborted after sched_step */
+    int first;              /* index of the first token == its position */
+    int n_tokens;           /* >= 1 */
+    bool sample;            /* first + n_tokens == seq->n_tokens: logits of the last token */
+    const int32_t *blocks;  /* (n_blocks) seq->table.blocks: covers the chunk */
+    int n_blocks;
+};
+
+/* Arrays owned by the scheduler, valid until the next sched_step (and seq->tokens only
+   until that sequence's next sched_append_token). */
+struct sched_plan {
+    struct sched_entry *entries; /* (n_entries) decodes first, then prefill chunks */
+    int n_entries;
+    int n_tokens;                /* sum of entries' n_tokens <= max_num_batched_tokens */
+    const struct kvm_copy *copies; /* (n_copies) block copies to do, in order, first */
+    int n_copies;
+    struct sched_seq **preempted; /* (n_preempted) sent back to WAITING in this step */
+    int n_preempted;
+    struct sched_seq **failed;   /* (n_failed) now FAILED: cannot fit even alone */
+    int n_failed;
+};
+
+struct sched_stats {
+    int n_running, n_waiting, n_failed;
+    uint64_t n_steps;
+    uint64_t n_preemptions;
+    uint64_t n_added, n_finished, n_aborted, n_rejected;
+    struct kvm_stats kv;
+};
+
+struct sched;
+
+/* max_num_batched_tokens 2048, max_num_seqs 256, max_model_len 2048, FCFS, kv defaults
+   (n_blocks still 0: must be set). */
+struct sched_config sched_config_default(void);
+int sched_config_check(const struct sched_config *c, struct weld_err *e);
+
+int sched_create(struct sched **out, const struct sched_config *c, struct weld_err *e);
+/* NULL-safe; releases every sequence still held. */
+void sched_free(struct sched *s);
+
+/* Queue a new sequence (WAITING). WELD_ERR_LIMIT naming the limit when its prompt can never
+   fit (longer than max_model_len, or more blocks than the pool); WELD_ERR_INVALID_ARG for
+   n_tokens < 1; WELD_ERR_NOMEM. *out stays valid until sched_finish/sched_abort. */
+int sched_add(struct sched *s, const struct sched_seq_params *p, struct sched_seq **out,
+              struct weld_err *e);
+
+/* Plan the next step (see the design above); plan may come back with no entries (nothing
+   runnable). Clears the manager's copy queue into the plan. Must not be called while a
+   previous plan awaits sched_step_done (WELD_ASSERT). */
+int sched_step(struct sched *s, struct sched_plan *plan, struct weld_err *e);
+
+/* The last plan's tokens are computed: advances n_computed and feeds the prefix cache. */
+int sched_step_done(struct sched *s, struct weld_err *e);
+
+/* Append a sampled token to a RUNNING sequence whose tokens are all computed. WELD_ERR_LIMIT
+   when it already holds max_model_len tokens (the engine should finish it with reason
+   "length" before that); WELD_ERR_INVALID_ARG in another state. */
+int sched_append_token(struct sched *s, struct sched_seq *seq, int32_t token,
+                       struct weld_err *e);
+
+/* n > 1: a new RUNNING sequence with parent's tokens, n_prompt, priority and arrival, sharing
+   all its blocks (copy-on-write). parent must be RUNNING with all tokens computed (right
+   after the step that sampled it, before appending its own token). May take running above
+   max_num_seqs. */
+int sched_fork(struct sched *s, struct sched_seq *parent, uint64_t id, void *user,
+               struct sched_seq **child, struct weld_err *e);
+
+/* Release a sequence: its blocks go to the prefix cache at once (last block first), the
+   struct is freed. sched_finish counts a finished sequence, sched_abort an aborted one;
+   either works in any state, and clears the sequence from a pending plan (entry->seq =
+   NULL). NULL-safe for seq. */
+void sched_finish(struct sched *s, struct sched_seq *seq);
+void sched_abort(struct sched *s, struct sched_seq *seq);
+
+struct kvm *sched_kvm(struct sched *s);
+const struct sched_config *sched_get_config(const struct sched *s);
+void sched_stats_get(const struct sched *s, struct sched_stats *st);
+/* Nothing waiting or running (failed sequences not yet finished count as work). */
+bool sched_idle(const struct sched *s);
+
+/* For tests: full invariant check (every block's refcount equals the number of tables
+   holding it, queue order and states, kvm_check). WELD_ERR_INTERNAL on the first
+   violation. */
+int sched_check(const struct sched *s, struct weld_err *e);
+
+#endif
