@@ -39,7 +39,7 @@ static float *run(const char *path, int *n_vocab)
     for (int i = 0; i < 12; i++)
         prompt[i] = (int32_t)((i * 37 + 5) % nv);
     struct batch_seq s = {.seq_id = 0, .tokens = prompt, .n_tokens = 12, .pos = 0};
-    struct batch b = {&s, 1};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
     for (int step = 0; step < 5 && out; step++) {
         if (runner_forward(r, &b, out + (size_t)step * nv, &e) != WELD_OK) {
             fprintf(stderr, "%s\n", e.msg);

@@ -293,8 +293,10 @@ static void rand_tokens(uint64_t seed, int32_t *t, int n, int vocab)
         t[i] = (int32_t)(rng_u64(&r) % (uint64_t)vocab);
 }
 
-/* Prompt of 9 (all logits) then 5 one-token decode steps vs the naive reference. */
-static void check_against_ref(const struct tspec *s, int wtype, uint64_t seed)
+/* Prompt of 9 (all logits) then 5 one-token decode steps vs the naive reference, with KV
+   entries stored as kvtype: max |diff| / max |logit| <= tol. */
+static void check_against_ref_kv(const struct tspec *s, int wtype, uint64_t seed, int kvtype,
+                                 double tol)
 {
     enum { P = 9, N = 14 };
     struct tmodel *tm = tm_build(s, wtype, seed);
@@ -306,13 +308,16 @@ static void check_against_ref(const struct tspec *s, int wtype, uint64_t seed)
     ref_forward(&tm->m, toks, N, want);
     struct runner *r = NULL;
     struct weld_err e = {0};
-    int rc = runner_create(&r, &tm->m, 2, 32, &e);
+    struct backend_params bp;
+    backend_params_init(&bp, 2, 32);
+    bp.kv_type = kvtype;
+    int rc = runner_create_ex(&r, &tm->m, &bp, &e);
     if (rc)
         fprintf(stderr, "runner_create: %s\n", e.msg);
     REQUIRE(rc == WELD_OK);
     struct batch_seq bs = {.seq_id = 1, .tokens = toks, .n_tokens = P, .pos = 0,
                            .all_logits = true};
-    struct batch b = {&bs, 1};
+    struct batch b = {.seqs = &bs, .n_seqs = 1};
     CHECK_EQ_INT(runner_forward(r, &b, got, &e), WELD_OK);
     for (int p = P; p < N; p++) {
         bs = (struct batch_seq){.seq_id = 1, .tokens = toks + p, .n_tokens = 1, .pos = p};
@@ -324,14 +329,21 @@ static void check_against_ref(const struct tspec *s, int wtype, uint64_t seed)
         max_ref = fmax(max_ref, fabs(want[i]));
         max_diff = fmax(max_diff, fabs(want[i] - got[i]));
     }
-    if (getenv("SHOWDIFF") || !(max_diff / max_ref <= 1e-4))
-        fprintf(stderr, "arch %s type %s: max diff %g / max %g\n", (s->arch == ARCH_LLAMA ? "llama" : s->arch == ARCH_QWEN2 ? "qwen2" : "qwen3"),
-                dtype_name(wtype), max_diff, max_ref);
+    if (getenv("SHOWDIFF") || !(max_diff / max_ref <= tol))
+        fprintf(stderr, "arch %s type %s kv %s: max diff %g / max %g\n",
+                (s->arch == ARCH_LLAMA ? "llama" : s->arch == ARCH_QWEN2 ? "qwen2" : "qwen3"),
+                dtype_name(wtype), dtype_name(kvtype), max_diff, max_ref);
     CHECK(max_ref > 0.1);
-    CHECK(max_diff / max_ref <= 1e-4);
+    CHECK(max_diff / max_ref <= tol);
     runner_free(r);
     free(want), free(got);
     tm_free(tm);
+}
+
+/* f32 KV: the forward pass itself, tight. */
+static void check_against_ref(const struct tspec *s, int wtype, uint64_t seed)
+{
+    check_against_ref_kv(s, wtype, seed, DT_F32, 1e-4);
 }
 
 TEST(llama_gqa_llama3_tied_f32) { check_against_ref(&spec_llama, DT_F32, 11); }
@@ -342,6 +354,12 @@ TEST(llama_f16) { check_against_ref(&spec_llama, DT_F16, 15); }
 TEST(qwen3_bf16) { check_against_ref(&spec_qwen3, DT_BF16, 16); }
 TEST(qwen2_q8_0) { check_against_ref(&spec_qwen2, DT_Q8_0, 17); }
 TEST(llama_neox_q8_0) { check_against_ref(&spec_llama_neox, DT_Q8_0, 18); }
+/* KV storage types against the exact reference, tolerances from their precision (f16: 11
+   bits of mantissa, bf16: 8, q8_0: 7 bits of a per-32 scale). */
+TEST(kv_f16_llama) { check_against_ref_kv(&spec_llama, DT_F32, 11, DT_F16, 1e-3); }
+TEST(kv_f16_qwen2) { check_against_ref_kv(&spec_qwen2, DT_F32, 13, DT_F16, 1e-3); }
+TEST(kv_bf16_qwen3) { check_against_ref_kv(&spec_qwen3, DT_F32, 14, DT_BF16, 5e-3); }
+TEST(kv_q8_0_qwen3) { check_against_ref_kv(&spec_qwen3, DT_F32, 14, DT_Q8_0, 1.5e-2); }
 
 /* ---- batch invariants (bit-identical) ------------------------------------------------ */
 
@@ -389,7 +407,7 @@ static int run_schedule(const struct model *m, const struct backend_params *bp,
                 break;
             continue;
         }
-        struct batch b = {bs, n};
+        struct batch b = {.seqs = bs, .n_seqs = n};
         if ((rc = runner_forward(r, &b, logits, &e)) != 0) {
             fprintf(stderr, "runner_forward: %s\n", e.msg);
             break;
@@ -490,8 +508,8 @@ TEST(last_logits_only)
     for (int mode = 0; mode < 2; mode++) {
         struct runner *r;
         REQUIRE(runner_create(&r, &tm->m, 4, 16, &e) == WELD_OK);
-        struct batch_seq bs[2] = {{3, a, 6, 0, mode == 0}, {1, b2, 3, 0, mode == 0}};
-        struct batch b = {bs, 2};
+        struct batch_seq bs[2] = {{3, a, 6, 0, mode == 0, NULL, 0}, {1, b2, 3, 0, mode == 0, NULL, 0}};
+        struct batch b = {.seqs = bs, .n_seqs = 2};
         CHECK_EQ_INT(batch_n_logit_rows(&b), mode == 0 ? 9 : 2);
         CHECK_EQ_INT(runner_forward(r, &b, mode == 0 ? all : last, &e), WELD_OK);
         runner_free(r);
@@ -513,17 +531,17 @@ TEST(rewind_and_drop)
     struct weld_err e;
     struct runner *r;
     REQUIRE(runner_create(&r, &tm->m, 2, 16, &e) == WELD_OK);
-    struct batch_seq bs = {0, t, 10, 0, true};
-    struct batch b = {&bs, 1};
+    struct batch_seq bs = {0, t, 10, 0, true, NULL, 0};
+    struct batch b = {.seqs = &bs, .n_seqs = 1};
     CHECK_EQ_INT(runner_forward(r, &b, l1, &e), WELD_OK);
-    bs = (struct batch_seq){0, t + 4, 6, 4, true}; /* redo positions 4..9 */
+    bs = (struct batch_seq){0, t + 4, 6, 4, true, NULL, 0}; /* redo positions 4..9 */
     CHECK_EQ_INT(runner_forward(r, &b, l2 + 4 * V, &e), WELD_OK);
     CHECK(memcmp(l1 + 4 * V, l2 + 4 * V, sizeof(float) * 6 * V) == 0);
     runner_drop_seq(r, 0);
     CHECK_EQ_INT(runner_seq_len(r, 0), 0);
-    bs = (struct batch_seq){0, t + 4, 1, 4, true}; /* gap after a drop */
+    bs = (struct batch_seq){0, t + 4, 1, 4, true, NULL, 0}; /* gap after a drop */
     CHECK_EQ_INT(runner_forward(r, &b, l2, &e), WELD_ERR_INVALID_ARG);
-    bs = (struct batch_seq){0, t, 10, 0, true};
+    bs = (struct batch_seq){0, t, 10, 0, true, NULL, 0};
     CHECK_EQ_INT(runner_forward(r, &b, l2, &e), WELD_OK);
     CHECK(memcmp(l1, l2, sizeof(float) * 10 * V) == 0);
     runner_free(r);
@@ -545,24 +563,24 @@ TEST(limits_and_bad_batches)
     REQUIRE(runner_create(&r, &tm->m, 2, 16, &e) == WELD_OK);
     CHECK_EQ_INT(runner_max_ctx(r), 16);
     CHECK_EQ_INT(runner_n_vocab(r), V);
-    struct batch_seq bs = {0, t, 17, 0, false};
-    struct batch b = {&bs, 1};
+    struct batch_seq bs = {0, t, 17, 0, false, NULL, 0};
+    struct batch b = {.seqs = &bs, .n_seqs = 1};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
     CHECK(strstr(e.msg, "max_ctx = 16") != NULL);
     bs.n_tokens = 16;
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
-    bs = (struct batch_seq){0, t, 1, 16, false}; /* position 16 == max_ctx */
+    bs = (struct batch_seq){0, t, 1, 16, false, NULL, 0}; /* position 16 == max_ctx */
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
-    bs = (struct batch_seq){2, t, 1, 0, false};  /* seq id out of range */
+    bs = (struct batch_seq){2, t, 1, 0, false, NULL, 0};  /* seq id out of range */
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
     int32_t bad = V;
-    bs = (struct batch_seq){1, &bad, 1, 0, false};
+    bs = (struct batch_seq){1, &bad, 1, 0, false, NULL, 0};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
     CHECK(strstr(e.msg, "vocabulary") != NULL);
-    struct batch_seq two[2] = {{1, t, 1, 0, false}, {1, t, 1, 0, false}};
-    struct batch b2 = {two, 2};
+    struct batch_seq two[2] = {{1, t, 1, 0, false, NULL, 0}, {1, t, 1, 0, false, NULL, 0}};
+    struct batch b2 = {.seqs = two, .n_seqs = 2};
     CHECK_EQ_INT(runner_forward(r, &b2, lg, &e), WELD_ERR_INVALID_ARG);
-    bs = (struct batch_seq){1, t, 0, 0, false};
+    bs = (struct batch_seq){1, t, 0, 0, false, NULL, 0};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
     b.n_seqs = 0;
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
@@ -584,25 +602,25 @@ TEST(kv_exhaustion_is_all_or_nothing)
     struct backend_params bp = {.max_seqs = 3, .max_ctx = 16, .kv_block_size = 4,
                                 .kv_blocks = 5};
     REQUIRE(runner_create_ex(&r, &tm->m, &bp, &e) == WELD_OK);
-    struct batch_seq bs[2] = {{0, t, 12, 0, false}, {1, t, 5, 0, false}}; /* 3 + 2 blocks */
-    struct batch b = {bs, 2};
+    struct batch_seq bs[2] = {{0, t, 12, 0, false, NULL, 0}, {1, t, 5, 0, false, NULL, 0}}; /* 3 + 2 blocks */
+    struct batch b = {.seqs = bs, .n_seqs = 2};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
-    bs[0] = (struct batch_seq){0, t + 12, 1, 12, false}; /* needs a 6th block */
-    bs[1] = (struct batch_seq){1, t + 5, 1, 5, false};
+    bs[0] = (struct batch_seq){0, t + 12, 1, 12, false, NULL, 0}; /* needs a 6th block */
+    bs[1] = (struct batch_seq){1, t + 5, 1, 5, false, NULL, 0};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
     CHECK(strstr(e.msg, "blocks") != NULL);
     CHECK_EQ_INT(runner_seq_len(r, 0), 12);
     CHECK_EQ_INT(runner_seq_len(r, 1), 5);
     /* the pool is full; seq 1 grows by a block while seq 0 (listed after it) rewinds and
        frees one: fits */
-    bs[0] = (struct batch_seq){1, t + 5, 4, 5, false};
-    bs[1] = (struct batch_seq){0, t + 4, 1, 4, false};
+    bs[0] = (struct batch_seq){1, t + 5, 4, 5, false, NULL, 0};
+    bs[1] = (struct batch_seq){0, t + 4, 1, 4, false, NULL, 0};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
     CHECK_EQ_INT(runner_seq_len(r, 0), 5);
     CHECK_EQ_INT(runner_seq_len(r, 1), 9);
     runner_drop_seq(r, 1);
-    bs[0] = (struct batch_seq){0, t + 5, 7, 5, false};
-    bs[1] = (struct batch_seq){1, t + 9, 1, 9, false};
+    bs[0] = (struct batch_seq){0, t + 5, 7, 5, false, NULL, 0};
+    bs[1] = (struct batch_seq){1, t + 9, 1, 9, false, NULL, 0};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG); /* seq 1 was dropped */
     b.n_seqs = 1;
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
@@ -691,8 +709,8 @@ TEST(allocation_failures)
         alloc_fail_at(n);
         int rc = runner_create(&r, &tm->m, 2, 8, &e);
         if (rc == WELD_OK) {
-            struct batch_seq bs = {1, t, 5, 0, true};
-            struct batch b = {&bs, 1};
+            struct batch_seq bs = {1, t, 5, 0, true, NULL, 0};
+            struct batch b = {.seqs = &bs, .n_seqs = 1};
             rc = runner_forward(r, &b, lg, &e);
             if (rc == WELD_OK)
                 saw_ok = alloc_failed_count() == 0;
@@ -719,21 +737,22 @@ TEST(ref_checks_schedule)
     struct program *p = NULL;
     void *state = NULL;
     int32_t toks[3] = {1, 2, 3};
-    int pos[3] = {0, 1, 2}, sid[1] = {0};
-    struct batch_seq bs = {0, toks, 3, 0, false};
-    struct batch b = {&bs, 1};
+    int pos[3] = {0, 1, 2};
+    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0};
+    struct batch b = {.seqs = &bs, .n_seqs = 1};
     struct kv_config kc = {.n_layer = tm->m.cfg.n_layer,
                            .kv_dim = tm->m.cfg.n_kv_head * tm->m.cfg.head_dim,
                            .max_seqs = 1, .max_ctx = 8, .type = DT_F32};
     REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
     REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
     REQUIRE(kv_seq_prepare(kv, 0, 0, 3, &e) == WELD_OK);
+    const int32_t *tables[1] = {kv->seqs[0].blocks};
     REQUIRE(program_build(&p, &tm->m.cfg, &b, 2, &e) == WELD_OK);
     REQUIRE(exec_ref_impl.create(&state, &tm->m.cfg, &e) == WELD_OK);
     float *arena = calloc(p->arena_floats, sizeof(float));
     float *logits = calloc((size_t)tm->m.cfg.n_vocab, sizeof(float));
     struct exec_step st = {.m = &tm->m, .w = w, .p = p, .kv = kv, .tokens = toks, .pos = pos,
-                           .seq_id = sid, .arena = arena, .logits = logits};
+                           .tables = tables, .arena = arena, .logits = logits};
     CHECK_EQ_INT(exec_ref_impl.run(state, &st, &e), WELD_OK);
     /* move the first ATTENTION of layer 0 ahead of its QKV stage */
     int a = 0;
@@ -777,6 +796,10 @@ int main(void)
     RUN(qwen3_bf16);
     RUN(qwen2_q8_0);
     RUN(llama_neox_q8_0);
+    RUN(kv_f16_llama);
+    RUN(kv_f16_qwen2);
+    RUN(kv_bf16_qwen3);
+    RUN(kv_q8_0_qwen3);
     run_batch_tests();
     return test_summary();
 }

@@ -43,8 +43,8 @@ TEST(splits_and_counts)
 {
     struct model_config c = small_cfg();
     int32_t tok[7] = {0};
-    struct batch_seq s[2] = {{0, tok, 4, 0, false}, {3, tok, 3, 9, true}};
-    struct batch b = {s, 2};
+    struct batch_seq s[2] = {{0, tok, 4, 0, false, NULL, 0}, {3, tok, 3, 9, true, NULL, 0}};
+    struct batch b = {.seqs = s, .n_seqs = 2};
     const int splits[] = {1, 3, 7, 1000};
     for (int k = 0; k < 4; k++) {
         struct program *p;
@@ -78,8 +78,8 @@ TEST(counter_chain)
 {
     struct model_config c = small_cfg();
     int32_t tok[5] = {0};
-    struct batch_seq s = {0, tok, 5, 0, true};
-    struct batch b = {&s, 1};
+    struct batch_seq s = {0, tok, 5, 0, true, NULL, 0};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
     struct program *p;
     struct weld_err e;
     REQUIRE(program_build(&p, &c, &b, 3, &e) == WELD_OK);
@@ -108,8 +108,8 @@ TEST(buffer_plan)
 {
     struct model_config c = small_cfg();
     int32_t tok[9] = {0};
-    struct batch_seq s = {0, tok, 9, 0, false};
-    struct batch b = {&s, 1};
+    struct batch_seq s = {0, tok, 9, 0, false, NULL, 0};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
     struct program *p;
     struct weld_err e;
     REQUIRE(program_build(&p, &c, &b, 2, &e) == WELD_OK);
@@ -154,8 +154,8 @@ TEST(shape_matching)
 {
     struct model_config c = small_cfg();
     int32_t tok[4] = {0};
-    struct batch_seq s[2] = {{0, tok, 1, 5, false}, {1, tok, 1, 9, false}};
-    struct batch b = {s, 2};
+    struct batch_seq s[2] = {{0, tok, 1, 5, false, NULL, 0}, {1, tok, 1, 9, false, NULL, 0}};
+    struct batch b = {.seqs = s, .n_seqs = 2};
     struct program *p;
     struct weld_err e;
     REQUIRE(program_build(&p, &c, &b, 1, &e) == WELD_OK);
@@ -201,7 +201,7 @@ TEST(kv_blocks)
     CHECK(kv_k_row(kv, 0, 0, 4) != r0 && kv_v_row(kv, 1, 0, 4) != r0);
     CHECK(kv_k_row(kv, 1, 1, 4) != r0);
     CHECK_EQ_INT(kv_seq_prepare(kv, 0, 5, 3, &e), WELD_OK);
-    CHECK(kv_k_row(kv, 1, 0, 4)[0] == 42);
+    CHECK(((float *)kv_k_row(kv, 1, 0, 4))[0] == 42);
     /* truncating to a block boundary frees the blocks after it */
     kv_seq_truncate(kv, 1, 4);
     CHECK_EQ_INT(kv_seq_len(kv, 1), 4);

@@ -109,7 +109,7 @@ static int generate(struct runner *r, const struct tokenizer *tok, struct sample
 
     double t0 = time_now(), t_prefill = 0;
     struct batch_seq s = {.seq_id = 0, .tokens = prompt, .n_tokens = n_prompt, .pos = 0};
-    struct batch b = {&s, 1};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
     int32_t tok_id;
     char buf[4096];
     while (n_gen < o->n_predict) {

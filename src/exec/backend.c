@@ -6,6 +6,9 @@
  */
 #include "exec/backend.h"
 
+#include "exec/kv.h"
+
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,4 +37,29 @@ int backend_from_env(const struct backend_iface **out, struct weld_err *e)
 {
     const char *name = getenv("WELD_ACCELERATOR");
     return backend_find(out, name && *name ? name : "cpu", e);
+}
+
+void backend_params_init(struct backend_params *p, int max_seqs, int max_ctx)
+{
+    *p = (struct backend_params){.max_seqs = max_seqs, .max_ctx = max_ctx,
+                                 .kv_type = KV_DEFAULT_TYPE};
+}
+
+size_t backend_kv_block_bytes(const struct model_config *c, enum weld_dtype kv_type,
+                              int block_size)
+{
+    if ((long long)c->n_kv_head * c->head_dim > INT_MAX)
+        return 0;
+    return kv_block_bytes(c->n_layer, c->n_kv_head * c->head_dim, c->head_dim,
+                          block_size ? block_size : KV_DEFAULT_BLOCK_SIZE, kv_type);
+}
+
+int backend_kv_blocks_for_bytes(const struct model_config *c, enum weld_dtype kv_type,
+                                int block_size, size_t bytes)
+{
+    size_t per = backend_kv_block_bytes(c, kv_type, block_size);
+    if (!per)
+        return 0;
+    size_t n = bytes / per;
+    return n > INT_MAX ? INT_MAX : (int)n;
 }

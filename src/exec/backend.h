@@ -11,8 +11,14 @@
  * both give WELD_ERR_NOT_FOUND: "WELD_ACCELERATOR=cuda: backend not built in; available:
  * cpu".
  *
+ * KV placement: with engine block tables in the batch (batch.h) the engine's KV block
+ * manager owns the pool of kv_blocks physical blocks and the backend only reads and writes
+ * the slots the tables name (and does the batch's block copies first); without tables the
+ * backend places each seq_id itself. The engine sizes the pool from a memory budget with
+ * backend_kv_blocks_for_bytes().
+ *
  * The cpu backend = program builder + executor (WELD_EXEC, default the reference
- * executor) + scalar kernels + paged f32 KV cache.
+ * executor) + scalar kernels + paged KV cache (f16 / bf16 / f32 / q8_0).
  */
 #ifndef WELD_EXEC_BACKEND_H
 #define WELD_EXEC_BACKEND_H
@@ -28,8 +34,25 @@ struct backend_params {
     int max_ctx;        /* positions per sequence */
     int n_splits;       /* row slices per matrix op (executors with workers); 0: 1 */
     int kv_block_size;  /* 0: default (16) */
-    int kv_blocks;      /* 0: enough for max_seqs sequences of max_ctx */
+    int kv_blocks;      /* physical KV blocks in the pool (ids [0, kv_blocks) in engine
+                           tables); 0: enough for max_seqs sequences of max_ctx */
+    enum weld_dtype kv_type; /* KV element type: DT_F16 (the default backend_params_init
+                                and runner_create pick), DT_BF16, DT_F32 or DT_Q8_0 (needs
+                                head_dim % 32 == 0). Zero-initialised params mean DT_F32. */
 };
+
+/* Defaults: kv_type f16, everything else 0 (n_splits 1, block size 16, pool sized for
+   max_seqs full sequences). */
+void backend_params_init(struct backend_params *p, int max_seqs, int max_ctx);
+
+/* Bytes one KV block of block_size tokens (0: default) takes for model config c and
+   kv_type, K and V of every layer; 0 when the type cannot hold this model's heads. */
+size_t backend_kv_block_bytes(const struct model_config *c, enum weld_dtype kv_type,
+                              int block_size);
+/* The number of blocks that fit in `bytes` (--kv-cache-memory), at most INT_MAX; 0 when
+   not even one fits or the type is unusable (check with backend_kv_block_bytes). */
+int backend_kv_blocks_for_bytes(const struct model_config *c, enum weld_dtype kv_type,
+                                int block_size, size_t bytes);
 
 struct backend_iface {
     const char *name;
@@ -38,13 +61,17 @@ struct backend_iface {
                       struct weld_err *e);
     void (*ctx_free)(void *ctx);
     /* required: validate and run one step; logits is (batch_n_logit_rows, n_vocab). On
-       failure the batch's sequences are left as they were before the call. */
+       a validation failure nothing changes; with internal placement the batch's sequences
+       are left as they were before any failure. With engine tables the backend keeps no
+       per-sequence state: a failed run may have done the copies and written slots at
+       positions >= pos, never below. */
     int (*forward)(void *ctx, const struct batch *b, float *logits, struct weld_err *e);
-    /* required: forget a sequence's cached positions */
+    /* required: forget a sequence's cached positions (internal placement; no-op for
+       engine tables, whose blocks the engine frees) */
     void (*drop_seq)(void *ctx, int seq_id);
     /* optional: positions cached for seq_id */
     int (*seq_len)(void *ctx, int seq_id);
-    /* optional: drop every sequence */
+    /* optional: drop every sequence and leave engine-table mode */
     void (*reset)(void *ctx);
     /* optional: device memory for host-visible buffers (NULL: use the heap) */
     void *(*buffer_alloc)(void *ctx, size_t nbytes);

@@ -1,12 +1,15 @@
 /*
  * backend_cpu - the cpu backend: program builder + executor + scalar kernels + paged KV.
  *
- * A step: validate the batch; check the KV pool can hold every sequence's new positions
- * (all-or-nothing, before anything changes); reserve them; find or build the program for
- * the batch's shape (a small round-robin cache of PROG_CACHE programs, so alternating
- * prefill/decode shapes do not rebuild every step); flatten tokens and positions; grow
- * the activation arena to the program's plan; run the executor. If the executor fails the
- * sequences are truncated back to where the batch started.
+ * A step: validate the batch; place its KV positions: with engine tables, check them
+ * against the pool (kv_check_tables) and use them as given; without, check the internal
+ * allocator can hold every sequence's new positions (all-or-nothing, before anything
+ * changes) and reserve them; find or build the program for the batch's shape (a small
+ * round-robin cache of PROG_CACHE programs, so alternating prefill/decode shapes do not
+ * rebuild every step); flatten tokens, positions and per-sequence tables; grow the
+ * activation arena to the program's plan; do the batch's block copies; run the executor.
+ * If the executor fails, internally placed sequences are truncated back to where the
+ * batch started.
  *
  * Memory: weights are the model's (never copied, except small vectors in exec_weights);
  * the KV cache is sized at creation; step tables and the arena grow to the largest step
@@ -35,7 +38,7 @@ struct cpu_ctx {
     int32_t *tokens;  /* (cap_tokens) */
     int *pos;         /* (cap_tokens) */
     int cap_tokens;
-    int *seq_id;      /* (max_seqs) */
+    const int32_t **tables; /* (max_seqs) block table of each batch sequence */
     float *arena;     /* (cap_arena) */
     size_t cap_arena;
     char desc[256];
@@ -54,7 +57,7 @@ static void cpu_ctx_free(void *ctx)
     exec_weights_free(c->w);
     wfree(c->tokens);
     wfree(c->pos);
-    wfree(c->seq_id);
+    wfree(c->tables);
     wfree(c->arena);
     wfree(c);
 }
@@ -78,18 +81,19 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         goto fail;
     struct kv_config kc = {
         .n_layer = m->cfg.n_layer, .kv_dim = m->cfg.n_kv_head * m->cfg.head_dim,
-        .max_seqs = p->max_seqs, .max_ctx = p->max_ctx, .block_size = p->kv_block_size,
-        .n_blocks = p->kv_blocks, .type = DT_F32,
+        .head_dim = m->cfg.head_dim, .max_seqs = p->max_seqs, .max_ctx = p->max_ctx,
+        .block_size = p->kv_block_size, .n_blocks = p->kv_blocks, .type = p->kv_type,
     };
     if ((rc = kv_create(&c->kv, &kc, e)) || (rc = executor_from_env(&c->ex, e)) ||
         (rc = c->ex->create(&c->ex_state, &m->cfg, e)))
         goto fail;
-    if (!(c->seq_id = wcalloc((size_t)p->max_seqs, sizeof(int)))) {
+    if (!(c->tables = wcalloc((size_t)p->max_seqs, sizeof *c->tables))) {
         rc = err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
         goto fail;
     }
-    snprintf(c->desc, sizeof c->desc, "cpu: %s executor, %d splits, kv %d blocks of %d",
-             c->ex->name, c->params.n_splits, c->kv->n_blocks, c->kv->block_size);
+    snprintf(c->desc, sizeof c->desc, "cpu: %s executor, %d splits, kv %s %d blocks of %d",
+             c->ex->name, c->params.n_splits, dtype_name(c->kv->type), c->kv->n_blocks,
+             c->kv->block_size);
     *out = c;
     return WELD_OK;
 fail:
@@ -100,6 +104,9 @@ fail:
 /* Reserve KV positions for every sequence of b, all-or-nothing. */
 static int reserve_kv(struct cpu_ctx *c, const struct batch *b, struct weld_err *e)
 {
+    if (c->kv->external)
+        return err_set(e, WELD_ERR_INVALID_ARG, "batch: no block tables, but this backend "
+                       "context runs on engine block tables (reset it first)");
     long long more = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const struct batch_seq *bs = &b->seqs[s];
@@ -177,12 +184,19 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
         return rc;
     if (!logits)
         return err_set(e, WELD_ERR_INVALID_ARG, "forward: logits buffer is NULL");
+    bool ext = batch_has_tables(b);
+    if (ext && (rc = kv_check_tables(c->kv, b, e)))
+        return rc;
     struct program *p;
     if ((rc = get_program(c, b, &p, e)) ||
-        (rc = grow_tables(c, p->n_tokens, p->arena_floats, e)) || (rc = reserve_kv(c, b, e)))
+        (rc = grow_tables(c, p->n_tokens, p->arena_floats, e)) ||
+        (!ext && (rc = reserve_kv(c, b, e))))
         return rc;
+    c->kv->external |= ext;
+    for (int i = 0; i < b->n_copies; i++)
+        kv_copy_block(c->kv, b->copies[i].src, b->copies[i].dst);
     for (int s = 0, t = 0; s < b->n_seqs; s++) {
-        c->seq_id[s] = b->seqs[s].seq_id;
+        c->tables[s] = ext ? b->seqs[s].blocks : c->kv->seqs[b->seqs[s].seq_id].blocks;
         for (int i = 0; i < b->seqs[s].n_tokens; i++, t++) {
             c->tokens[t] = b->seqs[s].tokens[i];
             c->pos[t] = b->seqs[s].pos + i;
@@ -190,10 +204,10 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
     }
     struct exec_step st = {
         .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
-        .seq_id = c->seq_id, .arena = c->arena, .logits = logits,
+        .tables = c->tables, .arena = c->arena, .logits = logits,
     };
     rc = c->ex->run(c->ex_state, &st, e);
-    if (rc)
+    if (rc && !ext)
         for (int s = 0; s < b->n_seqs; s++)
             kv_seq_truncate(c->kv, b->seqs[s].seq_id, b->seqs[s].pos);
     return rc;

@@ -49,6 +49,31 @@ static int check_seq(const struct batch_seq *s, int i, int max_seqs, int max_ctx
     return WELD_OK;
 }
 
+bool batch_has_tables(const struct batch *b) { return b->n_seqs > 0 && b->seqs[0].blocks; }
+
+static int check_tables(const struct batch *b, struct weld_err *e)
+{
+    bool tables = batch_has_tables(b);
+    for (int i = 0; i < b->n_seqs; i++) {
+        const struct batch_seq *s = &b->seqs[i];
+        if ((s->blocks != NULL) != tables)
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "batch seq %d (id %d): %s a block table but batch seq 0 %s; a "
+                           "batch uses engine tables on every sequence or on none", i,
+                           s->seq_id, s->blocks ? "has" : "lacks", tables ? "has" : "lacks");
+        if (s->n_blocks < 0 || (s->n_blocks > 0 && !s->blocks))
+            return err_set(e, WELD_ERR_INVALID_ARG, "batch seq %d (id %d): n_blocks %d "
+                           "without a block array", i, s->seq_id, s->n_blocks);
+    }
+    if (b->n_copies < 0 || (b->n_copies > 0 && !b->copies))
+        return err_set(e, WELD_ERR_INVALID_ARG, "batch: n_copies %d without a copy list",
+                       b->n_copies);
+    if (b->n_copies > 0 && !tables)
+        return err_set(e, WELD_ERR_INVALID_ARG, "batch: %d block copies but no block tables "
+                       "(copies are for engine-placed KV blocks)", b->n_copies);
+    return WELD_OK;
+}
+
 int batch_validate(const struct batch *b, int max_seqs, int max_ctx, int n_vocab,
                    struct weld_err *e)
 {
@@ -71,5 +96,5 @@ int batch_validate(const struct batch *b, int max_seqs, int max_ctx, int n_vocab
         if (total > INT_MAX / 2)
             return err_set(e, WELD_ERR_LIMIT, "batch: more than %d tokens", INT_MAX / 2);
     }
-    return WELD_OK;
+    return check_tables(b, e);
 }

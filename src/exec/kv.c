@@ -1,15 +1,45 @@
 /*
- * kv - the paged KV cache's pool and block tables (design in kv.h).
+ * kv - the paged KV cache's pool, its row converters, engine-table checks and the internal
+ * allocator (design in kv.h).
  *
  * The free list is a stack so the most recently freed (cache-warm) block is reused first.
- * Sizes are checked for overflow before anything is allocated.
+ * Sizes are checked for overflow before anything is allocated. kv_check_tables marks
+ * blocks with a per-call stamp (use_gen / write_gen) instead of clearing arrays, so a check
+ * costs O(blocks the batch uses), not O(pool).
  */
 #include "exec/kv.h"
 
 #include "core/alloc.h"
+#include "kernels/cpu/kernels.h"
 
 #include <limits.h>
 #include <string.h>
+
+bool kv_type_supported(enum weld_dtype type, int head_dim)
+{
+    switch (type) {
+    case DT_F32:
+    case DT_F16:
+    case DT_BF16:
+        return head_dim >= 1;
+    case DT_Q8_0:
+        return head_dim >= 32 && head_dim % 32 == 0;
+    default:
+        return false;
+    }
+}
+
+size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size,
+                      enum weld_dtype type)
+{
+    if (n_layer < 1 || kv_dim < 1 || block_size < 1 || head_dim < 1 || kv_dim % head_dim ||
+        !kv_type_supported(type, head_dim))
+        return 0;
+    size_t row = dtype_row_bytes(type, kv_dim), n = 2 * (size_t)n_layer;
+    if (!row || n > SIZE_MAX / (size_t)block_size || n * (size_t)block_size > SIZE_MAX / row)
+        return 0;
+    return n * (size_t)block_size * row;
+}
 
 static int check_config(const struct kv_config *c, int bs, struct weld_err *e)
 {
@@ -21,9 +51,17 @@ static int check_config(const struct kv_config *c, int bs, struct weld_err *e)
         return err_set(e, WELD_ERR_INVALID_ARG, "kv cache: block_size %d not in [1, 4096]", bs);
     if (c->n_blocks < 0)
         return err_set(e, WELD_ERR_INVALID_ARG, "kv cache: n_blocks %d < 0", c->n_blocks);
-    if (c->type != DT_F32)
-        return err_set(e, WELD_ERR_UNSUPPORTED, "kv cache: element type %s not supported yet "
-                       "(only f32)", dtype_name(c->type));
+    int hd = c->head_dim ? c->head_dim : c->kv_dim;
+    if (hd < 1 || c->kv_dim % hd)
+        return err_set(e, WELD_ERR_INVALID_ARG, "kv cache: kv_dim %d is not a multiple of "
+                       "head_dim %d", c->kv_dim, hd);
+    if (c->type != DT_F32 && c->type != DT_F16 && c->type != DT_BF16 && c->type != DT_Q8_0)
+        return err_set(e, WELD_ERR_UNSUPPORTED, "kv cache: element type %s not supported "
+                       "(f32, f16, bf16, q8_0)", dtype_name(c->type));
+    if (!kv_type_supported(c->type, hd))
+        return err_set(e, WELD_ERR_UNSUPPORTED, "kv cache: %s needs head_dim to be a "
+                       "multiple of 32 (quantization blocks must not straddle heads); "
+                       "head_dim is %d", dtype_name(c->type), hd);
     return WELD_OK;
 }
 
@@ -38,11 +76,13 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     long long nb = cfg->n_blocks ? cfg->n_blocks : (long long)per_seq * cfg->max_seqs;
     if (nb > INT_MAX)
         return err_set(e, WELD_ERR_LIMIT, "kv cache: %lld blocks is too many", nb);
-    /* floats per plane = n_layer * nb * bs * kv_dim, checked against SIZE_MAX / 4 */
+    int hd = cfg->head_dim ? cfg->head_dim : cfg->kv_dim;
+    size_t row = dtype_row_bytes(cfg->type, cfg->kv_dim);
+    /* bytes per plane = n_layer * nb * bs * row_bytes */
     size_t plane = (size_t)cfg->n_layer;
-    size_t factors[3] = {(size_t)nb, (size_t)bs, (size_t)cfg->kv_dim};
+    size_t factors[3] = {(size_t)nb, (size_t)bs, row};
     for (int i = 0; i < 3; i++) {
-        if (factors[i] && plane > SIZE_MAX / sizeof(float) / factors[i])
+        if (factors[i] && plane > SIZE_MAX / 2 / factors[i])
             return err_set(e, WELD_ERR_LIMIT, "kv cache: size overflows");
         plane *= factors[i];
     }
@@ -56,13 +96,22 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     kv->block_size = bs;
     kv->n_blocks = (int)nb;
     kv->max_blocks_per_seq = per_seq;
+    kv->head_dim = hd;
     kv->type = cfg->type;
-    kv->k = wcalloc(plane ? plane : 1, sizeof(float));
-    kv->v = wcalloc(plane ? plane : 1, sizeof(float));
-    kv->free_ids = wcalloc(nb ? (size_t)nb : 1, sizeof(int));
-    kv->table_mem = wcalloc((size_t)cfg->max_seqs * (size_t)per_seq, sizeof(int));
+    kv->row_bytes = row;
+    kv->head_bytes = dtype_row_bytes(cfg->type, hd);
+    size_t nbs = nb ? (size_t)nb : 1;
+    kv->k = wcalloc(plane ? plane : 1, 1);
+    kv->v = wcalloc(plane ? plane : 1, 1);
+    kv->free_ids = wcalloc(nbs, sizeof(int32_t));
+    kv->table_mem = wcalloc((size_t)cfg->max_seqs * (size_t)per_seq, sizeof(int32_t));
     kv->seqs = wcalloc((size_t)cfg->max_seqs, sizeof *kv->seqs);
-    if (!kv->k || !kv->v || !kv->free_ids || !kv->table_mem || !kv->seqs)
+    kv->use_gen = wcalloc(nbs, sizeof(uint32_t));
+    kv->write_gen = wcalloc(nbs, sizeof(uint32_t));
+    kv->use_seq = wcalloc(nbs, sizeof(int32_t));
+    kv->write_seq = wcalloc(nbs, sizeof(int32_t));
+    if (!kv->k || !kv->v || !kv->free_ids || !kv->table_mem || !kv->seqs || !kv->use_gen ||
+        !kv->write_gen || !kv->use_seq || !kv->write_seq)
         goto nomem;
     for (int i = 0; i < cfg->max_seqs; i++)
         kv->seqs[i].blocks = kv->table_mem + (size_t)i * (size_t)per_seq;
@@ -72,7 +121,8 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
 nomem:
     kv_free(kv);
     return err_set(e, WELD_ERR_NOMEM, "kv cache: out of memory for %lld blocks of %d x %d "
-                   "floats in %d layers", nb, bs, cfg->kv_dim, cfg->n_layer);
+                   "%s in %d layers", nb, bs, cfg->kv_dim, dtype_name(cfg->type),
+                   cfg->n_layer);
 }
 
 void kv_free(struct kv_cache *kv)
@@ -84,6 +134,10 @@ void kv_free(struct kv_cache *kv)
     wfree(kv->free_ids);
     wfree(kv->table_mem);
     wfree(kv->seqs);
+    wfree(kv->use_gen);
+    wfree(kv->write_gen);
+    wfree(kv->use_seq);
+    wfree(kv->write_seq);
     wfree(kv);
 }
 
@@ -97,6 +151,7 @@ void kv_reset(struct kv_cache *kv)
         kv->seqs[i].n_blocks = 0;
         kv->seqs[i].n_pos = 0;
     }
+    kv->external = false;
 }
 
 int kv_n_free_blocks(const struct kv_cache *kv) { return kv->n_free; }
@@ -154,4 +209,106 @@ int kv_seq_prepare(struct kv_cache *kv, int seq, int pos, int n, struct weld_err
         s->blocks[s->n_blocks++] = kv->free_ids[--kv->n_free];
     s->n_pos = pos + n;
     return WELD_OK;
+}
+
+/* ---- rows ------------------------------------------------------------------------------ */
+
+void kv_write_head(const struct kv_cache *kv, uint8_t *row, int head, const float *src)
+{
+    dtype_quantize_row(kv->type, src, row + (size_t)head * kv->head_bytes, kv->head_dim);
+}
+
+const float *kv_read_head(const struct kv_cache *kv, const uint8_t *row, int head,
+                          float *buf)
+{
+    return kern_row_f32(kv->type, row + (size_t)head * kv->head_bytes, kv->head_dim, buf);
+}
+
+void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
+{
+    size_t tile = (size_t)kv->block_size * kv->row_bytes;
+    for (int l = 0; l < kv->n_layer; l++) {
+        memcpy(kv_slot(kv, kv->k, l, dst, 0), kv_slot(kv, kv->k, l, src, 0), tile);
+        memcpy(kv_slot(kv, kv->v, l, dst, 0), kv_slot(kv, kv->v, l, src, 0), tile);
+    }
+}
+
+/* ---- engine tables --------------------------------------------------------------------- */
+
+static int n_used_blocks(const struct kv_cache *kv, const struct batch_seq *s)
+{
+    return (int)(((long long)s->pos + s->n_tokens + kv->block_size - 1) / kv->block_size);
+}
+
+/* Pass 1 for batch seq i: ranges, duplicates within the table, writers marked. */
+static int mark_seq(struct kv_cache *kv, const struct batch *bt, int i, struct weld_err *e)
+{
+    const struct batch_seq *s = &bt->seqs[i];
+    int used = n_used_blocks(kv, s), first_write = s->pos / kv->block_size;
+    if (s->n_blocks < used)
+        return err_set(e, WELD_ERR_INVALID_ARG, "batch seq %d (id %d): block table has %d "
+                       "entries; positions up to %d need %d blocks of %d", i, s->seq_id,
+                       s->n_blocks, s->pos + s->n_tokens - 1, used, kv->block_size);
+    for (int j = 0; j < used; j++) {
+        int32_t b = s->blocks[j];
+        if (b < 0 || b >= kv->n_blocks)
+            return err_set(e, WELD_ERR_INVALID_ARG, "batch seq %d (id %d): block table entry "
+                           "%d = %d is not a block id in [0, %d)", i, s->seq_id, j, (int)b,
+                           kv->n_blocks);
+        if (kv->use_gen[b] == kv->gen && kv->use_seq[b] == i)
+            return err_set(e, WELD_ERR_INVALID_ARG, "batch seq %d (id %d): block %d appears "
+                           "twice in its table (entry %d)", i, s->seq_id, (int)b, j);
+        kv->use_gen[b] = kv->gen;
+        kv->use_seq[b] = i;
+        if (j < first_write)
+            continue;
+        if (kv->write_gen[b] == kv->gen)
+            return err_set(e, WELD_ERR_INVALID_ARG, "batch seqs %d and %d (ids %d, %d) both "
+                           "write block %d this step", (int)kv->write_seq[b], i,
+                           bt->seqs[kv->write_seq[b]].seq_id, s->seq_id, (int)b);
+        kv->write_gen[b] = kv->gen;
+        kv->write_seq[b] = i;
+    }
+    return WELD_OK;
+}
+
+static int check_copies(const struct kv_cache *kv, const struct batch *b, struct weld_err *e)
+{
+    for (int i = 0; i < b->n_copies; i++) {
+        int32_t src = b->copies[i].src, dst = b->copies[i].dst;
+        if (src < 0 || src >= kv->n_blocks || dst < 0 || dst >= kv->n_blocks || src == dst)
+            return err_set(e, WELD_ERR_INVALID_ARG, "batch: block copy %d (%d -> %d) needs two "
+                           "different block ids in [0, %d)", i, (int)src, (int)dst,
+                           kv->n_blocks);
+    }
+    return WELD_OK;
+}
+
+int kv_check_tables(struct kv_cache *kv, const struct batch *b, struct weld_err *e)
+{
+    if (kv->n_free != kv->n_blocks)
+        return err_set(e, WELD_ERR_INVALID_ARG, "kv cache: the internal allocator holds %d "
+                       "blocks; a backend context takes engine block tables or internal "
+                       "placement, not both (reset it first)", kv->n_blocks - kv->n_free);
+    if (++kv->gen == 0) { /* stamps wrapped: clear them once */
+        memset(kv->use_gen, 0, (size_t)kv->n_blocks * sizeof(uint32_t));
+        memset(kv->write_gen, 0, (size_t)kv->n_blocks * sizeof(uint32_t));
+        kv->gen = 1;
+    }
+    int rc;
+    for (int i = 0; i < b->n_seqs; i++)
+        if ((rc = mark_seq(kv, b, i, e)))
+            return rc;
+    /* Pass 2: nobody reads a block another sequence writes. */
+    for (int i = 0; i < b->n_seqs; i++) {
+        const struct batch_seq *s = &b->seqs[i];
+        for (int j = 0, used = n_used_blocks(kv, s); j < used; j++) {
+            int32_t blk = s->blocks[j];
+            if (kv->write_gen[blk] == kv->gen && kv->write_seq[blk] != i)
+                return err_set(e, WELD_ERR_INVALID_ARG, "batch seq %d (id %d): table entry "
+                               "%d = block %d, which batch seq %d writes this step (copy it "
+                               "first)", i, s->seq_id, j, (int)blk, (int)kv->write_seq[blk]);
+        }
+    }
+    return check_copies(kv, b, e);
 }

@@ -1,66 +1,109 @@
 /*
- * kv - the paged key/value cache.
+ * kv - the paged key/value cache: a pool of physical blocks, and who places sequences in it.
  *
  * Storage: a pool of n_blocks fixed-size blocks (block_size token slots, 16 by default),
- * shared by all sequences; each layer has its own K and V plane for every block:
- *     k, v: (n_layer, n_blocks, block_size, kv_dim) f32,  kv_dim = n_kv_head * head_dim
- * so one block of one layer is a contiguous (block_size, kv_dim) tile. Element type is f32
- * for now; `type` is recorded so f16/bf16/q8_0 blocks can come later without changing the
- * interface (rows would then be read through a converter, not as float *).
+ * indexed by physical block id in [0, n_blocks); each layer has its own K and V plane:
+ *     k, v: (n_layer, n_blocks, block_size, row_bytes)  row_bytes = bytes of kv_dim elements
+ * so one block of one layer is a contiguous (block_size, kv_dim) tile and a block id means
+ * the same slots in every layer. kv_dim = n_kv_head * head_dim; a row is the keys (values)
+ * of every KV head for one position, head h at elements [h * head_dim, (h + 1) * head_dim).
  *
- * Mapping: each sequence (seq id in [0, max_seqs)) has a block table: position p lives in
- * block table[p / block_size], slot p % block_size. Executors only ever see that mapping
- * (kv_k_row / kv_v_row), never how blocks are chosen, so the KV block manager of a later
- * issue (refcounts, prefix hashing, LRU) can take over allocation behind this interface.
+ * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Rows are
+ * written one head at a time by kv_write_head() with the dtype converters/quantizers
+ * (format/dtype.h, round to nearest even for f16/bf16, llama.cpp's reference q8_0), and
+ * read one head at a time by kv_read_head() into f32 (in place for f32). q8_0 uses ggml's
+ * block layout (32 elements: f16 scale + 32 int8) along kv_dim and needs head_dim to be a
+ * multiple of 32, so a quantization block never straddles two heads and heads can be
+ * written independently. A position's stored bytes depend only on its own f32 values, so
+ * every KV type keeps the batch invariants (kernels/cpu/kernels.h).
  *
- * Allocation: a plain free list (a stack of block ids). kv_seq_prepare() makes room for a
- * step's tokens all-or-nothing: it fails with WELD_ERR_LIMIT, changing nothing, when the
- * pool is too small, so running out is a scheduler decision, never a crash.
+ * Placement, two modes (one per cache at a time; kv_reset returns to neither):
+ *   - engine tables (the primary design): the engine's KV block manager (refcounts, prefix
+ *     hashing, LRU, copy-on-write) owns allocation; each step's batch carries every
+ *     sequence's table of physical ids (batch.h) and the backend only reads and writes the
+ *     slots those tables name, after kv_check_tables() proved them in range and free of
+ *     write conflicts. Nothing about those sequences is remembered here between steps.
+ *   - internal allocator (callers without a manager: the CLI, tests): each seq id in
+ *     [0, max_seqs) has a table kept here, filled from a free-list stack by
+ *     kv_seq_prepare(), which is all-or-nothing: WELD_ERR_LIMIT, changing nothing, when the
+ *     pool is too small, so running out is a caller decision, never a crash.
+ * Executors see only tables (kv_slot()), never how they were chosen.
  *
- * Invariants: every block is either on the free list or in exactly one block table;
- * seq->n_blocks == ceil(seq->n_pos / block_size).
- * Threading: none inside; executors write distinct (layer, position) rows concurrently.
+ * Invariants (internal mode): every block is either on the free list or in exactly one
+ * seq table; seq->n_blocks == ceil(seq->n_pos / block_size).
+ * Threading: none inside; executors write distinct (layer, position, head) rows
+ * concurrently, which is safe because heads never share a q8_0 block.
  */
 #ifndef WELD_EXEC_KV_H
 #define WELD_EXEC_KV_H
 
 #include "core/err.h"
+#include "exec/batch.h"
 #include "format/dtype.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define KV_DEFAULT_BLOCK_SIZE 16
+#define KV_DEFAULT_TYPE DT_F16
 
 struct kv_config {
     int n_layer;
     int kv_dim;         /* n_kv_head * head_dim */
+    int head_dim;       /* 0: kv_dim (one head); q8_0 needs a multiple of 32 */
     int max_seqs;
     int max_ctx;        /* positions per sequence */
     int block_size;     /* 0: KV_DEFAULT_BLOCK_SIZE */
     int n_blocks;       /* 0: enough for max_seqs full sequences */
-    enum weld_dtype type; /* DT_F32 only for now */
+    enum weld_dtype type; /* DT_F32, DT_F16, DT_BF16 or DT_Q8_0 */
 };
 
 struct kv_seq {
-    int *blocks;        /* (max_blocks_per_seq) block ids; first n_blocks used */
+    int32_t *blocks;    /* (max_blocks_per_seq) block ids; first n_blocks used */
     int n_blocks;
     int n_pos;          /* positions [0, n_pos) hold keys/values */
 };
 
 struct kv_cache {
-    int n_layer, kv_dim, max_seqs, max_ctx, block_size, n_blocks;
+    int n_layer, kv_dim, head_dim, max_seqs, max_ctx, block_size, n_blocks;
     int max_blocks_per_seq; /* ceil(max_ctx / block_size) */
     enum weld_dtype type;
-    float *k, *v;       /* (n_layer, n_blocks, block_size, kv_dim) */
-    int *free_ids;      /* (n_blocks) stack; first n_free are free */
+    size_t row_bytes;   /* bytes of one kv_dim row */
+    size_t head_bytes;  /* bytes of one head_dim slice of a row */
+    uint8_t *k, *v;     /* (n_layer, n_blocks, block_size, row_bytes) */
+    int32_t *free_ids;  /* (n_blocks) stack; first n_free are free */
     int n_free;
-    int *table_mem;     /* (max_seqs, max_blocks_per_seq) backing for seqs[].blocks */
+    int32_t *table_mem; /* (max_seqs, max_blocks_per_seq) backing for seqs[].blocks */
     struct kv_seq *seqs; /* (max_seqs) */
+    bool external;      /* an engine-table batch ran since the last reset */
+    uint32_t gen;       /* kv_check_tables: current stamp for the marks below */
+    uint32_t *use_gen, *write_gen; /* (n_blocks) stamps */
+    int32_t *use_seq, *write_seq;  /* (n_blocks) batch seq that last used / writes a block */
 };
 
 int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_err *e);
 void kv_free(struct kv_cache *kv);
+
+/* Bytes one block takes in the pool (K and V, every layer) for this shape and type; 0 if
+   the type is not a KV type or head_dim does not suit it, or on overflow. */
+size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size,
+                      enum weld_dtype type);
+/* True if type can hold KV entries of heads of head_dim elements. */
+bool kv_type_supported(enum weld_dtype type, int head_dim);
+
+/* ---- engine tables --------------------------------------------------------------------- */
+
+/* Check a validated batch with engine tables against this pool: every used block id in
+   [0, n_blocks), enough entries for pos + n_tokens, no block listed twice in one table,
+   no block written by one sequence (positions >= pos) and used by another, copies in
+   range with src != dst. Also the mode rule: fails if the internal allocator holds
+   blocks. WELD_ERR_INVALID_ARG naming the batch seq, table index and block. */
+int kv_check_tables(struct kv_cache *kv, const struct batch *b, struct weld_err *e);
+/* Copy block src to dst in every layer, K and V (ids already checked). */
+void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst);
+
+/* ---- internal allocator ---------------------------------------------------------------- */
 
 /* Positions held for seq (0 for an unknown seq id). */
 int kv_seq_len(const struct kv_cache *kv, int seq);
@@ -75,27 +118,40 @@ int kv_seq_blocks_needed(const struct kv_cache *kv, int seq, int pos, int n);
 void kv_seq_truncate(struct kv_cache *kv, int seq, int n_pos);
 /* Forget seq entirely (its blocks return to the pool). Unknown ids are ignored. */
 void kv_seq_drop(struct kv_cache *kv, int seq);
-/* Drop every sequence. */
+/* Drop every sequence and leave engine-table mode. */
 void kv_reset(struct kv_cache *kv);
 int kv_n_free_blocks(const struct kv_cache *kv);
 
-/* The K (or V) row (kv_dim floats) of seq at pos in layer; pos < kv_seq_len(seq). */
-static inline float *kv_row(const struct kv_cache *kv, float *plane, int layer, int seq,
-                            int pos)
+/* ---- rows ------------------------------------------------------------------------------ */
+
+/* Start of the row (row_bytes bytes) of (layer, physical block, slot) in plane k or v. */
+static inline uint8_t *kv_slot(const struct kv_cache *kv, uint8_t *plane, int layer,
+                               int32_t block, int slot)
 {
-    const struct kv_seq *s = &kv->seqs[seq];
-    size_t blk = (size_t)s->blocks[pos / kv->block_size];
-    size_t idx = ((size_t)layer * (size_t)kv->n_blocks + blk) * (size_t)kv->block_size +
-                 (size_t)(pos % kv->block_size);
-    return plane + idx * (size_t)kv->kv_dim;
+    size_t idx = ((size_t)layer * (size_t)kv->n_blocks + (size_t)block) *
+                     (size_t)kv->block_size + (size_t)slot;
+    return plane + idx * kv->row_bytes;
 }
-static inline float *kv_k_row(const struct kv_cache *kv, int layer, int seq, int pos)
+/* The row of position pos of a sequence whose block table is `table`. */
+static inline uint8_t *kv_pos_row(const struct kv_cache *kv, uint8_t *plane, int layer,
+                                  const int32_t *table, int pos)
 {
-    return kv_row(kv, kv->k, layer, seq, pos);
+    return kv_slot(kv, plane, layer, table[pos / kv->block_size], pos % kv->block_size);
 }
-static inline float *kv_v_row(const struct kv_cache *kv, int layer, int seq, int pos)
+/* Store head `head` (head_dim f32 values) into a row, converting to the cache type. */
+void kv_write_head(const struct kv_cache *kv, uint8_t *row, int head, const float *src);
+/* Head `head` of a row as f32: in place for f32, else converted into buf (head_dim). */
+const float *kv_read_head(const struct kv_cache *kv, const uint8_t *row, int head,
+                          float *buf);
+
+/* Internal-allocator rows of seq at pos (pos < kv_seq_len(seq)), as raw bytes. */
+static inline void *kv_k_row(const struct kv_cache *kv, int layer, int seq, int pos)
 {
-    return kv_row(kv, kv->v, layer, seq, pos);
+    return kv_pos_row(kv, kv->k, layer, kv->seqs[seq].blocks, pos);
+}
+static inline void *kv_v_row(const struct kv_cache *kv, int layer, int seq, int pos)
+{
+    return kv_pos_row(kv, kv->v, layer, kv->seqs[seq].blocks, pos);
 }
 
 #endif

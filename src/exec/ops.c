@@ -14,6 +14,11 @@
  *   y     (OPS_TILE, ywidth)       per-token outputs of one head, or gate and up values
  *   cosv, sinv (OPS_TILE, rope_dim/2) rope angles of the tile's positions
  *   acc   (head_dim)               attention accumulator
+ *   kbuf, vbuf (head_dim)          a key / value head converted from the KV type to f32
+ *
+ * KV: K/V heads are stored with kv_write_head (converted to the cache type right after
+ * rope) and read back with kv_read_head, one (position, head) at a time, so attention
+ * sees exactly the stored values whatever the type (f32 reads in place).
  */
 #include "exec/ops.h"
 
@@ -25,7 +30,7 @@
 #define OPS_TILE 16
 
 struct scratch {
-    float *h, *row, *y, *cosv, *sinv, *acc;
+    float *h, *row, *y, *cosv, *sinv, *acc, *kbuf, *vbuf;
 };
 
 static int max_width(const struct model_config *c)
@@ -44,7 +49,7 @@ size_t exec_scratch_floats(const struct model_config *c)
 {
     return (size_t)OPS_TILE * (size_t)c->dim + (size_t)max_width(c) +
            (size_t)OPS_TILE * (size_t)y_width(c) + (size_t)OPS_TILE * (size_t)c->rope_dim +
-           (size_t)c->head_dim + 64;
+           3 * (size_t)c->head_dim + 64;
 }
 
 static struct scratch scratch_split(const struct model_config *c, float *base)
@@ -56,6 +61,8 @@ static struct scratch scratch_split(const struct model_config *c, float *base)
     s.cosv = s.y + (size_t)OPS_TILE * y_width(c);
     s.sinv = s.cosv + (size_t)OPS_TILE * (c->rope_dim / 2);
     s.acc = s.sinv + (size_t)OPS_TILE * (c->rope_dim / 2);
+    s.kbuf = s.acc + c->head_dim;
+    s.vbuf = s.kbuf + c->head_dim;
     return s;
 }
 
@@ -121,8 +128,9 @@ static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int n
             sc->y[(size_t)i * hd + j] = kern_dot_f32(wr, sc->h + (size_t)i * c->dim, c->dim);
     }
     for (int i = 0; i < nt; i++) {
-        int t = t0 + i, sid = st->seq_id[st->p->tok_seq[t]], pos = st->pos[t];
-        float *y = sc->y + (size_t)i * hd, *dst;
+        int t = t0 + i, pos = st->pos[t];
+        const int32_t *table = st->tables[st->p->tok_seq[t]];
+        float *y = sc->y + (size_t)i * hd;
         if (q.bias)
             for (int k = 0; k < hd; k++)
                 y[k] += q.bias[k];
@@ -132,12 +140,11 @@ static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int n
             kern_rope_apply(y, c->rope_dim, c->rope_neox, sc->cosv + (size_t)i * half,
                             sc->sinv + (size_t)i * half);
         if (q.kind == 0)
-            dst = qbuf + (size_t)t * c->n_head * hd + (size_t)q.head * hd;
-        else if (q.kind == 1)
-            dst = kv_k_row(st->kv, layer, sid, pos) + (size_t)q.head * hd;
+            memcpy(qbuf + (size_t)t * c->n_head * hd + (size_t)q.head * hd, y,
+                   sizeof(float) * (size_t)hd);
         else
-            dst = kv_v_row(st->kv, layer, sid, pos) + (size_t)q.head * hd;
-        memcpy(dst, y, sizeof(float) * (size_t)hd);
+            kv_write_head(st->kv, kv_pos_row(st->kv, q.kind == 1 ? st->kv->k : st->kv->v,
+                                             layer, table, pos), q.head, y);
     }
 }
 
@@ -173,18 +180,23 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
     }
 }
 
-/* Causal attention of one query head over positions [0, n_pos) of sid, online softmax. */
-static void attend_head(const struct exec_step *st, int layer, int sid, int kvh, int n_pos,
-                        const float *qv, float *out, float *acc)
+/* Causal attention of one query head over positions [0, n_pos) of the sequence whose
+   block table is `table`, online softmax. */
+static void attend_head(const struct exec_step *st, int layer, const int32_t *table, int kvh,
+                        int n_pos, const float *qv, float *out, const struct scratch *sc)
 {
+    const struct kv_cache *kv = st->kv;
+    float *acc = sc->acc;
     const int hd = st->m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
     float mx = -INFINITY, sum = 0.0f;
     for (int i = 0; i < hd; i++)
         acc[i] = 0.0f;
     for (int j = 0; j < n_pos; j++) {
-        const float *k = kv_k_row(st->kv, layer, sid, j) + (size_t)kvh * hd;
-        const float *v = kv_v_row(st->kv, layer, sid, j) + (size_t)kvh * hd;
+        const float *k = kv_read_head(kv, kv_pos_row(kv, kv->k, layer, table, j), kvh,
+                                      sc->kbuf);
+        const float *v = kv_read_head(kv, kv_pos_row(kv, kv->v, layer, table, j), kvh,
+                                      sc->vbuf);
         float s = kern_dot_f32(qv, k, hd) * scale;
         if (s > mx) {
             float corr = expf(mx - s); /* 0 on the first key */
@@ -209,13 +221,14 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
     const size_t qd = (size_t)c->n_head * hd;
     const float *q = buf_ptr(st, in->in);
     float *att = buf_ptr(st, in->out);
-    int s = in->seq, sid = st->seq_id[s];
+    int s = in->seq;
+    const int32_t *table = st->tables[s];
     for (int t = p->seq_tok0[s]; t < p->seq_tok0[s] + p->seq_ntok[s]; t++)
         for (int kvh = in->row0; kvh < in->row1; kvh++)
             for (int g = 0; g < group; g++) {
                 size_t off = (size_t)t * qd + (size_t)(kvh * group + g) * hd;
-                attend_head(st, in->layer, sid, kvh, st->pos[t] + 1, q + off, att + off,
-                            sc->acc);
+                attend_head(st, in->layer, table, kvh, st->pos[t] + 1, q + off, att + off,
+                            sc);
             }
 }
 

@@ -4,8 +4,9 @@
  * Every executor calls exec_op_run() for each instruction; executors differ only in who
  * runs which instruction when, never in arithmetic, so their logits are bit-identical.
  * An op reads and writes only: the step's tables, the planned buffers named by the
- * instruction, the KV cache rows of its own (layer, seq, position, head) and the caller's
- * scratch (exec_scratch_floats() floats, private to the worker).
+ * instruction, the KV cache rows of its own (layer, position, head) in the blocks its
+ * sequence's table names, and the caller's scratch (exec_scratch_floats() floats, private
+ * to the worker). Ops see block tables only, never how they were chosen (kv.h).
  */
 #ifndef WELD_EXEC_OPS_H
 #define WELD_EXEC_OPS_H
@@ -22,7 +23,8 @@ struct exec_step {
     struct kv_cache *kv;
     const int32_t *tokens;   /* (n_tokens) flattened token ids */
     const int *pos;          /* (n_tokens) position of each token */
-    const int *seq_id;       /* (n_seqs) KV cache seq id of each batch sequence */
+    const int32_t *const *tables; /* (n_seqs) block table of each batch sequence, covering
+                                     positions [0, pos + n_tokens) */
     float *arena;            /* (p->arena_floats) planned activation buffers */
     float *logits;           /* (n_logit_rows, n_vocab) caller's output */
 };

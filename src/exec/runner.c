@@ -44,7 +44,8 @@ int runner_create_ex(struct runner **out, const struct model *m,
 int runner_create(struct runner **out, const struct model *m, int max_seqs, int max_ctx,
                   struct weld_err *e)
 {
-    struct backend_params p = {.max_seqs = max_seqs, .max_ctx = max_ctx};
+    struct backend_params p;
+    backend_params_init(&p, max_seqs, max_ctx);
     return runner_create_ex(out, m, &p, e);
 }
 

@@ -22,10 +22,12 @@
 
 struct runner;
 
-/* max_ctx <= 0: the model's trained context length. */
+/* max_ctx <= 0: the model's trained context length. Default backend parameters
+   (backend_params_init: f16 KV cache, internal KV placement). */
 int runner_create(struct runner **out, const struct model *m, int max_seqs, int max_ctx,
                   struct weld_err *e);
-/* Same with every backend parameter (n_splits, KV block size and count). */
+/* Same with every backend parameter (n_splits, KV block size, count and type); params as
+   given (a zero kv_type is f32: start from backend_params_init for the defaults). */
 int runner_create_ex(struct runner **out, const struct model *m,
                      const struct backend_params *params, struct weld_err *e);
 int runner_forward(struct runner *r, const struct batch *b, float *logits,
