@@ -15,8 +15,8 @@ for f in "$dir"/fuzz_*; do
   [ -d "$root/tests/fuzz/corpus/$name" ] && seeds+=("$root/tests/fuzz/corpus/$name")
   echo "fuzz: $name for ${secs}s"
   "$f" -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 -print_final_stats=0 \
-    "$work" "${seeds[@]}" >"$work.log" 2>&1 || { tail -40 "$work.log"; echo "fuzz: $name FAILED"; exit 1; }
+    "$work" "${seeds[@]}" >"$work.log" 2>&1 || { tail -40 "$work.log"; echo "fuzz: $name crashed"; echo "fuzz: $n passed, 1 failed"; exit 1; }
   rm -rf "$work" "$work.log"
   n=$((n + 1))
 done
-echo "fuzz: $n targets ran without a crash"
+echo "fuzz: $n passed, 0 failed"
