@@ -280,6 +280,12 @@ static int check_copies(const struct kv_cache *kv, const struct batch *b, struct
             return err_set(e, WELD_ERR_INVALID_ARG, "batch: block copy %d (%d -> %d) needs two "
                            "different block ids in [0, %d)", i, (int)src, (int)dst,
                            kv->n_blocks);
+        /* A copy target is a block its sequence is about to write (copy-on-write); one
+           that is only read this step would change under a sequence's cached prefix. */
+        if (kv->use_gen[dst] == kv->gen && kv->write_gen[dst] != kv->gen)
+            return err_set(e, WELD_ERR_INVALID_ARG, "batch: block copy %d (%d -> %d) "
+                           "overwrites a block batch seq %d only reads this step", i,
+                           (int)src, (int)dst, (int)kv->use_seq[dst]);
     }
     return WELD_OK;
 }
