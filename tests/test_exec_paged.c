@@ -438,6 +438,44 @@ TEST(kv_type_is_used)
     tm_free(tm);
 }
 
+/* ---- rows: heads written independently, read back as the dtype converters say ------------ */
+
+TEST(kv_rows_per_head)
+{
+    enum { HD = 32, NH = 3, KD = HD * NH };
+    float src[KD], back[HD], want[KD];
+    struct rng r;
+    rng_seed(&r, 20);
+    for (int i = 0; i < KD; i++)
+        src[i] = (float)rng_normal(&r) * (i < HD ? 0.01f : 3.0f);
+    for (int k = 0; k < 4; k++) {
+        struct kv_config kc = {.n_layer = 2, .kv_dim = KD, .head_dim = HD, .max_seqs = 1,
+                               .max_ctx = 8, .block_size = 4, .n_blocks = 3,
+                               .type = kv_types[k]};
+        struct kv_cache *kv = NULL;
+        struct weld_err e;
+        REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
+        CHECK(kv->row_bytes == dtype_row_bytes(kv_types[k], KD));
+        uint8_t *row = kv_slot(kv, kv->v, 1, 2, 3), *whole = malloc(kv->row_bytes);
+        for (int h = NH - 1; h >= 0; h--) /* any order: heads share no quantization block */
+            kv_write_head(kv, row, h, src + h * HD);
+        dtype_quantize_row(kv_types[k], src, whole, KD);
+        CHECK(memcmp(row, whole, kv->row_bytes) == 0);
+        dtype_dequantize_row(kv_types[k], whole, want, KD);
+        for (int h = 0; h < NH; h++) {
+            const float *got = kv_read_head(kv, row, h, back);
+            CHECK(memcmp(got, want + h * HD, sizeof(float) * HD) == 0);
+            CHECK((got == back) == (kv_types[k] != DT_F32)); /* f32 is read in place */
+        }
+        /* the row sits at (layer 1, block 2, slot 3) of V, nowhere in K */
+        CHECK(row == kv->v + ((size_t)(1 * 3 + 2) * 4 + 3) * kv->row_bytes);
+        kv_copy_block(kv, 2, 0);
+        CHECK(memcmp(kv_slot(kv, kv->v, 1, 0, 3), whole, kv->row_bytes) == 0);
+        free(whole);
+        kv_free(kv);
+    }
+}
+
 /* ---- table checks ------------------------------------------------------------------------ */
 
 static int fwd(struct runner *r, const struct batch_seq *s, int n,
@@ -566,6 +604,7 @@ int main(void)
     RUN(copy_on_write_fork);
     RUN(many_sequences_mixed);
     RUN(kv_type_is_used);
+    RUN(kv_rows_per_head);
     RUN(table_errors);
     RUN(block_bytes_and_pool_sizing);
     return test_summary();

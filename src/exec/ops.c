@@ -13,7 +13,8 @@
  *   row   (max matrix width)       a weight row converted to f32
  *   y     (OPS_TILE, ywidth)       per-token outputs of one head, or gate and up values
  *   cosv, sinv (OPS_TILE, rope_dim/2) rope angles of the tile's positions
- *   acc   (head_dim)               attention accumulator
+ *   acc   (n_head, head_dim)       attention accumulators of one KV head's query group
+ *   mx, sum (n_head)               their running max and sum
  *   kbuf, vbuf (head_dim)          a key / value head converted from the KV type to f32
  *
  * KV: K/V heads are stored with kv_write_head (converted to the cache type right after
@@ -30,7 +31,7 @@
 #define OPS_TILE 16
 
 struct scratch {
-    float *h, *row, *y, *cosv, *sinv, *acc, *kbuf, *vbuf;
+    float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kbuf, *vbuf;
 };
 
 static int max_width(const struct model_config *c)
@@ -49,7 +50,8 @@ size_t exec_scratch_floats(const struct model_config *c)
 {
     return (size_t)OPS_TILE * (size_t)c->dim + (size_t)max_width(c) +
            (size_t)OPS_TILE * (size_t)y_width(c) + (size_t)OPS_TILE * (size_t)c->rope_dim +
-           3 * (size_t)c->head_dim + 64;
+           (size_t)c->n_head * (size_t)c->head_dim + 2 * (size_t)c->n_head +
+           2 * (size_t)c->head_dim + 64;
 }
 
 static struct scratch scratch_split(const struct model_config *c, float *base)
@@ -61,7 +63,9 @@ static struct scratch scratch_split(const struct model_config *c, float *base)
     s.cosv = s.y + (size_t)OPS_TILE * y_width(c);
     s.sinv = s.cosv + (size_t)OPS_TILE * (c->rope_dim / 2);
     s.acc = s.sinv + (size_t)OPS_TILE * (c->rope_dim / 2);
-    s.kbuf = s.acc + c->head_dim;
+    s.mx = s.acc + (size_t)c->n_head * c->head_dim;
+    s.sum = s.mx + c->n_head;
+    s.kbuf = s.sum + c->n_head;
     s.vbuf = s.kbuf + c->head_dim;
     return s;
 }
@@ -180,36 +184,46 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
     }
 }
 
-/* Causal attention of one query head over positions [0, n_pos) of the sequence whose
-   block table is `table`, online softmax. */
-static void attend_head(const struct exec_step *st, int layer, const int32_t *table, int kvh,
-                        int n_pos, const float *qv, float *out, const struct scratch *sc)
+/* Causal attention of the `group` query heads sharing KV head kvh, for one token, over
+   positions [0, n_pos) of the sequence whose block table is `table`; online softmax per
+   head. q and out point at the group's first head (heads are hd apart). Each key/value
+   head is converted once for the whole group; every head's arithmetic is the same as if
+   it ran alone. */
+static void attend_group(const struct exec_step *st, int layer, const int32_t *table,
+                         int kvh, int n_pos, const float *q, float *out, int group,
+                         const struct scratch *sc)
 {
     const struct kv_cache *kv = st->kv;
-    float *acc = sc->acc;
     const int hd = st->m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
-    float mx = -INFINITY, sum = 0.0f;
-    for (int i = 0; i < hd; i++)
-        acc[i] = 0.0f;
+    float *mx = sc->mx, *sum = sc->sum;
+    for (int g = 0; g < group; g++) {
+        mx[g] = -INFINITY, sum[g] = 0.0f;
+        for (int i = 0; i < hd; i++)
+            sc->acc[(size_t)g * hd + i] = 0.0f;
+    }
     for (int j = 0; j < n_pos; j++) {
         const float *k = kv_read_head(kv, kv_pos_row(kv, kv->k, layer, table, j), kvh,
                                       sc->kbuf);
         const float *v = kv_read_head(kv, kv_pos_row(kv, kv->v, layer, table, j), kvh,
                                       sc->vbuf);
-        float s = kern_dot_f32(qv, k, hd) * scale;
-        if (s > mx) {
-            float corr = expf(mx - s); /* 0 on the first key */
-            sum *= corr;
-            kern_scale(corr, acc, hd);
-            mx = s;
+        for (int g = 0; g < group; g++) {
+            float *acc = sc->acc + (size_t)g * hd;
+            float s = kern_dot_f32(q + (size_t)g * hd, k, hd) * scale;
+            if (s > mx[g]) {
+                float corr = expf(mx[g] - s); /* 0 on the first key */
+                sum[g] *= corr;
+                kern_scale(corr, acc, hd);
+                mx[g] = s;
+            }
+            float wgt = expf(s - mx[g]);
+            sum[g] += wgt;
+            kern_axpy(wgt, v, acc, hd);
         }
-        float wgt = expf(s - mx);
-        sum += wgt;
-        kern_axpy(wgt, v, acc, hd);
     }
-    for (int i = 0; i < hd; i++)
-        out[i] = acc[i] / sum;
+    for (int g = 0; g < group; g++)
+        for (int i = 0; i < hd; i++)
+            out[(size_t)g * hd + i] = sc->acc[(size_t)g * hd + i] / sum[g];
 }
 
 static void op_attention(const struct exec_step *st, const struct prog_instr *in,
@@ -224,12 +238,11 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
     int s = in->seq;
     const int32_t *table = st->tables[s];
     for (int t = p->seq_tok0[s]; t < p->seq_tok0[s] + p->seq_ntok[s]; t++)
-        for (int kvh = in->row0; kvh < in->row1; kvh++)
-            for (int g = 0; g < group; g++) {
-                size_t off = (size_t)t * qd + (size_t)(kvh * group + g) * hd;
-                attend_head(st, in->layer, table, kvh, st->pos[t] + 1, q + off, att + off,
-                            sc);
-            }
+        for (int kvh = in->row0; kvh < in->row1; kvh++) {
+            size_t off = (size_t)t * qd + (size_t)kvh * group * hd;
+            attend_group(st, in->layer, table, kvh, st->pos[t] + 1, q + off, att + off, group,
+                         sc);
+        }
 }
 
 /* x[t][r] += W[r] . in[t] for the instruction's rows, every token. */

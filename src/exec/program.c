@@ -4,7 +4,8 @@
  * Build order: fill the shape tables from the batch, emit stages (each a run of
  * instructions sharing one counter), record each buffer's first write and last read, then
  * place buffers in the arena. Notation below: T = tokens of the batch, t one of them,
- * pos(t) its position, sid(t) the seq id of its sequence; x = buffer X; W* the layer's
+ * pos(t) its position, tab(t) the block table of its sequence (the step's tables, see
+ * exec/kv.h: engine-chosen or internal, the ops cannot tell); x = buffer X; W* the layer's
  * weights; hd = head_dim; "rows r" = [row0, row1) of the instruction.
  *
  * Opcodes (executed by exec/ops.c; every executor must give these exact results):
@@ -18,13 +19,16 @@
  *                  h = rmsnorm(x[t]) * attn_norm; for each unit u: y = W[u*hd..+hd) h
  *                  (+ bias); Q and K units: y = rmsnorm(y) * q_norm/k_norm (qwen3) then
  *                  rope at pos(t) (linear scaling divides pos; llama3 divides frequencies);
- *                  Q unit -> q[t][u*hd..], K/V unit -> KV cache row (l, sid(t), pos(t)).
+ *                  Q unit -> q[t][u*hd..], K/V unit -> head u of KV row (l, tab(t), pos(t)),
+ *                  converted to the cache's element type (kv_write_head).
  *                  in X, out Q (and the KV cache).
  *
  * ATTENTION        layer l; seq s; rows = KV heads. For every token t of s and every query
  *                  head hq with hq / (n_head / n_kv) in rows: causal attention over cache
- *                  positions 0..pos(t) of sid(s) with scores q.k / sqrt(hd), softmax computed
- *                  online (running max, rescaled sum) in position order; att[t][hq*hd..].
+ *                  positions 0..pos(t) of tab(s) (keys/values read back as f32 with
+ *                  kv_read_head; positions below the sequence's pos may sit in blocks another
+ *                  sequence computed) with scores q.k / sqrt(hd), softmax computed online
+ *                  (running max, rescaled sum) in position order; att[t][hq*hd..].
  *                  Waits for all QKV instructions: the batch's own keys are in the cache.
  *                  in Q, out ATT.
  *

@@ -45,7 +45,7 @@
 enum prog_op {
     OP_EMBED = 0,             /* rows = tokens: x[t] = embedding of token t */
     OP_ATTN_NORM_QKV_ROPE,    /* rows = Q|K|V heads: rmsnorm, projections, bias, qk-norm,
-                                 rope; Q to a buffer, K/V appended to the paged cache */
+                                 rope; Q to a buffer, K/V to the paged cache */
     OP_ATTENTION,             /* one batch sequence, rows = KV heads: causal online-softmax
                                  attention over the cache, all query heads of the group */
     OP_O_PROJ_RESIDUAL,       /* rows = model dims: x += Wo att */
