@@ -12,7 +12,8 @@
  *   - copy-on-write fork: a shared partial last block copied before two children decode
  *     different tokens; without the copy the second child sees the first's token;
  *   - 18 sequences joining at different steps, mixing one-token decodes and prefill
- *     chunks of varying sizes, each step one batch, blocks handed out from a shuffled pool;
+ *     chunks of varying sizes, each step one batch, blocks handed out from a shuffled pool,
+ *     matrix ops cut into 1-3 row slices;
  *   - the KV type is really used (f16 logits differ from f32, but little).
  * Then the checks on tables (ids, lengths, duplicates, write conflicts, copies, mixing
  * modes) and the block-size arithmetic the engine sizes its pool with.
@@ -104,11 +105,14 @@ static const enum weld_dtype kv_types[4] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
 #define V 64
 #define BS 4
 
+static int n_splits; /* for make_runner: 0 (one slice) unless a test sets it */
+
 static struct runner *make_runner(const struct model *m, int max_seqs, int kv_blocks,
                                   enum weld_dtype kv_type)
 {
     struct backend_params bp;
     backend_params_init(&bp, max_seqs, 64);
+    bp.n_splits = n_splits;
     bp.kv_block_size = BS;
     bp.kv_blocks = kv_blocks;
     bp.kv_type = kv_type;
@@ -346,7 +350,9 @@ static void mixed_case(enum model_arch arch, enum weld_dtype kv, uint64_t seed)
     }
     float *lg = malloc(sizeof(float) * NSEQ * MAXLEN * V);
     float *got = malloc(sizeof(float) * NSEQ * MAXLEN * V);
+    n_splits = (int)(seed % 4); /* 0..3 row slices for the mixed runs, 0 for alone */
     struct runner *run = make_runner(&tm->m, NSEQ, POOL, kv);
+    n_splits = 0;
     REQUIRE(run != NULL);
     int max_mix = 0;
     for (int st = 0;; st++) {
