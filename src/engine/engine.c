@@ -1,0 +1,668 @@
+/*
+ * engine - requests, scheduler, forward pass, sampling (design at the top of engine.h).
+ *
+ * Data layout:
+ *   struct engine_req   one per live request, on a doubly linked list in arrival order;
+ *                       owns the struct request and an array of n struct engine_seq.
+ *   struct engine_seq   sequence i of a request: its struct sched_seq while the scheduler
+ *                       holds it (NULL before the fork for i > 0 and after release).
+ *                       sched_seq.user points at it, which is how plan entries find their
+ *                       request.
+ * Scheduler ids are request ids (all n sequences of a request share one, so the
+ * scheduler's log lines name the request the user knows).
+ *
+ * Invariants: a request is on the list until every sequence has finished (then it is freed
+ * at once); a released sequence never stays in the scheduler; aborts asked for inside a
+ * step (from a callback) are flagged and carried out when the step ends, so a step never
+ * frees a request it is still iterating over.
+ */
+#include "engine/engine.h"
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "exec/runner.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+struct engine_req;
+
+struct engine_seq {
+    struct engine_req *er;
+    int index;
+    struct sched_seq *ss;
+};
+
+struct engine_req {
+    struct request *r;
+    struct engine_seq *seqs;     /* (r->n_seqs) */
+    bool forked, abort_pending, fail_pending, counted_cached;
+    struct engine_req *prev, *next;
+};
+
+struct engine {
+    struct model *own_model;
+    const struct model *m;
+    struct tokenizer *own_tok;
+    const struct tokenizer *tok;
+    struct runner *run;
+    struct sched *s;
+    struct sched_config sc;
+    int n_vocab;
+    uint64_t seed, next_id;
+    struct engine_req *head, *tail;
+    int n_reqs;
+    bool in_step;
+    float *logits;               /* (cap_rows, n_vocab) */
+    int cap_rows;
+    struct batch_seq *bseqs;     /* (cap_bseqs) */
+    int cap_bseqs;
+    int *row_entry;              /* (cap_bseqs) plan entry of batch sequence / logits row */
+    struct kv_block_copy *copies; /* (cap_copies) */
+    int cap_copies;
+    size_t kv_bytes;
+    struct engine_stats st;      /* counters kept here; the rest filled by stats_get */
+};
+
+struct engine_params engine_params_default(void)
+{
+    struct engine_params p;
+    memset(&p, 0, sizeof p);
+    p.max_num_seqs = 64;
+    p.max_num_batched_tokens = 2048;
+    p.block_size = 16;
+    p.kv_dtype = DT_F16;
+    p.prefix_caching = true;
+    p.policy = SCHED_POLICY_FCFS;
+    return p;
+}
+
+int engine_parse_kv_dtype(const char *s, enum weld_dtype *out, struct weld_err *e)
+{
+    static const struct { const char *name; enum weld_dtype t; } names[] = {
+        {"f16", DT_F16}, {"bf16", DT_BF16}, {"f32", DT_F32}, {"q8_0", DT_Q8_0}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].t;
+            return WELD_OK;
+        }
+    return err_set(e, WELD_ERR_INVALID_ARG,
+                   "--kv-cache-dtype '%s': expected f16, bf16, f32 or q8_0", s ? s : "");
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* MemAvailable from /proc/meminfo in bytes; 0 if unknown. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Pool size in blocks from the params (see engine_params_default). */
+static int pool_blocks(const struct engine *eng, const struct engine_params *p,
+                       size_t block_bytes, struct weld_err *e)
+{
+    int per_seq = (eng->sc.max_model_len + p->block_size - 1) / p->block_size;
+    if (p->kv_blocks > 0)
+        return p->kv_blocks;
+    uint64_t bytes = p->kv_cache_memory;
+    if (!bytes) {
+        uint64_t need = (uint64_t)p->max_num_seqs * (uint64_t)per_seq * block_bytes;
+        uint64_t avail = mem_available(), w = model_weight_bytes(eng->m);
+        uint64_t share = avail > w ? (avail - w) / 2 : (avail ? avail / 4 : (1ull << 30));
+        bytes = need < share ? need : share;
+        if (bytes < (uint64_t)per_seq * block_bytes)
+            bytes = (uint64_t)per_seq * block_bytes;
+    }
+    int n = backend_kv_blocks_for_bytes(&eng->m->cfg, p->kv_dtype, p->block_size,
+                                        (size_t)bytes);
+    if (n < 1)
+        err_set(e, WELD_ERR_LIMIT,
+                "--kv-cache-memory %llu bytes: not even one KV block (%zu bytes) fits",
+                (unsigned long long)bytes, block_bytes);
+    return n;
+}
+
+static int check_params(const struct engine_params *p, struct weld_err *e)
+{
+    if (!p->model && !p->model_path)
+        return err_set(e, WELD_ERR_INVALID_ARG, "engine: no model (model_path or model)");
+    if (p->max_num_seqs < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--max-num-seqs %d: must be >= 1",
+                       p->max_num_seqs);
+    if (p->max_num_batched_tokens < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--max-num-batched-tokens %d: must be >= 1",
+                       p->max_num_batched_tokens);
+    if (p->block_size < 1 || p->block_size > KVM_MAX_BLOCK_SIZE)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--block-size %d: must be in [1, %d]",
+                       p->block_size, KVM_MAX_BLOCK_SIZE);
+    if (p->max_model_len < 0 || p->kv_blocks < 0)
+        return err_set(e, WELD_ERR_INVALID_ARG, "engine: negative max_model_len/kv_blocks");
+    return WELD_OK;
+}
+
+/* A GGUF without tokenizer.ggml.model or an HF directory without tokenizer.json has no
+   tokenizer: such a model serves token-id prompts only. */
+static bool model_has_tokenizer(const struct model *m)
+{
+    if (m->source == MODEL_SRC_GGUF) {
+        struct gguf_str s;
+        return gguf_get_str(m->gguf, "tokenizer.ggml.model", &s, NULL) != WELD_ERR_NOT_FOUND;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
+    return access(path, R_OK) == 0;
+}
+
+/* Model, tokenizer and limits; the pool and runner come after. */
+static int engine_open_model(struct engine *eng, const struct engine_params *p,
+                             struct weld_err *e)
+{
+    int rc;
+    if (p->model) {
+        eng->m = p->model;
+    } else {
+        if ((rc = model_load(&eng->own_model, p->model_path, e)))
+            return rc;
+        eng->m = eng->own_model;
+    }
+    eng->tok = p->tokenizer;
+    if (!eng->tok && model_has_tokenizer(eng->m)) {
+        rc = eng->m->source == MODEL_SRC_GGUF ? tokenizer_load_gguf(&eng->own_tok, eng->m->gguf, e)
+                                              : tokenizer_load_hf(&eng->own_tok, eng->m->dir, e);
+        if (rc)
+            return err_prefix(e, "%s: tokenizer", eng->m->path);
+        eng->tok = eng->own_tok;
+    }
+    eng->n_vocab = eng->m->cfg.n_vocab;
+    eng->sc.max_model_len = p->max_model_len ? p->max_model_len : eng->m->cfg.max_ctx;
+    if (eng->sc.max_model_len < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "max_model_len: %d", eng->sc.max_model_len);
+    return WELD_OK;
+}
+
+static int engine_open_pool(struct engine *eng, const struct engine_params *p,
+                            struct weld_err *e)
+{
+    size_t block_bytes = backend_kv_block_bytes(&eng->m->cfg, p->kv_dtype, p->block_size);
+    if (!block_bytes)
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "--kv-cache-dtype %s cannot hold this model's attention heads "
+                       "(head_dim %d; q8_0 needs a multiple of 32)",
+                       dtype_name(p->kv_dtype), eng->m->cfg.head_dim);
+    int n_blocks = pool_blocks(eng, p, block_bytes, e);
+    if (n_blocks < 1)
+        return WELD_ERR_LIMIT;
+    eng->kv_bytes = (size_t)n_blocks * block_bytes;
+    eng->sc.kv = kvm_config_default();
+    eng->sc.kv.n_blocks = n_blocks;
+    eng->sc.kv.block_size = p->block_size;
+    eng->sc.kv.prefix_caching = p->prefix_caching;
+    eng->sc.max_num_batched_tokens = p->max_num_batched_tokens;
+    eng->sc.max_num_seqs = p->max_num_seqs;
+    eng->sc.policy = p->policy;
+    int rc = sched_create(&eng->s, &eng->sc, e);
+    if (rc)
+        return rc;
+    struct backend_params bp;
+    backend_params_init(&bp, p->max_num_batched_tokens, eng->sc.max_model_len);
+    bp.kv_block_size = p->block_size;
+    bp.kv_blocks = n_blocks;
+    bp.kv_type = p->kv_dtype;
+    if ((rc = runner_create_ex(&eng->run, eng->m, &bp, e)))
+        return rc;
+    if (!p->quiet)
+        log_info("kv cache: %d blocks x %d tokens, %s, %.1f MiB (%s); max_model_len %d, "
+                 "max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s",
+                 n_blocks, p->block_size, dtype_name(p->kv_dtype),
+                 (double)eng->kv_bytes / (1024.0 * 1024.0),
+                 p->kv_blocks ? "--kv-blocks" : p->kv_cache_memory ? "--kv-cache-memory"
+                                                                   : "automatic",
+                 eng->sc.max_model_len, p->max_num_seqs, p->max_num_batched_tokens,
+                 p->prefix_caching ? "on" : "off");
+    return WELD_OK;
+}
+
+int engine_create(struct engine **out, const struct engine_params *p, struct weld_err *e)
+{
+    *out = NULL;
+    int rc = check_params(p, e);
+    if (rc)
+        return rc;
+    struct engine *eng = wcalloc(1, sizeof *eng);
+    if (!eng)
+        return err_set(e, WELD_ERR_NOMEM, "engine: out of memory");
+    eng->seed = p->seed;
+    eng->next_id = 1;
+    if ((rc = engine_open_model(eng, p, e)) || (rc = engine_open_pool(eng, p, e))) {
+        engine_free(eng);
+        return rc;
+    }
+    *out = eng;
+    return WELD_OK;
+}
+
+static void req_unlink_free(struct engine *eng, struct engine_req *er)
+{
+    if (er->prev)
+        er->prev->next = er->next;
+    else
+        eng->head = er->next;
+    if (er->next)
+        er->next->prev = er->prev;
+    else
+        eng->tail = er->prev;
+    eng->n_reqs--;
+    request_free(er->r);
+    wfree(er->seqs);
+    wfree(er);
+}
+
+void engine_free(struct engine *eng)
+{
+    if (!eng)
+        return;
+    while (eng->head) {
+        struct engine_req *er = eng->head;
+        for (int i = 0; i < er->r->n_seqs; i++)
+            if (er->seqs[i].ss)
+                sched_abort(eng->s, er->seqs[i].ss);
+        req_unlink_free(eng, er);
+    }
+    sched_free(eng->s);
+    runner_free(eng->run);
+    tokenizer_free(eng->own_tok);
+    model_free(eng->own_model);
+    wfree(eng->logits);
+    wfree(eng->bseqs);
+    wfree(eng->row_entry);
+    wfree(eng->copies);
+    wfree(eng);
+}
+
+/* Release every sequence of a request still in the scheduler, finish the rest with f
+   (abort / error) and free it. */
+static void req_end(struct engine *eng, struct engine_req *er, enum request_finish f,
+                    const char *msg)
+{
+    for (int i = 0; i < er->r->n_seqs; i++) {
+        if (!er->seqs[i].ss)
+            continue;
+        if (f == REQUEST_FINISH_ABORT)
+            sched_abort(eng->s, er->seqs[i].ss);
+        else
+            sched_finish(eng->s, er->seqs[i].ss);
+        er->seqs[i].ss = NULL;
+    }
+    request_finish_all(er->r, f, msg);
+    if (f == REQUEST_FINISH_ABORT)
+        eng->st.requests_aborted++;
+    else
+        eng->st.requests_failed++;
+    req_unlink_free(eng, er);
+}
+
+static int req_build(struct engine *eng, const struct request_params *p,
+                     const struct request_callbacks *cb, struct engine_req **out,
+                     struct weld_err *e)
+{
+    int32_t *ids = NULL;
+    int n_ids = 0, rc;
+    *out = NULL;
+    if ((rc = request_params_check(p, eng->n_vocab, e)) ||
+        (rc = request_encode_prompt(eng->tok, p, &ids, &n_ids, e)))
+        return rc;
+    struct engine_req *er = wcalloc(1, sizeof *er);
+    if (!er || !(er->seqs = wcalloc((size_t)p->n, sizeof *er->seqs))) {
+        wfree(er);
+        wfree(ids);
+        return err_set(e, WELD_ERR_NOMEM, "engine: out of memory");
+    }
+    struct request_params q = *p;
+    uint64_t id = eng->next_id;
+    if (!q.has_seed)
+        q.sampling.seed = splitmix64(eng->seed ^ splitmix64(id));
+    rc = request_create(&er->r, id, &q, ids, n_ids, eng->tok, eng->n_vocab, cb, e);
+    wfree(ids);
+    if (rc) {
+        wfree(er->seqs);
+        wfree(er);
+        return rc;
+    }
+    for (int i = 0; i < p->n; i++) {
+        er->seqs[i].er = er;
+        er->seqs[i].index = i;
+    }
+    *out = er;
+    return WELD_OK;
+}
+
+int engine_add_request(struct engine *eng, const struct request_params *p,
+                       const struct request_callbacks *cb, uint64_t *id, struct weld_err *e)
+{
+    struct engine_req *er;
+    int rc = req_build(eng, p, cb, &er, e);
+    if (rc) {
+        eng->st.requests_rejected++;
+        return rc;
+    }
+    struct request *r = er->r;
+    struct sched_seq_params sp = {
+        .id = r->id,
+        .user = &er->seqs[0],
+        .priority = p->priority,
+        .tokens = r->prompt,
+        .n_tokens = r->n_prompt,
+        .cache_salt = r->p.cache_salt,
+        .cache_salt_len = r->p.cache_salt ? strlen(r->p.cache_salt) : 0,
+    };
+    if ((rc = sched_add(eng->s, &sp, &er->seqs[0].ss, e))) {
+        eng->st.requests_rejected++;
+        request_free(r);
+        wfree(er->seqs);
+        wfree(er);
+        return rc;
+    }
+    eng->next_id++;
+    er->prev = eng->tail;
+    if (eng->tail)
+        eng->tail->next = er;
+    else
+        eng->head = er;
+    eng->tail = er;
+    eng->n_reqs++;
+    eng->st.requests_added++;
+    eng->st.prompt_tokens += (uint64_t)r->n_prompt;
+    if (id)
+        *id = r->id;
+    return WELD_OK;
+}
+
+static struct engine_req *req_find(const struct engine *eng, uint64_t id)
+{
+    for (struct engine_req *er = eng->head; er; er = er->next)
+        if (er->r->id == id)
+            return er;
+    return NULL;
+}
+
+int engine_abort(struct engine *eng, uint64_t id, struct weld_err *e)
+{
+    struct engine_req *er = req_find(eng, id);
+    if (!er || er->abort_pending)
+        return err_set(e, WELD_ERR_NOT_FOUND, "abort: no running request %llu",
+                       (unsigned long long)id);
+    if (eng->in_step)
+        er->abort_pending = true;
+    else
+        req_end(eng, er, REQUEST_FINISH_ABORT, NULL);
+    return WELD_OK;
+}
+
+bool engine_has_work(const struct engine *eng) { return eng->n_reqs > 0; }
+const struct model *engine_model(const struct engine *eng) { return eng->m; }
+const struct tokenizer *engine_tokenizer(const struct engine *eng) { return eng->tok; }
+const struct sched_config *engine_sched_config(const struct engine *eng) { return &eng->sc; }
+
+/* Grow the step buffers for n entries and n_copies copies. */
+static bool step_buffers(struct engine *eng, int n, int n_copies)
+{
+    if (n > eng->cap_rows) {
+        float *l = wrealloc(eng->logits, (size_t)n * (size_t)eng->n_vocab * sizeof *l);
+        struct batch_seq *b = wrealloc(eng->bseqs, (size_t)n * sizeof *b);
+        if (l)
+            eng->logits = l;
+        if (b)
+            eng->bseqs = b;
+        int *re = wrealloc(eng->row_entry, (size_t)n * sizeof *re);
+        if (re)
+            eng->row_entry = re;
+        if (!l || !b || !re)
+            return false;
+        eng->cap_rows = eng->cap_bseqs = n;
+    }
+    if (n_copies > eng->cap_copies) {
+        struct kv_block_copy *c = wrealloc(eng->copies, (size_t)n_copies * sizeof *c);
+        if (!c)
+            return false;
+        eng->copies = c;
+        eng->cap_copies = n_copies;
+    }
+    return true;
+}
+
+/* The plan as a batch: entry k is batch sequence k (its logits row k). */
+static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct batch *b,
+                         struct weld_err *e)
+{
+    if (!step_buffers(eng, pl->n_entries, pl->n_copies))
+        return err_set(e, WELD_ERR_NOMEM, "engine: out of memory for a step of %d entries",
+                       pl->n_entries);
+    int n = 0;
+    for (int k = 0; k < pl->n_entries; k++) {
+        const struct sched_entry *en = &pl->entries[k];
+        if (!en->seq)
+            continue;
+        struct engine_seq *es = en->seq->user;
+        if (es->er->r->t_scheduled == 0)
+            es->er->r->t_scheduled = time_now();
+        eng->row_entry[n] = k;
+        eng->bseqs[n++] = (struct batch_seq){
+            .seq_id = k,
+            .tokens = en->seq->tokens + en->first,
+            .n_tokens = en->n_tokens,
+            .pos = en->first,
+            .blocks = en->blocks,
+            .n_blocks = en->n_blocks,
+        };
+    }
+    for (int c = 0; c < pl->n_copies; c++)
+        eng->copies[c] = (struct kv_block_copy){pl->copies[c].src, pl->copies[c].dst};
+    *b = (struct batch){.seqs = eng->bseqs, .n_seqs = n,
+                        .copies = pl->n_copies ? eng->copies : NULL,
+                        .n_copies = pl->n_copies};
+    return WELD_OK;
+}
+
+/* Sequence i of er samples from row; the token is appended or the sequence released. */
+static void seq_sample(struct engine *eng, struct engine_req *er, int i, const float *row)
+{
+    struct request *r = er->r;
+    struct sched_seq *ss = er->seqs[i].ss;
+    struct weld_err e;
+    bool fin;
+    bool at_limit = ss->n_tokens + 1 >= eng->sc.max_model_len;
+    if (request_seq_step(r, i, row, at_limit, &fin, &e) != WELD_OK) {
+        log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
+        req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+        return;
+    }
+    eng->st.generated_tokens++;
+    if (fin) {
+        sched_finish(eng->s, ss);
+        er->seqs[i].ss = NULL;
+        if (request_done(r)) {
+            eng->st.requests_finished++;
+            req_unlink_free(eng, er);
+        }
+        return;
+    }
+    if (sched_append_token(eng->s, ss, request_seq_last_token(r, i), &e) != WELD_OK) {
+        log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
+        req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+    }
+}
+
+/* An entry that reached the end of its tokens: fork (n > 1, first time), then sample. */
+static void entry_sample(struct engine *eng, struct engine_seq *es, const float *row)
+{
+    struct engine_req *er = es->er;
+    struct request *r = er->r;
+    if (es->index == 0 && !er->counted_cached) {
+        er->counted_cached = true;
+        r->n_cached = es->ss->n_cached;
+        eng->st.cached_tokens += (uint64_t)r->n_cached;
+    }
+    if (es->index != 0 || er->forked || r->n_seqs == 1) {
+        seq_sample(eng, er, es->index, row);
+        return;
+    }
+    er->forked = true;
+    for (int i = 1; i < r->n_seqs; i++) {
+        struct weld_err e;
+        if (sched_fork(eng->s, es->ss, r->id, &er->seqs[i], &er->seqs[i].ss, &e) != WELD_OK) {
+            req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+            return;
+        }
+    }
+    /* each sample may finish (and free) the request: stop when it is gone */
+    uint64_t id = r->id;
+    for (int i = 0; i < r->n_seqs; i++) {
+        bool last = i == r->n_seqs - 1;
+        seq_sample(eng, er, i, row);
+        if (last || !req_find(eng, id))
+            return;
+    }
+}
+
+/* Finish the requests of sequences the scheduler gave up on (they can never fit). Two
+   passes: ending one request may free another failed sequence of the same request. */
+static void plan_failed(struct engine *eng, const struct sched_plan *pl)
+{
+    if (!pl->n_failed)
+        return;
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "sequence of %d tokens cannot fit in the KV pool (%d blocks of %d tokens) even "
+             "alone", pl->failed[0]->n_tokens, eng->sc.kv.n_blocks, eng->sc.kv.block_size);
+    for (int k = 0; k < pl->n_failed; k++)
+        ((struct engine_seq *)pl->failed[k]->user)->er->fail_pending = true;
+    struct engine_req *er = eng->head;
+    while (er) {
+        struct engine_req *next = er->next;
+        if (er->fail_pending)
+            req_end(eng, er, REQUEST_FINISH_ERROR, msg);
+        er = next;
+    }
+}
+
+static void step_aborts(struct engine *eng)
+{
+    struct engine_req *er = eng->head;
+    while (er) {
+        struct engine_req *next = er->next;
+        if (er->abort_pending)
+            req_end(eng, er, REQUEST_FINISH_ABORT, NULL);
+        er = next;
+    }
+}
+
+/* The forward pass failed: every request with a sequence in the step ends with "error". */
+static void step_fail(struct engine *eng, const struct sched_plan *pl, const char *msg)
+{
+    for (int k = 0; k < pl->n_entries; k++)
+        if (pl->entries[k].seq) {
+            struct engine_seq *es = pl->entries[k].seq->user;
+            req_end(eng, es->er, REQUEST_FINISH_ERROR, msg);
+        }
+}
+
+static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *e)
+{
+    plan_failed(eng, pl);
+    struct batch b;
+    int rc = plan_to_batch(eng, pl, &b, e);
+    if (rc == WELD_OK && b.n_seqs > 0) {
+        double t0 = time_now();
+        rc = runner_forward(eng->run, &b, eng->logits, e);
+        eng->st.t_forward += time_now() - t0;
+    }
+    if (rc) {
+        step_fail(eng, pl, e->msg);
+        sched_step_done(eng->s, NULL);
+        return rc;
+    }
+    if ((rc = sched_step_done(eng->s, e)))
+        return rc;
+    eng->st.steps++;
+    eng->st.computed_tokens += (uint64_t)pl->n_tokens;
+    for (int j = 0; j < b.n_seqs; j++) {
+        const struct sched_entry *en = &pl->entries[eng->row_entry[j]];
+        if (en->seq && en->sample)
+            entry_sample(eng, en->seq->user, eng->logits + (size_t)j * (size_t)eng->n_vocab);
+    }
+    return WELD_OK;
+}
+
+int engine_step(struct engine *eng, struct weld_err *e)
+{
+    if (!engine_has_work(eng))
+        return WELD_OK;
+    struct sched_plan pl;
+    int rc = sched_step(eng->s, &pl, e);
+    if (rc)
+        return rc;
+    eng->in_step = true;
+    rc = step_run(eng, &pl, e);
+    eng->in_step = false;
+    step_aborts(eng);
+    return rc;
+}
+
+void engine_stats_get(const struct engine *eng, struct engine_stats *st)
+{
+    *st = eng->st;
+    struct sched_stats ss;
+    sched_stats_get(eng->s, &ss);
+    st->preemptions = ss.n_preemptions;
+    st->running = ss.n_running;
+    st->waiting = ss.n_waiting;
+    st->cache_queries = ss.kv.lookups;
+    st->cache_query_tokens = ss.kv.query_tokens;
+    st->cache_hit_tokens = ss.kv.hit_tokens;
+    st->evictions = ss.kv.evictions;
+    st->kv_blocks = ss.kv.n_blocks;
+    st->kv_blocks_used = ss.kv.n_used;
+    st->kv_blocks_cached = ss.kv.n_cached;
+    st->kv_blocks_free = ss.kv.n_free;
+    st->block_size = ss.kv.block_size;
+    st->kv_usage = ss.kv.usage;
+    st->kv_bytes = eng->kv_bytes;
+}
+
+int engine_check(const struct engine *eng, struct weld_err *e)
+{
+    int rc = sched_check(eng->s, e);
+    if (rc)
+        return rc;
+    int live = 0;
+    for (const struct engine_req *er = eng->head; er; er = er->next)
+        for (int i = 0; i < er->r->n_seqs; i++)
+            live += er->seqs[i].ss != NULL;
+    struct sched_stats ss;
+    sched_stats_get(eng->s, &ss);
+    if (live != ss.n_running + ss.n_waiting + ss.n_failed)
+        return err_set(e, WELD_ERR_INTERNAL,
+                       "engine: %d live sequences, scheduler holds %d running + %d waiting "
+                       "+ %d failed", live, ss.n_running, ss.n_waiting, ss.n_failed);
+    return WELD_OK;
+}

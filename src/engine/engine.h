@@ -1,0 +1,122 @@
+/*
+ * engine - the offline serving loop: requests in, a scheduler step, one forward pass,
+ * sampling, outputs through callbacks.
+ *
+ *     struct engine_params ep = engine_params_default();
+ *     ep.model_path = "model.gguf";
+ *     engine_create(&eng, &ep, &err);
+ *     engine_add_request(eng, &req_params, &callbacks, &id, &err);   // any number
+ *     while (engine_has_work(eng))
+ *         engine_step(eng, &err);          // callbacks fire inside
+ *     engine_free(eng);
+ *
+ * What it owns: the model (loaded from model_path, or borrowed), its tokenizer, a runner
+ * (the backend WELD_ACCELERATOR picks, exec/runner.h) whose KV pool has exactly the
+ * scheduler's n_blocks blocks, and the scheduler (engine/sched.h) with its KV block
+ * manager. The backend keeps no per-sequence state: every step's batch carries each
+ * sequence's block table and the copy-on-write block copies the manager queued.
+ *
+ * A step: sched_step plans (decodes first, then prefill chunks; preemption, failures);
+ * the plan's entries become one batch (seq_id = entry index, tokens from the sequence,
+ * pos = first, its block table); runner_forward computes one logits row per entry;
+ * sched_step_done marks the tokens computed (feeding the prefix cache); then each entry
+ * whose chunk reached the end of its known tokens samples with its own sampler
+ * (request_seq_step), and the token is appended (sched_append_token) or the sequence is
+ * released (sched_finish). n > 1: the prompt runs once as sequence 0; when it first
+ * samples, sequences 1..n-1 are forked from it (sched_fork: shared blocks, copy-on-write)
+ * and each samples its first token from the same logits row with its own seed.
+ *
+ * Determinism: at temperature 0 a request's tokens do not depend on what else runs, how
+ * its prompt was chunked or whether its prefix came from the cache, because the backend
+ * guarantees per-sequence logits independent of all three (exec/batch.h).
+ *
+ * Errors: engine_add_request refuses a bad request (the message names the field, or the
+ * limit a prompt can never fit) and nothing is queued. A sequence the scheduler marks as
+ * FAILED finishes with reason "error". A failed forward pass finishes every request of
+ * that step with "error" and engine_step returns the status.
+ *
+ * Not thread-safe: one thread calls everything; callbacks run inside engine_step (they may
+ * call engine_abort; the abort takes effect at the end of the step).
+ */
+#ifndef WELD_ENGINE_ENGINE_H
+#define WELD_ENGINE_ENGINE_H
+
+#include "core/err.h"
+#include "engine/request.h"
+#include "engine/sched.h"
+#include "format/dtype.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct model;
+struct tokenizer;
+struct engine;
+
+struct engine_params {
+    const char *model_path;         /* loaded by the engine, or: */
+    const struct model *model;      /* borrowed (must outlive the engine) */
+    const struct tokenizer *tokenizer; /* borrowed; NULL: loaded from the model (a model
+                                          without one still serves token-id prompts) */
+    int max_num_seqs;               /* running sequences, default 64 */
+    int max_num_batched_tokens;     /* tokens per step, default 2048 */
+    int max_model_len;              /* prompt + output per sequence; 0: model's context */
+    uint64_t kv_cache_memory;       /* bytes for the KV pool; 0: automatic (see below) */
+    int kv_blocks;                  /* > 0: exact pool size in blocks (overrides memory) */
+    int block_size;                 /* tokens per KV block, default 16 */
+    enum weld_dtype kv_dtype;       /* DT_F16 (default), DT_BF16, DT_F32, DT_Q8_0 */
+    bool prefix_caching;            /* default true */
+    enum sched_policy policy;       /* default FCFS */
+    uint64_t seed;                  /* mixed into the seed of requests without one */
+    bool quiet;                     /* do not log the pool size at start */
+};
+
+struct engine_stats {
+    uint64_t requests_added, requests_finished, requests_aborted, requests_rejected;
+    uint64_t requests_failed;       /* finished with "error" */
+    uint64_t prompt_tokens;         /* prompt tokens of added requests */
+    uint64_t cached_tokens;         /* prompt tokens served from the prefix cache */
+    uint64_t generated_tokens;      /* sampled tokens, all sequences */
+    uint64_t computed_tokens;       /* tokens the forward passes computed (incl. recompute) */
+    uint64_t steps, preemptions;
+    uint64_t cache_queries;         /* prefix lookups (kvm lookups) */
+    uint64_t cache_query_tokens, cache_hit_tokens;
+    uint64_t evictions;
+    int kv_blocks, kv_blocks_used, kv_blocks_cached, kv_blocks_free, block_size;
+    double kv_usage;                /* used / total blocks */
+    size_t kv_bytes;                /* bytes of the KV pool */
+    int running, waiting;
+    double t_forward;               /* seconds inside forward passes */
+};
+
+/* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what
+   max_num_seqs sequences of max_model_len need), at least one full sequence. */
+struct engine_params engine_params_default(void);
+
+int engine_create(struct engine **out, const struct engine_params *p, struct weld_err *e);
+/* NULL-safe. Unfinished requests are dropped without callbacks. */
+void engine_free(struct engine *eng);
+
+/* Queue a request; *id (may be NULL) gets its id. Errors leave nothing queued. */
+int engine_add_request(struct engine *eng, const struct request_params *p,
+                       const struct request_callbacks *cb, uint64_t *id, struct weld_err *e);
+/* Abort a request at any time: its blocks are freed at once (at the end of the current
+   step when called from a callback) and each unfinished sequence gets on_finish "abort".
+   WELD_ERR_NOT_FOUND for an unknown or finished id. */
+int engine_abort(struct engine *eng, uint64_t id, struct weld_err *e);
+/* One scheduler step + forward pass + sampling. Does nothing when idle. */
+int engine_step(struct engine *eng, struct weld_err *e);
+bool engine_has_work(const struct engine *eng);
+void engine_stats_get(const struct engine *eng, struct engine_stats *st);
+
+const struct model *engine_model(const struct engine *eng);
+const struct tokenizer *engine_tokenizer(const struct engine *eng);
+const struct sched_config *engine_sched_config(const struct engine *eng);
+/* For tests: sched_check plus "the engine's sequence count matches the scheduler's". */
+int engine_check(const struct engine *eng, struct weld_err *e);
+
+/* "f16" / "bf16" / "f32" / "q8_0" -> dtype; WELD_ERR_INVALID_ARG naming the value. */
+int engine_parse_kv_dtype(const char *s, enum weld_dtype *out, struct weld_err *e);
+
+#endif

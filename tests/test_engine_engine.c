@@ -1,0 +1,587 @@
+/*
+ * test_engine_engine - the engine loop against an independent reference.
+ *
+ * The reference is the plain runner (exec/runner.h) with its internal KV allocator: one
+ * sequence alone, the prompt as one prefill step, then one-token decodes, argmax (lowest
+ * index on ties). Every check compares engine tokens with it at temperature 0:
+ *   - a single request on stories260K;
+ *   - 64 requests with random prompts and lengths batched together under a small token
+ *     budget (chunked prefill, mixed decode + prefill steps), on stories260K and on tiny
+ *     random llama / qwen2 / qwen3 models from mkmodel;
+ *   - prefix-cache hits (shared prefixes, hit counters > 0, same tokens), and caching off;
+ *   - n > 1 (fork + copy-on-write): at temperature 0 every sequence equals the reference;
+ *     at temperature 1 sequence i equals a single request with seed + i * golden ratio;
+ *   - abort from outside and from a callback, rejection of a prompt that can never fit;
+ *   - a stress run: 1,000 requests with random lengths, stop strings and aborts in a pool
+ *     small enough to force preemption; it must end with every block free, every request
+ *     finished or aborted as asked, and the greedy ones equal to the reference.
+ */
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "engine/engine.h"
+#include "exec/runner.h"
+#include "format/gguf.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "test.h"
+
+#include <stdint.h>
+
+#define MAXGEN 64
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Greedy tokens of one sequence alone on the runner (internal KV placement). */
+static int ref_greedy(const struct model *m, enum weld_dtype kv, const int32_t *prompt,
+                      int n_prompt, int n_gen, int32_t *out)
+{
+    struct backend_params bp;
+    backend_params_init(&bp, 1, n_prompt + n_gen + 1);
+    bp.kv_type = kv;
+    struct runner *r;
+    struct weld_err e;
+    if (runner_create_ex(&r, m, &bp, &e) != WELD_OK) {
+        fprintf(stderr, "runner: %s\n", e.msg);
+        return -1;
+    }
+    int nv = runner_n_vocab(r);
+    float *logits = wmalloc((size_t)nv * sizeof *logits);
+    struct batch_seq s = {.seq_id = 0, .tokens = prompt, .n_tokens = n_prompt, .pos = 0};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
+    int k = 0;
+    for (; k < n_gen; k++) {
+        if (runner_forward(r, &b, logits, &e) != WELD_OK) {
+            fprintf(stderr, "forward: %s\n", e.msg);
+            break;
+        }
+        out[k] = argmax(logits, nv);
+        s.pos += s.n_tokens;
+        s.tokens = &out[k];
+        s.n_tokens = 1;
+    }
+    wfree(logits);
+    runner_free(r);
+    return k;
+}
+
+/* ---- collecting outputs ---------------------------------------------------------------- */
+
+struct out_seq {
+    int32_t tokens[MAXGEN + 1];
+    int n_tokens;
+    char text[2048];
+    size_t len;
+    int n_finish;
+    struct request_result res;
+};
+
+struct col {
+    struct out_seq *seqs;   /* (n_req * n_per) indexed by (req id - 1) * n_per + seq */
+    int n_req, n_per;
+    struct engine *eng;
+    uint64_t abort_id_in_cb; /* abort this request from its first delta */
+    int aborted_in_cb;
+};
+
+static struct out_seq *col_at(struct col *c, uint64_t id, int seq)
+{
+    if (id < 1 || (int)id > c->n_req || seq < 0 || seq >= c->n_per)
+        return NULL;
+    return &c->seqs[(id - 1) * (uint64_t)c->n_per + (uint64_t)seq];
+}
+
+static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t len,
+                     const int32_t *tokens, int n_tokens, const struct request_logprob *lp)
+{
+    struct col *c = user;
+    struct out_seq *o = col_at(c, id, seq);
+    (void)lp;
+    if (!o)
+        return;
+    for (int i = 0; i < n_tokens && o->n_tokens <= MAXGEN; i++)
+        o->tokens[o->n_tokens++] = tokens[i];
+    if (o->len + len < sizeof o->text) {
+        memcpy(o->text + o->len, text, len);
+        o->len += len;
+    }
+    if (c->abort_id_in_cb == id) {
+        struct weld_err e;
+        if (engine_abort(c->eng, id, &e) == WELD_OK)
+            c->aborted_in_cb++;
+        c->abort_id_in_cb = 0;
+    }
+}
+
+static void on_finish(void *user, uint64_t id, int seq, const struct request_result *r)
+{
+    struct out_seq *o = col_at(user, id, seq);
+    if (!o)
+        return;
+    o->n_finish++;
+    o->res = *r;
+}
+
+static bool col_init(struct col *c, int n_req, int n_per)
+{
+    memset(c, 0, sizeof *c);
+    c->seqs = wcalloc((size_t)n_req * (size_t)n_per, sizeof *c->seqs);
+    c->n_req = n_req;
+    c->n_per = n_per;
+    return c->seqs != NULL;
+}
+
+static struct engine *mk_engine(const struct model *m, const struct tokenizer *tok,
+                                int max_seqs, int budget, int kv_blocks, bool caching)
+{
+    struct engine_params p = engine_params_default();
+    p.model = m;
+    p.tokenizer = tok;
+    p.max_num_seqs = max_seqs;
+    p.max_num_batched_tokens = budget;
+    p.kv_blocks = kv_blocks;
+    p.prefix_caching = caching;
+    p.max_model_len = 256;
+    p.quiet = true;
+    struct engine *eng = NULL;
+    struct weld_err e;
+    if (engine_create(&eng, &p, &e) != WELD_OK)
+        fprintf(stderr, "engine_create: %s\n", e.msg);
+    return eng;
+}
+
+static int run_all(struct engine *eng, int max_steps)
+{
+    struct weld_err e;
+    int steps = 0;
+    while (engine_has_work(eng) && steps < max_steps) {
+        if (engine_step(eng, &e) != WELD_OK) {
+            fprintf(stderr, "engine_step: %s\n", e.msg);
+            return -1;
+        }
+        steps++;
+    }
+    return engine_has_work(eng) ? -1 : steps;
+}
+
+static struct request_params greedy_ids(const int32_t *ids, int n, int max_tokens)
+{
+    struct request_params p = request_params_default();
+    p.prompt_ids = ids;
+    p.n_prompt_ids = n;
+    p.sampling.temperature = 0;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    return p;
+}
+
+static bool all_blocks_free(struct engine *eng)
+{
+    struct engine_stats st;
+    engine_stats_get(eng, &st);
+    struct weld_err e;
+    if (engine_check(eng, &e) != WELD_OK) {
+        fprintf(stderr, "engine_check: %s\n", e.msg);
+        return false;
+    }
+    return st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0;
+}
+
+/* ---- models ---------------------------------------------------------------------------- */
+
+static struct model *g_stories;
+static struct gguf_file *g_gguf;
+static struct tokenizer *g_tok;
+
+static struct model *tiny_model(enum model_arch arch)
+{
+    struct weld_err e;
+    struct model_config c;
+    if (mkmodel_preset("tiny", arch, &c, &e) != WELD_OK)
+        return NULL;
+    c.n_vocab = 300;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tiny-%s.gguf", test_tmpdir(), model_arch_name(arch));
+    struct mkmodel_opts o = {.tokenizer = NULL, .dtype = DT_F32, .seed = 5, .out = path};
+    struct model *m = NULL;
+    if (mkmodel_write(&c, &o, &e) != WELD_OK || model_load(&m, path, &e) != WELD_OK) {
+        fprintf(stderr, "tiny model: %s\n", e.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* ---- tests ----------------------------------------------------------------------------- */
+
+TEST(single_request_equals_runner)
+{
+    REQUIRE(g_stories && g_tok);
+    struct engine *eng = mk_engine(g_stories, g_tok, 4, 512, 0, true);
+    REQUIRE(eng);
+    struct col c;
+    REQUIRE(col_init(&c, 1, 1));
+    struct request_params p = request_params_default();
+    p.prompt = "Once upon a time, there was a little";
+    p.sampling.temperature = 0;
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    struct request_callbacks cb = {&c, on_delta, on_finish};
+    struct weld_err e;
+    uint64_t id;
+    REQUIRE(engine_add_request(eng, &p, &cb, &id, &e) == WELD_OK);
+    CHECK_EQ_INT(id, 1);
+    CHECK(run_all(eng, 1000) > 0);
+    int32_t *ids;
+    int n;
+    REQUIRE(request_encode_prompt(g_tok, &p, &ids, &n, &e) == WELD_OK);
+    int32_t want[MAXGEN];
+    REQUIRE(ref_greedy(g_stories, DT_F16, ids, n, 40, want) == 40);
+    CHECK_EQ_INT(c.seqs[0].n_tokens, 40);
+    CHECK(!memcmp(c.seqs[0].tokens, want, sizeof(int32_t) * 40));
+    CHECK_EQ_INT(c.seqs[0].res.finish, REQUEST_FINISH_LENGTH);
+    CHECK_EQ_INT(c.seqs[0].res.n_prompt_tokens, n);
+    CHECK_EQ_INT(c.seqs[0].n_finish, 1);
+    /* the text is the decode of the tokens */
+    char *txt;
+    size_t tl;
+    REQUIRE(tokenizer_decode(g_tok, want, 40, true, &txt, &tl, &e) == WELD_OK);
+    CHECK(c.seqs[0].len == tl && !memcmp(c.seqs[0].text, txt, tl));
+    wfree(txt);
+    wfree(ids);
+    CHECK(all_blocks_free(eng));
+    wfree(c.seqs);
+    engine_free(eng);
+}
+
+/* n_req random prompts batched; every one must equal its reference. */
+static void batched_equals_alone(const struct model *m, int n_vocab, int n_req, int budget,
+                                 int max_seqs, uint64_t seed)
+{
+    struct rng g;
+    rng_seed(&g, seed);
+    struct engine *eng = mk_engine(m, NULL, max_seqs, budget, 0, true);
+    REQUIRE(eng);
+    struct col c;
+    REQUIRE(col_init(&c, n_req, 1));
+    int32_t (*prompts)[48] = wcalloc((size_t)n_req, sizeof *prompts);
+    int *lens = wcalloc((size_t)n_req, sizeof *lens), *gens = wcalloc((size_t)n_req, sizeof *gens);
+    REQUIRE(prompts && lens && gens);
+    struct request_callbacks cb = {&c, on_delta, on_finish};
+    struct weld_err e;
+    for (int i = 0; i < n_req; i++) {
+        lens[i] = 1 + (int)(rng_u64(&g) % 47);
+        gens[i] = 1 + (int)(rng_u64(&g) % 12);
+        for (int k = 0; k < lens[i]; k++)
+            prompts[i][k] = (int32_t)(rng_u64(&g) % (uint64_t)n_vocab);
+        struct request_params p = greedy_ids(prompts[i], lens[i], gens[i]);
+        REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+    }
+    CHECK(run_all(eng, 100000) > 0);
+    int bad = 0;
+    for (int i = 0; i < n_req; i++) {
+        int32_t want[MAXGEN];
+        REQUIRE(ref_greedy(m, DT_F16, prompts[i], lens[i], gens[i], want) == gens[i]);
+        if (c.seqs[i].n_tokens != gens[i] ||
+            memcmp(c.seqs[i].tokens, want, sizeof(int32_t) * (size_t)gens[i]))
+            bad++;
+        CHECK_EQ_INT(c.seqs[i].n_finish, 1);
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(all_blocks_free(eng));
+    wfree(prompts);
+    wfree(lens);
+    wfree(gens);
+    wfree(c.seqs);
+    engine_free(eng);
+}
+
+TEST(batch64_stories) { REQUIRE(g_stories); batched_equals_alone(g_stories, 512, 64, 64, 16, 1); }
+
+TEST(batch64_tiny_archs)
+{
+    enum model_arch archs[] = {ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3};
+    for (int a = 0; a < 3; a++) {
+        struct model *m = tiny_model(archs[a]);
+        REQUIRE(m);
+        batched_equals_alone(m, 300, 64, 40 + 13 * a, 16, 10 + (uint64_t)a);
+        model_free(m);
+    }
+}
+
+TEST(prefix_cache_same_tokens)
+{
+    REQUIRE(g_stories);
+    for (int caching = 1; caching >= 0; caching--) {
+        struct engine *eng = mk_engine(g_stories, g_tok, 8, 128, 0, caching);
+        REQUIRE(eng);
+        struct col c;
+        REQUIRE(col_init(&c, 12, 1));
+        struct request_callbacks cb = {&c, on_delta, on_finish};
+        struct weld_err e;
+        int32_t prompts[12][70];
+        for (int i = 0; i < 12; i++) {
+            for (int k = 0; k < 70; k++)
+                prompts[i][k] = (int32_t)(k < 50 ? (k * 31 + 7) % 512 : (k * 13 + i * 101) % 512);
+            struct request_params p = greedy_ids(prompts[i], 50 + i % 4 * 5, 6);
+            REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+            if (i % 4 == 3) /* later groups arrive after earlier ones finished */
+                CHECK(run_all(eng, 10000) > 0);
+        }
+        struct engine_stats st;
+        engine_stats_get(eng, &st);
+        if (caching) {
+            CHECK(st.cache_hit_tokens >= 9 * 48);
+            CHECK(st.cached_tokens == st.cache_hit_tokens);
+        } else {
+            CHECK_EQ_INT(st.cache_hit_tokens, 0);
+        }
+        for (int i = 0; i < 12; i++) {
+            int32_t want[8];
+            REQUIRE(ref_greedy(g_stories, DT_F16, prompts[i], 50 + i % 4 * 5, 6, want) == 6);
+            CHECK_EQ_INT(c.seqs[i].n_tokens, 6);
+            CHECK(!memcmp(c.seqs[i].tokens, want, sizeof want[0] * 6));
+            if (caching && i >= 4)
+                CHECK(c.seqs[i].res.n_cached_tokens >= 48);
+        }
+        CHECK(all_blocks_free(eng));
+        wfree(c.seqs);
+        engine_free(eng);
+    }
+}
+
+TEST(n_greater_than_one)
+{
+    REQUIRE(g_stories);
+    struct engine *eng = mk_engine(g_stories, g_tok, 16, 256, 0, true);
+    REQUIRE(eng);
+    struct col c;
+    REQUIRE(col_init(&c, 6, 4));
+    struct request_callbacks cb = {&c, on_delta, on_finish};
+    struct weld_err e;
+    int32_t prompt[21];
+    for (int k = 0; k < 21; k++)
+        prompt[k] = (int32_t)((k * 17 + 3) % 512);
+    /* request 1: n = 4 greedy; requests 2: n = 4 sampled with a seed; 3..6: n = 1 with the
+       seeds sequence i of request 2 gets */
+    struct request_params p = greedy_ids(prompt, 21, 10);
+    p.n = 4;
+    REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+    p.sampling.temperature = 1.0f;
+    p.has_seed = true;
+    p.sampling.seed = 1234;
+    REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+    p.n = 1;
+    for (int i = 0; i < 4; i++) {
+        p.sampling.seed = 1234 + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+    }
+    CHECK(run_all(eng, 10000) > 0);
+    int32_t want[16];
+    REQUIRE(ref_greedy(g_stories, DT_F16, prompt, 21, 10, want) == 10);
+    for (int s = 0; s < 4; s++) {
+        struct out_seq *o = col_at(&c, 1, s);
+        CHECK_EQ_INT(o->n_tokens, 10);
+        CHECK(!memcmp(o->tokens, want, sizeof want[0] * 10));
+        CHECK_EQ_INT(o->n_finish, 1);
+        struct out_seq *a = col_at(&c, 2, s), *b = col_at(&c, 3 + (uint64_t)s, 0);
+        CHECK_EQ_INT(a->n_tokens, 10);
+        CHECK(a->n_tokens == b->n_tokens && !memcmp(a->tokens, b->tokens, sizeof(int32_t) * 10));
+    }
+    CHECK(memcmp(col_at(&c, 2, 0)->tokens, col_at(&c, 2, 1)->tokens, sizeof(int32_t) * 10));
+    struct engine_stats st;
+    engine_stats_get(eng, &st);
+    CHECK_EQ_INT(st.generated_tokens, 8 * 10 + 4 * 10);
+    CHECK(all_blocks_free(eng));
+    wfree(c.seqs);
+    engine_free(eng);
+}
+
+TEST(abort_and_reject)
+{
+    REQUIRE(g_stories);
+    struct engine *eng = mk_engine(g_stories, g_tok, 8, 64, 0, true);
+    REQUIRE(eng);
+    struct col c;
+    REQUIRE(col_init(&c, 4, 1));
+    c.eng = eng;
+    struct request_callbacks cb = {&c, on_delta, on_finish};
+    struct weld_err e;
+    int32_t prompt[30];
+    for (int k = 0; k < 30; k++)
+        prompt[k] = (int32_t)((k * 7 + 1) % 512);
+    for (int i = 0; i < 4; i++) {
+        struct request_params p = greedy_ids(prompt, 20 + i, 30);
+        REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+    }
+    c.abort_id_in_cb = 3;
+    for (int s = 0; s < 5; s++)
+        REQUIRE(engine_step(eng, &e) == WELD_OK);
+    REQUIRE(engine_abort(eng, 2, &e) == WELD_OK);
+    CHECK(engine_abort(eng, 2, &e) == WELD_ERR_NOT_FOUND);
+    CHECK(engine_abort(eng, 99, &e) == WELD_ERR_NOT_FOUND);
+    CHECK(run_all(eng, 1000) > 0);
+    CHECK_EQ_INT(c.aborted_in_cb, 1);
+    CHECK_EQ_INT(c.seqs[1].res.finish, REQUEST_FINISH_ABORT);
+    CHECK_EQ_INT(c.seqs[2].res.finish, REQUEST_FINISH_ABORT);
+    CHECK_EQ_INT(c.seqs[2].n_tokens, 1);
+    CHECK(c.seqs[1].n_tokens < 30);
+    for (int i = 0; i < 4; i += 3) {
+        int32_t want[30];
+        REQUIRE(ref_greedy(g_stories, DT_F16, prompt, 20 + i, 30, want) == 30);
+        CHECK_EQ_INT(c.seqs[i].res.finish, REQUEST_FINISH_LENGTH);
+        CHECK(c.seqs[i].n_tokens == 30 && !memcmp(c.seqs[i].tokens, want, sizeof want));
+    }
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(c.seqs[i].n_finish, 1);
+    /* a prompt longer than max_model_len is refused, naming the limit */
+    int32_t *big = wcalloc(300, sizeof *big);
+    struct request_params p = greedy_ids(big, 300, 1);
+    CHECK(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_ERR_LIMIT);
+    CHECK(strstr(e.msg, "max_model_len") != NULL || strstr(e.msg, "256") != NULL);
+    p = greedy_ids(big, 10, 0);
+    CHECK(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "max_tokens") != NULL);
+    wfree(big);
+    struct engine_stats st;
+    engine_stats_get(eng, &st);
+    CHECK_EQ_INT(st.requests_aborted, 2);
+    CHECK_EQ_INT(st.requests_finished, 2);
+    CHECK_EQ_INT(st.requests_rejected, 2);
+    CHECK(all_blocks_free(eng));
+    wfree(c.seqs);
+    engine_free(eng);
+}
+
+/* 1,000 requests, random everything, a pool that forces preemption. */
+TEST(stress)
+{
+    REQUIRE(g_stories && g_tok);
+    enum { N = 1000 };
+    static const char *const stop_pool[] = {"e", " the", "ing", ".", "zq", "\xc3\xa9"};
+    struct rng g;
+    rng_seed(&g, 99);
+    /* 24 blocks of 16 tokens for up to 12 sequences of up to 84 tokens: preemption */
+    struct engine *eng = mk_engine(g_stories, g_tok, 12, 48, 24, true);
+    REQUIRE(eng);
+    struct col c;
+    REQUIRE(col_init(&c, N, 2));
+    c.eng = eng;
+    struct request_callbacks cb = {&c, on_delta, on_finish};
+    struct weld_err e;
+    int32_t (*prompts)[64] = wcalloc(N, sizeof *prompts);
+    int *lens = wcalloc(N, sizeof *lens), *gens = wcalloc(N, sizeof *gens);
+    int *ns = wcalloc(N, sizeof *ns), *abort_at = wcalloc(N, sizeof *abort_at);
+    bool *greedy = wcalloc(N, sizeof *greedy);
+    REQUIRE(prompts && lens && gens && ns && abort_at && greedy);
+    int added = 0, step = 0, n_abort_asked = 0;
+    while (added < N || engine_has_work(eng)) {
+        for (int k = 0; k < 3 && added < N; k++, added++) {
+            int i = added;
+            lens[i] = 1 + (int)(rng_u64(&g) % 60);
+            gens[i] = 1 + (int)(rng_u64(&g) % 24);
+            ns[i] = rng_u64(&g) % 8 == 0 ? 2 : 1;
+            abort_at[i] = rng_u64(&g) % 10 == 0 ? step + 1 + (int)(rng_u64(&g) % 30) : -1;
+            for (int t = 0; t < lens[i]; t++)
+                prompts[i][t] = (int32_t)(rng_u64(&g) % 512);
+            struct request_params p = greedy_ids(prompts[i], lens[i], gens[i]);
+            p.n = ns[i];
+            p.ignore_eos = rng_u64(&g) % 2;
+            const char *stops[2];
+            p.n_stop = (int)(rng_u64(&g) % 3);
+            for (int s = 0; s < p.n_stop; s++)
+                stops[s] = stop_pool[rng_u64(&g) % 6];
+            p.stop = stops;
+            greedy[i] = rng_u64(&g) % 4 != 0;
+            if (!greedy[i]) {
+                p.sampling.temperature = 0.8f;
+                p.has_seed = true;
+                p.sampling.seed = rng_u64(&g);
+            }
+            REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+        }
+        for (int i = 0; i < added; i++)
+            if (abort_at[i] == step) {
+                if (engine_abort(eng, (uint64_t)i + 1, &e) == WELD_OK)
+                    n_abort_asked++;
+                else
+                    abort_at[i] = -1; /* finished before its abort came */
+            }
+        REQUIRE(engine_step(eng, &e) == WELD_OK);
+        if (step % 50 == 0)
+            REQUIRE(engine_check(eng, &e) == WELD_OK);
+        REQUIRE(++step < 200000);
+    }
+    struct engine_stats st;
+    engine_stats_get(eng, &st);
+    CHECK(st.preemptions > 0);
+    CHECK_EQ_INT(st.requests_added, N);
+    CHECK_EQ_INT(st.requests_aborted, n_abort_asked);
+    CHECK_EQ_INT(st.requests_finished + st.requests_aborted, N);
+    CHECK(all_blocks_free(eng));
+    int checked = 0, bad = 0;
+    for (int i = 0; i < N; i++) {
+        int32_t want[MAXGEN];
+        bool ref = greedy[i] && abort_at[i] < 0 && i % 5 == 0;
+        if (ref) {
+            REQUIRE(ref_greedy(g_stories, DT_F16, prompts[i], lens[i], gens[i], want) ==
+                    gens[i]);
+            checked++;
+        }
+        for (int s = 0; s < ns[i]; s++) {
+            struct out_seq *o = col_at(&c, (uint64_t)i + 1, s);
+            CHECK_EQ_INT(o->n_finish, 1);
+            if (abort_at[i] >= 0) {
+                CHECK_EQ_INT(o->res.finish, REQUEST_FINISH_ABORT);
+                continue;
+            }
+            CHECK(o->res.finish == REQUEST_FINISH_LENGTH || o->res.finish == REQUEST_FINISH_STOP);
+            CHECK(o->res.finish != REQUEST_FINISH_LENGTH || o->n_tokens == gens[i]);
+            CHECK(o->n_tokens >= 1 && o->n_tokens <= gens[i]);
+            if (ref && memcmp(o->tokens, want, sizeof(int32_t) * (size_t)o->n_tokens))
+                bad++;
+        }
+    }
+    CHECK(checked > 50);
+    CHECK_EQ_INT(bad, 0);
+    fprintf(stderr, "  stress: %d steps, %llu preemptions, %llu aborted, %llu cache hit "
+            "tokens, %d checked against the reference\n",
+            step, (unsigned long long)st.preemptions, (unsigned long long)st.requests_aborted,
+            (unsigned long long)st.cache_hit_tokens, checked);
+    wfree(prompts);
+    wfree(lens);
+    wfree(gens);
+    wfree(ns);
+    wfree(abort_at);
+    wfree(greedy);
+    wfree(c.seqs);
+    engine_free(eng);
+}
+
+int main(void)
+{
+    const char *path = test_shared_path("models/stories260K.gguf");
+    struct weld_err e;
+    log_set_level(LOG_WARN); /* preemption notices */
+    if (!path || model_load(&g_stories, path, &e) != WELD_OK ||
+        tokenizer_load_gguf(&g_tok, g_stories->gguf, &e) != WELD_OK)
+        fprintf(stderr, "stories260K.gguf not available: its tests fail\n");
+    (void)g_gguf;
+    RUN(single_request_equals_runner);
+    RUN(batch64_stories);
+    RUN(batch64_tiny_archs);
+    RUN(prefix_cache_same_tokens);
+    RUN(n_greater_than_one);
+    RUN(abort_and_reject);
+    RUN(stress);
+    tokenizer_free(g_tok);
+    model_free(g_stories);
+    return test_summary();
+}
