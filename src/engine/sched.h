@@ -86,7 +86,8 @@ struct sched_seq {
     struct kvm_table table; /* its physical blocks */
     /* private */
     int cap_tokens;
-    int queue_index;        /* index in the running or waiting array, -1: none */
+    uint64_t serial;        /* creation order: the last tie-break of the key */
+    int queue_index;        /* index in its state's array */
     bool admitted_once;
 };
 

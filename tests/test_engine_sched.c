@@ -1,0 +1,627 @@
+/*
+ * Tests of the scheduler: rejection, token budget, decodes first, chunked prefill,
+ * max_num_seqs, FCFS and priority order, recompute preemption and the later recompute,
+ * failure of a sequence that cannot fit alone, abort, fork with copy-on-write, prefix hits
+ * across requests, and a randomized soak. The soak plays the exec side with a shadow KV
+ * store (queued copies applied in order, then each entry's tokens written into its
+ * blocks) and checks every step that each running sequence reads back exactly its own
+ * tokens, that every block's refcount equals the number of tables holding it, that
+ * free + cached + used = n_blocks and that no step exceeds its budget; it ends with every
+ * block free.
+ */
+#include "engine/sched.h"
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "test.h"
+
+static struct sched *mk(int n_blocks, int bs, int budget, int max_seqs, int max_len,
+                        enum sched_policy pol)
+{
+    struct sched_config c = sched_config_default();
+    c.kv.n_blocks = n_blocks;
+    c.kv.block_size = bs;
+    c.max_num_batched_tokens = budget;
+    c.max_num_seqs = max_seqs;
+    c.max_model_len = max_len;
+    c.policy = pol;
+    struct sched *s = NULL;
+    struct weld_err e = {0};
+    if (sched_create(&s, &c, &e))
+        fprintf(stderr, "sched_create: %s\n", e.msg);
+    return s;
+}
+
+static struct sched_seq *add(struct sched *s, uint64_t id, int n, int base, int prio)
+{
+    int32_t tok[4096];
+    for (int i = 0; i < n && i < 4096; i++)
+        tok[i] = base + i;
+    struct sched_seq_params p = {.id = id, .priority = prio, .tokens = tok, .n_tokens = n};
+    struct sched_seq *seq = NULL;
+    struct weld_err e = {0};
+    if (sched_add(s, &p, &seq, &e))
+        fprintf(stderr, "sched_add: %s\n", e.msg);
+    return seq;
+}
+
+static bool checked(struct sched *s)
+{
+    struct weld_err e = {0};
+    if (sched_check(s, &e)) {
+        fprintf(stderr, "sched_check: %s\n", e.msg);
+        return false;
+    }
+    return true;
+}
+
+/* Step, mark done, and append token 7 to every sampling entry. */
+static void cycle(struct sched *s, struct sched_plan *p)
+{
+    struct weld_err e = {0};
+    CHECK_EQ_INT(sched_step(s, p, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    for (int i = 0; i < p->n_entries; i++)
+        if (p->entries[i].sample && p->entries[i].seq)
+            CHECK_EQ_INT(sched_append_token(s, p->entries[i].seq, 7, NULL), WELD_OK);
+    CHECK(checked(s));
+}
+
+static const struct sched_entry *entry_of(const struct sched_plan *p, const struct sched_seq *q)
+{
+    for (int i = 0; i < p->n_entries; i++)
+        if (p->entries[i].seq == q)
+            return &p->entries[i];
+    return NULL;
+}
+
+TEST(config_and_rejection)
+{
+    struct sched_config c = sched_config_default();
+    struct weld_err e = {0};
+    CHECK_EQ_INT(sched_config_check(&c, &e), WELD_ERR_INVALID_ARG); /* no pool */
+    c.kv.n_blocks = 4;
+    CHECK_EQ_INT(sched_config_check(&c, &e), WELD_OK);
+    c.max_num_seqs = 0;
+    CHECK_EQ_INT(sched_config_check(&c, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "max_num_seqs") != NULL);
+    sched_free(NULL);
+
+    struct sched *s = mk(4, 4, 64, 8, 20, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *q = NULL;
+    int32_t tok[32] = {0};
+    struct sched_seq_params p = {.id = 9, .tokens = tok, .n_tokens = 21};
+    CHECK_EQ_INT(sched_add(s, &p, &q, &e), WELD_ERR_LIMIT);
+    CHECK(strstr(e.msg, "max_model_len 20") != NULL && strstr(e.msg, "request 9") != NULL);
+    CHECK(q == NULL);
+    sched_free(s);
+    s = mk(4, 4, 64, 8, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    p.n_tokens = 17;
+    CHECK_EQ_INT(sched_add(s, &p, &q, &e), WELD_ERR_LIMIT);
+    CHECK(strstr(e.msg, "needs 5 KV blocks") != NULL && strstr(e.msg, "has 4") != NULL);
+    p.n_tokens = 0;
+    CHECK_EQ_INT(sched_add(s, &p, &q, &e), WELD_ERR_INVALID_ARG);
+    p.n_tokens = 16;
+    CHECK_EQ_INT(sched_add(s, &p, &q, &e), WELD_OK);
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.n_rejected, 1); /* this instance refused the 17-token prompt */
+    CHECK_EQ_INT(st.n_waiting, 1);
+    CHECK(!sched_idle(s));
+    sched_free(s); /* releases the waiting sequence */
+}
+
+TEST(budget_decodes_first_and_chunking)
+{
+    struct sched *s = mk(64, 4, 8, 8, 256, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_plan p;
+    struct sched_seq *a = add(s, 1, 3, 100, 0);
+    REQUIRE(a);
+    cycle(s, &p);
+    REQUIRE(p.n_entries == 1);
+    CHECK(p.entries[0].seq == a && p.entries[0].n_tokens == 3 && p.entries[0].sample);
+    struct sched_seq *b = add(s, 2, 30, 500, 0);
+    struct sched_seq *c = add(s, 3, 2, 900, 0);
+    REQUIRE(b && c);
+    int b_next = 0, steps = 0;
+    while (b->n_computed < b->n_tokens - 1 && steps < 20) {
+        cycle(s, &p);
+        steps++;
+        CHECK(p.n_tokens <= 8);
+        REQUIRE(p.n_entries >= 1);
+        CHECK(p.entries[0].seq == a); /* the decode first */
+        CHECK_EQ_INT(p.entries[0].n_tokens, 1);
+        CHECK(p.entries[0].sample);
+        const struct sched_entry *eb = entry_of(&p, b);
+        REQUIRE(eb);
+        CHECK_EQ_INT(eb->first, b_next); /* contiguous chunks */
+        b_next += eb->n_tokens;
+        CHECK_EQ_INT(eb->n_tokens, b_next < 30 ? 7 : eb->n_tokens);
+        CHECK_EQ_INT(eb->sample, b_next == 30);
+        CHECK(eb->n_blocks * 4 >= eb->first + eb->n_tokens);
+        /* c waits until b's prompt no longer takes the whole remaining budget */
+        if (b_next < 28)
+            CHECK(entry_of(&p, c) == NULL);
+    }
+    CHECK_EQ_INT(b_next, 30);
+    CHECK_EQ_INT(steps, 5); /* 7 + 7 + 7 + 7 + 2 */
+    /* The last step had room: c was admitted in it, after a's decode and b's chunk. */
+    const struct sched_entry *ec = entry_of(&p, c);
+    REQUIRE(ec);
+    CHECK(ec == &p.entries[2] && ec->n_tokens == 2 && ec->sample);
+    cycle(s, &p); /* three decodes */
+    CHECK_EQ_INT(p.n_entries, 3);
+    CHECK_EQ_INT(p.n_tokens, 3);
+    sched_finish(s, a);
+    sched_finish(s, b);
+    sched_finish(s, c);
+    CHECK(sched_idle(s));
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_used, 0);
+    CHECK_EQ_INT(st.n_finished, 3);
+    sched_free(s);
+}
+
+TEST(max_num_seqs)
+{
+    struct sched *s = mk(64, 4, 100, 2, 256, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *q[3];
+    for (int i = 0; i < 3; i++)
+        REQUIRE((q[i] = add(s, (uint64_t)i, 5, 10 * i, 0)));
+    struct sched_plan p;
+    cycle(s, &p);
+    CHECK_EQ_INT(p.n_entries, 2);
+    CHECK(entry_of(&p, q[2]) == NULL);
+    cycle(s, &p);
+    CHECK_EQ_INT(p.n_entries, 2);
+    CHECK_EQ_INT(q[2]->state, SCHED_WAITING);
+    sched_finish(s, q[0]);
+    cycle(s, &p);
+    CHECK_EQ_INT(p.n_entries, 2);
+    CHECK(entry_of(&p, q[2]) != NULL && entry_of(&p, q[2])->n_tokens == 5);
+    sched_finish(s, q[1]);
+    sched_finish(s, q[2]);
+    sched_free(s);
+}
+
+/* Admission order with a budget that lets exactly one 4-token prompt in per step. */
+static void admission_order(enum sched_policy pol, const int *prio, const int *want)
+{
+    struct sched *s = mk(64, 4, 4, 8, 256, pol);
+    REQUIRE(s);
+    struct sched_seq *q[4];
+    for (int i = 0; i < 4; i++)
+        REQUIRE((q[i] = add(s, (uint64_t)i, 4, 10 * i, prio[i])));
+    struct sched_plan p;
+    struct weld_err e = {0};
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+        REQUIRE(p.n_entries == 1);
+        CHECK_EQ_INT(p.entries[0].seq->id, want[k]);
+        CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+        sched_finish(s, p.entries[0].seq); /* keep the budget for the next admission */
+    }
+    CHECK(sched_idle(s));
+    sched_free(s);
+}
+
+TEST(fcfs_vs_priority)
+{
+    const int prio[4] = {5, 1, 3, 1};
+    const int fcfs[4] = {0, 1, 2, 3};
+    const int by_prio[4] = {1, 3, 2, 0};
+    admission_order(SCHED_POLICY_FCFS, prio, fcfs);
+    admission_order(SCHED_POLICY_PRIORITY, prio, by_prio);
+}
+
+TEST(preemption_and_recompute)
+{
+    /* 6 blocks of 4: two 8-token prompts take 4 blocks; decoding grows both. */
+    struct sched *s = mk(6, 4, 64, 8, 256, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *a = add(s, 1, 8, 100, 0), *b = add(s, 2, 8, 200, 0);
+    REQUIRE(a && b);
+    struct sched_plan p;
+    int preempt_step = -1;
+    for (int step = 0; step < 12 && preempt_step < 0; step++) {
+        cycle(s, &p);
+        if (p.n_preempted > 0)
+            preempt_step = step;
+    }
+    /* a: 12 tokens need 3 blocks, b: 9 need 3 -> 6; the step after, a needs a 4th. */
+    REQUIRE(preempt_step >= 0);
+    CHECK_EQ_INT(p.n_preempted, 1);
+    CHECK(p.preempted[0] == b); /* the newest */
+    CHECK_EQ_INT(b->state, SCHED_WAITING);
+    CHECK_EQ_INT(b->n_computed, 0);
+    CHECK_EQ_INT(b->table.n_blocks, 0);
+    CHECK_EQ_INT(b->n_preemptions, 1);
+    CHECK(entry_of(&p, b) == NULL);
+    CHECK(entry_of(&p, a) != NULL);
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.n_preemptions, 1);
+    CHECK_EQ_INT(st.n_waiting, 1);
+    int b_tokens = b->n_tokens;
+    CHECK(b_tokens > 8);
+    /* Nothing is admitted while a holds the pool; once a finishes, b recomputes its
+       prompt and generated tokens, helped by whatever of its prefix is still cached. */
+    for (int k = 0; k < 3; k++) {
+        cycle(s, &p);
+        CHECK(entry_of(&p, b) == NULL);
+    }
+    sched_finish(s, a);
+    cycle(s, &p);
+    const struct sched_entry *eb = entry_of(&p, b);
+    REQUIRE(eb);
+    CHECK(eb->first % 4 == 0 && eb->first < b_tokens);
+    CHECK_EQ_INT(eb->first + eb->n_tokens, b_tokens);
+    CHECK(eb->sample);
+    CHECK_EQ_INT(b->n_tokens, b_tokens + 1);
+    CHECK_EQ_INT(b->n_cached, 0); /* counted at its first admission only */
+    sched_finish(s, b);
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_used, 0);
+    sched_free(s);
+}
+
+TEST(priority_preempts_lowest_priority)
+{
+    struct sched *s = mk(6, 4, 64, 8, 256, SCHED_POLICY_PRIORITY);
+    REQUIRE(s);
+    struct sched_seq *lo = add(s, 1, 8, 100, 9), *hi = add(s, 2, 8, 200, 0);
+    REQUIRE(lo && hi);
+    struct sched_plan p;
+    for (int step = 0; step < 12; step++) {
+        cycle(s, &p);
+        if (p.n_preempted > 0)
+            break;
+    }
+    REQUIRE(p.n_preempted == 1);
+    CHECK(p.preempted[0] == lo); /* older, but lower priority */
+    sched_free(s);
+}
+
+TEST(lone_sequence_fails)
+{
+    struct sched *s = mk(2, 4, 64, 8, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *a = add(s, 1, 6, 0, 0);
+    REQUIRE(a);
+    struct sched_plan p;
+    for (int k = 0; k < 4; k++)
+        cycle(s, &p); /* the 4th step computes position 8: a third block */
+    CHECK_EQ_INT(p.n_failed, 1);
+    CHECK(p.failed[0] == a);
+    CHECK_EQ_INT(a->state, SCHED_FAILED);
+    CHECK_EQ_INT(a->table.n_blocks, 0);
+    CHECK(!sched_idle(s));
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.n_failed, 1);
+    CHECK_EQ_INT(st.kv.n_used, 0);
+    CHECK_EQ_INT(st.n_preemptions, 0);
+    sched_finish(s, a);
+    CHECK(sched_idle(s));
+    sched_free(s);
+}
+
+TEST(abort_frees_at_once)
+{
+    struct sched *s = mk(16, 4, 64, 8, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *a = add(s, 1, 10, 0, 0), *b = add(s, 2, 10, 50, 0);
+    REQUIRE(a && b);
+    struct sched_plan p;
+    cycle(s, &p);
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_used, 6);
+    sched_abort(s, a);
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_used, 3);
+    CHECK_EQ_INT(st.n_aborted, 1);
+    /* Abort between sched_step and sched_step_done: the entry is cleared. */
+    struct weld_err e = {0};
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    REQUIRE(p.n_entries == 1);
+    sched_abort(s, b);
+    CHECK(p.entries[0].seq == NULL);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_used, 0);
+    /* Aborting a waiting sequence. */
+    struct sched_seq *c = add(s, 3, 4, 0, 0);
+    REQUIRE(c);
+    sched_abort(s, c);
+    sched_abort(s, NULL);
+    CHECK(sched_idle(s));
+    CHECK(checked(s));
+    sched_free(s);
+}
+
+TEST(fork_copy_on_write)
+{
+    struct sched *s = mk(16, 4, 64, 8, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *a = add(s, 1, 6, 0, 0);
+    REQUIRE(a);
+    struct sched_plan p;
+    struct weld_err e = {0};
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    struct sched_seq *c1 = NULL, *c2 = NULL;
+    CHECK_EQ_INT(sched_fork(s, a, 11, NULL, &c1, &e), WELD_OK);
+    CHECK_EQ_INT(sched_fork(s, a, 12, NULL, &c2, &e), WELD_OK);
+    REQUIRE(c1 && c2);
+    CHECK_EQ_INT(c1->n_computed, 6);
+    CHECK_EQ_INT(kvm_block_ref(sched_kvm(s), a->table.blocks[1]), 3);
+    CHECK_EQ_INT(sched_append_token(s, a, 1, NULL), WELD_OK);
+    CHECK_EQ_INT(sched_append_token(s, c1, 2, NULL), WELD_OK);
+    CHECK_EQ_INT(sched_append_token(s, c2, 3, NULL), WELD_OK);
+    CHECK_EQ_INT(sched_append_token(s, c2, 3, NULL), WELD_ERR_INVALID_ARG); /* not computed */
+    CHECK(checked(s));
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    CHECK_EQ_INT(p.n_entries, 3);
+    CHECK_EQ_INT(p.n_copies, 2); /* a and c1 copy the shared partial block; c2 keeps it */
+    int shared = c2->table.blocks[1];
+    CHECK(a->table.blocks[1] != shared && c1->table.blocks[1] != shared);
+    CHECK_EQ_INT(p.copies[0].src, shared);
+    CHECK_EQ_INT(p.copies[1].src, shared);
+    CHECK_EQ_INT(a->table.blocks[0], c2->table.blocks[0]); /* full block still shared */
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    CHECK(checked(s));
+    /* Fork is refused for a sequence with uncomputed tokens. */
+    CHECK_EQ_INT(sched_append_token(s, a, 1, NULL), WELD_OK);
+    struct sched_seq *c3 = NULL;
+    CHECK_EQ_INT(sched_fork(s, a, 13, NULL, &c3, &e), WELD_ERR_INVALID_ARG);
+    sched_finish(s, a);
+    sched_finish(s, c1);
+    sched_finish(s, c2);
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_used, 0);
+    CHECK_EQ_INT(st.kv.cow_copies, 2);
+    sched_free(s);
+}
+
+TEST(prefix_hits_across_requests)
+{
+    struct sched *s = mk(32, 4, 64, 8, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *a = add(s, 1, 18, 0, 0), *a2 = add(s, 2, 18, 0, 0);
+    REQUIRE(a && a2);
+    struct sched_plan p;
+    cycle(s, &p);
+    /* Same step: a2 cannot use blocks that a is only now computing. */
+    CHECK_EQ_INT(a2->n_cached, 0);
+    CHECK_EQ_INT(entry_of(&p, a2)->first, 0);
+    sched_finish(s, a);
+    sched_finish(s, a2);
+    struct sched_seq *b = add(s, 3, 18, 0, 0);
+    REQUIRE(b);
+    cycle(s, &p);
+    CHECK_EQ_INT(b->n_cached, 16);
+    CHECK_EQ_INT(entry_of(&p, b)->first, 16);
+    CHECK_EQ_INT(entry_of(&p, b)->n_tokens, 2);
+    /* Same prompt with a salt: no hit. */
+    int32_t tok[18];
+    for (int i = 0; i < 18; i++)
+        tok[i] = i;
+    struct sched_seq_params sp = {.id = 4, .tokens = tok, .n_tokens = 18,
+                                  .cache_salt = "x", .cache_salt_len = 1};
+    struct sched_seq *c = NULL;
+    CHECK_EQ_INT(sched_add(s, &sp, &c, NULL), WELD_OK);
+    cycle(s, &p);
+    CHECK_EQ_INT(c->n_cached, 0);
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.hit_tokens, 16);
+    CHECK_EQ_INT(st.kv.query_tokens, 4 * 18);
+    sched_free(s);
+}
+
+/* ---- soak ---------------------------------------------------------------------------- */
+
+#define SOAK_MAX 64
+
+struct soak_req {
+    struct sched_seq *seq;
+    int target; /* finish when n_tokens reaches this */
+};
+
+static uint64_t rbelow(struct rng *g, uint64_t n)
+{
+    return rng_u64(g) % n;
+}
+
+/* The exec side: copies in order, then every entry's tokens into its blocks. */
+static void soak_write(int32_t *kv, int bs, const struct sched_plan *p)
+{
+    for (int i = 0; i < p->n_copies; i++)
+        memcpy(kv + (size_t)p->copies[i].dst * bs, kv + (size_t)p->copies[i].src * bs,
+               (size_t)bs * sizeof *kv);
+    for (int i = 0; i < p->n_entries; i++) {
+        const struct sched_entry *en = &p->entries[i];
+        for (int t = en->first; t < en->first + en->n_tokens; t++)
+            kv[(size_t)en->blocks[t / bs] * bs + t % bs] = en->seq->tokens[t];
+    }
+}
+
+static bool soak_reads_back(const int32_t *kv, int bs, const struct sched_seq *q)
+{
+    for (int t = 0; t < q->n_computed; t++)
+        if (kv[(size_t)q->table.blocks[t / bs] * bs + t % bs] != q->tokens[t])
+            return false;
+    return true;
+}
+
+static void soak_check_plan(const struct sched_plan *p, int budget, int max_len)
+{
+    CHECK(p->n_tokens <= budget);
+    int sum = 0;
+    for (int i = 0; i < p->n_entries; i++) {
+        const struct sched_entry *en = &p->entries[i];
+        sum += en->n_tokens;
+        CHECK(en->n_tokens >= 1 && en->first == en->seq->n_computed);
+        CHECK(en->first + en->n_tokens <= en->seq->n_tokens && en->seq->n_tokens <= max_len);
+        CHECK(en->sample == (en->first + en->n_tokens == en->seq->n_tokens));
+        for (int j = 0; j < i; j++)
+            CHECK(p->entries[j].seq != en->seq);
+    }
+    CHECK_EQ_INT(sum, p->n_tokens);
+}
+
+static int soak_find(struct soak_req *r, const struct sched_seq *q)
+{
+    for (int i = 0; i < SOAK_MAX; i++)
+        if (r[i].seq == q)
+            return i;
+    return -1;
+}
+
+static void soak_add(struct sched *s, struct soak_req *r, struct rng *g, uint64_t id)
+{
+    int slot = soak_find(r, NULL);
+    if (slot < 0)
+        return;
+    int32_t tok[80];
+    int n = 1 + (int)rbelow(g, 60), fam = (int)rbelow(g, 4);
+    for (int i = 0; i < n; i++)
+        tok[i] = i < 20 ? fam * 1000 + i : (int32_t)rbelow(g, 5);
+    struct sched_seq_params sp = {.id = id, .priority = (int)rbelow(g, 4), .tokens = tok,
+                                  .n_tokens = n};
+    CHECK_EQ_INT(sched_add(s, &sp, &r[slot].seq, NULL), WELD_OK);
+    r[slot].target = n + 1 + (int)rbelow(g, 30);
+}
+
+/* After the forward pass: sample, fork, finish, like the engine would. */
+static void soak_after(struct sched *s, struct soak_req *r, struct rng *g,
+                       const struct sched_plan *p, uint64_t *next_id)
+{
+    for (int i = 0; i < p->n_failed; i++) {
+        int k = soak_find(r, p->failed[i]);
+        REQUIRE(k >= 0);
+        sched_finish(s, r[k].seq);
+        r[k].seq = NULL;
+    }
+    for (int i = 0; i < p->n_entries; i++) {
+        const struct sched_entry *en = &p->entries[i];
+        if (!en->sample || !en->seq)
+            continue;
+        int k = soak_find(r, en->seq);
+        REQUIRE(k >= 0);
+        int slot = soak_find(r, NULL);
+        if (slot >= 0 && rbelow(g, 20) == 0) {
+            CHECK_EQ_INT(sched_fork(s, en->seq, (*next_id)++, NULL, &r[slot].seq, NULL), 0);
+            r[slot].target = r[k].target;
+            CHECK_EQ_INT(sched_append_token(s, r[slot].seq, 77, NULL), WELD_OK);
+        }
+        if (en->seq->n_tokens + 1 >= r[k].target) {
+            sched_finish(s, en->seq);
+            r[k].seq = NULL;
+        } else {
+            CHECK_EQ_INT(sched_append_token(s, en->seq, (int32_t)rbelow(g, 5), NULL), 0);
+        }
+    }
+}
+
+static void soak(enum sched_policy pol, uint64_t seed, int n_steps)
+{
+    const int n_blocks = 24, bs = 4, budget = 32, max_len = 100;
+    struct sched *s = mk(n_blocks, bs, budget, 6, max_len, pol);
+    REQUIRE(s);
+    int32_t *kv = calloc((size_t)n_blocks * bs, sizeof *kv);
+    struct soak_req r[SOAK_MAX];
+    memset(r, 0, sizeof r);
+    struct rng g;
+    rng_seed(&g, seed);
+    uint64_t next_id = 0, n_done_steps = 0;
+    struct weld_err e = {0};
+    for (int step = 0; step < n_steps && !test_cur_failed; step++) {
+        bool drain = step >= n_steps - 1500;
+        for (int k = 0; !drain && k < 2; k++)
+            if (rbelow(&g, 3) == 0)
+                soak_add(s, r, &g, next_id++);
+        if (rbelow(&g, 25) == 0) {
+            int k = (int)rbelow(&g, SOAK_MAX);
+            if (r[k].seq) {
+                sched_abort(s, r[k].seq);
+                r[k].seq = NULL;
+            }
+        }
+        struct sched_plan p;
+        REQUIRE(sched_step(s, &p, &e) == WELD_OK);
+        soak_check_plan(&p, budget, max_len);
+        soak_write(kv, bs, &p);
+        REQUIRE(sched_step_done(s, &e) == WELD_OK);
+        n_done_steps += p.n_entries > 0;
+        soak_after(s, r, &g, &p, &next_id);
+        CHECK(checked(s));
+        for (int k = 0; k < SOAK_MAX; k++)
+            if (r[k].seq && r[k].seq->state == SCHED_RUNNING)
+                CHECK(soak_reads_back(kv, bs, r[k].seq));
+    }
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK(sched_idle(s));
+    CHECK_EQ_INT(st.kv.n_used, 0);
+    CHECK_EQ_INT(st.kv.n_free + st.kv.n_cached, n_blocks);
+    CHECK(st.n_preemptions > 0);
+    CHECK(st.kv.hit_tokens > 0);
+    CHECK(st.kv.cow_copies > 0);
+    CHECK(n_done_steps > (uint64_t)n_steps / 2);
+    free(kv);
+    sched_free(s);
+}
+
+TEST(soak_fcfs) { soak(SCHED_POLICY_FCFS, 7, 20000); }
+TEST(soak_priority) { soak(SCHED_POLICY_PRIORITY, 8, 20000); }
+
+TEST(allocation_failures)
+{
+    struct sched *s = mk(16, 4, 64, 8, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    struct sched_seq_params sp = {.id = 1, .tokens = tok, .n_tokens = 8};
+    struct sched_seq *q = NULL;
+    int n_fail = 0;
+    for (int k = 1; k <= 6; k++) {
+        alloc_fail_at(k);
+        int rc = sched_add(s, &sp, &q, NULL);
+        alloc_fail_at(0);
+        CHECK(rc == WELD_OK || rc == WELD_ERR_NOMEM);
+        n_fail += rc != WELD_OK;
+        CHECK(checked(s));
+    }
+    CHECK(n_fail > 0);
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.n_waiting, 6 - n_fail);
+    sched_free(s);
+}
+
+int main(void)
+{
+    log_set_level(LOG_WARN);
+    RUN(config_and_rejection);
+    RUN(budget_decodes_first_and_chunking);
+    RUN(max_num_seqs);
+    RUN(fcfs_vs_priority);
+    RUN(preemption_and_recompute);
+    RUN(priority_preempts_lowest_priority);
+    RUN(lone_sequence_fails);
+    RUN(abort_frees_at_once);
+    RUN(fork_copy_on_write);
+    RUN(prefix_hits_across_requests);
+    RUN(soak_fcfs);
+    RUN(soak_priority);
+    RUN(allocation_failures);
+    return test_summary();
+}
