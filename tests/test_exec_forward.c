@@ -508,7 +508,8 @@ TEST(last_logits_only)
     for (int mode = 0; mode < 2; mode++) {
         struct runner *r;
         REQUIRE(runner_create(&r, &tm->m, 4, 16, &e) == WELD_OK);
-        struct batch_seq bs[2] = {{3, a, 6, 0, mode == 0, NULL, 0}, {1, b2, 3, 0, mode == 0, NULL, 0}};
+        struct batch_seq bs[2] = {{3, a, 6, 0, mode == 0, NULL, 0},
+                                  {1, b2, 3, 0, mode == 0, NULL, 0}};
         struct batch b = {.seqs = bs, .n_seqs = 2};
         CHECK_EQ_INT(batch_n_logit_rows(&b), mode == 0 ? 9 : 2);
         CHECK_EQ_INT(runner_forward(r, &b, mode == 0 ? all : last, &e), WELD_OK);
@@ -602,7 +603,8 @@ TEST(kv_exhaustion_is_all_or_nothing)
     struct backend_params bp = {.max_seqs = 3, .max_ctx = 16, .kv_block_size = 4,
                                 .kv_blocks = 5};
     REQUIRE(runner_create_ex(&r, &tm->m, &bp, &e) == WELD_OK);
-    struct batch_seq bs[2] = {{0, t, 12, 0, false, NULL, 0}, {1, t, 5, 0, false, NULL, 0}}; /* 3 + 2 blocks */
+    struct batch_seq bs[2] = {{0, t, 12, 0, false, NULL, 0},  /* 3 blocks */
+                              {1, t, 5, 0, false, NULL, 0}}; /* + 2 blocks */
     struct batch b = {.seqs = bs, .n_seqs = 2};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
     bs[0] = (struct batch_seq){0, t + 12, 1, 12, false, NULL, 0}; /* needs a 6th block */

@@ -500,7 +500,8 @@ TEST(table_errors)
     struct weld_err e;
     struct runner *r = make_runner(&tm->m, 4, 8, DT_F16);
     REQUIRE(r != NULL);
-    int32_t ta[4] = {0, 1, 2, 3}, tb[4] = {4, 5, 6, 7}, bad[2] = {0, 8}, dup[2] = {5, 5}, rd[2] = {0, 5};
+    int32_t ta[4] = {0, 1, 2, 3}, tb[4] = {4, 5, 6, 7}, bad[2] = {0, 8}, dup[2] = {5, 5};
+    int32_t rd[2] = {0, 5};
     struct batch_seq s[2] = {{.seq_id = 0, .tokens = t, .n_tokens = 6, .blocks = ta,
                               .n_blocks = 1}};
     CHECK_EQ_INT(fwd(r, s, 1, NULL, 0, lg, &e), WELD_ERR_INVALID_ARG); /* 6 need 2 blocks */
