@@ -346,6 +346,48 @@ TEST(abort_frees_at_once)
     sched_free(s);
 }
 
+TEST(plan_stable_while_walked)
+{
+    /* Forks and releases after sched_step_done, while the entries are being walked: the
+       arrays do not move and released sequences read as NULL. */
+    struct sched *s = mk(256, 4, 1024, 64, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *q[8];
+    for (int i = 0; i < 8; i++)
+        REQUIRE((q[i] = add(s, (uint64_t)i, 5, 100 * i, 0)));
+    struct sched_plan p;
+    struct weld_err e = {0};
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    const struct sched_entry *entries = p.entries;
+    REQUIRE(p.n_entries == 8);
+    for (int i = 0; i < p.n_entries; i++) {
+        if (!p.entries[i].seq)
+            continue;
+        for (int k = 0; k < 5; k++) { /* 8 * 6 sequences: past the arrays' first size */
+            struct sched_seq *c = NULL;
+            CHECK_EQ_INT(sched_fork(s, p.entries[i].seq, 1000, NULL, &c, &e), WELD_OK);
+        }
+        if (i % 2 == 0)
+            sched_finish(s, q[i + 1]);
+    }
+    CHECK(p.entries == entries);
+    for (int i = 0; i < 8; i++)
+        CHECK((p.entries[i].seq == NULL) == (i % 2 == 1));
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.n_running, 4 + 4 * 5); /* the odd ones went before their turn */
+    CHECK(checked(s));
+    /* A step after that sizes the plan for everyone; out of memory there changes nothing. */
+    alloc_fail_at(1);
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_ERR_NOMEM);
+    alloc_fail_at(0);
+    CHECK(checked(s));
+    cycle(s, &p);
+    CHECK_EQ_INT(p.n_entries, 0); /* everyone computed, nothing appended */
+    sched_free(s);
+}
+
 TEST(fork_copy_on_write)
 {
     struct sched *s = mk(16, 4, 64, 8, 100, SCHED_POLICY_FCFS);
@@ -618,6 +660,7 @@ int main(void)
     RUN(priority_preempts_lowest_priority);
     RUN(lone_sequence_fails);
     RUN(abort_frees_at_once);
+    RUN(plan_stable_while_walked);
     RUN(fork_copy_on_write);
     RUN(prefix_hits_across_requests);
     RUN(soak_fcfs);

@@ -8,11 +8,13 @@
  *     array of its state and knows its index there (queue_index), so removal is a memmove
  *     plus index fix-up: O(n) in the number of sequences, which is bounded by what fits in
  *     the pool and small next to a forward pass.
- *   Plan storage (entries, preempted, plan_failed): arrays sized, like the three queues, to
- *     hold every sequence the scheduler has; they grow in sched_add / sched_fork, so
- *     sched_step itself allocates nothing but block tables (inside the manager). The plan's
- *     copies point straight into the manager's copy queue, which is cleared at the start of
- *     the next step.
+ *   Plan storage (entries, preempted, plan_failed): arrays sized to hold every sequence
+ *     the scheduler has; they grow only at the start of sched_step, so a plan's arrays stay
+ *     put while the caller walks them and forks or releases sequences. Apart from that,
+ *     sched_step allocates only block-table arrays (inside the manager). The plan's copies
+ *     point straight into the manager's copy queue, cleared at the start of the next step.
+ *     The latest plan's entries stay known (n_plan_entries) until the next step, so a
+ *     released sequence is cleared from them.
  *
  * Invariants (sched_check): a waiting sequence holds no blocks and has n_computed 0; a
  * running one holds blocks covering at least n_computed tokens; a failed one holds none;
@@ -46,6 +48,7 @@ struct sched {
     struct sched_entry *entries;
     struct sched_seq **preempted, **plan_failed;
     int cap_plan;
+    int n_plan_entries;      /* entries of the latest plan, valid until the next step */
     struct sched_plan *plan; /* the caller's plan while it awaits sched_step_done */
     bool plan_pending;
     uint64_t n_steps, n_preemptions, n_added, n_finished, n_aborted, n_rejected;
@@ -126,15 +129,23 @@ static int grow_ptrs(void *pp, int *cap, int want, size_t elem)
     return WELD_OK;
 }
 
-/* Room for one more sequence in every queue and plan array. */
+/* Room for one more sequence in every queue. */
 static int reserve_seq_slot(struct sched *s)
 {
     int want = s->running.n + s->waiting.n + s->failed.n + 1;
-    int cap = s->cap_plan;
     if (grow_ptrs(&s->running.v, &s->running.cap, want, sizeof(struct sched_seq *)) ||
         grow_ptrs(&s->waiting.v, &s->waiting.cap, want, sizeof(struct sched_seq *)) ||
         grow_ptrs(&s->failed.v, &s->failed.cap, want, sizeof(struct sched_seq *)))
         return WELD_ERR_NOMEM;
+    return WELD_OK;
+}
+
+/* Plan arrays for every sequence held, grown only at the start of sched_step so that a
+   plan's arrays never move while the caller walks them (sched_fork adds sequences then). */
+static int reserve_plan(struct sched *s)
+{
+    int want = s->running.n + s->waiting.n + s->failed.n;
+    int cap = s->cap_plan;
     if (want <= cap)
         return WELD_OK;
     int c1 = cap, c2 = cap, c3 = cap;
@@ -142,13 +153,8 @@ static int reserve_seq_slot(struct sched *s)
         grow_ptrs(&s->preempted, &c2, want, sizeof *s->preempted) ||
         grow_ptrs(&s->plan_failed, &c3, want, sizeof *s->plan_failed))
         return WELD_ERR_NOMEM;
-    s->cap_plan = c1;
     WELD_ASSERT(c1 == c2 && c2 == c3);
-    if (s->plan_pending) {
-        s->plan->entries = s->entries;
-        s->plan->preempted = s->preempted;
-        s->plan->failed = s->plan_failed;
-    }
+    s->cap_plan = c1;
     return WELD_OK;
 }
 
@@ -344,14 +350,13 @@ int sched_append_token(struct sched *s, struct sched_seq *seq, int32_t token,
 
 /* ---- releasing sequences -------------------------------------------------------------- */
 
+/* Clear seq from the latest plan's entries (scheduler memory, so this is safe after
+   sched_step_done too, while the caller still walks the entries). */
 static void plan_forget(struct sched *s, struct sched_seq *seq)
 {
-    if (!s->plan_pending)
-        return;
-    struct sched_plan *p = s->plan;
-    for (int i = 0; i < p->n_entries; i++)
-        if (p->entries[i].seq == seq)
-            p->entries[i].seq = NULL;
+    for (int i = 0; i < s->n_plan_entries; i++)
+        if (s->entries[i].seq == seq)
+            s->entries[i].seq = NULL;
 }
 
 static void seq_release(struct sched *s, struct sched_seq *seq)
@@ -530,6 +535,10 @@ int sched_step(struct sched *s, struct sched_plan *plan, struct weld_err *e)
     WELD_ASSERT(!s->plan_pending);
     kvm_copies_clear(s->kvm);
     memset(plan, 0, sizeof *plan);
+    s->n_plan_entries = 0;
+    if (reserve_plan(s))
+        return err_set(e, WELD_ERR_NOMEM, "scheduler: out of memory planning %d sequences",
+                       s->running.n + s->waiting.n + s->failed.n);
     plan->entries = s->entries;
     plan->preempted = s->preempted;
     plan->failed = s->plan_failed;
@@ -542,6 +551,7 @@ int sched_step(struct sched *s, struct sched_plan *plan, struct weld_err *e)
     if (rc)
         return rc;
     WELD_ASSERT(plan->n_tokens + budget == s->cfg.max_num_batched_tokens);
+    s->n_plan_entries = plan->n_entries;
     s->plan = plan;
     s->plan_pending = true;
     return WELD_OK;

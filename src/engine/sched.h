@@ -173,8 +173,10 @@ int sched_fork(struct sched *s, struct sched_seq *parent, uint64_t id, void *use
 
 /* Release a sequence: its blocks go to the prefix cache at once (last block first), the
    struct is freed. sched_finish counts a finished sequence, sched_abort an aborted one;
-   either works in any state, and clears the sequence from a pending plan (entry->seq =
-   NULL). NULL-safe for seq. */
+   either works in any state, and clears the sequence from the latest plan's entries
+   (entry->seq = NULL) until the next sched_step, before or after sched_step_done, so a
+   caller walking the entries never meets a released sequence. The plan's preempted and
+   failed lists are not cleared. NULL-safe for seq. */
 void sched_finish(struct sched *s, struct sched_seq *seq);
 void sched_abort(struct sched *s, struct sched_seq *seq);
 
