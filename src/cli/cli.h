@@ -9,6 +9,8 @@
 #ifndef WELD_CLI_H
 #define WELD_CLI_H
 
+#include "core/err.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -38,10 +40,29 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
 /* Parse "123", "512M", "4G", "1.5GiB" into bytes; 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
 
+/* Engine options shared by `weld batch` and `weld bench throughput` (cmd_batch.c). */
+struct cli_engine_opts {
+    const char *model;
+    int max_num_seqs, max_num_batched_tokens, max_model_len, block_size;
+    uint64_t kv_cache_memory;
+    const char *kv_dtype, *policy;
+    bool no_prefix_caching;
+};
+#define CLI_ENGINE_N_OPTS 9
+struct engine;
+void cli_engine_opts_init(struct cli_engine_opts *o);
+/* Writes CLI_ENGINE_N_OPTS entries to t; returns that count. */
+int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t);
+int cli_engine_open(const struct cli_engine_opts *o, struct engine **eng, struct weld_err *e);
+/* The closing summary on stderr: requests, tokens, hit rate, tokens/s, preemptions. */
+void cli_engine_summary(const struct engine *eng, double seconds, const char *what);
+
 int cmd_generate(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

@@ -19,6 +19,8 @@ static const struct command commands[] = {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"convert", cmd_convert, "convert between GGUF and Hugging Face directories, quantize"},
     {"mkmodel", cmd_mkmodel, "write a random-weight model at a real model's shape"},
+    {"batch", cmd_batch, "run a JSONL file of requests through the engine (offline batch)"},
+    {"bench", cmd_bench, "benchmarks: bench throughput (continuous batching, prefix cache)"},
 };
 
 static void usage(FILE *f)

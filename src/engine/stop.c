@@ -148,6 +148,8 @@ static bool stop_append(struct stop_matcher *m, const char *text, size_t len)
 static bool stop_find(const struct stop_matcher *m, size_t *pos, int *idx)
 {
     bool found = false;
+    if (!m->buf)
+        return false;
     for (int i = 0; i < m->n; i++) {
         const char *hit = memmem(m->buf, m->len, m->stops[i], m->lens[i]);
         if (hit && (!found || (size_t)(hit - m->buf) < *pos)) {

@@ -1,0 +1,620 @@
+/*
+ * cmd_batch - `weld batch`: offline generation for a JSONL file of requests.
+ *
+ * Input: one JSON object per line, either the request itself or an OpenAI batch line
+ * ({"custom_id": ..., "body": {...}}). A request has "prompt" (a string, or an array of
+ * token ids), "prompt_token_ids" or "messages", and sampling parameters by their
+ * OpenAI / vLLM names: max_tokens (max_completion_tokens), min_tokens, temperature, top_p,
+ * top_k, min_p, repetition_penalty, frequency_penalty, presence_penalty, seed, stop (string
+ * or array), stop_token_ids, ignore_eos, n, logprobs (int, or true with top_logprobs),
+ * priority, cache_salt, include_stop_str_in_output, skip_special_tokens,
+ * add_special_tokens. Unknown keys are ignored; a key of the wrong type fails that line.
+ *
+ * Output: one JSON object per input line, in input order, written as soon as every earlier
+ * line is complete: {"id", "text", "finish_reason", "stop_reason", "token_ids",
+ * "prompt_tokens", "cached_tokens", "completion_tokens", "timings": {queue_s, ttft_s,
+ * total_s}} plus "choices" (each with index, text, finish_reason, stop_reason, token_ids,
+ * logprobs) when n > 1 or logprobs were asked for. A line that fails (bad JSON, a bad
+ * field, a prompt that can never fit) gets {"id", "error"} and the others go on.
+ *
+ * Also here, shared with cmd_bench.c: the engine option table (cli_engine_opts_*).
+ */
+#include "cli/cli.h"
+#include "core/alloc.h"
+#include "core/err.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "engine/engine.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- engine options shared with cmd_bench --------------------------------------------- */
+
+void cli_engine_opts_init(struct cli_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    struct engine_params d = engine_params_default();
+    o->max_num_seqs = d.max_num_seqs;
+    o->max_num_batched_tokens = d.max_num_batched_tokens;
+    o->block_size = d.block_size;
+    o->kv_dtype = "f16";
+    o->policy = "fcfs";
+}
+
+int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
+{
+    const struct cli_opt opts[] = {
+        {"model", 'm', OPT_STR, &o->model, "MODEL", "GGUF file or Hugging Face directory (required)"},
+        {"max-num-seqs", 0, OPT_INT, &o->max_num_seqs, "N", "sequences running at once (default 64)"},
+        {"max-num-batched-tokens", 0, OPT_INT, &o->max_num_batched_tokens, "N", "tokens per step (default 2048)"},
+        {"max-model-len", 0, OPT_INT, &o->max_model_len, "N", "prompt + output tokens per sequence (default: the model's context)"},
+        {"kv-cache-memory", 0, OPT_SIZE, &o->kv_cache_memory, "BYTES", "KV pool size, e.g. 512M (default: min(half the free memory, what max-num-seqs full sequences need))"},
+        {"block-size", 0, OPT_INT, &o->block_size, "N", "tokens per KV block (default 16)"},
+        {"kv-cache-dtype", 0, OPT_STR, &o->kv_dtype, "T", "f16 (default), bf16, f32 or q8_0"},
+        {"no-prefix-caching", 0, OPT_FLAG, &o->no_prefix_caching, NULL, "do not reuse KV blocks of earlier prompts"},
+        {"policy", 0, OPT_STR, &o->policy, "P", "fcfs (default) or priority (lower runs first)"},
+    };
+    memcpy(t, opts, sizeof opts);
+    return (int)(sizeof opts / sizeof opts[0]);
+}
+
+int cli_engine_open(const struct cli_engine_opts *o, struct engine **eng, struct weld_err *e)
+{
+    struct engine_params p = engine_params_default();
+    p.model_path = o->model;
+    p.max_num_seqs = o->max_num_seqs;
+    p.max_num_batched_tokens = o->max_num_batched_tokens;
+    p.max_model_len = o->max_model_len;
+    p.kv_cache_memory = o->kv_cache_memory;
+    p.block_size = o->block_size;
+    p.prefix_caching = !o->no_prefix_caching;
+    int rc = engine_parse_kv_dtype(o->kv_dtype, &p.kv_dtype, e);
+    if (rc)
+        return rc;
+    if (!strcmp(o->policy, "fcfs"))
+        p.policy = SCHED_POLICY_FCFS;
+    else if (!strcmp(o->policy, "priority"))
+        p.policy = SCHED_POLICY_PRIORITY;
+    else
+        return err_set(e, WELD_ERR_INVALID_ARG, "--policy '%s': expected fcfs or priority",
+                       o->policy);
+    return engine_create(eng, &p, e);
+}
+
+void cli_engine_summary(const struct engine *eng, double seconds, const char *what)
+{
+    struct engine_stats st;
+    engine_stats_get(eng, &st);
+    uint64_t tot = st.prompt_tokens + st.generated_tokens;
+    fprintf(stderr,
+            "weld %s: %llu requests (%llu finished, %llu failed, %llu rejected, %llu aborted) "
+            "in %.2f s\n"
+            "  prompt tokens %llu (cached %llu, hit rate %.1f%%), generated %llu\n"
+            "  %.1f output tok/s, %.1f total tok/s; %llu steps, %llu preemptions, "
+            "KV pool %d blocks (%.1f MiB)\n",
+            what, (unsigned long long)st.requests_added, (unsigned long long)st.requests_finished,
+            (unsigned long long)st.requests_failed, (unsigned long long)st.requests_rejected,
+            (unsigned long long)st.requests_aborted, seconds,
+            (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens,
+            st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0.0,
+            (unsigned long long)st.generated_tokens,
+            seconds > 0 ? (double)st.generated_tokens / seconds : 0.0,
+            seconds > 0 ? (double)tot / seconds : 0.0, (unsigned long long)st.steps,
+            (unsigned long long)st.preemptions, st.kv_blocks,
+            (double)st.kv_bytes / (1024.0 * 1024.0));
+}
+
+/* ---- one input line -> request params ------------------------------------------------- */
+
+/* Storage behind a request_params parsed from JSON (the strings point into the JSON). */
+struct line_req {
+    struct request_params p;
+    int32_t *prompt_ids, *stop_ids;
+    const char **stops;
+};
+
+static void line_req_free(struct line_req *lr)
+{
+    wfree(lr->prompt_ids);
+    wfree(lr->stop_ids);
+    wfree((void *)lr->stops);
+}
+
+/* An array of token ids (json integers in [0, INT32_MAX]). */
+static int get_ids(const json_t *a, const char *key, int32_t **out, int *n, struct weld_err *e)
+{
+    if (!json_is_array(a))
+        return err_set(e, WELD_ERR_FORMAT, "field '%s': expected an array of token ids", key);
+    size_t len = json_array_size(a);
+    *out = wmalloc((len ? len : 1) * sizeof **out);
+    if (!*out)
+        return err_set(e, WELD_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < len; i++) {
+        const json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) > INT32_MAX)
+            return err_set(e, WELD_ERR_FORMAT, "field '%s[%zu]': not a token id", key, i);
+        (*out)[i] = (int32_t)json_integer_value(v);
+    }
+    *n = (int)len;
+    return WELD_OK;
+}
+
+static int get_stop(const json_t *o, struct line_req *lr, struct weld_err *e)
+{
+    const json_t *s = json_object_get(o, "stop");
+    if (!s || json_is_null(s))
+        return WELD_OK;
+    size_t n = json_is_string(s) ? 1 : json_is_array(s) ? json_array_size(s) : 0;
+    if (!json_is_string(s) && !json_is_array(s))
+        return err_set(e, WELD_ERR_FORMAT, "field 'stop': expected a string or an array");
+    if (!(lr->stops = wcalloc(n ? n : 1, sizeof *lr->stops)))
+        return err_set(e, WELD_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_is_string(s) ? s : json_array_get(s, i);
+        if (!json_is_string(v))
+            return err_set(e, WELD_ERR_FORMAT, "field 'stop[%zu]': expected a string", i);
+        lr->stops[i] = json_string_value(v);
+    }
+    lr->p.stop = lr->stops;
+    lr->p.n_stop = (int)n;
+    return WELD_OK;
+}
+
+static int get_sampling(const json_t *o, struct request_params *p, struct weld_err *e)
+{
+    static const char *fkeys[] = {"temperature", "top_p", "min_p", "repetition_penalty",
+                                  "frequency_penalty", "presence_penalty"};
+    float *fdst[] = {&p->sampling.temperature, &p->sampling.top_p, &p->sampling.min_p,
+                     &p->sampling.repetition_penalty, &p->sampling.frequency_penalty,
+                     &p->sampling.presence_penalty};
+    for (int i = 0; i < 6; i++) {
+        double d;
+        int rc = jget_double(o, fkeys[i], &d, "request", e);
+        if (rc == WELD_OK)
+            *fdst[i] = (float)d;
+        else if (rc != WELD_ERR_NOT_FOUND)
+            return rc;
+    }
+    static const char *ikeys[] = {"top_k", "max_tokens", "max_completion_tokens",
+                                  "min_tokens", "n", "priority"};
+    int *idst[] = {&p->sampling.top_k, &p->max_tokens, &p->max_tokens, &p->min_tokens, &p->n,
+                   &p->priority};
+    for (int i = 0; i < 6; i++) {
+        int64_t v;
+        int rc = jget_int(o, ikeys[i], &v, "request", e);
+        if (rc == WELD_OK && (v < INT32_MIN || v > INT32_MAX))
+            return err_set(e, WELD_ERR_FORMAT, "field '%s': %lld out of range", ikeys[i],
+                           (long long)v);
+        if (rc == WELD_OK)
+            *idst[i] = (int)v;
+        else if (rc != WELD_ERR_NOT_FOUND)
+            return rc;
+    }
+    int64_t seed;
+    int rc = jget_int(o, "seed", &seed, "request", e);
+    if (rc == WELD_OK) {
+        p->has_seed = true;
+        p->sampling.seed = (uint64_t)seed;
+    } else if (rc != WELD_ERR_NOT_FOUND) {
+        return rc;
+    }
+    return WELD_OK;
+}
+
+static int get_flags(const json_t *o, struct request_params *p, struct weld_err *e)
+{
+    static const char *keys[] = {"ignore_eos", "include_stop_str_in_output",
+                                 "skip_special_tokens", "add_special_tokens"};
+    bool *dst[] = {&p->ignore_eos, &p->include_stop_str_in_output, &p->skip_special_tokens,
+                   &p->add_special_tokens};
+    for (int i = 0; i < 4; i++) {
+        int rc = jget_bool(o, keys[i], dst[i], "request", e);
+        if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
+            return rc;
+    }
+    const json_t *lp = json_object_get(o, "logprobs");
+    if (json_is_integer(lp)) {
+        p->logprobs = (int)(json_integer_value(lp) > 1000 ? 1000 : json_integer_value(lp));
+    } else if (json_is_true(lp)) {
+        int64_t top = 0;
+        int rc = jget_int(o, "top_logprobs", &top, "request", e);
+        if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
+            return rc;
+        p->logprobs = (int)(top > 1000 ? 1000 : top < 0 ? -2 : top);
+    } else if (lp && !json_is_null(lp) && !json_is_false(lp)) {
+        return err_set(e, WELD_ERR_FORMAT, "field 'logprobs': expected an integer or a bool");
+    }
+    int rc = jget_str(o, "cache_salt", &p->cache_salt, "request", e);
+    return rc == WELD_ERR_NOT_FOUND ? WELD_OK : rc;
+}
+
+static int parse_request(const json_t *o, struct line_req *lr, struct weld_err *e)
+{
+    memset(lr, 0, sizeof *lr);
+    lr->p = request_params_default();
+    if (!json_is_object(o))
+        return err_set(e, WELD_ERR_FORMAT, "expected a JSON object");
+    const json_t *pr = json_object_get(o, "prompt"), *pids = json_object_get(o, "prompt_token_ids");
+    const json_t *msgs = json_object_get(o, "messages");
+    int rc;
+    if (json_is_string(pr))
+        lr->p.prompt = json_string_value(pr);
+    else if (pr && !json_is_null(pr))
+        pids = pr;
+    if (pids && !json_is_null(pids)) {
+        if ((rc = get_ids(pids, pids == pr ? "prompt" : "prompt_token_ids", &lr->prompt_ids,
+                          &lr->p.n_prompt_ids, e)))
+            return rc;
+        lr->p.prompt_ids = lr->prompt_ids;
+    }
+    if (msgs && !json_is_null(msgs))
+        lr->p.messages = msgs;
+    const json_t *sid = json_object_get(o, "stop_token_ids");
+    if (sid && !json_is_null(sid)) {
+        if ((rc = get_ids(sid, "stop_token_ids", &lr->stop_ids, &lr->p.n_stop_token_ids, e)))
+            return rc;
+        lr->p.stop_token_ids = lr->stop_ids;
+    }
+    if ((rc = get_stop(o, lr, e)) || (rc = get_sampling(o, &lr->p, e)) ||
+        (rc = get_flags(o, &lr->p, e)))
+        return rc;
+    return WELD_OK;
+}
+
+/* ---- results --------------------------------------------------------------------------- */
+
+struct seq_out {
+    char *text;
+    size_t len, cap;
+    json_t *token_ids, *logprobs;   /* arrays */
+    struct request_result res;
+    char *stop_reason;
+    bool done;
+};
+
+struct line_out {
+    json_t *id;                     /* the caller's id, or the line number */
+    char *error;                    /* the line failed before it ran */
+    struct seq_out *seqs;           /* (n) */
+    int n, n_done;
+    bool want_choices;
+};
+
+struct batch_run {
+    struct line_out *lines;         /* (n_lines) */
+    int n_lines, next_out;
+    int *id_line;                   /* (n_lines + 1) engine request id -> line */
+    FILE *out;
+    struct progress prog;
+    int n_errors;
+};
+
+static bool text_append(struct seq_out *s, const char *t, size_t n)
+{
+    if (s->len + n + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap : 256;
+        while (cap < s->len + n + 1)
+            cap *= 2;
+        char *nb = wrealloc(s->text, cap);
+        if (!nb)
+            return false;
+        s->text = nb;
+        s->cap = cap;
+    }
+    memcpy(s->text + s->len, t, n);
+    s->len += n;
+    s->text[s->len] = 0;
+    return true;
+}
+
+static struct seq_out *find_seq(struct batch_run *br, uint64_t id, int seq)
+{
+    if (id < 1 || id > (uint64_t)br->n_lines)
+        return NULL;
+    struct line_out *l = &br->lines[br->id_line[id]];
+    return seq >= 0 && seq < l->n ? &l->seqs[seq] : NULL;
+}
+
+static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t len,
+                     const int32_t *tokens, int n_tokens, const struct request_logprob *lp)
+{
+    struct seq_out *s = find_seq(user, id, seq);
+    if (!s)
+        return;
+    text_append(s, text, len);
+    for (int i = 0; i < n_tokens; i++)
+        json_array_append_new(s->token_ids, json_integer(tokens[i]));
+    if (lp) {
+        json_t *top = json_array();
+        for (int k = 0; k < lp->n_top; k++)
+            json_array_append_new(top, json_pack("{s:i, s:f}", "id", (int)lp->top_ids[k],
+                                                 "logprob", (double)lp->top_logprobs[k]));
+        json_array_append_new(s->logprobs, json_pack("{s:i, s:f, s:o}", "id", (int)lp->token,
+                                                     "logprob", (double)lp->logprob,
+                                                     "top_logprobs", top));
+    }
+}
+
+static json_t *seq_json(const struct seq_out *s, int index)
+{
+    json_t *c = json_pack("{s:i, s:s%, s:s, s:O}", "index", index, "text",
+                          s->text ? s->text : "", s->len,
+                          "finish_reason", request_finish_str(s->res.finish), "token_ids",
+                          s->token_ids);
+    json_object_set_new(c, "stop_reason", s->stop_reason ? json_string(s->stop_reason)
+                                          : s->res.stop_token >= 0 ? json_integer(s->res.stop_token)
+                                                                   : json_null());
+    if (json_array_size(s->logprobs))
+        json_object_set(c, "logprobs", s->logprobs);
+    if (s->res.finish == REQUEST_FINISH_ERROR && s->res.error)
+        json_object_set_new(c, "error", json_string(s->res.error));
+    return c;
+}
+
+/* The result object of a complete line. */
+static json_t *line_json(const struct line_out *l)
+{
+    if (l->error)
+        return json_pack("{s:O, s:s}", "id", l->id, "error", l->error);
+    const struct seq_out *s0 = &l->seqs[0];
+    json_t *o = json_object(), *c0 = seq_json(s0, 0);
+    json_object_set(o, "id", l->id);
+    json_object_del(c0, "index");
+    json_object_del(c0, "logprobs");
+    json_object_update(o, c0);
+    json_decref(c0);
+    int gen = 0;
+    for (int i = 0; i < l->n; i++)
+        gen += l->seqs[i].res.n_generated_tokens;
+    json_object_set_new(o, "prompt_tokens", json_integer(s0->res.n_prompt_tokens));
+    json_object_set_new(o, "cached_tokens", json_integer(s0->res.n_cached_tokens));
+    json_object_set_new(o, "completion_tokens", json_integer(gen));
+    json_object_set_new(o, "timings", json_pack("{s:f, s:f, s:f}", "queue_s", s0->res.t_queue,
+                                                "ttft_s", s0->res.t_first_token, "total_s",
+                                                s0->res.t_total));
+    if (l->want_choices) {
+        json_t *ch = json_array();
+        for (int i = 0; i < l->n; i++)
+            json_array_append_new(ch, seq_json(&l->seqs[i], i));
+        json_object_set_new(o, "choices", ch);
+    }
+    return o;
+}
+
+static void line_release(struct line_out *l)
+{
+    for (int i = 0; l->seqs && i < l->n; i++) {
+        wfree(l->seqs[i].text);
+        wfree(l->seqs[i].stop_reason);
+        json_decref(l->seqs[i].token_ids);
+        json_decref(l->seqs[i].logprobs);
+    }
+    wfree(l->seqs);
+    l->seqs = NULL;
+    wfree(l->error);
+    l->error = NULL;
+    json_decref(l->id);
+    l->id = NULL;
+}
+
+/* Write every complete line at the head of the output order. */
+static void flush_lines(struct batch_run *br)
+{
+    while (br->next_out < br->n_lines) {
+        struct line_out *l = &br->lines[br->next_out];
+        if (!l->error && l->n_done < l->n)
+            return;
+        json_t *o = line_json(l);
+        char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        if (s) {
+            fputs(s, br->out);
+            fputc('\n', br->out);
+            free(s);
+        }
+        json_decref(o);
+        line_release(l);
+        br->next_out++;
+    }
+}
+
+static void on_finish(void *user, uint64_t id, int seq, const struct request_result *r)
+{
+    struct batch_run *br = user;
+    struct seq_out *s = find_seq(br, id, seq);
+    if (!s)
+        return;
+    s->res = *r;
+    s->res.error = NULL;
+    if (r->stop_reason)
+        s->stop_reason = wstrdup(r->stop_reason);
+    if (r->finish == REQUEST_FINISH_ERROR && r->error)
+        br->lines[br->id_line[id]].error = wstrdup(r->error);
+    s->done = true;
+    struct line_out *l = &br->lines[br->id_line[id]];
+    if (++l->n_done == l->n) {
+        progress_add(&br->prog, 1);
+        if (l->error)
+            br->n_errors++;
+    }
+    flush_lines(br);
+}
+
+/* ---- the command ----------------------------------------------------------------------- */
+
+/* Parse and queue one input line (line_no counts from 1 for messages). */
+static void add_line(struct engine *eng, struct batch_run *br, const char *text, size_t len,
+                     int line_no)
+{
+    struct line_out *l = &br->lines[br->n_lines];
+    int idx = br->n_lines++;
+    json_error_t je;
+    struct weld_err e;
+    char msg[1200];
+    json_t *root = json_loadb(text, len, 0, &je);
+    const json_t *o = root;
+    if (!root) {
+        snprintf(msg, sizeof msg, "line %d, column %d: %s", line_no, je.column, je.text);
+        l->id = json_integer(idx);
+        l->error = wstrdup(msg);
+        return;
+    }
+    const json_t *body = json_object_get(root, "body");
+    if (json_is_object(body))
+        o = body;
+    const json_t *id = json_object_get(o, "id");
+    if (!id)
+        id = json_object_get(root, "custom_id");
+    l->id = id ? json_incref((json_t *)id) : json_integer(idx);
+    struct line_req lr;
+    int rc = parse_request(o, &lr, &e);
+    uint64_t rid = 0;
+    if (rc == WELD_OK) {
+        struct request_callbacks cb = {br, on_delta, on_finish};
+        rc = engine_add_request(eng, &lr.p, &cb, &rid, &e);
+    }
+    if (rc == WELD_OK) {
+        l->n = lr.p.n;
+        l->want_choices = lr.p.n > 1 || lr.p.logprobs >= 0;
+        l->seqs = wcalloc((size_t)l->n, sizeof *l->seqs);
+        for (int i = 0; l->seqs && i < l->n; i++) {
+            l->seqs[i].token_ids = json_array();
+            l->seqs[i].logprobs = json_array();
+        }
+        br->id_line[rid] = idx;
+        if (!l->seqs) {
+            l->n = 0;
+            engine_abort(eng, rid, NULL);
+            rc = err_set(&e, WELD_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (rc != WELD_OK) {
+        snprintf(msg, sizeof msg, "line %d: %s", line_no, e.msg);
+        l->error = wstrdup(msg);
+        l->n = 0;
+    }
+    line_req_free(&lr);
+    json_decref(root);
+}
+
+/* Read the non-empty lines of path ("-": stdin) and queue them. */
+static int read_input(struct engine *eng, struct batch_run *br, const char *path,
+                      struct weld_err *e)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
+    if (!f)
+        return err_set(e, WELD_ERR_IO, "%s: cannot open", path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int line_no = 0, cap_lines = 0, rc = WELD_OK;
+    while ((n = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        size_t k = (size_t)n;
+        while (k && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' '))
+            k--;
+        if (!k)
+            continue;
+        if (br->n_lines == cap_lines) {
+            int nc = cap_lines ? cap_lines * 2 : 64;
+            struct line_out *nl = wrealloc(br->lines, (size_t)nc * sizeof *nl);
+            int *ni = nl ? wrealloc(br->id_line, (size_t)(nc + 1) * sizeof *ni) : NULL;
+            if (nl)
+                br->lines = nl;
+            if (!nl || !ni) {
+                rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory at line %d", path, line_no);
+                break;
+            }
+            br->id_line = ni;
+            memset(br->lines + cap_lines, 0, (size_t)(nc - cap_lines) * sizeof *nl);
+            cap_lines = nc;
+        }
+        add_line(eng, br, line, k, line_no);
+    }
+    if (rc == WELD_OK && ferror(f))
+        rc = err_set(e, WELD_ERR_IO, "%s: read error", path);
+    free(line);
+    if (f != stdin)
+        fclose(f);
+    return rc;
+}
+
+static int batch_run_all(struct engine *eng, struct batch_run *br, struct weld_err *e)
+{
+    progress_start(&br->prog, "batch", (uint64_t)br->n_lines);
+    int n_early = 0;
+    for (int i = 0; i < br->n_lines; i++)
+        n_early += br->lines[i].error != NULL;
+    progress_add(&br->prog, (uint64_t)n_early);
+    br->n_errors = n_early;
+    flush_lines(br);
+    int rc = WELD_OK;
+    while (engine_has_work(eng) && rc == WELD_OK)
+        rc = engine_step(eng, e);
+    progress_end(&br->prog);
+    flush_lines(br);
+    return rc;
+}
+
+int cmd_batch(int argc, char **argv)
+{
+    struct cli_engine_opts eo;
+    cli_engine_opts_init(&eo);
+    const char *input = NULL, *output = NULL;
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 2];
+    int n_opts = cli_engine_opts_table(&eo, opts);
+    opts[n_opts++] = (struct cli_opt){"input", 'i', OPT_STR, &input, "FILE",
+                                      "requests, one JSON object a line ('-': stdin; required)"};
+    opts[n_opts++] = (struct cli_opt){"output", 'o', OPT_STR, &output, "FILE",
+                                      "results, one JSON object a line in input order "
+                                      "(default: stdout)"};
+    const char *pos[1];
+    int n_pos;
+    int prc = cli_parse(argc, argv, "batch -m MODEL --input requests.jsonl [--output results.jsonl] [options]",
+                        "Run every request of a JSONL file through the engine (continuous batching,\n"
+                        "prefix caching) and write one result per line in input order. A request has\n"
+                        "\"prompt\", \"prompt_token_ids\" or \"messages\" and sampling parameters by their\n"
+                        "OpenAI/vLLM names (max_tokens, temperature, top_p, top_k, stop, n, seed, ...).\n"
+                        "A progress bar and a summary go to stderr.",
+                        opts, n_opts, pos, 0, &n_pos);
+    if (prc)
+        return prc == 1 ? 0 : 2;
+    if (!eo.model || !input) {
+        fprintf(stderr, "weld batch: -m MODEL and --input FILE are required (see --help)\n");
+        return 2;
+    }
+    struct weld_err e;
+    err_clear(&e);
+    struct engine *eng = NULL;
+    struct batch_run br;
+    memset(&br, 0, sizeof br);
+    br.out = stdout;
+    int rc = cli_engine_open(&eo, &eng, &e);
+    if (rc == WELD_OK && output && !(br.out = fopen(output, "w")))
+        rc = err_set(&e, WELD_ERR_IO, "%s: cannot create", output);
+    double t0 = time_now();
+    if (rc == WELD_OK)
+        rc = read_input(eng, &br, input, &e);
+    if (rc == WELD_OK)
+        rc = batch_run_all(eng, &br, &e);
+    if (rc == WELD_OK) {
+        cli_engine_summary(eng, time_now() - t0, "batch");
+        if (br.n_errors)
+            fprintf(stderr, "weld batch: %d of %d lines failed (see their \"error\")\n",
+                    br.n_errors, br.n_lines);
+    } else {
+        fprintf(stderr, "weld batch: %s\n", e.msg);
+    }
+    engine_free(eng);
+    for (int i = 0; i < br.n_lines; i++)
+        line_release(&br.lines[i]);
+    wfree(br.lines);
+    wfree(br.id_line);
+    if (br.out && br.out != stdout && fclose(br.out) != 0 && rc == WELD_OK) {
+        fprintf(stderr, "weld batch: %s: write error\n", output);
+        rc = WELD_ERR_IO;
+    }
+    return rc == WELD_OK ? 0 : 1;
+}
