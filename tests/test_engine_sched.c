@@ -336,6 +336,32 @@ TEST(abort_frees_at_once)
     CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
     sched_stats_get(s, &st);
     CHECK_EQ_INT(st.kv.n_used, 0);
+    /* A failed forward pass: cancel computes nothing and caches nothing. */
+    struct sched_seq *d = add(s, 4, 9, 300, 0);
+    REQUIRE(d);
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    sched_step_cancel(s);
+    CHECK_EQ_INT(d->n_computed, 0);
+    CHECK_EQ_INT(d->table.n_blocks, 3);
+    CHECK(checked(s));
+    cycle(s, &p); /* planned again from token 0 */
+    REQUIRE(p.n_entries == 1);
+    CHECK_EQ_INT(p.entries[0].first, 0);
+    CHECK_EQ_INT(p.entries[0].n_tokens, 9);
+    sched_abort(s, d);
+    sched_stats_get(s, &st);
+    int cached_before = st.kv.n_cached;
+    int32_t other[12];
+    for (int i = 0; i < 12; i++)
+        other[i] = 7000 + i;
+    struct sched_seq_params sp = {.id = 5, .tokens = other, .n_tokens = 12};
+    struct sched_seq *d2 = NULL;
+    REQUIRE(sched_add(s, &sp, &d2, NULL) == WELD_OK);
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    sched_step_cancel(s);
+    sched_abort(s, d2); /* its blocks were never computed: nothing cached */
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_cached, cached_before);
     /* Aborting a waiting sequence. */
     struct sched_seq *c = add(s, 3, 4, 0, 0);
     REQUIRE(c);

@@ -579,6 +579,12 @@ int sched_step_done(struct sched *s, struct weld_err *e)
     return WELD_OK;
 }
 
+void sched_step_cancel(struct sched *s)
+{
+    s->plan_pending = false;
+    s->plan = NULL;
+}
+
 /* ---- queries -------------------------------------------------------------------------- */
 
 struct kvm *sched_kvm(struct sched *s) { return s->kvm; }

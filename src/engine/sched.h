@@ -10,7 +10,8 @@
  *
  *   sched_step(s, &plan)          plan entries, copies, preempted and failed sequences
  *   (copies, then forward pass over plan.entries)
- *   sched_step_done(s)            the planned tokens are now computed (prefix cache fed)
+ *   sched_step_done(s)            the planned tokens are now computed (prefix cache fed);
+ *                                 sched_step_cancel(s) instead if the forward pass failed
  *   for entries with sample: sample; sched_fork (n > 1) / sched_append_token / sched_finish
  *
  * Sequence. Its token list is prompt + generated so far; positions equal token indices.
@@ -157,6 +158,10 @@ int sched_step(struct sched *s, struct sched_plan *plan, struct weld_err *e);
 
 /* The last plan's tokens are computed: advances n_computed and feeds the prefix cache. */
 int sched_step_done(struct sched *s, struct weld_err *e);
+/* The forward pass failed: nothing of the last plan counts as computed and nothing enters
+   the prefix cache (blocks whose KV was never written must not be shared); the blocks the
+   plan reserved stay with their sequences. Use instead of sched_step_done. */
+void sched_step_cancel(struct sched *s);
 
 /* Append a sampled token to a RUNNING sequence whose tokens are all computed. WELD_ERR_LIMIT
    when it already holds max_model_len tokens (the engine should finish it with reason
