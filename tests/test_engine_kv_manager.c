@@ -592,6 +592,331 @@ TEST(randomized_shadow)
     kvm_free(m);
 }
 
+/* ---- differential: a naive reference manager ------------------------------------------
+ * Written from the documented rules only, with no hashing: a block's key is its salt id
+ * followed by every token from the start of the sequence to the end of the block, compared
+ * in full, and list order is a release timestamp (the free list and the LRU list each give
+ * out their oldest entry). Every operation is a linear scan. After each random operation
+ * the real manager must agree exactly: the same physical block ids in every table, the
+ * same refcounts, copies, counters and peeks. */
+
+#define REF_NB 20
+#define REF_KEY (1 + R_MAXTOK)
+
+struct ref_blk {
+    int ref;
+    bool hashed, registered, on_free, on_lru;
+    uint64_t stamp;
+    int key_len;
+    int32_t key[REF_KEY];
+};
+
+struct ref_kvm {
+    struct ref_blk b[REF_NB];
+    int bs;
+    uint64_t clock, evictions, cow, hits, queries, lookups;
+    struct kvm_copy copies[4 * REF_NB];
+    int n_copies;
+};
+
+struct ref_tab {
+    int blocks[REF_NB];
+    int n_blocks, n_computed, n_hashed;
+};
+
+struct dtab {
+    struct kvm_table t;
+    struct ref_tab r;
+    int32_t tok[R_MAXTOK];
+    int n_tok, salt;
+    bool live;
+};
+
+static int ref_key(const struct ref_kvm *k, const struct dtab *d, int b, int32_t *key)
+{
+    key[0] = d->salt;
+    memcpy(key + 1, d->tok, (size_t)(b + 1) * k->bs * sizeof *key);
+    return 1 + (b + 1) * k->bs;
+}
+
+static int ref_find(const struct ref_kvm *k, const int32_t *key, int len)
+{
+    for (int i = 0; i < REF_NB; i++)
+        if (k->b[i].registered && k->b[i].key_len == len &&
+            memcmp(k->b[i].key, key, (size_t)len * sizeof *key) == 0)
+            return i;
+    return -1;
+}
+
+static int ref_oldest(const struct ref_kvm *k, bool lru)
+{
+    int best = -1;
+    for (int i = 0; i < REF_NB; i++)
+        if ((lru ? k->b[i].on_lru : k->b[i].on_free) &&
+            (best < 0 || k->b[i].stamp < k->b[best].stamp))
+            best = i;
+    return best;
+}
+
+static int ref_available(const struct ref_kvm *k)
+{
+    int n = 0;
+    for (int i = 0; i < REF_NB; i++)
+        n += k->b[i].ref == 0;
+    return n;
+}
+
+static int ref_alloc(struct ref_kvm *k)
+{
+    int id = ref_oldest(k, false);
+    if (id < 0) {
+        id = ref_oldest(k, true);
+        k->b[id].registered = false;
+        k->evictions++;
+    }
+    struct ref_blk *b = &k->b[id];
+    b->on_free = b->on_lru = b->hashed = false;
+    b->ref = 1;
+    return id;
+}
+
+static void ref_release(struct ref_kvm *k, int id)
+{
+    struct ref_blk *b = &k->b[id];
+    if (--b->ref > 0)
+        return;
+    int n = 0;
+    for (int i = 0; i < k->n_copies; i++)
+        if (k->copies[i].dst != id)
+            k->copies[n++] = k->copies[i];
+    k->n_copies = n;
+    b->stamp = k->clock++;
+    if (b->registered) {
+        b->on_lru = true;
+    } else {
+        b->on_free = true;
+        b->hashed = false;
+    }
+}
+
+static void ref_acquire(struct ref_kvm *k, int id)
+{
+    k->b[id].on_lru = false;
+    k->b[id].ref++;
+}
+
+static int ref_peek(const struct ref_kvm *k, const struct dtab *d, int *ids, int *evictable)
+{
+    int32_t key[REF_KEY];
+    int n = 0, ev = 0;
+    for (int max = d->n_tok > 1 ? (d->n_tok - 1) / k->bs : 0; n < max; n++) {
+        int id = ref_find(k, key, ref_key(k, d, n, key));
+        if (id < 0)
+            break;
+        if (ids)
+            ids[n] = id;
+        ev += k->b[id].ref == 0;
+    }
+    *evictable = ev;
+    return n;
+}
+
+static void ref_take(struct ref_kvm *k, struct dtab *d)
+{
+    int ev;
+    struct ref_tab *t = &d->r;
+    int n = ref_peek(k, d, t->blocks, &ev);
+    for (int i = 0; i < n; i++)
+        ref_acquire(k, t->blocks[i]);
+    t->n_blocks = t->n_hashed = n;
+    t->n_computed = n * k->bs;
+    k->lookups++;
+    k->queries += (uint64_t)d->n_tok;
+    k->hits += (uint64_t)t->n_computed;
+}
+
+static int ref_reserve(struct ref_kvm *k, struct ref_tab *t, int n)
+{
+    int want = (n + k->bs - 1) / k->bs, end = want < t->n_blocks ? want : t->n_blocks;
+    int shared = 0;
+    for (int b = t->n_computed / k->bs; n > t->n_computed && b < end; b++)
+        shared += k->b[t->blocks[b]].ref > 1;
+    int fresh = want > t->n_blocks ? want - t->n_blocks : 0;
+    if (fresh + shared > ref_available(k))
+        return WELD_ERR_LIMIT;
+    for (int b = t->n_computed / k->bs; n > t->n_computed && b < end; b++) {
+        int old = t->blocks[b];
+        if (k->b[old].ref <= 1)
+            continue;
+        int id = ref_alloc(k);
+        if (b * k->bs < t->n_computed) {
+            k->copies[k->n_copies++] = (struct kvm_copy){old, id};
+            k->cow++;
+        }
+        ref_release(k, old);
+        t->blocks[b] = id;
+    }
+    while (t->n_blocks < want)
+        t->blocks[t->n_blocks++] = ref_alloc(k);
+    return WELD_OK;
+}
+
+static void ref_commit(struct ref_kvm *k, struct dtab *d, int n)
+{
+    struct ref_tab *t = &d->r;
+    t->n_computed = n;
+    for (int b = t->n_hashed; b < n / k->bs; b++) {
+        struct ref_blk *blk = &k->b[t->blocks[b]];
+        if (blk->hashed)
+            continue;
+        int32_t key[REF_KEY];
+        int len = ref_key(k, d, b, key);
+        blk->hashed = true;
+        if (ref_find(k, key, len) < 0) {
+            memcpy(blk->key, key, (size_t)len * sizeof *key);
+            blk->key_len = len;
+            blk->registered = true;
+        }
+    }
+    if (n / k->bs > t->n_hashed)
+        t->n_hashed = n / k->bs;
+}
+
+static void ref_free_table(struct ref_kvm *k, struct ref_tab *t)
+{
+    for (int i = t->n_blocks - 1; i >= 0; i--)
+        ref_release(k, t->blocks[i]);
+    t->n_blocks = t->n_computed = t->n_hashed = 0;
+}
+
+static bool diff_agree(struct kvm *m, const struct ref_kvm *k, const struct dtab *d)
+{
+    struct kvm_stats st;
+    kvm_stats_get(m, &st);
+    int n_free = 0, n_lru = 0, n_copies = 0;
+    for (int i = 0; i < REF_NB; i++) {
+        n_free += k->b[i].on_free;
+        n_lru += k->b[i].on_lru;
+        if (kvm_block_ref(m, i) != k->b[i].ref)
+            return false;
+    }
+    const struct kvm_copy *cp = kvm_copies(m, &n_copies);
+    if (n_copies != k->n_copies ||
+        (n_copies && memcmp(cp, k->copies, (size_t)n_copies * sizeof *cp) != 0))
+        return false;
+    if (st.n_free != n_free || st.n_cached != n_lru || st.evictions != k->evictions ||
+        st.cow_copies != k->cow || st.hit_tokens != k->hits || st.query_tokens != k->queries ||
+        st.lookups != k->lookups)
+        return false;
+    for (int i = 0; i < R_TABLES; i++) {
+        const struct dtab *x = &d[i];
+        if (!x->live)
+            continue;
+        if (x->t.n_blocks != x->r.n_blocks || x->t.n_computed != x->r.n_computed ||
+            x->t.n_hashed != x->r.n_hashed ||
+            (x->r.n_blocks && memcmp(x->t.blocks, x->r.blocks,
+                                     (size_t)x->r.n_blocks * sizeof(int32_t)) != 0))
+            return false;
+    }
+    return true;
+}
+
+static void diff_start(struct kvm *m, struct ref_kvm *k, struct dtab *d, struct rng *g)
+{
+    d->n_tok = 1 + (int)rbelow(g, R_MAXTOK - 8);
+    int fam = (int)rbelow(g, 3);
+    for (int i = 0; i < d->n_tok; i++)
+        d->tok[i] = i < 9 ? fam * 100 + i : (int32_t)rbelow(g, 2);
+    d->salt = (int)rbelow(g, 3);
+    kvm_table_init(&d->t, salt_str[d->salt], d->salt ? 2 : 0);
+    memset(&d->r, 0, sizeof d->r);
+    int ev_m = -1, ev_r = -1;
+    CHECK_EQ_INT(kvm_prefix_peek(m, &d->t, d->tok, d->n_tok, &ev_m),
+                 ref_peek(k, d, NULL, &ev_r) * k->bs);
+    CHECK_EQ_INT(ev_m, ev_r);
+    int cached = 0;
+    CHECK_EQ_INT(kvm_prefix_take(m, &d->t, d->tok, d->n_tok, &cached, NULL), WELD_OK);
+    ref_take(k, d);
+    d->live = true;
+}
+
+static void diff_step(struct kvm *m, struct ref_kvm *k, struct dtab *d, struct rng *g)
+{
+    if (d->t.n_computed == d->n_tok) {
+        if (d->n_tok == R_MAXTOK)
+            return;
+        d->tok[d->n_tok++] = (int32_t)rbelow(g, 2);
+    }
+    int to = d->t.n_computed + 1 + (int)rbelow(g, (uint64_t)(d->n_tok - d->t.n_computed));
+    int rc = kvm_table_reserve(m, &d->t, to, NULL);
+    CHECK_EQ_INT(rc, ref_reserve(k, &d->r, to));
+    if (rc)
+        return;
+    if (rbelow(g, 2)) { /* the copies ran: both queues empty */
+        kvm_copies_clear(m);
+        k->n_copies = 0;
+    }
+    CHECK_EQ_INT(kvm_table_commit(m, &d->t, d->tok, to, NULL), WELD_OK);
+    ref_commit(k, d, to);
+}
+
+TEST(differential_vs_naive)
+{
+    const int bs = 2;
+    struct kvm *m = mk(REF_NB, bs, true);
+    REQUIRE(m);
+    static struct ref_kvm k;
+    memset(&k, 0, sizeof k);
+    k.bs = bs;
+    for (int i = 0; i < REF_NB; i++) {
+        k.b[i].on_free = true;
+        k.b[i].stamp = (uint64_t)i;
+    }
+    k.clock = REF_NB;
+    static struct dtab d[R_TABLES];
+    memset(d, 0, sizeof d);
+    struct rng g;
+    rng_seed(&g, 99);
+    for (int it = 0; it < 100000 && !test_cur_failed; it++) {
+        struct dtab *x = &d[rbelow(&g, R_TABLES)];
+        int op = (int)rbelow(&g, 10);
+        if (!x->live) {
+            diff_start(m, &k, x, &g);
+        } else if (op < 6) {
+            diff_step(m, &k, x, &g);
+        } else if (op < 8) {
+            kvm_table_free(m, &x->t);
+            ref_free_table(&k, &x->r);
+            x->live = false;
+        } else {
+            struct dtab *y = &d[rbelow(&g, R_TABLES)];
+            if (!y->live) {
+                memcpy(y->tok, x->tok, sizeof y->tok);
+                y->n_tok = x->t.n_computed;
+                y->salt = x->salt;
+                kvm_table_init(&y->t, NULL, 0);
+                CHECK_EQ_INT(kvm_table_fork(m, &y->t, &x->t, NULL), WELD_OK);
+                y->r = x->r;
+                for (int i = 0; i < y->r.n_blocks; i++)
+                    ref_acquire(&k, y->r.blocks[i]);
+                y->live = true;
+            }
+        }
+        if (!diff_agree(m, &k, d)) {
+            fprintf(stderr, "differential: disagreement after operation %d (op %d)\n", it, op);
+            CHECK(false);
+        }
+    }
+    struct kvm_stats st;
+    kvm_stats_get(m, &st);
+    CHECK(st.evictions > 1000 && st.cow_copies > 100 && st.hit_tokens > 1000);
+    for (int i = 0; i < R_TABLES; i++)
+        if (d[i].live)
+            kvm_table_free(m, &d[i].t);
+    CHECK(consistent(m));
+    kvm_free(m);
+}
+
 int main(void)
 {
     RUN(config_checks);
@@ -604,5 +929,6 @@ int main(void)
     RUN(exhaustion_changes_nothing);
     RUN(allocation_failures);
     RUN(randomized_shadow);
+    RUN(differential_vs_naive);
     return test_summary();
 }
