@@ -50,9 +50,13 @@ struct cli_engine_opts {
 };
 #define CLI_ENGINE_N_OPTS 9
 struct engine;
+struct engine_params;
 void cli_engine_opts_init(struct cli_engine_opts *o);
 /* Writes CLI_ENGINE_N_OPTS entries to t; returns that count. */
 int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t);
+/* The engine params the options ask for (model_path set; the caller may lend a model). */
+int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *p,
+                      struct weld_err *e);
 int cli_engine_open(const struct cli_engine_opts *o, struct engine **eng, struct weld_err *e);
 /* The closing summary on stderr: requests, tokens, hit rate, tokens/s, preemptions. */
 void cli_engine_summary(const struct engine *eng, double seconds, const char *what);

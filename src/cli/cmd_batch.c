@@ -60,7 +60,8 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
     return (int)(sizeof opts / sizeof opts[0]);
 }
 
-int cli_engine_open(const struct cli_engine_opts *o, struct engine **eng, struct weld_err *e)
+int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out,
+                      struct weld_err *e)
 {
     struct engine_params p = engine_params_default();
     p.model_path = o->model;
@@ -80,7 +81,15 @@ int cli_engine_open(const struct cli_engine_opts *o, struct engine **eng, struct
     else
         return err_set(e, WELD_ERR_INVALID_ARG, "--policy '%s': expected fcfs or priority",
                        o->policy);
-    return engine_create(eng, &p, e);
+    *out = p;
+    return WELD_OK;
+}
+
+int cli_engine_open(const struct cli_engine_opts *o, struct engine **eng, struct weld_err *e)
+{
+    struct engine_params p;
+    int rc = cli_engine_params(o, &p, e);
+    return rc ? rc : engine_create(eng, &p, e);
 }
 
 void cli_engine_summary(const struct engine *eng, double seconds, const char *what)

@@ -1,3 +1,391 @@
-/* placeholder, replaced below */
+/*
+ * cmd_bench - `weld bench throughput`: offline throughput of the engine on a synthetic
+ * workload, in the shape of vLLM's benchmark_throughput.
+ *
+ * Datasets (prompts are random token ids drawn from the vocabulary minus special and
+ * end-of-generation tokens, seeded by --seed; every request generates exactly
+ * --output-len tokens: ignore_eos, temperature 0):
+ *   random         --num-prompts prompts of --input-len tokens.
+ *   shared-prefix  --num-groups groups; each group's prompts start with the same
+ *                  --prefix-len tokens, then --input-len tokens of their own;
+ *                  --num-prompts in all (num-prompts / num-groups per group).
+ *   multi-turn     --num-groups conversations of num-prompts / num-groups turns; turn k+1's
+ *                  prompt is turn k's prompt + its output + --input-len new tokens, sent
+ *                  when turn k finishes, so later turns hit the prefix cache.
+ * The clock runs from the first request to the last token (model loading excluded).
+ * Reported: requests, seconds, output tokens/s, total tokens/s ((prompt + output) / s),
+ * prefix-cache hit rate (cached / prompt tokens), preemptions, mean TTFT; --json prints one
+ * JSON object on stdout. --compare sequential|no-prefix-caching runs the same workload a
+ * second time with --max-num-seqs 1 or without prefix caching, in the same invocation
+ * with the same loaded model, and prints the ratio of output tokens/s.
+ */
 #include "cli/cli.h"
-int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return 2; }
+#include "core/alloc.h"
+#include "core/err.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct bench_opts {
+    const char *dataset, *compare;
+    int num_prompts, input_len, output_len, prefix_len, num_groups;
+    int64_t seed;
+    bool json;
+};
+
+/* A conversation (multi-turn) or a single prompt: its tokens so far. */
+struct bench_conv {
+    int32_t *tokens;
+    int n, cap;
+    int turns_left;
+    uint64_t cur_id;
+};
+
+struct bench_run {
+    const struct bench_opts *o;
+    struct engine *eng;
+    struct rng g;
+    int n_vocab;
+    const struct tokenizer *tok;
+    struct bench_conv *convs;    /* (n_convs) */
+    int n_convs;
+    int *pending;                /* (n_convs) conversations whose next turn is due */
+    int n_pending;
+    double ttft_sum;
+    int n_done;
+    struct progress prog;
+};
+
+struct bench_result {
+    double seconds, out_tps, total_tps, hit_rate, mean_ttft;
+    uint64_t requests, prompt_tokens, cached_tokens, generated_tokens, preemptions;
+};
+
+static int32_t random_token(struct bench_run *br)
+{
+    for (;;) {
+        int32_t t = (int32_t)(rng_u64(&br->g) % (uint64_t)br->n_vocab);
+        if (!br->tok || (!tokenizer_is_special(br->tok, t) && !tokenizer_is_eog(br->tok, t)))
+            return t;
+    }
+}
+
+static bool conv_append(struct bench_conv *c, const int32_t *t, int n)
+{
+    if (c->n + n > c->cap) {
+        int cap = c->cap ? c->cap : 64;
+        while (cap < c->n + n)
+            cap *= 2;
+        int32_t *nt = wrealloc(c->tokens, (size_t)cap * sizeof *nt);
+        if (!nt)
+            return false;
+        c->tokens = nt;
+        c->cap = cap;
+    }
+    memcpy(c->tokens + c->n, t, (size_t)n * sizeof *t);
+    c->n += n;
+    return true;
+}
+
+static bool conv_append_random(struct bench_run *br, struct bench_conv *c, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int32_t t = random_token(br);
+        if (!conv_append(c, &t, 1))
+            return false;
+    }
+    return true;
+}
+
+static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t len,
+                     const int32_t *tokens, int n_tokens, const struct request_logprob *lp)
+{
+    struct bench_run *br = user;
+    (void)seq, (void)text, (void)len, (void)lp;
+    if (strcmp(br->o->dataset, "multi-turn"))
+        return;
+    for (int c = 0; c < br->n_convs; c++)
+        if (br->convs[c].cur_id == id)
+            conv_append(&br->convs[c], tokens, n_tokens);
+}
+
+static void on_finish(void *user, uint64_t id, int seq, const struct request_result *r)
+{
+    struct bench_run *br = user;
+    (void)seq;
+    br->ttft_sum += r->t_first_token;
+    br->n_done++;
+    progress_add(&br->prog, 1);
+    for (int c = 0; c < br->n_convs; c++)
+        if (br->convs[c].cur_id == id && br->convs[c].turns_left > 0)
+            br->pending[br->n_pending++] = c;
+}
+
+/* Send conversation c's next turn (its tokens so far plus input_len new ones). */
+static int send_turn(struct bench_run *br, int c, struct weld_err *e)
+{
+    struct bench_conv *cv = &br->convs[c];
+    if (!conv_append_random(br, cv, br->o->input_len))
+        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    struct request_params p = request_params_default();
+    p.prompt_ids = cv->tokens;
+    p.n_prompt_ids = cv->n;
+    p.max_tokens = br->o->output_len;
+    p.ignore_eos = true;
+    p.sampling.temperature = 0;
+    struct request_callbacks cb = {br, on_delta, on_finish};
+    cv->turns_left--;
+    return engine_add_request(br->eng, &p, &cb, &cv->cur_id, e);
+}
+
+/* Build the conversations: one per prompt, or per group / conversation. */
+static int bench_setup(struct bench_run *br, struct weld_err *e)
+{
+    const struct bench_opts *o = br->o;
+    bool multi = !strcmp(o->dataset, "multi-turn"), shared = !strcmp(o->dataset, "shared-prefix");
+    int per_group = o->num_prompts / o->num_groups;
+    br->n_convs = multi ? o->num_groups : (shared ? per_group * o->num_groups : o->num_prompts);
+    br->convs = wcalloc((size_t)br->n_convs, sizeof *br->convs);
+    br->pending = wcalloc((size_t)br->n_convs, sizeof *br->pending);
+    if (!br->convs || !br->pending)
+        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    struct bench_conv prefix = {0};
+    for (int c = 0; c < br->n_convs; c++) {
+        struct bench_conv *cv = &br->convs[c];
+        cv->turns_left = multi ? per_group : 1;
+        cv->cur_id = UINT64_MAX;
+        if (shared && c % per_group == 0) {
+            prefix.n = 0;
+            if (!conv_append_random(br, &prefix, o->prefix_len))
+                return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+        }
+        if (shared && !conv_append(cv, prefix.tokens, prefix.n))
+            return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+        br->pending[br->n_pending++] = c;
+    }
+    wfree(prefix.tokens);
+    return WELD_OK;
+}
+
+static int bench_once(struct bench_run *br, struct bench_result *res, struct weld_err *e)
+{
+    int rc = bench_setup(br, e);
+    if (rc)
+        return rc;
+    int total = br->n_convs * br->convs[0].turns_left;
+    progress_start(&br->prog, "bench", (uint64_t)total);
+    double t0 = time_now();
+    while (rc == WELD_OK && (br->n_pending || engine_has_work(br->eng))) {
+        int n = br->n_pending;
+        br->n_pending = 0;
+        for (int k = 0; k < n && rc == WELD_OK; k++)
+            rc = send_turn(br, br->pending[k], e);
+        if (rc == WELD_OK)
+            rc = engine_step(br->eng, e);
+    }
+    double dt = time_now() - t0;
+    progress_end(&br->prog);
+    if (rc)
+        return rc;
+    struct engine_stats st;
+    engine_stats_get(br->eng, &st);
+    *res = (struct bench_result){
+        .seconds = dt,
+        .requests = st.requests_finished,
+        .prompt_tokens = st.prompt_tokens,
+        .cached_tokens = st.cached_tokens,
+        .generated_tokens = st.generated_tokens,
+        .preemptions = st.preemptions,
+        .out_tps = dt > 0 ? (double)st.generated_tokens / dt : 0,
+        .total_tps = dt > 0 ? (double)(st.prompt_tokens + st.generated_tokens) / dt : 0,
+        .hit_rate = st.prompt_tokens ? (double)st.cached_tokens / (double)st.prompt_tokens : 0,
+        .mean_ttft = br->n_done ? br->ttft_sum / br->n_done : 0,
+    };
+    return WELD_OK;
+}
+
+static void bench_run_free(struct bench_run *br)
+{
+    for (int c = 0; br->convs && c < br->n_convs; c++)
+        wfree(br->convs[c].tokens);
+    wfree(br->convs);
+    wfree(br->pending);
+    engine_free(br->eng);
+}
+
+/* One full run with engine params p on model m. */
+static int bench_with(const struct bench_opts *o, const struct engine_params *p,
+                      struct bench_result *res, struct weld_err *e)
+{
+    struct bench_run br;
+    memset(&br, 0, sizeof br);
+    br.o = o;
+    rng_seed(&br.g, (uint64_t)o->seed);
+    int rc = engine_create(&br.eng, p, e);
+    if (rc == WELD_OK) {
+        br.n_vocab = engine_model(br.eng)->cfg.n_vocab;
+        br.tok = engine_tokenizer(br.eng);
+        rc = bench_once(&br, res, e);
+    }
+    bench_run_free(&br);
+    return rc;
+}
+
+static void print_result(const char *label, const struct bench_result *r)
+{
+    fprintf(stderr,
+            "%s: %llu requests in %.2f s: %.2f output tok/s, %.2f total tok/s; prompt %llu "
+            "tokens (cached %llu, hit rate %.1f%%), output %llu; %llu preemptions; mean TTFT "
+            "%.3f s\n",
+            label, (unsigned long long)r->requests, r->seconds, r->out_tps, r->total_tps,
+            (unsigned long long)r->prompt_tokens, (unsigned long long)r->cached_tokens,
+            100 * r->hit_rate, (unsigned long long)r->generated_tokens,
+            (unsigned long long)r->preemptions, r->mean_ttft);
+}
+
+static json_t *result_json(const struct bench_result *r)
+{
+    return json_pack("{s:I, s:f, s:f, s:f, s:I, s:I, s:I, s:f, s:I, s:f}", "requests",
+                     (json_int_t)r->requests, "seconds", r->seconds, "output_tok_s", r->out_tps,
+                     "total_tok_s", r->total_tps, "prompt_tokens", (json_int_t)r->prompt_tokens,
+                     "cached_tokens", (json_int_t)r->cached_tokens, "output_tokens",
+                     (json_int_t)r->generated_tokens, "hit_rate", r->hit_rate, "preemptions",
+                     (json_int_t)r->preemptions, "mean_ttft_s", r->mean_ttft);
+}
+
+static int check_opts(const struct bench_opts *o, struct weld_err *e)
+{
+    if (strcmp(o->dataset, "random") && strcmp(o->dataset, "shared-prefix") &&
+        strcmp(o->dataset, "multi-turn"))
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--dataset '%s': expected random, shared-prefix or multi-turn",
+                       o->dataset);
+    if (o->compare && strcmp(o->compare, "sequential") && strcmp(o->compare, "no-prefix-caching"))
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--compare '%s': expected sequential or no-prefix-caching", o->compare);
+    if (o->num_prompts < 1 || o->input_len < 0 || o->output_len < 1 || o->prefix_len < 0 ||
+        o->num_groups < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--num-prompts, --output-len and --num-groups must be >= 1, "
+                       "--input-len and --prefix-len >= 0");
+    if (strcmp(o->dataset, "random") && o->num_prompts < o->num_groups)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--num-prompts %d < --num-groups %d",
+                       o->num_prompts, o->num_groups);
+    if (!strcmp(o->dataset, "random") && o->input_len < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--input-len must be >= 1 for random");
+    if (!strcmp(o->dataset, "shared-prefix") && o->prefix_len + o->input_len < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--prefix-len + --input-len must be >= 1");
+    return WELD_OK;
+}
+
+static int throughput(const struct cli_engine_opts *eo, const struct bench_opts *o,
+                      struct weld_err *e)
+{
+    struct engine_params p;
+    struct model *m = NULL;
+    int rc = check_opts(o, e);
+    if (rc == WELD_OK)
+        rc = cli_engine_params(eo, &p, e);
+    if (rc == WELD_OK)
+        rc = model_load(&m, eo->model, e);
+    if (rc)
+        return rc;
+    p.model = m;
+    p.model_path = NULL;
+    p.seed = (uint64_t)o->seed;
+    struct bench_result a, b;
+    rc = bench_with(o, &p, &a, e);
+    if (rc == WELD_OK)
+        print_result("weld bench throughput", &a);
+    const char *cmp_label = NULL;
+    if (rc == WELD_OK && o->compare) {
+        if (!strcmp(o->compare, "sequential")) {
+            p.max_num_seqs = 1;
+            cmp_label = "same requests one at a time (--max-num-seqs 1)";
+        } else {
+            p.prefix_caching = false;
+            cmp_label = "same requests without prefix caching";
+        }
+        p.quiet = true;
+        rc = bench_with(o, &p, &b, e);
+        if (rc == WELD_OK) {
+            print_result(cmp_label, &b);
+            fprintf(stderr, "ratio (output tok/s): %.2fx\n", b.out_tps > 0 ? a.out_tps / b.out_tps : 0);
+        }
+    }
+    if (rc == WELD_OK && o->json) {
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "model",
+                              eo->model, "dataset", o->dataset, "num_prompts", o->num_prompts,
+                              "input_len", o->input_len, "output_len", o->output_len,
+                              "prefix_len", o->prefix_len, "num_groups", o->num_groups,
+                              "max_num_seqs", eo->max_num_seqs, "result", result_json(&a));
+        if (o->compare) {
+            json_object_set_new(j, "compare", json_string(o->compare));
+            json_object_set_new(j, "compare_result", result_json(&b));
+            json_object_set_new(j, "ratio", json_real(b.out_tps > 0 ? a.out_tps / b.out_tps : 0));
+        }
+        char *s = json_dumps(j, JSON_COMPACT);
+        if (s)
+            printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    }
+    model_free(m);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "throughput")) {
+        fprintf(argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? stdout : stderr,
+                "usage: weld bench throughput -m MODEL [options]   (see weld bench throughput --help)\n");
+        return argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 2;
+    }
+    struct cli_engine_opts eo;
+    cli_engine_opts_init(&eo);
+    struct bench_opts o = {.dataset = "random", .num_prompts = 64, .input_len = 512,
+                           .output_len = 128, .prefix_len = 1024, .num_groups = 16, .seed = 0};
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 10];
+    int n = cli_engine_opts_table(&eo, opts);
+    const struct cli_opt more[] = {
+        {"dataset", 0, OPT_STR, &o.dataset, "D", "random (default), shared-prefix or multi-turn"},
+        {"num-prompts", 'n', OPT_INT, &o.num_prompts, "N", "requests (default 64)"},
+        {"input-len", 0, OPT_INT, &o.input_len, "I", "prompt tokens; shared-prefix/multi-turn: tokens after the prefix / per turn (default 512)"},
+        {"output-len", 0, OPT_INT, &o.output_len, "O", "generated tokens per request (default 128)"},
+        {"prefix-len", 0, OPT_INT, &o.prefix_len, "P", "shared-prefix: tokens shared within a group (default 1024)"},
+        {"num-groups", 0, OPT_INT, &o.num_groups, "G", "shared-prefix groups / multi-turn conversations (default 16)"},
+        {"seed", 's', OPT_I64, &o.seed, "S", "seed of the random prompts (default 0)"},
+        {"compare", 0, OPT_STR, &o.compare, "C", "also run with sequential (--max-num-seqs 1) or no-prefix-caching and print the ratio"},
+        {"json", 0, OPT_FLAG, &o.json, NULL, "print the results as one JSON object on stdout"},
+    };
+    memcpy(opts + n, more, sizeof more);
+    n += (int)(sizeof more / sizeof more[0]);
+    const char *pos[1];
+    int n_pos;
+    int prc = cli_parse(argc - 1, argv + 1, "bench throughput -m MODEL [options]",
+                        "Offline throughput on a synthetic workload (random token prompts, exactly\n"
+                        "--output-len tokens each, greedy). Reports output and total tokens/s,\n"
+                        "prefix-cache hit rate and preemptions.",
+                        opts, n, pos, 0, &n_pos);
+    if (prc)
+        return prc == 1 ? 0 : 2;
+    if (!eo.model) {
+        fprintf(stderr, "weld bench throughput: -m MODEL is required (see --help)\n");
+        return 2;
+    }
+    struct weld_err e;
+    err_clear(&e);
+    int rc = throughput(&eo, &o, &e);
+    if (rc) {
+        fprintf(stderr, "weld bench throughput: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# End-to-end checks of `weld batch` and `weld bench throughput` on stories260K: greedy
+# results equal the golden continuation `weld generate` is checked against (every KV
+# type that keeps it), results come back in input order with per-line errors, stop
+# strings and n > 1, the prefix cache serves repeated prompts, the summary and the bench
+# report their numbers, and bad options fail with a message naming them.
+# usage: cli_batch.sh WELD_BIN SHARED_DIR SCRATCH_DIR
+set -u
+weld=$1 shared=$2 tmp=$3
+model="$shared/models/stories260K.gguf"
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; fi; }
+expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
+
+if [ ! -f "$model" ]; then
+  echo "stories260K.gguf not found under $shared/models; skipping" >&2
+  echo "0 passed, 0 failed"
+  exit 0
+fi
+if ! command -v python3 >/dev/null; then
+  echo "python3 not found; skipping" >&2
+  echo "0 passed, 0 failed"
+  exit 0
+fi
+mkdir -p "$tmp"
+export WELD_NO_PROGRESS=1
+golden=", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
+golden_ids="432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 337 410 408 419 292 411 322 265 282 295 433 426 385 328 432 358 394"
+
+# 12 greedy lines with different max_tokens, two bad lines, a stop string, n = 3
+in="$tmp/in.jsonl"
+: > "$in"
+for i in $(seq 0 11); do
+  echo "{\"prompt\": \"Once upon a time\", \"max_tokens\": $((32 - i)), \"temperature\": 0}" >> "$in"
+done
+echo '{"prompt": "Once upon a time", "max_tokens": 0}' >> "$in"
+echo 'this is not json' >> "$in"
+echo '{"custom_id": "s", "body": {"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "stop": ["Lily", "zzz"]}}' >> "$in"
+echo '{"id": "n3", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "n": 3}' >> "$in"
+
+for kv in f16 f32 bf16; do
+  if "$weld" batch -m "$model" --input "$in" --output "$tmp/out-$kv.jsonl" --kv-cache-dtype $kv \
+       --max-num-seqs 4 --max-num-batched-tokens 16 2> "$tmp/err-$kv.txt"; then ok; else bad "batch --kv-cache-dtype $kv exit"; fi
+done
+expect_contains "$(cat "$tmp/err-f16.txt")" "hit rate" "summary on stderr"
+expect_contains "$(cat "$tmp/err-f16.txt")" "2 of 16 lines failed" "failed line count"
+
+check=$(python3 - "$tmp/out-f16.jsonl" "$golden" "$golden_ids" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+golden, gids = sys.argv[2], [int(x) for x in sys.argv[3].split()]
+errs = []
+if len(rows) != 16: errs.append("rows %d" % len(rows))
+for i in range(12):
+    r = rows[i]
+    n = 32 - i
+    if r.get("id") != i: errs.append("order %d: %r" % (i, r.get("id")))
+    if r.get("token_ids") != gids[:n]: errs.append("ids %d" % i)
+    if r.get("finish_reason") != "length" or r.get("completion_tokens") != n: errs.append("finish %d" % i)
+    if r.get("prompt_tokens") != 5: errs.append("prompt_tokens %d" % i)
+    if i == 0 and r.get("text") != golden: errs.append("text: %r" % r.get("text"))
+if "max_tokens" not in rows[12].get("error", ""): errs.append("error line 13: %r" % rows[12])
+if "line 14" not in rows[13].get("error", ""): errs.append("error line 14: %r" % rows[13])
+s = rows[14]
+if s.get("id") != "s" or s.get("text") != ", there was a little girl named " or s.get("finish_reason") != "stop" or s.get("stop_reason") != "Lily":
+    errs.append("stop: %r" % s)
+n3 = rows[15]
+if len(n3.get("choices", [])) != 3 or any(c["token_ids"] != gids[:8] for c in n3["choices"]) or n3.get("completion_tokens") != 24:
+    errs.append("n=3: %r" % n3)
+print("ok" if not errs else "; ".join(errs))
+PY
+)
+expect_eq "$check" "ok" "batch results"
+for kv in f32 bf16; do
+  same=$(python3 -c "import json,sys; a=[json.loads(l).get('token_ids') for l in open(sys.argv[1])]; b=[json.loads(l).get('token_ids') for l in open(sys.argv[2])]; print(a==b)" "$tmp/out-f16.jsonl" "$tmp/out-$kv.jsonl")
+  expect_eq "$same" "True" "kv $kv gives the f16 tokens on stories260K"
+done
+
+# prefix cache: a 40-token prompt sent 6 times, one at a time
+long="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends and her dog"
+: > "$tmp/rep.jsonl"
+for i in 1 2 3 4 5 6; do echo "{\"prompt\": \"$long\", \"max_tokens\": 4, \"temperature\": 0}" >> "$tmp/rep.jsonl"; done
+"$weld" batch -m "$model" --input "$tmp/rep.jsonl" --output "$tmp/rep.out" --max-num-seqs 1 2> "$tmp/rep.err" || bad "repeat batch exit"
+cached=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(sum(x['cached_tokens'] for x in r[1:]) > 0 and r[0]['cached_tokens'] == 0 and len(set(tuple(x['token_ids']) for x in r)) == 1)" "$tmp/rep.out")
+expect_eq "$cached" "True" "repeated prompts hit the prefix cache with the same tokens"
+"$weld" batch -m "$model" --input "$tmp/rep.jsonl" --output "$tmp/rep2.out" --max-num-seqs 1 --no-prefix-caching 2>/dev/null || bad "no-prefix-caching exit"
+nocache=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(sum(x['cached_tokens'] for x in r))" "$tmp/rep2.out")
+expect_eq "$nocache" "0" "--no-prefix-caching caches nothing"
+
+# bench throughput
+j=$("$weld" bench throughput -m "$model" --dataset shared-prefix --num-prompts 8 --num-groups 2 \
+      --prefix-len 64 --input-len 8 --output-len 4 --max-num-seqs 1 --json 2>/dev/null)
+hit=$(python3 -c "import json,sys; r=json.loads(sys.argv[1])['result']; print(r['requests'] == 8 and r['output_tokens'] == 32 and r['hit_rate'] > 0.6)" "$j" 2>&1)
+expect_eq "$hit" "True" "bench shared-prefix hit rate"
+for ds in random multi-turn; do
+  j=$("$weld" bench throughput -m "$model" --dataset $ds --num-prompts 6 --num-groups 2 --input-len 10 \
+        --output-len 5 --compare sequential --json 2>/dev/null)
+  r=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d['result']['output_tokens'] == 30 and d['compare_result']['output_tokens'] == 30 and d['ratio'] > 0)" "$j" 2>&1)
+  expect_eq "$r" "True" "bench $ds --compare sequential"
+done
+err=$("$weld" bench throughput -m "$model" --dataset nope 2>&1)
+expect_contains "$err" "--dataset 'nope'" "bad dataset"
+
+# bad options
+err=$("$weld" batch -m "$model" --input "$in" --kv-cache-dtype f8 2>&1); rc=$?
+expect_eq "$rc" "1" "bad kv dtype exit"
+expect_contains "$err" "--kv-cache-dtype 'f8'" "bad kv dtype message"
+err=$("$weld" batch -m "$model" --input "$in" --policy lifo 2>&1)
+expect_contains "$err" "--policy 'lifo'" "bad policy message"
+err=$("$weld" batch -m "$model" --input "$tmp/missing.jsonl" 2>&1)
+expect_contains "$err" "missing.jsonl" "missing input"
+"$weld" batch -m "$model" 2>/dev/null; expect_eq "$?" "2" "usage exit"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
