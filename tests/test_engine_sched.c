@@ -600,10 +600,99 @@ static void soak_after(struct sched *s, struct soak_req *r, struct rng *g,
     }
 }
 
+/* The step rules, checked from outside on each plan (before sched_step_done). was_* are
+   the states and tokens left of the soak's sequences before sched_step. */
+struct soak_snap {
+    struct sched_seq *seq;
+    enum sched_state state;
+    int left;
+};
+
+static int key_cmp(enum sched_policy pol, const struct sched_seq *a, const struct sched_seq *b)
+{
+    if (pol == SCHED_POLICY_PRIORITY && a->priority != b->priority)
+        return a->priority < b->priority ? -1 : 1;
+    if (a->arrival != b->arrival)
+        return a->arrival < b->arrival ? -1 : 1;
+    return a->serial < b->serial ? -1 : a->serial > b->serial;
+}
+
+static const struct soak_snap *snap_of(const struct soak_snap *sn, const struct sched_seq *q)
+{
+    for (int i = 0; i < SOAK_MAX; i++)
+        if (sn[i].seq == q)
+            return &sn[i];
+    return NULL;
+}
+
+static void soak_check_order(const struct sched_plan *p, const struct soak_snap *sn,
+                             enum sched_policy pol, int budget)
+{
+    int prev_group = 0, sum = 0;
+    for (int i = 0; i < p->n_entries; i++) {
+        const struct sched_entry *en = &p->entries[i];
+        const struct soak_snap *w = snap_of(sn, en->seq);
+        REQUIRE(w);
+        int group = w->state == SCHED_WAITING ? 2 : w->left == 1 ? 0 : 1;
+        CHECK(w->state != SCHED_FAILED);
+        CHECK(group >= prev_group); /* decodes, then continuations, then admissions */
+        if (i > 0 && group == prev_group)
+            CHECK(key_cmp(pol, p->entries[i - 1].seq, en->seq) < 0);
+        sum += en->n_tokens;
+        if (p->n_preempted == 0) /* a chunk is all that is left, or all the budget left */
+            CHECK(en->first + en->n_tokens == en->seq->n_tokens || sum == budget);
+        prev_group = group;
+    }
+}
+
+static void soak_check_rules(struct sched *s, const struct sched_plan *p,
+                             const struct soak_snap *sn, int budget, int max_seqs)
+{
+    enum sched_policy pol = sched_get_config(s)->policy;
+    soak_check_order(p, sn, pol, budget);
+    const struct sched_seq *head = NULL;
+    int n_admitted = 0, n_running = 0;
+    for (int i = 0; i < SOAK_MAX; i++) {
+        const struct sched_seq *q = sn[i].seq;
+        if (!q)
+            continue;
+        bool has_entry = false;
+        for (int j = 0; j < p->n_entries; j++)
+            has_entry |= p->entries[j].seq == q;
+        n_running += q->state == SCHED_RUNNING;
+        n_admitted += sn[i].state == SCHED_WAITING && q->state == SCHED_RUNNING;
+        /* the newest go first: everything still running is older than anything preempted */
+        for (int j = 0; j < p->n_preempted && q->state == SCHED_RUNNING; j++)
+            CHECK(key_cmp(pol, q, p->preempted[j]) < 0);
+        if (p->n_preempted == 0 && sn[i].state == SCHED_RUNNING && sn[i].left > 0 &&
+            q->state == SCHED_RUNNING && !has_entry)
+            CHECK_EQ_INT(p->n_tokens, budget); /* skipped only when the budget ran out */
+        if (q->state == SCHED_WAITING && (!head || key_cmp(pol, q, head) < 0))
+            head = q;
+    }
+    CHECK(p->n_preempted == 0 || n_admitted == 0);
+    if (n_admitted > 0)
+        CHECK(n_running <= max_seqs);
+    /* admissions are a prefix of the waiting queue: the head left behind is newer */
+    for (int j = 0; j < p->n_entries && head; j++)
+        if (snap_of(sn, p->entries[j].seq)->state == SCHED_WAITING)
+            CHECK(key_cmp(pol, p->entries[j].seq, head) < 0);
+    /* budget and seats left but the head stayed: its chunk's blocks were not there */
+    if (head && p->n_preempted == 0 && p->n_tokens < budget && n_running < max_seqs) {
+        struct kvm *m = sched_kvm(s);
+        int ev = 0, bs = kvm_block_size(m);
+        int hit = kvm_prefix_peek(m, &head->table, head->tokens, head->n_tokens, &ev);
+        int n = head->n_tokens - hit;
+        if (n > budget - p->n_tokens)
+            n = budget - p->n_tokens;
+        CHECK(kvm_blocks_for(m, hit + n) - hit / bs > kvm_n_available(m) - ev);
+    }
+}
+
 static void soak(enum sched_policy pol, uint64_t seed, int n_steps)
 {
-    const int n_blocks = 24, bs = 4, budget = 32, max_len = 100;
-    struct sched *s = mk(n_blocks, bs, budget, 6, max_len, pol);
+    const int n_blocks = 24, bs = 4, budget = 32, max_len = 100, max_seqs = 6;
+    struct sched *s = mk(n_blocks, bs, budget, max_seqs, max_len, pol);
     REQUIRE(s);
     int32_t *kv = calloc((size_t)n_blocks * bs, sizeof *kv);
     struct soak_req r[SOAK_MAX];
@@ -624,9 +713,16 @@ static void soak(enum sched_policy pol, uint64_t seed, int n_steps)
                 r[k].seq = NULL;
             }
         }
+        struct soak_snap sn[SOAK_MAX];
+        for (int k = 0; k < SOAK_MAX; k++) {
+            sn[k].seq = r[k].seq;
+            sn[k].state = r[k].seq ? r[k].seq->state : SCHED_WAITING;
+            sn[k].left = r[k].seq ? r[k].seq->n_tokens - r[k].seq->n_computed : 0;
+        }
         struct sched_plan p;
         REQUIRE(sched_step(s, &p, &e) == WELD_OK);
         soak_check_plan(&p, budget, max_len);
+        soak_check_rules(s, &p, sn, budget, max_seqs);
         soak_write(kv, bs, &p);
         REQUIRE(sched_step_done(s, &e) == WELD_OK);
         n_done_steps += p.n_entries > 0;
