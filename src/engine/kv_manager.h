@@ -23,7 +23,9 @@
  * it and the same salt. Only full, computed blocks are ever shared through the cache; if
  * a full block's hash is already registered to another block, the new one stays
  * unregistered (it is still hashed so its children chain correctly) and becomes free, not
- * cached, when released.
+ * cached, when released. Keys are compared by hash only: two different prefixes with the
+ * same 128-bit hash would share KV, which is taken as impossible in practice (vLLM makes
+ * the same trade).
  *
  * Release order. kvm_table_free releases a table's blocks last to first, each appended to
  * the LRU tail, so the end of a prompt is evicted before its start.
