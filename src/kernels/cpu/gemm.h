@@ -1,0 +1,144 @@
+/*
+ * gemm - weight x activation products for every instruction set, with one numeric
+ * contract so any ISA can be checked against the scalar reference.
+ *
+ * What: y[t*ldy + r] = sum_k W[r][k] * x[t][k] for rows r in [r0, r1) of a weight W stored
+ * in GGUF block layout (row r at w + r*w_row_bytes, K elements) and tokens t < n_tok. One
+ * entry point covers matrix-vector (n_tok = 1, decode) and matrix-matrix (prefill, batched
+ * decode); y is indexed by the absolute row, so workers splitting the rows of one matrix
+ * write disjoint parts of the same output without offsets. Weight types: F32, F16, BF16
+ * (float path) and Q8_0, Q4_0, Q4_K, Q6_K (integer path).
+ *
+ * Integer path: activations are quantized once per step (gemm_ops.act_quant) into int8
+ * blocks matching the weight's block size, in a private layout (struct gemm_act_*):
+ *   Q8_0, Q4_0 weights -> "q8_32": per block of 32, f32 scale d, int8 q[32] and the eight
+ *       sums of 4 consecutive q ("lane sums") pre-multiplied by -128 (Q8_0) or -8 (Q4_0),
+ *       which lets an unsigned x signed dot (VNNI vpdpbusd, AVX2 maddubs) take the weights
+ *       as unsigned bytes and still produce the exact signed products;
+ *   Q4_K, Q6_K weights -> "q8_K": per 256, f32 scale d, int8 q[256], int16 sums of 16.
+ *   Quantization: d = max|x| / 127, q = round-to-nearest-even(x / d) (x * (1/d)), clamped
+ *   to [-127, 127] (so |q| <= 127 and AVX2 maddubs cannot saturate).
+ *
+ * The numeric contract (what "exact" means in the tests). Every (row, token) pair is
+ * computed by the same sequence of f32 operations on every ISA, independently of n_tok,
+ * of the tile the token falls in and of r0/r1, so results are bit-identical across ISAs
+ * and deterministic under any batching or row split:
+ *   F32/F16/BF16: 16 f32 lanes, element i accumulates into lane i % 16 with fmaf, in
+ *       increasing i (F16/BF16 widen exactly first); then the lanes fold pairwise
+ *       (lane i += lane i + w for w = 8, 4, 2, 1).
+ *   Q8_0/Q4_0: 8 f32 lanes; per block b, lane j gets the exact integer sum of the products
+ *       of elements 4j..4j+3 (weight value times activation q), then
+ *       acc[j] = fmaf((float)lane_j, dw_b * dx_b, acc[j]); after the last block the lanes
+ *       fold (w = 4, 2, 1). dw is the block's f16 scale widened to f32.
+ *   Q4_K/Q6_K: per super-block, the exact int32 S = sum over sub-blocks of scale * (q . x)
+ *       (Q6_K: q - 32, with the 32 * sum16 part taken from the activation's sums) and, for
+ *       Q4_K, M = sum of min * sum32(x); then acc = fmaf(d * dx, (float)S, acc) and, for
+ *       Q4_K, acc = fmaf(-(dmin * dx), (float)M, acc); one f32 accumulator per pair.
+ * So the fast kernels reorganize only integer arithmetic (exact) or keep the lane
+ * structure; the accuracy against a dequantize-then-dot in double is that of the int8
+ * activation quantization (integer paths) or of f32 accumulation (float paths).
+ *
+ * Register blocking: kernels process a few rows x up to GEMM_TILE_TOK tokens at a time so
+ * each weight block is loaded (and unpacked) once per tile of tokens. Weights are used in
+ * their GGUF layout (no repacking: see the report in gemm_avx512.c).
+ *
+ * Preconditions (checked by gemm_check once, at load; the kernels only assert cheap
+ * invariants): K a multiple of the type's block size (F32/F16/BF16: any K >= 1), rows in
+ * range, act from act_quant for the same weight type and K.
+ *
+ * Not here: attention, rope, the thread split (callers split rows), weight repacking,
+ * types other than the seven above (exec falls back to kern_row_dot for those).
+ */
+#ifndef WELD_KERNELS_CPU_GEMM_H
+#define WELD_KERNELS_CPU_GEMM_H
+
+#include "kernels/cpu/isa.h"
+
+#include "weld.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Token tile of the register-blocked kernels (numbers do not depend on it). */
+#define GEMM_TILE_TOK 4
+
+enum gemm_act_kind {
+    GEMM_ACT_NONE = 0, /* weight type not supported */
+    GEMM_ACT_F32,      /* float path: x used as is */
+    GEMM_ACT_Q8_32,    /* Q8_0, Q4_0 */
+    GEMM_ACT_Q8_K,     /* Q4_K, Q6_K */
+};
+
+/* Quantized activations of one block of 32 (Q8_0 / Q4_0 weights). The blocks of a token
+   row are followed by nothing else: scales live in the block. 96 bytes. */
+struct gemm_act_b32 {
+    int8_t q[32];
+    int32_t corr[8]; /* -off * (q[4j] + .. + q[4j+3]); off = 128 (Q8_0) or 8 (Q4_0) */
+    float d;
+    uint8_t pad[28];
+};
+
+/* Quantized activations of one super-block of 256 (Q4_K / Q6_K weights). 320 bytes. */
+struct gemm_act_bk {
+    int8_t q[256];
+    int16_t bsums[16]; /* sum of q[16g .. 16g+15] */
+    float d;
+    uint8_t pad[28];
+};
+
+/* Which activation layout weight type t needs (GEMM_ACT_NONE: not supported here). */
+enum gemm_act_kind gemm_act_kind(int t);
+
+/* Bytes of quantized activations per token for weight type t and K (0 for the float path
+   and for unsupported types). A row of n_tok tokens needs n_tok times this. */
+size_t gemm_act_row_bytes(int t, int64_t k);
+
+/* Is (t, K) something these kernels run? WELD_ERR_UNSUPPORTED / INVALID_ARG with a
+   message naming `what` (a tensor name) otherwise. */
+int gemm_check(int t, int64_t k, const char *what, struct weld_err *e);
+
+struct gemm_args {
+    int wtype;
+    const void *w;          /* row r at (uint8_t *)w + r * w_row_bytes */
+    size_t w_row_bytes;     /* >= dtype row bytes of K (may be larger: padded rows) */
+    int64_t r0, r1;         /* rows to compute */
+    int64_t k;
+    int n_tok;              /* >= 1 */
+    const float *x;         /* float path: (n_tok, ldx) */
+    size_t ldx;
+    const void *act;        /* integer path: (n_tok, act_row_bytes) from act_quant */
+    size_t act_row_bytes;   /* >= gemm_act_row_bytes(wtype, k) */
+    float *y;               /* y[t * ldy + r] */
+    size_t ldy;
+};
+
+struct gemm_ops {
+    enum isa_level isa;
+    /* Quantize n_tok rows of x (row t at x + t*ldx) for weight type wtype into act (row t
+       at act + t*act_row_bytes). No-op for the float path. */
+    void (*act_quant)(int wtype, const float *x, size_t ldx, int64_t k, int n_tok, void *act,
+                      size_t act_row_bytes);
+    /* The product described above. */
+    void (*gemm)(const struct gemm_args *a);
+    /* A single F32/F16/BF16 row (n elements) dotted with x under the float-path contract
+       (for attention over K rows of any KV type). */
+    float (*row_dot)(int t, const void *row, const float *x, int64_t n);
+    /* out = x * (1 / sqrtf(ss / n + eps)) * w (w may be NULL), ss = x . x under the F32
+       contract; elementwise ops in that order, so exact across ISAs. out may be x. */
+    void (*rmsnorm)(const float *x, const float *w, float eps, float *out, int64_t n);
+};
+
+extern const struct gemm_ops gemm_ops_scalar;
+#if defined(__x86_64__)
+extern const struct gemm_ops gemm_ops_avx2;
+extern const struct gemm_ops gemm_ops_avx512;
+#endif
+
+/* The kernels of level l, or NULL if not built for this target or the CPU lacks it. */
+const struct gemm_ops *gemm_ops_for(enum isa_level l);
+
+/* The kernels of isa_active(). */
+const struct gemm_ops *gemm_ops_get(void);
+
+#endif

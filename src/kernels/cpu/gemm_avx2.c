@@ -1,0 +1,384 @@
+/*
+ * gemm_avx2 - gemm.h kernels for AVX2 + FMA + F16C, under the numeric contract of gemm.h
+ * (bit-identical to gemm_scalar.c).
+ *
+ * Register blocking: one weight row x up to GEMM_TILE_TOK tokens; each weight block is
+ * loaded and unpacked once per token tile. Integer dots use vpmaddubsw (unsigned x signed
+ * bytes -> pairs of int16) then vpmaddwd: with ones for the 4-element lane sums of the
+ * 32-blocks, with the sub-block scales for the K-quants (scale and pair-sum in one step).
+ * Saturation cannot happen: activations are in [-127, 127] and the unsigned operand is
+ * |q8| <= 128, a nibble (Q4_0, Q4_K) or a 6-bit code (Q6_K). Q8_0 uses the sign trick
+ * (|w| against x with w's sign), so its activation correction terms go unused; Q4_0 adds
+ * them (the -8 offset of the nibbles).
+ * Float path: 16 lanes as two ymm accumulators (lanes 0-7, 8-15); the tail goes through
+ * zero-padded copies of 16 elements.
+ */
+#include "kernels/cpu/gemm.h"
+
+#include "core/err.h"
+#include "format/dtype.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+static inline float ld_h(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+AI float fold8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI int32_t hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* activation quantization                                                              */
+
+static float amax8(const float *x, int n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI __m256i quant8(const float *x, __m256 id)
+{
+    __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+/* 32 floats -> 32 int8 in order. */
+AI __m256i quant32(const float *x, __m256 id)
+{
+    __m256i p01 = _mm256_packs_epi32(quant8(x, id), quant8(x + 8, id));
+    __m256i p23 = _mm256_packs_epi32(quant8(x + 16, id), quant8(x + 24, id));
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void quant_scale(float amax, float *d, float *id)
+{
+    *d = amax / 127.0f;
+    *id = *d != 0.0f ? 1.0f / *d : 0.0f;
+}
+
+static void quant_b32(const float *x, struct gemm_act_b32 *b, int off)
+{
+    float id;
+    quant_scale(amax8(x, 32), &b->d, &id);
+    __m256i q = quant32(x, _mm256_set1_ps(id));
+    _mm256_storeu_si256((__m256i *)b->q, q);
+    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    _mm256_storeu_si256((__m256i *)b->corr, _mm256_mullo_epi32(s, _mm256_set1_epi32(-off)));
+    memset(b->pad, 0, sizeof b->pad);
+}
+
+static void quant_bk(const float *x, struct gemm_act_bk *b)
+{
+    float id;
+    quant_scale(amax8(x, 256), &b->d, &id);
+    const __m256 vid = _mm256_set1_ps(id);
+    for (int c = 0; c < 8; c++) {
+        __m256i q = quant32(x + 32 * c, vid);
+        _mm256_storeu_si256((__m256i *)(b->q + 32 * c), q);
+        __m256i s = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)),
+                                    _mm256_setzero_si256());
+        b->bsums[2 * c] = (int16_t)(_mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1) - 2048);
+        b->bsums[2 * c + 1] = (int16_t)(_mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3) - 2048);
+    }
+    memset(b->pad, 0, sizeof b->pad);
+}
+
+static void avx2_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok, void *act,
+                           size_t act_row_bytes)
+{
+    enum gemm_act_kind kind = gemm_act_kind(wtype);
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + (size_t)t * ldx;
+        uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
+        if (kind == GEMM_ACT_Q8_32) {
+            struct gemm_act_b32 *b = (struct gemm_act_b32 *)row;
+            for (int64_t i = 0; i < k / 32; i++)
+                quant_b32(xt + 32 * i, b + i, wtype == DT_Q8_0 ? 128 : 8);
+        } else if (kind == GEMM_ACT_Q8_K) {
+            struct gemm_act_bk *b = (struct gemm_act_bk *)row;
+            for (int64_t i = 0; i < k / 256; i++)
+                quant_bk(xt + 256 * i, b + i);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* tiles                                                                                */
+
+struct tile {
+    const uint8_t *w;
+    int64_t k;
+    const uint8_t *act;
+    size_t act_stride;
+    const float *x;
+    size_t ldx;
+    float *y;
+    size_t ldy;
+};
+
+#define ACT(tl, T, t, b) ((const T *)((tl)->act + (size_t)(t) * (tl)->act_stride) + (b))
+
+AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
+{
+    __m256 acc[GEMM_TILE_TOK];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm256_setzero_ps();
+    const size_t bs = is_q8 ? 34 : 18;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t *w = tl->w;
+    for (int64_t b = 0; b < tl->k / 32; b++, w += bs) {
+        __m256i wv;
+        if (is_q8) {
+            wv = _mm256_loadu_si256((const __m256i *)(w + 2));
+        } else {
+            __m128i q = _mm_loadu_si128((const __m128i *)(w + 2));
+            wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+        }
+        const __m256i aw = is_q8 ? _mm256_abs_epi8(wv) : wv;
+        const float dw = ld_h(w);
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_b32 *a = ACT(tl, struct gemm_act_b32, t, b);
+            __m256i xv = _mm256_loadu_si256((const __m256i *)a->q);
+            __m256i l;
+            if (is_q8) {
+                l = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+            } else {
+                l = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+                l = _mm256_add_epi32(l, _mm256_loadu_si256((const __m256i *)a->corr));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(dw * a->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        tl->y[(size_t)t * tl->ldy] = fold8(acc[t]);
+}
+
+AI __m256i pair16(int lo, int hi)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+AI void tile_q4_K(const struct tile *tl, const int nt)
+{
+    float acc[GEMM_TILE_TOK] = {0};
+    const uint8_t *w = tl->w;
+    for (int64_t b = 0; b < tl->k / 256; b++, w += 144) {
+        int mn[8];
+        __m256i sv[8], wv[8];
+        const uint8_t *q = w + 4;
+        for (int j = 0; j < 8; j++) {
+            int sc;
+            if (j < 4) {
+                sc = q[j] & 63;
+                mn[j] = q[j + 4] & 63;
+            } else {
+                sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+                mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+            }
+            sv[j] = _mm256_set1_epi16((short)sc);
+        }
+        for (int c = 0; c < 4; c++) {
+            __m256i qb = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+            wv[2 * c] = _mm256_and_si256(qb, _mm256_set1_epi8(0x0f));
+            wv[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(qb, 4), _mm256_set1_epi8(0x0f));
+        }
+        const float d = ld_h(w), dmin = ld_h(w + 2);
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_bk *a = ACT(tl, struct gemm_act_bk, t, b);
+            __m256i s = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                __m256i p = _mm256_maddubs_epi16(wv[j], _mm256_loadu_si256((const __m256i *)(a->q + 32 * j)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, sv[j]));
+            }
+            int32_t M = 0;
+            for (int j = 0; j < 8; j++)
+                M += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            acc[t] = fmaf(d * a->d, (float)hsum_i32(s), acc[t]);
+            acc[t] = fmaf(-(dmin * a->d), (float)M, acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        tl->y[(size_t)t * tl->ldy] = acc[t];
+}
+
+AI void tile_q6_K(const struct tile *tl, const int nt)
+{
+    float acc[GEMM_TILE_TOK] = {0};
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    const uint8_t *w = tl->w;
+    for (int64_t b = 0; b < tl->k / 256; b++, w += 210) {
+        __m256i wv[8], sv[8];
+        const int8_t *sc = (const int8_t *)(w + 192);
+        for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            for (int p = 0; p < 4; p++) {
+                __m256i lo = p & 1 ? ql1 : ql0;
+                lo = _mm256_and_si256(p & 2 ? _mm256_srli_epi16(lo, 4) : lo, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), m2);
+                wv[4 * h + p] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                sv[4 * h + p] = pair16(sc[8 * h + 2 * p], sc[8 * h + 2 * p + 1]);
+            }
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const float d = ld_h(w + 208);
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_bk *a = ACT(tl, struct gemm_act_bk, t, b);
+            __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
+            __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+            for (int j = 0; j < 8; j++) {
+                __m256i p = _mm256_maddubs_epi16(wv[j], _mm256_loadu_si256((const __m256i *)(a->q + 32 * j)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, sv[j]));
+            }
+            acc[t] = fmaf(d * a->d, (float)hsum_i32(s), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        tl->y[(size_t)t * tl->ldy] = acc[t];
+}
+
+AI __m256 load_w8(const uint8_t *w, int64_t i, const int wt)
+{
+    if (wt == DT_F32)
+        return _mm256_loadu_ps((const float *)(const void *)(w + 4 * i));
+    __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
+    if (wt == DT_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+AI void tile_float(const struct tile *tl, const int nt, const int wt)
+{
+    __m256 lo[GEMM_TILE_TOK], hi[GEMM_TILE_TOK];
+    for (int t = 0; t < nt; t++)
+        lo[t] = hi[t] = _mm256_setzero_ps();
+    const int64_t k = tl->k, k16 = k / 16 * 16;
+    for (int64_t i = 0; i < k16; i += 16) {
+        const __m256 w0 = load_w8(tl->w, i, wt), w1 = load_w8(tl->w, i + 8, wt);
+        for (int t = 0; t < nt; t++) {
+            const float *x = tl->x + (size_t)t * tl->ldx + i;
+            lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), lo[t]);
+            hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), hi[t]);
+        }
+    }
+    if (k16 < k) {
+        /* Zero-padded copies: the padding adds 0 * 0 to lanes the scalar path leaves alone. */
+        uint8_t wb[64] = {0};
+        float xb[16];
+        const size_t es = wt == DT_F32 ? 4 : 2;
+        memcpy(wb, tl->w + es * (size_t)k16, es * (size_t)(k - k16));
+        const __m256 w0 = load_w8(wb, 0, wt), w1 = load_w8(wb, 8, wt);
+        for (int t = 0; t < nt; t++) {
+            memset(xb, 0, sizeof xb);
+            memcpy(xb, tl->x + (size_t)t * tl->ldx + k16, sizeof(float) * (size_t)(k - k16));
+            lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), lo[t]);
+            hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), hi[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        tl->y[(size_t)t * tl->ldy] = fold8(_mm256_add_ps(lo[t], hi[t]));
+}
+
+#define TILE_SWITCH(nt, call)                                                               \
+    switch (nt) {                                                                           \
+    case 1: { const int n_ = 1; call; break; }                                              \
+    case 2: { const int n_ = 2; call; break; }                                              \
+    case 3: { const int n_ = 3; call; break; }                                              \
+    default: { const int n_ = 4; call; break; }                                             \
+    }
+
+static void run_tile(int wt, const struct tile *tl, int nt)
+{
+    switch (wt) {
+    case DT_Q8_0: TILE_SWITCH(nt, tile_b32(tl, n_, 1)); break;
+    case DT_Q4_0: TILE_SWITCH(nt, tile_b32(tl, n_, 0)); break;
+    case DT_Q4_K: TILE_SWITCH(nt, tile_q4_K(tl, n_)); break;
+    case DT_Q6_K: TILE_SWITCH(nt, tile_q6_K(tl, n_)); break;
+    case DT_F32: TILE_SWITCH(nt, tile_float(tl, n_, DT_F32)); break;
+    case DT_F16: TILE_SWITCH(nt, tile_float(tl, n_, DT_F16)); break;
+    default: TILE_SWITCH(nt, tile_float(tl, n_, DT_BF16)); break;
+    }
+}
+
+static void avx2_gemm(const struct gemm_args *a)
+{
+    WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        struct tile tl = {
+            .w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes,
+            .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
+        };
+        for (int t0 = 0; t0 < a->n_tok; t0 += GEMM_TILE_TOK) {
+            int nt = a->n_tok - t0 < GEMM_TILE_TOK ? a->n_tok - t0 : GEMM_TILE_TOK;
+            tl.act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL;
+            tl.x = a->x ? a->x + (size_t)t0 * a->ldx : NULL;
+            tl.y = a->y + (size_t)t0 * a->ldy + (size_t)r;
+            run_tile(a->wtype, &tl, nt);
+        }
+    }
+}
+
+static float avx2_row_dot(int t, const void *row, const float *x, int64_t n)
+{
+    float y;
+    struct tile tl = {.w = row, .k = n, .x = x, .y = &y};
+    if (t == DT_F32)
+        tile_float(&tl, 1, DT_F32);
+    else if (t == DT_F16)
+        tile_float(&tl, 1, DT_F16);
+    else
+        tile_float(&tl, 1, DT_BF16);
+    return y;
+}
+
+static void avx2_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
+{
+    const float ss = avx2_row_dot(DT_F32, x, x, n);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
+        if (w)
+            v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(out + i, v);
+    }
+    for (; i < n; i++)
+        out[i] = w ? x[i] * inv * w[i] : x[i] * inv;
+}
+
+const struct gemm_ops gemm_ops_avx2 = {
+    .isa = ISA_AVX2,
+    .act_quant = avx2_act_quant,
+    .gemm = avx2_gemm,
+    .row_dot = avx2_row_dot,
+    .rmsnorm = avx2_rmsnorm,
+};

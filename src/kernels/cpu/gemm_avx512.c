@@ -1,0 +1,398 @@
+/*
+ * gemm_avx512 - gemm.h kernels for AVX-512 (F/BW/VL/DQ) with VNNI, under the numeric
+ * contract of gemm.h (bit-identical to gemm_scalar.c).
+ *
+ * Register blocking: two weight rows x up to GEMM_TILE_TOK tokens. For the 32-blocks
+ * (Q8_0, Q4_0) the two rows share one zmm: row r in the low 256 bits, row r+1 in the high
+ * 256, so one vpdpbusd computes the eight 4-element lane sums of both rows at once against
+ * the token's block broadcast to both halves; an odd last row is paired with itself and
+ * its high half dropped. Each weight block is loaded and unpacked once per token tile.
+ * vpdpbusd takes the weights as unsigned bytes: Q8_0 bytes are biased by 128 (xor 0x80),
+ * Q4_0 nibbles are already unsigned (value + 8); the activation's pre-multiplied lane
+ * sums (gemm_act_b32.corr) start the accumulation, so each lane ends as the exact signed
+ * integer dot. K-quants: one row x the token tile, 64 elements per vpdpbusd, scales
+ * applied with vpmulld into an int32 accumulator reduced once per super-block.
+ * Float path: one row x the token tile, 16 f32 lanes per zmm, masked loads for the tail.
+ *
+ * Repacking: not done. Decode streams each weight once and these loops issue about one
+ * vector op per 8-16 weight bytes, far under what the memory system delivers per core, so
+ * an interleaved layout would only help the compute-bound prefill; measured numbers are
+ * in the bench report (bench/kernels_bench.c).
+ *
+ * BF16 weights are widened exactly (shift) and use FMA rather than vdpbf16ps, which would
+ * need the activations rounded to bf16 and break the contract with the scalar path.
+ */
+#include "kernels/cpu/gemm.h"
+
+#include "core/err.h"
+#include "format/dtype.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+static inline float ld_h(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* fold(8) of gemm_scalar.c on a ymm: lanes i += i+4, i += i+2, i += i+1. */
+AI float fold8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float fold16(__m512 v)
+{
+    return fold8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* activation quantization                                                              */
+
+/* max |x| over n (a multiple of 16) floats. */
+static float amax16(const float *x, int n)
+{
+    __m512 m = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16)
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    return _mm512_reduce_max_ps(m);
+}
+
+/* rne(x * id) clamped to [-127, 127] for 16 floats, as int8. NaN lanes: unspecified. */
+AI __m128i quant16(const float *x, __m512 id)
+{
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), id));
+    q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+    return _mm512_cvtepi32_epi8(q);
+}
+
+static void quant_scale(float amax, float *d, float *id)
+{
+    *d = amax / 127.0f;
+    *id = *d != 0.0f ? 1.0f / *d : 0.0f;
+}
+
+static void quant_b32(const float *x, struct gemm_act_b32 *b, int off)
+{
+    float id;
+    quant_scale(amax16(x, 32), &b->d, &id);
+    const __m512 vid = _mm512_set1_ps(id);
+    __m256i q = _mm256_set_m128i(quant16(x + 16, vid), quant16(x, vid));
+    _mm256_storeu_si256((__m256i *)b->q, q);
+    /* lane sums of 4 bytes: vpdpbusd with all-ones unsigned bytes. */
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
+    _mm256_storeu_si256((__m256i *)b->corr, _mm256_mullo_epi32(s, _mm256_set1_epi32(-off)));
+    memset(b->pad, 0, sizeof b->pad);
+}
+
+static void quant_bk(const float *x, struct gemm_act_bk *b)
+{
+    float id;
+    quant_scale(amax16(x, 256), &b->d, &id);
+    const __m512 vid = _mm512_set1_ps(id);
+    for (int g = 0; g < 16; g++) {
+        __m128i q = quant16(x + 16 * g, vid);
+        _mm_storeu_si128((__m128i *)(b->q + 16 * g), q);
+        __m128i s = _mm_sad_epu8(_mm_xor_si128(q, _mm_set1_epi8((char)0x80)), _mm_setzero_si128());
+        /* sad of biased bytes: sum(q + 128) per 8; remove 16 * 128. */
+        b->bsums[g] = (int16_t)(_mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128);
+    }
+    memset(b->pad, 0, sizeof b->pad);
+}
+
+static void avx512_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok,
+                             void *act, size_t act_row_bytes)
+{
+    enum gemm_act_kind kind = gemm_act_kind(wtype);
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + (size_t)t * ldx;
+        uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
+        if (kind == GEMM_ACT_Q8_32) {
+            struct gemm_act_b32 *b = (struct gemm_act_b32 *)row;
+            for (int64_t i = 0; i < k / 32; i++)
+                quant_b32(xt + 32 * i, b + i, wtype == DT_Q8_0 ? 128 : 8);
+        } else if (kind == GEMM_ACT_Q8_K) {
+            struct gemm_act_bk *b = (struct gemm_act_bk *)row;
+            for (int64_t i = 0; i < k / 256; i++)
+                quant_bk(xt + 256 * i, b + i);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* tiles                                                                                */
+
+/* One register tile: rows w0, w1 (w1 may equal w0) x nt tokens. */
+struct tile {
+    const uint8_t *w0, *w1;
+    int64_t k;
+    const uint8_t *act; /* token 0 of the tile */
+    size_t act_stride;
+    const float *x;     /* float path */
+    size_t ldx;
+    float *y0, *y1;     /* y of token 0 for row 0 / row 1 (NULL: row not wanted) */
+    size_t ldy;
+};
+
+/* Store the per-token results of a pair-of-rows tile whose zmm holds row 0 low, row 1 high. */
+AI void store_pair(const struct tile *tl, const __m512 *acc, const int nt)
+{
+    for (int t = 0; t < nt; t++) {
+        tl->y0[(size_t)t * tl->ldy] = fold8(_mm512_castps512_ps256(acc[t]));
+        if (tl->y1)
+            tl->y1[(size_t)t * tl->ldy] = fold8(_mm512_extractf32x8_ps(acc[t], 1));
+    }
+}
+
+AI __m512 pair_scale(const uint8_t *w0, const uint8_t *w1)
+{
+    return _mm512_insertf32x8(_mm512_set1_ps(ld_h(w0)), _mm256_set1_ps(ld_h(w1)), 1);
+}
+
+AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
+{
+    __m512 acc[GEMM_TILE_TOK];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_ps();
+    const size_t bs = is_q8 ? 34 : 18;
+    const int64_t nb = tl->k / 32;
+    const uint8_t *w0 = tl->w0, *w1 = tl->w1;
+    const __m512i dup = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+    for (int64_t b = 0; b < nb; b++, w0 += bs, w1 += bs) {
+        __m512i wv;
+        if (is_q8) {
+            wv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 2))),
+                                    _mm256_loadu_si256((const __m256i *)(w1 + 2)), 1);
+            wv = _mm512_xor_si512(wv, _mm512_set1_epi8((char)0x80));
+        } else {
+            __m256i q = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w0 + 2))),
+                _mm_loadu_si128((const __m128i *)(w1 + 2)), 1);
+            __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(q));
+            z = _mm512_mask_blend_epi64(0xCC, z, _mm512_srli_epi16(z, 4));
+            wv = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+        }
+        const __m512 dw = pair_scale(w0, w1);
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_b32 *a =
+                (const struct gemm_act_b32 *)(tl->act + (size_t)t * tl->act_stride) + b;
+            __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)a->q));
+            __m512i cv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)a->corr));
+            __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, wv, xv));
+            acc[t] = _mm512_fmadd_ps(l, _mm512_mul_ps(dw, _mm512_set1_ps(a->d)), acc[t]);
+        }
+    }
+    store_pair(tl, acc, nt);
+}
+
+/* Q4_K: per 64 elements, [low nibbles | high nibbles] of 32 bytes = elements in order. */
+AI void tile_q4_K(const struct tile *tl, const int nt)
+{
+    float acc[GEMM_TILE_TOK] = {0};
+    const int64_t nb = tl->k / 256;
+    const uint8_t *w = tl->w0;
+    for (int64_t b = 0; b < nb; b++, w += 144) {
+        int sc[8], mn[8];
+        const uint8_t *q = w + 4;
+        for (int j = 0; j < 8; j++) {
+            if (j < 4) {
+                sc[j] = q[j] & 63;
+                mn[j] = q[j + 4] & 63;
+            } else {
+                sc[j] = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+                mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+            }
+        }
+        __m512i wv[4], sv[4];
+        for (int c = 0; c < 4; c++) {
+            __m256i qb = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+            __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(qb), _mm256_srli_epi16(qb, 4), 1);
+            wv[c] = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+            sv[c] = _mm512_inserti64x4(_mm512_set1_epi32(sc[2 * c]), _mm256_set1_epi32(sc[2 * c + 1]), 1);
+        }
+        const float d = ld_h(w), dmin = ld_h(w + 2);
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_bk *a =
+                (const struct gemm_act_bk *)(tl->act + (size_t)t * tl->act_stride) + b;
+            __m512i s = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[c],
+                                                _mm512_loadu_si512(a->q + 64 * c));
+                s = _mm512_add_epi32(s, _mm512_mullo_epi32(p, sv[c]));
+            }
+            int32_t S = _mm512_reduce_add_epi32(s), M = 0;
+            for (int j = 0; j < 8; j++)
+                M += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            acc[t] = fmaf(d * a->d, (float)S, acc[t]);
+            acc[t] = fmaf(-(dmin * a->d), (float)M, acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        tl->y0[(size_t)t * tl->ldy] = acc[t];
+}
+
+/* Q6_K: per 128 elements, ql[0..63] and qh[0..31] give codes for elements 0..63 (low
+   nibbles, qh bits 0-1 / 2-3) and 64..127 (high nibbles, qh bits 4-5 / 6-7). */
+AI void tile_q6_K(const struct tile *tl, const int nt)
+{
+    float acc[GEMM_TILE_TOK] = {0};
+    const int64_t nb = tl->k / 256;
+    const uint8_t *w = tl->w0;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3);
+    const __m512i shA = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i shB = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    for (int64_t b = 0; b < nb; b++, w += 210) {
+        __m512i wv[4], sv[4];
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)));
+        for (int h = 0; h < 2; h++) {
+            __m512i ql = _mm512_loadu_si512(w + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h)));
+            __m512i hA = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shA), m2), 4);
+            __m512i hB = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shB), m2), 4);
+            wv[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), hA);
+            wv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hB);
+        }
+        for (int c = 0; c < 4; c++) {
+            const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+            sv[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(4 * c)), sc);
+        }
+        const float d = ld_h(w + 208);
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_bk *a =
+                (const struct gemm_act_bk *)(tl->act + (size_t)t * tl->act_stride) + b;
+            __m512i bs = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)a->bsums));
+            __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                         _mm512_slli_epi32(_mm512_mullo_epi32(sc, bs), 5));
+            for (int c = 0; c < 4; c++) {
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[c],
+                                                _mm512_loadu_si512(a->q + 64 * c));
+                s = _mm512_add_epi32(s, _mm512_mullo_epi32(p, sv[c]));
+            }
+            acc[t] = fmaf(d * a->d, (float)_mm512_reduce_add_epi32(s), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        tl->y0[(size_t)t * tl->ldy] = acc[t];
+}
+
+/* 16 weights of type wt at element i as f32 (mask: which of the 16 exist). */
+AI __m512 load_w16(const uint8_t *w, int64_t i, __mmask16 m, const int wt)
+{
+    if (wt == DT_F32)
+        return _mm512_maskz_loadu_ps(m, w + 4 * i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, w + 2 * i);
+    if (wt == DT_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AI void tile_float(const struct tile *tl, const int nt, const int wt)
+{
+    __m512 acc[GEMM_TILE_TOK];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_ps();
+    const int64_t k = tl->k;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const __m512 wv = load_w16(tl->w0, i, 0xffff, wt);
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(tl->x + (size_t)t * tl->ldx + i), acc[t]);
+    }
+    if (i < k) {
+        const __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
+        const __m512 wv = load_w16(tl->w0, i, m, wt);
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, tl->x + (size_t)t * tl->ldx + i),
+                                     acc[t]);
+    }
+    for (int t = 0; t < nt; t++)
+        tl->y0[(size_t)t * tl->ldy] = fold16(acc[t]);
+}
+
+/* Instantiate a tile function for each constant token count 1..GEMM_TILE_TOK. */
+#define TILE_SWITCH(nt, call)                                                               \
+    switch (nt) {                                                                           \
+    case 1: { const int n_ = 1; call; break; }                                              \
+    case 2: { const int n_ = 2; call; break; }                                              \
+    case 3: { const int n_ = 3; call; break; }                                              \
+    default: { const int n_ = 4; call; break; }                                             \
+    }
+
+static void run_tile(int wt, const struct tile *tl, int nt)
+{
+    switch (wt) {
+    case DT_Q8_0: TILE_SWITCH(nt, tile_b32(tl, n_, 1)); break;
+    case DT_Q4_0: TILE_SWITCH(nt, tile_b32(tl, n_, 0)); break;
+    case DT_Q4_K: TILE_SWITCH(nt, tile_q4_K(tl, n_)); break;
+    case DT_Q6_K: TILE_SWITCH(nt, tile_q6_K(tl, n_)); break;
+    case DT_F32: TILE_SWITCH(nt, tile_float(tl, n_, DT_F32)); break;
+    case DT_F16: TILE_SWITCH(nt, tile_float(tl, n_, DT_F16)); break;
+    default: TILE_SWITCH(nt, tile_float(tl, n_, DT_BF16)); break;
+    }
+}
+
+static void avx512_gemm(const struct gemm_args *a)
+{
+    WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
+    const int pairs = a->wtype == DT_Q8_0 || a->wtype == DT_Q4_0;
+    const int64_t step = pairs ? 2 : 1;
+    for (int64_t r = a->r0; r < a->r1; r += step) {
+        const int has2 = pairs && r + 1 < a->r1;
+        struct tile tl = {
+            .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes,
+            .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
+        };
+        tl.w1 = has2 ? tl.w0 + a->w_row_bytes : tl.w0;
+        for (int t0 = 0; t0 < a->n_tok; t0 += GEMM_TILE_TOK) {
+            int nt = a->n_tok - t0 < GEMM_TILE_TOK ? a->n_tok - t0 : GEMM_TILE_TOK;
+            tl.act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL;
+            tl.x = a->x ? a->x + (size_t)t0 * a->ldx : NULL;
+            tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)r;
+            tl.y1 = has2 ? tl.y0 + 1 : NULL;
+            run_tile(a->wtype, &tl, nt);
+        }
+    }
+}
+
+static float avx512_row_dot(int t, const void *row, const float *x, int64_t n)
+{
+    float y;
+    struct tile tl = {.w0 = row, .w1 = row, .k = n, .x = x, .ldx = 0, .y0 = &y, .ldy = 0};
+    if (t == DT_F32)
+        tile_float(&tl, 1, DT_F32);
+    else if (t == DT_F16)
+        tile_float(&tl, 1, DT_F16);
+    else
+        tile_float(&tl, 1, DT_BF16);
+    return y;
+}
+
+static void avx512_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
+{
+    const float ss = avx512_row_dot(DT_F32, x, x, n);
+    const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(ss / (float)n + eps));
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
+        if (w)
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i));
+        _mm512_mask_storeu_ps(out + i, m, v);
+    }
+}
+
+const struct gemm_ops gemm_ops_avx512 = {
+    .isa = ISA_AVX512,
+    .act_quant = avx512_act_quant,
+    .gemm = avx512_gemm,
+    .row_dot = avx512_row_dot,
+    .rmsnorm = avx512_rmsnorm,
+};

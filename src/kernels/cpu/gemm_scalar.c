@@ -1,0 +1,329 @@
+/*
+ * gemm_scalar - the reference implementation of gemm.h, plus the ISA-independent parts
+ * (activation layouts, shape checks, dispatch).
+ *
+ * Written as the numeric contract of gemm.h reads, one (row, token) pair at a time, with
+ * fmaf for every multiply-add so that the SIMD kernels' FMA instructions give the same bits.
+ * Speed is not a goal here (the engine runs it only under WELD_ISA=scalar or on non-x86);
+ * clarity is, because every other kernel is tested against it. Weight blocks are read
+ * byte by byte (unaligned, endian-independent); the block layouts are those of
+ * format/dtype.h.
+ */
+#include "kernels/cpu/gemm.h"
+
+#include "core/err.h"
+#include "core/fp16.h"
+#include "format/dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+_Static_assert(sizeof(struct gemm_act_b32) == 96, "gemm_act_b32 is 96 bytes");
+_Static_assert(sizeof(struct gemm_act_bk) == 320, "gemm_act_bk is 320 bytes");
+
+enum gemm_act_kind gemm_act_kind(int t)
+{
+    switch (t) {
+    case DT_F32:
+    case DT_F16:
+    case DT_BF16:
+        return GEMM_ACT_F32;
+    case DT_Q8_0:
+    case DT_Q4_0:
+        return GEMM_ACT_Q8_32;
+    case DT_Q4_K:
+    case DT_Q6_K:
+        return GEMM_ACT_Q8_K;
+    default:
+        return GEMM_ACT_NONE;
+    }
+}
+
+size_t gemm_act_row_bytes(int t, int64_t k)
+{
+    if (k <= 0)
+        return 0;
+    switch (gemm_act_kind(t)) {
+    case GEMM_ACT_Q8_32:
+        return (size_t)(k / 32) * sizeof(struct gemm_act_b32);
+    case GEMM_ACT_Q8_K:
+        return (size_t)(k / 256) * sizeof(struct gemm_act_bk);
+    default:
+        return 0;
+    }
+}
+
+int gemm_check(int t, int64_t k, const char *what, struct weld_err *e)
+{
+    enum gemm_act_kind kind = gemm_act_kind(t);
+    if (kind == GEMM_ACT_NONE)
+        return err_set(e, WELD_ERR_UNSUPPORTED, "%s: weight type %s has no gemm kernel",
+                       what ? what : "gemm", dtype_name(t));
+    int64_t bs = kind == GEMM_ACT_Q8_32 ? 32 : kind == GEMM_ACT_Q8_K ? 256 : 1;
+    if (k < 1 || k % bs != 0 || k > ((int64_t)1 << 40))
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "%s: row length %lld is not a positive multiple of %s's block size %lld",
+                       what ? what : "gemm", (long long)k, dtype_name(t), (long long)bs);
+    return WELD_OK;
+}
+
+const struct gemm_ops *gemm_ops_for(enum isa_level l)
+{
+    if (!isa_cpu_has(l))
+        return NULL;
+    switch (l) {
+    case ISA_SCALAR:
+        return &gemm_ops_scalar;
+#if defined(__x86_64__)
+    case ISA_AVX2:
+        return &gemm_ops_avx2;
+    case ISA_AVX512:
+        return &gemm_ops_avx512;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+const struct gemm_ops *gemm_ops_get(void)
+{
+    const struct gemm_ops *o = gemm_ops_for(isa_active());
+    return o ? o : &gemm_ops_scalar;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* activation quantization                                                              */
+
+static float ld_f16(const uint8_t *p) { return fp16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* q = clamp(rne(x * id), -127, 127); NaN -> 0 (unspecified by the contract). */
+static int8_t quant_one(float x, float id)
+{
+    float v = nearbyintf(x * id);
+    if (v > 127.0f)
+        return 127;
+    if (v < -127.0f)
+        return -127;
+    return v == v ? (int8_t)v : 0;
+}
+
+/* Scale and inverse scale of a block with max |x| = amax. */
+static void quant_scale(float amax, float *d, float *id)
+{
+    *d = amax / 127.0f;
+    *id = *d != 0.0f ? 1.0f / *d : 0.0f;
+}
+
+static void quant_b32(const float *x, struct gemm_act_b32 *b, int32_t off)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float id;
+    quant_scale(amax, &b->d, &id);
+    for (int i = 0; i < 32; i++)
+        b->q[i] = quant_one(x[i], id);
+    for (int j = 0; j < 8; j++)
+        b->corr[j] = -off * (b->q[4 * j] + b->q[4 * j + 1] + b->q[4 * j + 2] + b->q[4 * j + 3]);
+    memset(b->pad, 0, sizeof b->pad);
+}
+
+static void quant_bk(const float *x, struct gemm_act_bk *b)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 256; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float id;
+    quant_scale(amax, &b->d, &id);
+    for (int i = 0; i < 256; i++)
+        b->q[i] = quant_one(x[i], id);
+    for (int g = 0; g < 16; g++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++)
+            s += b->q[16 * g + i];
+        b->bsums[g] = (int16_t)s;
+    }
+    memset(b->pad, 0, sizeof b->pad);
+}
+
+static void scalar_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok,
+                             void *act, size_t act_row_bytes)
+{
+    enum gemm_act_kind kind = gemm_act_kind(wtype);
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + (size_t)t * ldx;
+        uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
+        if (kind == GEMM_ACT_Q8_32) {
+            struct gemm_act_b32 *b = (struct gemm_act_b32 *)row;
+            for (int64_t i = 0; i < k / 32; i++)
+                quant_b32(xt + 32 * i, b + i, wtype == DT_Q8_0 ? 128 : 8);
+        } else if (kind == GEMM_ACT_Q8_K) {
+            struct gemm_act_bk *b = (struct gemm_act_bk *)row;
+            for (int64_t i = 0; i < k / 256; i++)
+                quant_bk(xt + 256 * i, b + i);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* float path                                                                           */
+
+static float fold(float *s, int n)
+{
+    for (int w = n / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; i++)
+            s[i] += s[i + w];
+    return s[0];
+}
+
+static float scalar_row_dot(int t, const void *row, const float *x, int64_t n)
+{
+    float s[16] = {0};
+    const uint8_t *p = row;
+    for (int64_t i = 0; i < n; i++) {
+        float w;
+        if (t == DT_F32)
+            memcpy(&w, p + 4 * i, 4);
+        else if (t == DT_F16)
+            w = ld_f16(p + 2 * i);
+        else
+            w = bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+        s[i % 16] = fmaf(w, x[i], s[i % 16]);
+    }
+    return fold(s, 16);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* integer path: one (row, token) pair                                                  */
+
+static float dot_q8_0(const uint8_t *w, const struct gemm_act_b32 *a, int64_t nb)
+{
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++, w += 34) {
+        const float s = ld_f16(w) * a[b].d;
+        const int8_t *q = (const int8_t *)(w + 2);
+        for (int j = 0; j < 8; j++) {
+            int l = 0;
+            for (int i = 4 * j; i < 4 * j + 4; i++)
+                l += q[i] * a[b].q[i];
+            acc[j] = fmaf((float)l, s, acc[j]);
+        }
+    }
+    return fold(acc, 8);
+}
+
+static float dot_q4_0(const uint8_t *w, const struct gemm_act_b32 *a, int64_t nb)
+{
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++, w += 18) {
+        const float s = ld_f16(w) * a[b].d;
+        const uint8_t *qs = w + 2;
+        for (int j = 0; j < 8; j++) {
+            int l = 0;
+            for (int i = 4 * j; i < 4 * j + 4; i++) {
+                int q = i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4;
+                l += (q - 8) * a[b].q[i];
+            }
+            acc[j] = fmaf((float)l, s, acc[j]);
+        }
+    }
+    return fold(acc, 8);
+}
+
+/* 6-bit scale and min of sub-block j of a q4_K block (as dtype.c's scale_min_k4). */
+static void q4k_scale_min(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static float dot_q4_K(const uint8_t *w, const struct gemm_act_bk *a, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144) {
+        const uint8_t *qs = w + 16;
+        int32_t S = 0, M = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            q4k_scale_min(j, w + 4, &sc, &m);
+            const uint8_t *qb = qs + 32 * (j / 2);
+            int32_t d = 0;
+            for (int l = 0; l < 32; l++)
+                d += (j % 2 ? qb[l] >> 4 : qb[l] & 0x0f) * a[b].q[32 * j + l];
+            S += sc * d;
+            M += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+        }
+        acc = fmaf(ld_f16(w) * a[b].d, (float)S, acc);
+        acc = fmaf(-(ld_f16(w + 2) * a[b].d), (float)M, acc);
+    }
+    return acc;
+}
+
+/* Element i (0..255) of a q6_K block as its unsigned 6-bit code. */
+static int q6k_code(const uint8_t *w, int i)
+{
+    const uint8_t *ql = w + 64 * (i / 128), *qh = w + 128 + 32 * (i / 128);
+    int l = i % 32, part = (i % 128) / 32; /* 0..3: ql low, ql+32 low, ql high, ql+32 high */
+    int lo = part & 1 ? ql[l + 32] : ql[l];
+    lo = part & 2 ? lo >> 4 : lo & 0x0f;
+    return lo | (((qh[l] >> (2 * part)) & 3) << 4);
+}
+
+static float dot_q6_K(const uint8_t *w, const struct gemm_act_bk *a, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 210) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        int32_t S = 0;
+        for (int g = 0; g < 16; g++) {
+            int32_t d = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++)
+                d += q6k_code(w, i) * a[b].q[i];
+            S += sc[g] * (d - 32 * a[b].bsums[g]);
+        }
+        acc = fmaf(ld_f16(w + 208) * a[b].d, (float)S, acc);
+    }
+    return acc;
+}
+
+static void scalar_gemm(const struct gemm_args *a)
+{
+    const enum gemm_act_kind kind = gemm_act_kind(a->wtype);
+    WELD_ASSERT(kind != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const uint8_t *w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const void *act = (const uint8_t *)a->act + (size_t)t * a->act_row_bytes;
+            float v;
+            switch (a->wtype) {
+            case DT_Q8_0: v = dot_q8_0(w, act, a->k / 32); break;
+            case DT_Q4_0: v = dot_q4_0(w, act, a->k / 32); break;
+            case DT_Q4_K: v = dot_q4_K(w, act, a->k / 256); break;
+            case DT_Q6_K: v = dot_q6_K(w, act, a->k / 256); break;
+            default: v = scalar_row_dot(a->wtype, w, a->x + (size_t)t * a->ldx, a->k);
+            }
+            a->y[(size_t)t * a->ldy + (size_t)r] = v;
+        }
+    }
+}
+
+static void scalar_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
+{
+    const float ss = scalar_row_dot(DT_F32, x, x, n);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = w ? x[i] * inv * w[i] : x[i] * inv;
+}
+
+const struct gemm_ops gemm_ops_scalar = {
+    .isa = ISA_SCALAR,
+    .act_quant = scalar_act_quant,
+    .gemm = scalar_gemm,
+    .row_dot = scalar_row_dot,
+    .rmsnorm = scalar_rmsnorm,
+};

@@ -1,0 +1,117 @@
+/*
+ * isa - CPU feature detection and the once-per-process choice of kernel instruction set
+ * (see isa.h). The feature lists here must match the -m flags CMakeLists.txt gives
+ * *_avx2.c and *_avx512.c files.
+ */
+#include "kernels/cpu/isa.h"
+
+#include "core/err.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const char *const isa_names[ISA_COUNT] = {"scalar", "avx2", "avx512"};
+
+const char *isa_name(enum isa_level l)
+{
+    return (unsigned)l < ISA_COUNT ? isa_names[l] : "unknown";
+}
+
+/* First feature of level l the CPU lacks, or NULL if it has them all. */
+static const char *isa_missing(enum isa_level l)
+{
+    if (l == ISA_SCALAR)
+        return NULL;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2"))
+        return "avx2";
+    if (!__builtin_cpu_supports("fma"))
+        return "fma";
+    if (!__builtin_cpu_supports("f16c"))
+        return "f16c";
+    if (!__builtin_cpu_supports("bmi2"))
+        return "bmi2";
+    if (l == ISA_AVX2)
+        return NULL;
+    if (!__builtin_cpu_supports("avx512f"))
+        return "avx512f";
+    if (!__builtin_cpu_supports("avx512bw"))
+        return "avx512bw";
+    if (!__builtin_cpu_supports("avx512vl"))
+        return "avx512vl";
+    if (!__builtin_cpu_supports("avx512dq"))
+        return "avx512dq";
+    if (!__builtin_cpu_supports("avx512vnni"))
+        return "avx512vnni";
+    if (!__builtin_cpu_supports("avx512bf16"))
+        return "avx512bf16";
+    return l == ISA_AVX512 ? NULL : "unknown level";
+#else
+    return "x86-64";
+#endif
+}
+
+bool isa_cpu_has(enum isa_level l)
+{
+    return (unsigned)l < ISA_COUNT && isa_missing(l) == NULL;
+}
+
+enum isa_level isa_best(void)
+{
+    for (int l = ISA_COUNT - 1; l > ISA_SCALAR; l--)
+        if (isa_cpu_has((enum isa_level)l))
+            return (enum isa_level)l;
+    return ISA_SCALAR;
+}
+
+int isa_resolve(const char *value, enum isa_level *out, struct weld_err *e)
+{
+    *out = ISA_SCALAR;
+    if (!value || !*value || strcasecmp(value, "auto") == 0) {
+        *out = isa_best();
+        return WELD_OK;
+    }
+    for (int l = 0; l < ISA_COUNT; l++) {
+        if (strcasecmp(value, isa_names[l]) != 0)
+            continue;
+        const char *miss = isa_missing((enum isa_level)l);
+        if (miss)
+            return err_set(e, WELD_ERR_UNSUPPORTED,
+                           "WELD_ISA=%s: this CPU lacks %s (best available: %s)", value, miss,
+                           isa_name(isa_best()));
+        *out = (enum isa_level)l;
+        return WELD_OK;
+    }
+    return err_set(e, WELD_ERR_INVALID_ARG,
+                   "WELD_ISA=%s: unknown instruction set (expected scalar, avx2, avx512 or auto)",
+                   value);
+}
+
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+static enum isa_level isa_chosen = ISA_SCALAR;
+static int isa_status = WELD_OK;
+static struct weld_err isa_err;
+
+static void isa_init_once(void)
+{
+    isa_status = isa_resolve(getenv("WELD_ISA"), &isa_chosen, &isa_err);
+    if (isa_status != WELD_OK)
+        isa_chosen = ISA_SCALAR;
+}
+
+int isa_init(struct weld_err *e)
+{
+    pthread_once(&isa_once, isa_init_once);
+    if (isa_status != WELD_OK && e)
+        *e = isa_err;
+    return isa_status;
+}
+
+enum isa_level isa_active(void)
+{
+    isa_init(NULL);
+    return isa_chosen;
+}

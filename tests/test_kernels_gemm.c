@@ -1,0 +1,446 @@
+/*
+ * gemm kernels (kernels/cpu/gemm.h) against references:
+ *   - gemm_scalar against double-precision dots of dtype_dequantize_row's values: within
+ *     f32 accumulation error for the float path; for the integer path, within f32 error of
+ *     the dot with the quantized activations (d * q), and within the proven bound of the
+ *     activation quantization (|x - d q| <= max|x of block| / 254) of the dot with x;
+ *   - every ISA this CPU has (called directly, and through WELD_ISA when the ctest rule
+ *     sets it) against gemm_scalar: activation bytes identical and outputs bit-identical
+ *     (the numeric contract of gemm.h);
+ *   - determinism: a token's output is the same alone (n_tok = 1), inside a tile, at the
+ *     end of a ragged batch, and under any split of the rows;
+ *   - weights both quantized from random floats and made of raw random bytes (every code,
+ *     -128 in Q8_0, all 6-bit scales), odd shapes: K = one block .. many, rows not a
+ *     multiple of the register tile, n_tok = 1, 3, 16, 17, padded row strides.
+ */
+#include "core/fp16.h"
+#include "core/rng.h"
+#include "format/dtype.h"
+#include "kernels/cpu/gemm.h"
+#include "test.h"
+
+#include <stdint.h>
+
+static const int all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K};
+#define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
+
+static size_t row_bytes(int t, int64_t k)
+{
+    if (t == DT_F32)
+        return (size_t)k * 4;
+    if (t == DT_F16 || t == DT_BF16)
+        return (size_t)k * 2;
+    return dtype_row_bytes(t, k);
+}
+
+static void st16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* A random f16 scale in [lo, hi). */
+static void rand_scale(struct rng *r, uint8_t *p, double lo, double hi)
+{
+    st16(p, fp16_from_f32((float)(lo + (hi - lo) * rng_uniform(r))));
+}
+
+/* Raw random blocks with sane f16 scales: every code value and scale byte occurs. */
+static void raw_row(struct rng *r, int t, uint8_t *row, int64_t k)
+{
+    size_t n = row_bytes(t, k);
+    for (size_t i = 0; i < n; i++)
+        row[i] = (uint8_t)rng_u64(r);
+    size_t bs = t == DT_Q8_0 ? 34 : t == DT_Q4_0 ? 18 : t == DT_Q4_K ? 144 : 210;
+    for (size_t b = 0; b < n / bs; b++) {
+        uint8_t *p = row + b * bs;
+        if (t == DT_Q6_K) {
+            rand_scale(r, p + 208, 1e-4, 1e-3);
+        } else {
+            rand_scale(r, p, 1e-3, 1e-2);
+            if (t == DT_Q4_K)
+                rand_scale(r, p + 2, 1e-3, 1e-2);
+        }
+    }
+}
+
+/* Weight matrix (rows, k) of type t, row stride stride bytes; raw: random blocks. */
+static uint8_t *make_weights(struct rng *r, int t, int rows, int64_t k, size_t stride, int raw)
+{
+    uint8_t *w = calloc((size_t)rows, stride);
+    float *f = malloc(sizeof(float) * (size_t)k);
+    for (int i = 0; i < rows; i++) {
+        uint8_t *row = w + (size_t)i * stride;
+        if (raw && t != DT_F32 && t != DT_F16 && t != DT_BF16) {
+            raw_row(r, t, row, k);
+            continue;
+        }
+        for (int64_t j = 0; j < k; j++)
+            f[j] = (float)(rng_normal(r) * 0.05);
+        if (t == DT_F32)
+            memcpy(row, f, (size_t)k * 4);
+        else if (t == DT_F16)
+            for (int64_t j = 0; j < k; j++)
+                st16(row + 2 * j, fp16_from_f32(f[j]));
+        else if (t == DT_BF16)
+            for (int64_t j = 0; j < k; j++)
+                st16(row + 2 * j, bf16_from_f32(f[j]));
+        else
+            dtype_quantize_row(t, f, row, k);
+    }
+    free(f);
+    return w;
+}
+
+static float *make_x(struct rng *r, int n_tok, int64_t k, size_t ldx)
+{
+    float *x = calloc((size_t)n_tok * ldx, sizeof(float));
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t j = 0; j < k; j++) /* heavy tails: a few large values per block */
+            x[(size_t)t * ldx + j] = (float)(rng_normal(r) * (rng_uniform(r) < 0.02 ? 8.0 : 1.0));
+    return x;
+}
+
+/* Everything one case needs. */
+struct gcase {
+    int t, rows, n_tok;
+    int64_t k;
+    size_t stride, ldx, ldy, arb;
+    uint8_t *w;
+    float *x;
+};
+
+static void case_make(struct gcase *c, struct rng *r, int t, int rows, int64_t k, int n_tok,
+                      int raw, int pad)
+{
+    c->t = t;
+    c->rows = rows;
+    c->k = k;
+    c->n_tok = n_tok;
+    c->stride = row_bytes(t, k) + (pad ? 64 + 6 : 0);
+    c->ldx = (size_t)k + (pad ? 3 : 0);
+    c->ldy = (size_t)rows + (pad ? 5 : 0);
+    c->arb = gemm_act_row_bytes(t, k) + (pad ? 96 * 2 : 0);
+    c->w = make_weights(r, t, rows, k, c->stride, raw);
+    c->x = make_x(r, n_tok, k, c->ldx);
+}
+
+static void case_free(struct gcase *c)
+{
+    free(c->w);
+    free(c->x);
+}
+
+/* Run ops o on rows [r0, r1) and tokens [t0, t0 + nt) of c; y is (c->n_tok, ldy). act is
+   (re)quantized by o. */
+static void run_ops(const struct gemm_ops *o, const struct gcase *c, int64_t r0, int64_t r1,
+                    int t0, int nt, void *act, float *y)
+{
+    const float *x = c->x + (size_t)t0 * c->ldx;
+    o->act_quant(c->t, x, c->ldx, c->k, nt, act, c->arb);
+    struct gemm_args a = {
+        .wtype = c->t, .w = c->w, .w_row_bytes = c->stride, .r0 = r0, .r1 = r1, .k = c->k,
+        .n_tok = nt, .x = x, .ldx = c->ldx, .act = act, .act_row_bytes = c->arb,
+        .y = y + (size_t)t0 * c->ldy, .ldy = c->ldy,
+    };
+    o->gemm(&a);
+}
+
+static size_t act_bytes(const struct gcase *c) { return c->arb * (size_t)c->n_tok + 64; }
+
+/* scalar vs double references (see the file comment). */
+static void check_scalar_accuracy(const struct gcase *c, const float *y, const void *act)
+{
+    float *deq = malloc(sizeof(float) * (size_t)c->k);
+    const enum gemm_act_kind kind = gemm_act_kind(c->t);
+    const int bs = kind == GEMM_ACT_Q8_32 ? 32 : 256;
+    int bad = 0;
+    for (int r = 0; r < c->rows && !bad; r++) {
+        dtype_dequantize_row(c->t, c->w + (size_t)r * c->stride, deq, c->k);
+        for (int t = 0; t < c->n_tok && !bad; t++) {
+            const float *x = c->x + (size_t)t * c->ldx;
+            const uint8_t *at = (const uint8_t *)act + (size_t)t * c->arb;
+            double ref = 0, mag = 0, qref = 0, qbound = 0;
+            for (int64_t j = 0; j < c->k; j++) {
+                ref += (double)deq[j] * x[j];
+                mag += fabs((double)deq[j] * x[j]);
+                if (kind == GEMM_ACT_F32)
+                    continue;
+                double d, amax = 0;
+                int q;
+                if (kind == GEMM_ACT_Q8_32) {
+                    const struct gemm_act_b32 *b = (const struct gemm_act_b32 *)at + j / 32;
+                    d = b->d;
+                    q = b->q[j % 32];
+                } else {
+                    const struct gemm_act_bk *b = (const struct gemm_act_bk *)at + j / 256;
+                    d = b->d;
+                    q = b->q[j % 256];
+                }
+                for (int64_t i = j / bs * bs; i < j / bs * bs + bs; i++)
+                    amax = fmax(amax, fabs(x[i]));
+                qref += (double)deq[j] * d * q;
+                qbound += fabs((double)deq[j]) * amax / 254.0;
+            }
+            const double v = y[(size_t)t * c->ldy + r];
+            const double tol = 2e-6 * sqrt((double)c->k) * mag + 1e-30;
+            if (kind == GEMM_ACT_F32) {
+                if (!(fabs(v - ref) <= tol))
+                    bad = 1;
+            } else {
+                if (!(fabs(v - qref) <= tol + 1e-6 * fabs(qref)))
+                    bad = 2;
+                if (!(fabs(v - ref) <= qbound * 1.001 + tol))
+                    bad = 3;
+            }
+            if (bad)
+                fprintf(stderr, "  %s k=%lld r=%d t=%d: y=%.9g ref=%.9g qref=%.9g mag=%.3g "
+                        "qbound=%.3g (check %d)\n", dtype_name(c->t), (long long)c->k, r, t,
+                        v, ref, qref, mag, qbound, bad);
+        }
+    }
+    CHECK(!bad);
+    free(deq);
+}
+
+static int count_diff(const float *a, const float *b, const struct gcase *c)
+{
+    int n = 0;
+    for (int t = 0; t < c->n_tok; t++)
+        for (int r = 0; r < c->rows; r++) {
+            size_t i = (size_t)t * c->ldy + r;
+            if (a[i] != b[i] || memcmp(&a[i], &b[i], 4) != 0) {
+                if (n < 3)
+                    fprintf(stderr, "  %s k=%lld r=%d t=%d: %.9g vs %.9g\n", dtype_name(c->t),
+                            (long long)c->k, r, t, a[i], b[i]);
+                n++;
+            }
+        }
+    return n;
+}
+
+/* One case under scalar (accuracy) and every available ISA (exact), plus determinism. */
+static void check_case(struct gcase *c, const struct gemm_ops *only)
+{
+    const size_t ny = (size_t)c->n_tok * c->ldy;
+    float *ys = malloc(ny * 4), *yo = malloc(ny * 4), *yd = malloc(ny * 4);
+    uint8_t *acts = calloc(1, act_bytes(c)), *acto = calloc(1, act_bytes(c));
+    for (size_t i = 0; i < ny; i++)
+        ys[i] = yo[i] = yd[i] = -7.0f; /* padding must survive */
+    run_ops(&gemm_ops_scalar, c, 0, c->rows, 0, c->n_tok, acts, ys);
+    check_scalar_accuracy(c, ys, acts);
+    for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
+        const struct gemm_ops *o = only ? only : gemm_ops_for((enum isa_level)l);
+        if (!o || (only && l > 0))
+            continue;
+        memset(acto, 0, act_bytes(c));
+        run_ops(o, c, 0, c->rows, 0, c->n_tok, acto, yo);
+        CHECK(memcmp(acts, acto, act_bytes(c)) == 0);
+        int nd = count_diff(ys, yo, c);
+        if (nd)
+            fprintf(stderr, "  isa %s: %d differences\n", isa_name(o->isa), nd);
+        CHECK_EQ_INT(nd, 0);
+        /* Determinism: each token alone, rows split unevenly, padding untouched. */
+        for (int t = 0; t < c->n_tok; t++) {
+            int64_t mid = c->rows / 3;
+            run_ops(o, c, 0, mid, t, 1, acto, yd);
+            run_ops(o, c, mid, c->rows, t, 1, acto, yd);
+        }
+        CHECK_EQ_INT(count_diff(yo, yd, c), 0);
+        for (int t = 0; t < c->n_tok; t++)
+            for (size_t r = (size_t)c->rows; r < c->ldy; r++)
+                CHECK(yo[(size_t)t * c->ldy + r] == -7.0f);
+    }
+    free(ys);
+    free(yo);
+    free(yd);
+    free(acts);
+    free(acto);
+}
+
+static const struct gemm_ops *forced_ops; /* set when WELD_ISA forces a level */
+
+static void sweep(int t, const int64_t *ks, int nk, uint64_t seed)
+{
+    static const int rows_list[] = {1, 2, 3, 5, 17};
+    static const int tok_list[] = {1, 3, 16, 17};
+    struct rng r;
+    rng_seed(&r, seed);
+    for (int ik = 0; ik < nk; ik++)
+        for (int ir = 0; ir < 5; ir++)
+            for (int it = 0; it < 4; it++) {
+                struct gcase c;
+                int raw = (ir + it) % 2, pad = (ik + ir + it) % 3 == 0;
+                case_make(&c, &r, t, rows_list[ir], ks[ik], tok_list[it], raw, pad);
+                check_case(&c, forced_ops);
+                case_free(&c);
+            }
+}
+
+TEST(float_types)
+{
+    static const int64_t ks[] = {1, 7, 16, 33, 100, 512};
+    sweep(DT_F32, ks, 6, 1);
+    sweep(DT_F16, ks, 6, 2);
+    sweep(DT_BF16, ks, 6, 3);
+}
+
+TEST(q8_0)
+{
+    static const int64_t ks[] = {32, 64, 32 * 37, 4096};
+    sweep(DT_Q8_0, ks, 4, 4);
+}
+
+TEST(q4_0)
+{
+    static const int64_t ks[] = {32, 96, 32 * 37, 4096};
+    sweep(DT_Q4_0, ks, 4, 5);
+}
+
+TEST(q4_K)
+{
+    static const int64_t ks[] = {256, 768, 256 * 11};
+    sweep(DT_Q4_K, ks, 3, 6);
+}
+
+TEST(q6_K)
+{
+    static const int64_t ks[] = {256, 512, 256 * 11};
+    sweep(DT_Q6_K, ks, 3, 7);
+}
+
+/* Activations of constant, zero and extreme values quantize identically on every ISA. */
+TEST(act_quant_edges)
+{
+    const int64_t k = 512;
+    float *x = calloc((size_t)k, sizeof(float));
+    for (int64_t i = 256; i < k; i++)
+        x[i] = (i % 7 == 0) ? -3e30f : (float)(i % 5) * 1e-30f;
+    for (int64_t i = 32; i < 64; i++)
+        x[i] = 1.0f;
+    x[32] = 127.0f; /* d = 1: exact ties below round to even */
+    x[33] = 2.5f;
+    x[34] = 3.5f;
+    x[35] = -2.5f;
+    for (int ti = 3; ti < N_TYPES; ti++) {
+        const int t = all_types[ti];
+        size_t n = gemm_act_row_bytes(t, k);
+        uint8_t *a0 = calloc(1, n), *a1 = calloc(1, n);
+        gemm_ops_scalar.act_quant(t, x, (size_t)k, k, 1, a0, n);
+        for (int l = ISA_AVX2; l < ISA_COUNT; l++) {
+            const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+            if (!o)
+                continue;
+            memset(a1, 0, n);
+            o->act_quant(t, x, (size_t)k, k, 1, a1, n);
+            CHECK(memcmp(a0, a1, n) == 0);
+        }
+        if (gemm_act_kind(t) == GEMM_ACT_Q8_32) {
+            const struct gemm_act_b32 *b = (const struct gemm_act_b32 *)a0;
+            CHECK(b[0].d == 0.0f && b[0].q[5] == 0 && b[0].corr[0] == 0);
+            CHECK(b[1].d == 1.0f && b[1].q[31] == 1);
+            CHECK(b[1].q[0] == 127 && b[1].q[1] == 2 && b[1].q[2] == 4 && b[1].q[3] == -2);
+            CHECK_EQ_INT(b[1].corr[0], (t == DT_Q8_0 ? -128 : -8) * 131);
+        } else {
+            const struct gemm_act_bk *b = (const struct gemm_act_bk *)a0;
+            CHECK(b[0].q[33] == 2 && b[0].q[34] == 4 && b[0].q[35] == -2);
+            CHECK(b[0].bsums[2] == 127 + 2 + 4 - 2 + 12 && b[0].bsums[0] == 0);
+            CHECK(b[1].q[3] == -127 && b[1].q[0] == 0);
+        }
+        free(a0);
+        free(a1);
+    }
+    free(x);
+}
+
+TEST(row_dot_and_rmsnorm)
+{
+    struct rng r;
+    rng_seed(&r, 99);
+    static const int ns[] = {1, 15, 64, 128, 131};
+    for (int in = 0; in < 5; in++) {
+        const int n = ns[in];
+        float *x = make_x(&r, 1, n, (size_t)n), *g = make_x(&r, 1, n, (size_t)n);
+        float *o0 = malloc(sizeof(float) * n), *o1 = malloc(sizeof(float) * n);
+        for (int ti = 0; ti < 3; ti++) {
+            const int t = all_types[ti];
+            uint8_t *w = make_weights(&r, t, 1, n, row_bytes(t, n), 0);
+            const float s = gemm_ops_scalar.row_dot(t, w, x, n);
+            for (int l = ISA_AVX2; l < ISA_COUNT; l++) {
+                const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+                if (o)
+                    CHECK(o->row_dot(t, w, x, n) == s);
+            }
+            free(w);
+        }
+        double ss = 0;
+        for (int i = 0; i < n; i++)
+            ss += (double)x[i] * x[i];
+        const double inv = 1.0 / sqrt(ss / n + 1e-5);
+        gemm_ops_scalar.rmsnorm(x, g, 1e-5f, o0, n);
+        for (int i = 0; i < n; i++)
+            CHECK_NEAR(o0[i], x[i] * inv * g[i], 1e-5 * fabs(x[i] * inv * g[i]) + 1e-7);
+        for (int l = ISA_AVX2; l < ISA_COUNT; l++) {
+            const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+            if (!o)
+                continue;
+            o->rmsnorm(x, g, 1e-5f, o1, n);
+            CHECK(memcmp(o0, o1, sizeof(float) * n) == 0);
+            memcpy(o1, x, sizeof(float) * n); /* in place, no weight */
+            o->rmsnorm(o1, NULL, 1e-5f, o1, n);
+            gemm_ops_scalar.rmsnorm(x, NULL, 1e-5f, o0, n);
+            CHECK(memcmp(o0, o1, sizeof(float) * n) == 0);
+            gemm_ops_scalar.rmsnorm(x, g, 1e-5f, o0, n);
+        }
+        free(x);
+        free(g);
+        free(o0);
+        free(o1);
+    }
+}
+
+TEST(check_shapes)
+{
+    struct weld_err e = {0};
+    CHECK_EQ_INT(gemm_check(DT_Q8_0, 64, "blk.0.attn_q.weight", &e), WELD_OK);
+    CHECK_EQ_INT(gemm_check(DT_Q4_K, 300, "blk.0.ffn_up.weight", &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "blk.0.ffn_up.weight") && strstr(e.msg, "300") && strstr(e.msg, "256"));
+    CHECK_EQ_INT(gemm_check(DT_Q5_1, 64, "w", &e), WELD_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "q5_1") != NULL);
+    CHECK_EQ_INT(gemm_check(DT_F32, 0, "w", &e), WELD_ERR_INVALID_ARG);
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_Q4_0, 64), 2 * sizeof(struct gemm_act_b32));
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_Q6_K, 512), 2 * sizeof(struct gemm_act_bk));
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_BF16, 512), 0);
+}
+
+int main(void)
+{
+    const char *forced = getenv("WELD_ISA");
+    if (forced && *forced) {
+        struct weld_err e = {0};
+        enum isa_level want;
+        int st = isa_init(&e);
+        if (isa_resolve(forced, &want, NULL) != WELD_OK) {
+            /* The CPU lacks it: the error must say so, and nothing else runs. */
+            printf("WELD_ISA=%s not available here: %s\n", forced, e.msg);
+            RUN(check_shapes);
+            CHECK(st == WELD_ERR_UNSUPPORTED && strstr(e.msg, "lacks") != NULL);
+            return test_summary();
+        }
+        forced_ops = gemm_ops_get();
+        printf("WELD_ISA=%s: running every case on %s only\n", forced, isa_name(forced_ops->isa));
+        if (forced_ops->isa != want) {
+            fprintf(stderr, "gemm_ops_get() gave %s\n", isa_name(forced_ops->isa));
+            return 1;
+        }
+    }
+    RUN(check_shapes);
+    RUN(act_quant_edges);
+    RUN(row_dot_and_rmsnorm);
+    RUN(float_types);
+    RUN(q8_0);
+    RUN(q4_0);
+    RUN(q4_K);
+    RUN(q6_K);
+    return test_summary();
+}
