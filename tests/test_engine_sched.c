@@ -310,6 +310,32 @@ TEST(lone_sequence_fails)
     sched_finish(s, a);
     CHECK(sched_idle(s));
     sched_free(s);
+
+    /* A fork preempted after outgrowing a one-block pool fails when it reaches the head. */
+    s = mk(1, 4, 64, 8, 100, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    a = add(s, 1, 4, 0, 0);
+    REQUIRE(a);
+    struct weld_err e = {0};
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    struct sched_seq *c = NULL;
+    CHECK_EQ_INT(sched_fork(s, a, 2, NULL, &c, &e), WELD_OK);
+    CHECK_EQ_INT(sched_append_token(s, a, 1, NULL), WELD_OK);
+    CHECK_EQ_INT(sched_append_token(s, c, 2, NULL), WELD_OK);
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    CHECK(p.n_preempted == 1 && p.preempted[0] == c);
+    CHECK(p.n_failed == 1 && p.failed[0] == a);
+    CHECK_EQ_INT(p.n_entries, 0);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    sched_finish(s, a);
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    CHECK(p.n_failed == 1 && p.failed[0] == c);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    CHECK(checked(s));
+    sched_finish(s, c);
+    CHECK(sched_idle(s));
+    sched_free(s);
 }
 
 TEST(abort_frees_at_once)
@@ -565,7 +591,10 @@ static void soak_add(struct sched *s, struct soak_req *r, struct rng *g, uint64_
         tok[i] = i < 20 ? fam * 1000 + i : (int32_t)rbelow(g, 5);
     struct sched_seq_params sp = {.id = id, .priority = (int)rbelow(g, 4), .tokens = tok,
                                   .n_tokens = n};
-    CHECK_EQ_INT(sched_add(s, &sp, &r[slot].seq, NULL), WELD_OK);
+    const struct sched_config *c = sched_get_config(s);
+    bool fits = n <= c->max_model_len && (n + c->kv.block_size - 1) / c->kv.block_size <=
+                                             c->kv.n_blocks;
+    CHECK_EQ_INT(sched_add(s, &sp, &r[slot].seq, NULL), fits ? WELD_OK : WELD_ERR_LIMIT);
     r[slot].target = n + 1 + (int)rbelow(g, 30);
 }
 
@@ -586,12 +615,14 @@ static void soak_after(struct sched *s, struct soak_req *r, struct rng *g,
         int k = soak_find(r, en->seq);
         REQUIRE(k >= 0);
         int slot = soak_find(r, NULL);
-        if (slot >= 0 && rbelow(g, 20) == 0) {
+        if (slot >= 0 && rbelow(g, 20) == 0 &&
+            en->seq->n_tokens < sched_get_config(s)->max_model_len) {
             CHECK_EQ_INT(sched_fork(s, en->seq, (*next_id)++, NULL, &r[slot].seq, NULL), 0);
             r[slot].target = r[k].target;
             CHECK_EQ_INT(sched_append_token(s, r[slot].seq, 77, NULL), WELD_OK);
         }
-        if (en->seq->n_tokens + 1 >= r[k].target) {
+        if (en->seq->n_tokens + 1 >= r[k].target ||
+            en->seq->n_tokens >= sched_get_config(s)->max_model_len) {
             sched_finish(s, en->seq);
             r[k].seq = NULL;
         } else {
@@ -689,21 +720,63 @@ static void soak_check_rules(struct sched *s, const struct sched_plan *p,
     }
 }
 
-static void soak(enum sched_policy pol, uint64_t seed, int n_steps)
+struct soak_cfg {
+    int n_blocks, bs, budget, max_seqs, max_len;
+    enum sched_policy pol;
+    bool caching;
+    uint64_t seed;
+    int n_steps; /* with random adds and aborts; then it runs until idle */
+};
+
+/* One step of the soak with every check; returns whether it ran or failed anything. */
+static bool soak_step(struct sched *s, const struct soak_cfg *c, struct soak_req *r,
+                      struct rng *g, int32_t *kv, uint64_t *next_id)
 {
-    const int n_blocks = 24, bs = 4, budget = 32, max_len = 100, max_seqs = 6;
-    struct sched *s = mk(n_blocks, bs, budget, max_seqs, max_len, pol);
-    REQUIRE(s);
-    int32_t *kv = calloc((size_t)n_blocks * bs, sizeof *kv);
+    struct soak_snap sn[SOAK_MAX];
+    for (int k = 0; k < SOAK_MAX; k++) {
+        sn[k].seq = r[k].seq;
+        sn[k].state = r[k].seq ? r[k].seq->state : SCHED_WAITING;
+        sn[k].left = r[k].seq ? r[k].seq->n_tokens - r[k].seq->n_computed : 0;
+    }
+    struct sched_plan p;
+    struct weld_err e = {0};
+    if (sched_step(s, &p, &e) != WELD_OK) {
+        fprintf(stderr, "sched_step: %s\n", e.msg);
+        CHECK(false);
+        return false;
+    }
+    soak_check_plan(&p, c->budget, c->max_len);
+    soak_check_rules(s, &p, sn, c->budget, c->max_seqs);
+    soak_write(kv, c->bs, &p);
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    soak_after(s, r, g, &p, next_id);
+    CHECK(checked(s));
+    for (int k = 0; k < SOAK_MAX; k++)
+        if (r[k].seq && r[k].seq->state == SCHED_RUNNING)
+            CHECK(soak_reads_back(kv, c->bs, r[k].seq));
+    return p.n_entries > 0 || p.n_failed > 0;
+}
+
+static void soak(const struct soak_cfg *c, struct sched_stats *st)
+{
+    struct sched_config sc = sched_config_default();
+    sc.kv.n_blocks = c->n_blocks;
+    sc.kv.block_size = c->bs;
+    sc.kv.prefix_caching = c->caching;
+    sc.max_num_batched_tokens = c->budget;
+    sc.max_num_seqs = c->max_seqs;
+    sc.max_model_len = c->max_len;
+    sc.policy = c->pol;
+    struct sched *s = NULL;
+    REQUIRE(sched_create(&s, &sc, NULL) == WELD_OK);
+    int32_t *kv = calloc((size_t)c->n_blocks * c->bs, sizeof *kv);
     struct soak_req r[SOAK_MAX];
     memset(r, 0, sizeof r);
     struct rng g;
-    rng_seed(&g, seed);
-    uint64_t next_id = 0, n_done_steps = 0;
-    struct weld_err e = {0};
-    for (int step = 0; step < n_steps && !test_cur_failed; step++) {
-        bool drain = step >= n_steps - 1500;
-        for (int k = 0; !drain && k < 2; k++)
+    rng_seed(&g, c->seed);
+    uint64_t next_id = 0;
+    for (int step = 0; step < c->n_steps && !test_cur_failed; step++) {
+        for (int k = 0; k < 2; k++)
             if (rbelow(&g, 3) == 0)
                 soak_add(s, r, &g, next_id++);
         if (rbelow(&g, 25) == 0) {
@@ -713,40 +786,62 @@ static void soak(enum sched_policy pol, uint64_t seed, int n_steps)
                 r[k].seq = NULL;
             }
         }
-        struct soak_snap sn[SOAK_MAX];
-        for (int k = 0; k < SOAK_MAX; k++) {
-            sn[k].seq = r[k].seq;
-            sn[k].state = r[k].seq ? r[k].seq->state : SCHED_WAITING;
-            sn[k].left = r[k].seq ? r[k].seq->n_tokens - r[k].seq->n_computed : 0;
-        }
-        struct sched_plan p;
-        REQUIRE(sched_step(s, &p, &e) == WELD_OK);
-        soak_check_plan(&p, budget, max_len);
-        soak_check_rules(s, &p, sn, budget, max_seqs);
-        soak_write(kv, bs, &p);
-        REQUIRE(sched_step_done(s, &e) == WELD_OK);
-        n_done_steps += p.n_entries > 0;
-        soak_after(s, r, &g, &p, &next_id);
-        CHECK(checked(s));
-        for (int k = 0; k < SOAK_MAX; k++)
-            if (r[k].seq && r[k].seq->state == SCHED_RUNNING)
-                CHECK(soak_reads_back(kv, bs, r[k].seq));
+        soak_step(s, c, r, &g, kv, &next_id);
     }
-    struct sched_stats st;
-    sched_stats_get(s, &st);
+    int idle_steps = 0;
+    for (int step = 0; step < 200000 && !sched_idle(s) && !test_cur_failed; step++)
+        idle_steps += !soak_step(s, c, r, &g, kv, &next_id);
+    CHECK_EQ_INT(idle_steps, 0); /* work left always means something runs */
+    sched_stats_get(s, st);
     CHECK(sched_idle(s));
-    CHECK_EQ_INT(st.kv.n_used, 0);
-    CHECK_EQ_INT(st.kv.n_free + st.kv.n_cached, n_blocks);
-    CHECK(st.n_preemptions > 0);
-    CHECK(st.kv.hit_tokens > 0);
-    CHECK(st.kv.cow_copies > 0);
-    CHECK(n_done_steps > (uint64_t)n_steps / 2);
+    CHECK_EQ_INT(st->kv.n_used, 0);
+    CHECK_EQ_INT(st->kv.n_free + st->kv.n_cached, c->n_blocks);
     free(kv);
     sched_free(s);
 }
 
-TEST(soak_fcfs) { soak(SCHED_POLICY_FCFS, 7, 20000); }
-TEST(soak_priority) { soak(SCHED_POLICY_PRIORITY, 8, 20000); }
+TEST(soak_fcfs)
+{
+    struct soak_cfg c = {24, 4, 32, 6, 100, SCHED_POLICY_FCFS, true, 7, 20000};
+    struct sched_stats st;
+    soak(&c, &st);
+    CHECK(st.n_preemptions > 100 && st.kv.hit_tokens > 1000 && st.kv.cow_copies > 10);
+    CHECK(st.n_aborted > 100 && st.n_finished > 1000);
+}
+
+TEST(soak_priority)
+{
+    struct soak_cfg c = {24, 4, 32, 6, 100, SCHED_POLICY_PRIORITY, true, 8, 20000};
+    struct sched_stats st;
+    soak(&c, &st);
+    CHECK(st.n_preemptions > 100 && st.kv.hit_tokens > 1000 && st.kv.cow_copies > 10);
+}
+
+TEST(soak_edge_configs)
+{
+    /* blocks of one token, a budget of one token, one seat, a one-block pool (most
+       prompts rejected, the rest fail once they outgrow it), no prefix caching, a short
+       max_model_len, a pool far larger than needed. */
+    const struct soak_cfg cs[] = {
+        {64, 1, 16, 4, 100, SCHED_POLICY_FCFS, true, 11, 3000},
+        {40, 4, 1, 6, 100, SCHED_POLICY_PRIORITY, true, 12, 3000},
+        {24, 4, 32, 1, 100, SCHED_POLICY_FCFS, true, 13, 3000},
+        {1, 16, 32, 4, 100, SCHED_POLICY_FCFS, true, 14, 3000},
+        {24, 4, 32, 6, 100, SCHED_POLICY_FCFS, false, 15, 3000},
+        {24, 4, 32, 6, 24, SCHED_POLICY_PRIORITY, true, 16, 3000},
+        {4096, 16, 64, 64, 100, SCHED_POLICY_FCFS, true, 17, 3000},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0] && !test_cur_failed; i++) {
+        struct sched_stats st;
+        soak(&cs[i], &st);
+        if (test_cur_failed)
+            fprintf(stderr, "soak_edge_configs: config %zu\n", i);
+        if (i == 3)
+            CHECK(st.n_rejected > 0 && st.n_finished > 0);
+        if (i == 4)
+            CHECK_EQ_INT(st.kv.hit_tokens, 0);
+    }
+}
 
 TEST(allocation_failures)
 {
@@ -787,6 +882,7 @@ int main(void)
     RUN(prefix_hits_across_requests);
     RUN(soak_fcfs);
     RUN(soak_priority);
+    RUN(soak_edge_configs);
     RUN(allocation_failures);
     return test_summary();
 }

@@ -499,6 +499,10 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
 {
     while (s->waiting.n > 0 && s->running.n < s->cfg.max_num_seqs && *budget > 0) {
         struct sched_seq *seq = s->waiting.v[0];
+        if (kvm_blocks_for(s->kvm, seq->n_tokens) > s->cfg.kv.n_blocks) {
+            fail(s, p, seq); /* preempted after it outgrew the whole pool */
+            continue;
+        }
         int evictable = 0;
         int hit = kvm_prefix_peek(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &evictable);
         int n = seq->n_tokens - hit < *budget ? seq->n_tokens - hit : *budget;

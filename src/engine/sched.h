@@ -39,7 +39,9 @@
  *   back in the waiting queue, its plan entry if any removed and its tokens refunded,
  *   counted, logged with log_info) and the allocation is retried. If the sequence that
  *   needs blocks is itself the newest, it is preempted; if it is the only running one, it
- *   can never fit: it becomes FAILED and is listed in the plan's failed list.
+ *   can never fit: it becomes FAILED and is listed in the plan's failed list. So does a
+ *   waiting sequence that has outgrown the whole pool (a fork preempted after appending)
+ *   when it reaches the head of the queue.
  * A step's total tokens never exceed max_num_batched_tokens, and a chunk never crosses
  * max_model_len. An entry samples when its chunk reaches the end of the known tokens.
  *
