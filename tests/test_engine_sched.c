@@ -493,9 +493,17 @@ TEST(prefix_hits_across_requests)
     REQUIRE(a && a2);
     struct sched_plan p;
     cycle(s, &p);
-    /* Same step: a2 cannot use blocks that a is only now computing. */
-    CHECK_EQ_INT(a2->n_cached, 0);
-    CHECK_EQ_INT(entry_of(&p, a2)->first, 0);
+    /* Same step: a2 cannot use blocks that a is only now computing; it waits for them
+       rather than compute them too, and hits them in the next step. */
+    CHECK_EQ_INT(p.n_entries, 1);
+    CHECK_EQ_INT(a2->state, SCHED_WAITING);
+    cycle(s, &p);
+    REQUIRE(entry_of(&p, a2));
+    CHECK_EQ_INT(a2->n_cached, 16);
+    CHECK_EQ_INT(entry_of(&p, a2)->first, 16);
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.n_prefix_waits, 1);
     sched_finish(s, a);
     sched_finish(s, a2);
     struct sched_seq *b = add(s, 3, 18, 0, 0);
@@ -514,10 +522,71 @@ TEST(prefix_hits_across_requests)
     CHECK_EQ_INT(sched_add(s, &sp, &c, NULL), WELD_OK);
     cycle(s, &p);
     CHECK_EQ_INT(c->n_cached, 0);
-    struct sched_stats st;
     sched_stats_get(s, &st);
-    CHECK_EQ_INT(st.kv.hit_tokens, 16);
+    CHECK_EQ_INT(st.kv.hit_tokens, 2 * 16);
     CHECK_EQ_INT(st.kv.query_tokens, 4 * 18);
+    CHECK_EQ_INT(st.n_prefix_waits, 1);
+    sched_free(s);
+}
+
+TEST(waiting_for_an_inflight_prefix)
+{
+    /* A long prompt prefilled in chunks: a second prompt sharing its first 32 tokens waits
+       until they are cached, then computes only its own tail. */
+    struct sched *s = mk(64, 4, 12, 8, 200, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    int32_t t1[40], t2[36];
+    for (int i = 0; i < 40; i++)
+        t1[i] = i < 32 ? 500 + i : i;
+    for (int i = 0; i < 36; i++)
+        t2[i] = i < 32 ? 500 + i : -i;
+    struct sched_seq_params p1 = {.id = 1, .tokens = t1, .n_tokens = 40};
+    struct sched_seq_params p2 = {.id = 2, .tokens = t2, .n_tokens = 36};
+    struct sched_seq *a = NULL, *b = NULL;
+    REQUIRE(sched_add(s, &p1, &a, NULL) == WELD_OK && sched_add(s, &p2, &b, NULL) == WELD_OK);
+    struct sched_plan p;
+    int steps = 0;
+    while (b->state == SCHED_WAITING && steps < 10) {
+        cycle(s, &p);
+        steps++;
+    }
+    CHECK_EQ_INT(steps, 4); /* a: 12, 12, 12 (b waits for each next block), then 4 */
+    CHECK_EQ_INT(b->n_cached, 32);
+    CHECK_EQ_INT(entry_of(&p, b)->first, 32);
+    sched_finish(s, a);
+    sched_finish(s, b);
+
+    /* The wait ends if the sequence computing the prefix goes away. */
+    REQUIRE(sched_add(s, &p1, &a, NULL) == WELD_OK);
+    int32_t t3[40];
+    for (int i = 0; i < 40; i++)
+        t3[i] = 9000 + i; /* a new prefix, so nothing is cached yet */
+    struct sched_seq_params p3 = {.id = 3, .tokens = t3, .n_tokens = 40};
+    struct sched_seq *c = NULL, *d = NULL;
+    REQUIRE(sched_add(s, &p3, &c, NULL) == WELD_OK && sched_add(s, &p3, &d, NULL) == WELD_OK);
+    cycle(s, &p); /* a hits 36 and computes 4; c computes 8 of its 40; d waits */
+    REQUIRE(entry_of(&p, c) != NULL);
+    CHECK_EQ_INT(entry_of(&p, c)->n_tokens, 8);
+    CHECK_EQ_INT(d->state, SCHED_WAITING);
+    cycle(s, &p); /* a decodes, c 11 more, d still waits */
+    CHECK_EQ_INT(d->state, SCHED_WAITING);
+    sched_abort(s, c); /* c's 16 committed tokens stay cached */
+    cycle(s, &p);
+    REQUIRE(entry_of(&p, d));
+    CHECK_EQ_INT(d->n_cached, 16);
+    CHECK_EQ_INT(entry_of(&p, d)->first, 16);
+    sched_free(s);
+
+    /* Without prefix caching nobody waits. */
+    struct sched_config cfg = sched_config_default();
+    cfg.kv.n_blocks = 64;
+    cfg.kv.block_size = 4;
+    cfg.kv.prefix_caching = false;
+    cfg.max_num_batched_tokens = 100;
+    REQUIRE(sched_create(&s, &cfg, NULL) == WELD_OK);
+    REQUIRE(sched_add(s, &p1, &a, NULL) == WELD_OK && sched_add(s, &p2, &b, NULL) == WELD_OK);
+    cycle(s, &p);
+    CHECK_EQ_INT(p.n_entries, 2);
     sched_free(s);
 }
 
@@ -676,6 +745,28 @@ static void soak_check_order(const struct sched_plan *p, const struct soak_snap 
     }
 }
 
+/* A sequence running now (admitted earlier in this step counts too) holds head's tokens
+   [0, end) but had not computed them all before this step, and head could hit them
+   (end < its length). Salts are not used by the soak. */
+static bool soak_block_in_flight(const struct soak_snap *sn, const struct sched_seq *head,
+                                 int end)
+{
+    if (end >= head->n_tokens)
+        return false;
+    for (int i = 0; i < SOAK_MAX; i++) {
+        const struct sched_seq *q = sn[i].seq;
+        if (!q || q->state != SCHED_RUNNING ||
+            q->n_tokens < end || q->n_computed >= end)
+            continue;
+        bool same = true;
+        for (int t = 0; t < end && same; t++)
+            same = q->tokens[t] == head->tokens[t];
+        if (same)
+            return true;
+    }
+    return false;
+}
+
 static void soak_check_rules(struct sched *s, const struct sched_plan *p,
                              const struct soak_snap *sn, int budget, int max_seqs)
 {
@@ -708,7 +799,8 @@ static void soak_check_rules(struct sched *s, const struct sched_plan *p,
     for (int j = 0; j < p->n_entries && head; j++)
         if (snap_of(sn, p->entries[j].seq)->state == SCHED_WAITING)
             CHECK(key_cmp(pol, p->entries[j].seq, head) < 0);
-    /* budget and seats left but the head stayed: its chunk's blocks were not there */
+    /* budget and seats left but the head stayed: its chunk's blocks were not there, or it
+       waits for its next block, which a running sequence is still computing */
     if (head && p->n_preempted == 0 && p->n_tokens < budget && n_running < max_seqs) {
         struct kvm *m = sched_kvm(s);
         int ev = 0, bs = kvm_block_size(m);
@@ -716,7 +808,8 @@ static void soak_check_rules(struct sched *s, const struct sched_plan *p,
         int n = head->n_tokens - hit;
         if (n > budget - p->n_tokens)
             n = budget - p->n_tokens;
-        CHECK(kvm_blocks_for(m, hit + n) - hit / bs > kvm_n_available(m) - ev);
+        CHECK(kvm_blocks_for(m, hit + n) - hit / bs > kvm_n_available(m) - ev ||
+              soak_block_in_flight(sn, head, hit + bs));
     }
 }
 
@@ -843,6 +936,20 @@ TEST(soak_edge_configs)
     }
 }
 
+TEST(soak_random_configs)
+{
+    /* 40 configurations around the edges: pools of 8-47 blocks of 1-7 tokens, budgets of
+       1-50, 1-9 seats, max_model_len 30-119, both policies, caching mostly on. */
+    for (int sd = 100; sd < 140 && !test_cur_failed; sd++) {
+        struct soak_cfg c = {8 + sd % 40, 1 + sd % 7, 1 + sd % 50, 1 + sd % 9, 30 + sd % 90,
+                             (enum sched_policy)(sd % 2), sd % 5 != 0, (uint64_t)sd, 2000};
+        struct sched_stats st;
+        soak(&c, &st);
+        if (test_cur_failed)
+            fprintf(stderr, "soak_random_configs: seed %d\n", sd);
+    }
+}
+
 TEST(allocation_failures)
 {
     struct sched *s = mk(16, 4, 64, 8, 100, SCHED_POLICY_FCFS);
@@ -880,9 +987,11 @@ int main(void)
     RUN(plan_stable_while_walked);
     RUN(fork_copy_on_write);
     RUN(prefix_hits_across_requests);
+    RUN(waiting_for_an_inflight_prefix);
     RUN(soak_fcfs);
     RUN(soak_priority);
     RUN(soak_edge_configs);
+    RUN(soak_random_configs);
     RUN(allocation_failures);
     return test_summary();
 }

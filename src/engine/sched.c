@@ -24,7 +24,11 @@
  * with preemption) and plan_admit (waiting sequences). sched_step_done commits the planned
  * tokens to the block tables, which is when their full blocks enter the prefix cache:
  * never before their KV has been written, so a sequence admitted in the same step cannot
- * hit blocks that are only being computed in that step.
+ * hit blocks that are only being computed in that step. Instead, admission waits for them
+ * (prefix_in_flight): when the first block a waiting sequence would compute after its
+ * cache hit is, token for token and with the same salt, a block that a running sequence
+ * has not computed yet but will, the queue stops there until that block is cached. Without
+ * this, requests sharing a long prefix that arrive together would each recompute it.
  */
 #include "engine/sched.h"
 
@@ -52,6 +56,7 @@ struct sched {
     struct sched_plan *plan; /* the caller's plan while it awaits sched_step_done */
     bool plan_pending;
     uint64_t n_steps, n_preemptions, n_added, n_finished, n_aborted, n_rejected;
+    uint64_t n_prefix_waits;
 };
 
 /* ---- queues --------------------------------------------------------------------------- */
@@ -494,6 +499,28 @@ static int plan_running(struct sched *s, struct sched_plan *p, int *budget, stru
     return WELD_OK;
 }
 
+/* Whether a running sequence will compute, but has not yet, the block that seq would
+   compute first after its cache hit of hit tokens (same tokens from the start, same salt):
+   then seq had better wait for that block to enter the cache. */
+static bool prefix_in_flight(const struct sched *s, const struct sched_seq *seq, int hit)
+{
+    if (!s->cfg.kv.prefix_caching)
+        return false;
+    int64_t end = (int64_t)hit + s->cfg.kv.block_size;
+    if (end > seq->n_tokens - 1) /* a block holding the last token is never a hit */
+        return false;
+    const struct kvm_table *t = &seq->table;
+    for (int i = 0; i < s->running.n; i++) {
+        const struct sched_seq *r = s->running.v[i];
+        if (r->n_computed >= end || r->n_tokens < end || r->table.has_salt != t->has_salt ||
+            (t->has_salt && (r->table.salt.lo != t->salt.lo || r->table.salt.hi != t->salt.hi)))
+            continue;
+        if (memcmp(r->tokens, seq->tokens, (size_t)end * sizeof *seq->tokens) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* Step 3: admit waiting sequences in key order while they fit. */
 static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct weld_err *e)
 {
@@ -505,6 +532,10 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
         }
         int evictable = 0;
         int hit = kvm_prefix_peek(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &evictable);
+        if (prefix_in_flight(s, seq, hit)) {
+            s->n_prefix_waits++;
+            break;
+        }
         int n = seq->n_tokens - hit < *budget ? seq->n_tokens - hit : *budget;
         int need = kvm_blocks_for(s->kvm, hit + n) - hit / s->cfg.kv.block_size;
         if (need > kvm_n_available(s->kvm) - evictable)
@@ -611,6 +642,7 @@ void sched_stats_get(const struct sched *s, struct sched_stats *st)
     st->n_finished = s->n_finished;
     st->n_aborted = s->n_aborted;
     st->n_rejected = s->n_rejected;
+    st->n_prefix_waits = s->n_prefix_waits;
     kvm_stats_get(s->kvm, &st->kv);
 }
 

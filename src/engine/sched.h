@@ -33,7 +33,10 @@
  *      while running < max_num_seqs and budget is left: a prefix-cache hit skips its full
  *      blocks (never the whole token list), then a chunk of min(rest, budget left) tokens.
  *      Admission stops at the first sequence whose chunk's blocks are not available (no
- *      preemption for admission: head-of-line order is kept).
+ *      preemption for admission: head-of-line order is kept), and at the first one whose
+ *      next block after its cache hit is one that a running sequence is still to compute
+ *      (same tokens from the start, same salt): it waits for that block to be cached
+ *      rather than compute it a second time (counted in n_prefix_waits).
  *   When a running sequence in 1-2 cannot get its blocks, the newest running sequence is
  *   preempted by recompute (its blocks released to the prefix cache, n_computed reset, put
  *   back in the waiting queue, its plan entry if any removed and its tokens refunded,
@@ -133,6 +136,7 @@ struct sched_stats {
     uint64_t n_steps;
     uint64_t n_preemptions;
     uint64_t n_added, n_finished, n_aborted, n_rejected;
+    uint64_t n_prefix_waits;    /* steps admission waited for a prefix being computed */
     struct kvm_stats kv;
 };
 
