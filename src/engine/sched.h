@@ -52,7 +52,9 @@
  * longer than max_model_len or needing more blocks than the whole pool.
  *
  * Deliberately not done: swapping to host memory, preemption for admission, speculative
- * decoding slots, multi-step lookahead, fairness between sequences beyond the key order.
+ * decoding slots, multi-step lookahead, fairness between sequences beyond the key order
+ * (if running decodes outnumber the token budget, the last ones in key order wait until
+ * earlier ones finish: keep max_num_batched_tokens >= max_num_seqs, forks included).
  */
 #ifndef WELD_ENGINE_SCHED_H
 #define WELD_ENGINE_SCHED_H
