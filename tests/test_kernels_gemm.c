@@ -169,9 +169,9 @@ static void check_scalar_accuracy(const struct gcase *c, const float *y, const v
                 double d, amax = 0;
                 int q;
                 if (kind == GEMM_ACT_Q8_32) {
-                    const struct gemm_act_b32 *b = (const struct gemm_act_b32 *)at + j / 32;
-                    d = b->d;
-                    q = b->q[j % 32];
+                    const struct gemm_act_b64 *b = (const struct gemm_act_b64 *)at + j / 64;
+                    d = b->d[8 * ((j / 32) % 2)];
+                    q = b->q[j % 64];
                 } else {
                     const struct gemm_act_bk *b = (const struct gemm_act_bk *)at + j / 256;
                     d = b->d;
@@ -336,11 +336,11 @@ TEST(act_quant_edges)
             CHECK(memcmp(a0, a1, n) == 0);
         }
         if (gemm_act_kind(t) == GEMM_ACT_Q8_32) {
-            const struct gemm_act_b32 *b = (const struct gemm_act_b32 *)a0;
-            CHECK(b[0].d == 0.0f && b[0].q[5] == 0 && b[0].corr[0] == 0);
-            CHECK(b[1].d == 1.0f && b[1].q[31] == 1);
-            CHECK(b[1].q[0] == 127 && b[1].q[1] == 2 && b[1].q[2] == 4 && b[1].q[3] == -2);
-            CHECK_EQ_INT(b[1].corr[0], (t == DT_Q8_0 ? -128 : -8) * 131);
+            const struct gemm_act_b64 *b = (const struct gemm_act_b64 *)a0;
+            CHECK(b[0].d[0] == 0.0f && b[0].q[5] == 0 && b[0].corr[0] == 0);
+            CHECK(b[0].d[8] == 1.0f && b[0].d[15] == 1.0f && b[0].q[63] == 1);
+            CHECK(b[0].q[32] == 127 && b[0].q[33] == 2 && b[0].q[34] == 4 && b[0].q[35] == -2);
+            CHECK_EQ_INT(b[0].corr[8], (t == DT_Q8_0 ? -128 : -8) * 131);
         } else {
             const struct gemm_act_bk *b = (const struct gemm_act_bk *)a0;
             CHECK(b[0].q[33] == 2 && b[0].q[34] == 4 && b[0].q[35] == -2);
@@ -408,7 +408,8 @@ TEST(check_shapes)
     CHECK_EQ_INT(gemm_check(DT_Q5_1, 64, "w", &e), WELD_ERR_UNSUPPORTED);
     CHECK(strstr(e.msg, "q5_1") != NULL);
     CHECK_EQ_INT(gemm_check(DT_F32, 0, "w", &e), WELD_ERR_INVALID_ARG);
-    CHECK_EQ_INT(gemm_act_row_bytes(DT_Q4_0, 64), 2 * sizeof(struct gemm_act_b32));
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_Q4_0, 64), sizeof(struct gemm_act_b64));
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_Q8_0, 96), 2 * sizeof(struct gemm_act_b64));
     CHECK_EQ_INT(gemm_act_row_bytes(DT_Q6_K, 512), 2 * sizeof(struct gemm_act_bk));
     CHECK_EQ_INT(gemm_act_row_bytes(DT_BF16, 512), 0);
 }

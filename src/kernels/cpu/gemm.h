@@ -13,6 +13,7 @@
  * blocks matching the weight's block size, in a private layout (struct gemm_act_*):
  *   Q8_0, Q4_0 weights -> "q8_32": per block of 32, f32 scale d, int8 q[32] and the eight
  *       sums of 4 consecutive q ("lane sums") pre-multiplied by -128 (Q8_0) or -8 (Q4_0),
+ *       stored two blocks at a time (struct gemm_act_b64),
  *       which lets an unsigned x signed dot (VNNI vpdpbusd, AVX2 maddubs) take the weights
  *       as unsigned bytes and still produce the exact signed products;
  *   Q4_K, Q6_K weights -> "q8_K": per 256, f32 scale d, int8 q[256], int16 sums of 16.
@@ -26,10 +27,12 @@
  *   F32/F16/BF16: 16 f32 lanes, element i accumulates into lane i % 16 with fmaf, in
  *       increasing i (F16/BF16 widen exactly first); then the lanes fold pairwise
  *       (lane i += lane i + w for w = 8, 4, 2, 1).
- *   Q8_0/Q4_0: 8 f32 lanes; per block b, lane j gets the exact integer sum of the products
- *       of elements 4j..4j+3 (weight value times activation q), then
- *       acc[j] = fmaf((float)lane_j, dw_b * dx_b, acc[j]); after the last block the lanes
- *       fold (w = 4, 2, 1). dw is the block's f16 scale widened to f32.
+ *   Q8_0/Q4_0: 16 f32 lanes, 8 for even and 8 for odd blocks; for block b, with
+ *       l_j = the exact integer sum of the products of elements 4j..4j+3 (weight value
+ *       times activation q), lane L = 8 * (b % 2) + j gets
+ *       acc[L] = fmaf((float)l_j, dw_b * dx_b, acc[L]); after the last block the lanes fold
+ *       as above (w = 8, 4, 2, 1). dw is the block's f16 scale widened to f32. (One zmm
+ *       holds a row's two blocks; AVX2 keeps an even and an odd accumulator.)
  *   Q4_K/Q6_K: per super-block, the exact int32 S = sum over sub-blocks of scale * (q . x)
  *       (Q6_K: q - 32, with the 32 * sum16 part taken from the activation's sums) and, for
  *       Q4_K, M = sum of min * sum32(x); then acc = fmaf(d * dx, (float)S, acc) and, for
@@ -70,13 +73,14 @@ enum gemm_act_kind {
     GEMM_ACT_Q8_K,     /* Q4_K, Q6_K */
 };
 
-/* Quantized activations of one block of 32 (Q8_0 / Q4_0 weights). The blocks of a token
-   row are followed by nothing else: scales live in the block. 96 bytes. */
-struct gemm_act_b32 {
-    int8_t q[32];
-    int32_t corr[8]; /* -off * (q[4j] + .. + q[4j+3]); off = 128 (Q8_0) or 8 (Q4_0) */
-    float d;
-    uint8_t pad[28];
+/* Quantized activations of two consecutive blocks of 32 (Q8_0 / Q4_0 weights), blocks 2i
+   (h = 0) and 2i + 1 (h = 1), laid out so a 512-bit register takes each field whole. For
+   an odd block count the last pair's second half is all zero. 192 bytes. */
+struct gemm_act_b64 {
+    int8_t q[64];      /* q[32h + e]: element e of block 2i+h */
+    int32_t corr[16];  /* corr[8h + j] = -off * (q[32h+4j] + .. + q[32h+4j+3]);
+                          off = 128 (Q8_0) or 8 (Q4_0) */
+    float d[16];       /* d[8h .. 8h+7]: the scale of block 2i+h, repeated */
 };
 
 /* Quantized activations of one super-block of 256 (Q4_K / Q6_K weights). 320 bytes. */

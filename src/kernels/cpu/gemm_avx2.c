@@ -83,15 +83,19 @@ static void quant_scale(float amax, float *d, float *id)
     *id = *d != 0.0f ? 1.0f / *d : 0.0f;
 }
 
-static void quant_b32(const float *x, struct gemm_act_b32 *b, int off)
+/* Block 2i+h of x into half h of pair p (x NULL: a zero half). */
+static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int off)
 {
-    float id;
-    quant_scale(amax8(x, 32), &b->d, &id);
-    __m256i q = quant32(x, _mm256_set1_ps(id));
-    _mm256_storeu_si256((__m256i *)b->q, q);
+    float d = 0.0f, id = 0.0f;
+    __m256i q = _mm256_setzero_si256();
+    if (x) {
+        quant_scale(amax8(x, 32), &d, &id);
+        q = quant32(x, _mm256_set1_ps(id));
+    }
+    _mm256_storeu_si256((__m256i *)(p->q + 32 * h), q);
     __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-    _mm256_storeu_si256((__m256i *)b->corr, _mm256_mullo_epi32(s, _mm256_set1_epi32(-off)));
-    memset(b->pad, 0, sizeof b->pad);
+    _mm256_storeu_si256((__m256i *)(p->corr + 8 * h), _mm256_mullo_epi32(s, _mm256_set1_epi32(-off)));
+    _mm256_storeu_ps(p->d + 8 * h, _mm256_set1_ps(d));
 }
 
 static void quant_bk(const float *x, struct gemm_act_bk *b)
@@ -118,9 +122,11 @@ static void avx2_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int
         const float *xt = x + (size_t)t * ldx;
         uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
         if (kind == GEMM_ACT_Q8_32) {
-            struct gemm_act_b32 *b = (struct gemm_act_b32 *)row;
-            for (int64_t i = 0; i < k / 32; i++)
-                quant_b32(xt + 32 * i, b + i, wtype == DT_Q8_0 ? 128 : 8);
+            struct gemm_act_b64 *p = (struct gemm_act_b64 *)row;
+            const int64_t nb = k / 32;
+            for (int64_t i = 0; i < (nb + 1) / 2 * 2; i++)
+                quant_b32(i < nb ? xt + 32 * i : NULL, p + i / 2, (int)(i % 2),
+                          wtype == DT_Q8_0 ? 128 : 8);
         } else if (kind == GEMM_ACT_Q8_K) {
             struct gemm_act_bk *b = (struct gemm_act_bk *)row;
             for (int64_t i = 0; i < k / 256; i++)
@@ -145,13 +151,24 @@ struct tile {
 
 #define ACT(tl, T, t, b) ((const T *)((tl)->act + (size_t)(t) * (tl)->act_stride) + (b))
 
+/* Block w (Q8_0 or Q4_0) against half h of activation pair a: the 8 exact lane sums. */
+AI __m256i b32_lanes(__m256i wv, __m256i aw, const struct gemm_act_b64 *a, int h, const int is_q8)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + 32 * h));
+    if (is_q8)
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+    __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+    return _mm256_add_epi32(l, _mm256_loadu_si256((const __m256i *)(a->corr + 8 * h)));
+}
+
+/* Even blocks accumulate in ev, odd blocks in od (the 16 lanes of the contract). */
 AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
 {
-    __m256 acc[GEMM_TILE_TOK];
+    __m256 ev[GEMM_TILE_TOK], od[GEMM_TILE_TOK];
     for (int t = 0; t < nt; t++)
-        acc[t] = _mm256_setzero_ps();
+        ev[t] = od[t] = _mm256_setzero_ps();
     const size_t bs = is_q8 ? 34 : 18;
-    const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t *w = tl->w;
     for (int64_t b = 0; b < tl->k / 32; b++, w += bs) {
         __m256i wv;
@@ -162,22 +179,20 @@ AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
             wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
         }
         const __m256i aw = is_q8 ? _mm256_abs_epi8(wv) : wv;
-        const float dw = ld_h(w);
+        const __m256 dw = _mm256_set1_ps(ld_h(w));
+        const int h = (int)(b % 2);
         for (int t = 0; t < nt; t++) {
-            const struct gemm_act_b32 *a = ACT(tl, struct gemm_act_b32, t, b);
-            __m256i xv = _mm256_loadu_si256((const __m256i *)a->q);
-            __m256i l;
-            if (is_q8) {
-                l = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
-            } else {
-                l = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
-                l = _mm256_add_epi32(l, _mm256_loadu_si256((const __m256i *)a->corr));
-            }
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(dw * a->d), acc[t]);
+            const struct gemm_act_b64 *a = ACT(tl, struct gemm_act_b64, t, b / 2);
+            __m256 l = _mm256_cvtepi32_ps(b32_lanes(wv, aw, a, h, is_q8));
+            __m256 s = _mm256_mul_ps(dw, _mm256_loadu_ps(a->d + 8 * h));
+            if (h)
+                od[t] = _mm256_fmadd_ps(l, s, od[t]);
+            else
+                ev[t] = _mm256_fmadd_ps(l, s, ev[t]);
         }
     }
     for (int t = 0; t < nt; t++)
-        tl->y[(size_t)t * tl->ldy] = fold8(acc[t]);
+        tl->y[(size_t)t * tl->ldy] = fold8(_mm256_add_ps(ev[t], od[t]));
 }
 
 AI __m256i pair16(int lo, int hi)

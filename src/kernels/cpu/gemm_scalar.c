@@ -18,7 +18,7 @@
 #include <math.h>
 #include <string.h>
 
-_Static_assert(sizeof(struct gemm_act_b32) == 96, "gemm_act_b32 is 96 bytes");
+_Static_assert(sizeof(struct gemm_act_b64) == 192, "gemm_act_b64 is 192 bytes");
 _Static_assert(sizeof(struct gemm_act_bk) == 320, "gemm_act_bk is 320 bytes");
 
 enum gemm_act_kind gemm_act_kind(int t)
@@ -45,7 +45,7 @@ size_t gemm_act_row_bytes(int t, int64_t k)
         return 0;
     switch (gemm_act_kind(t)) {
     case GEMM_ACT_Q8_32:
-        return (size_t)(k / 32) * sizeof(struct gemm_act_b32);
+        return (size_t)((k / 32 + 1) / 2) * sizeof(struct gemm_act_b64);
     case GEMM_ACT_Q8_K:
         return (size_t)(k / 256) * sizeof(struct gemm_act_bk);
     default:
@@ -114,18 +114,20 @@ static void quant_scale(float amax, float *d, float *id)
     *id = *d != 0.0f ? 1.0f / *d : 0.0f;
 }
 
-static void quant_b32(const float *x, struct gemm_act_b32 *b, int32_t off)
+/* Block 2i+h of x (32 floats) into half h of p; x NULL: a zero half. */
+static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int32_t off)
 {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++)
+    float amax = 0.0f, d = 0.0f, id = 0.0f;
+    for (int i = 0; x && i < 32; i++)
         amax = fmaxf(amax, fabsf(x[i]));
-    float id;
-    quant_scale(amax, &b->d, &id);
+    quant_scale(amax, &d, &id);
+    int8_t *q = p->q + 32 * h;
     for (int i = 0; i < 32; i++)
-        b->q[i] = quant_one(x[i], id);
-    for (int j = 0; j < 8; j++)
-        b->corr[j] = -off * (b->q[4 * j] + b->q[4 * j + 1] + b->q[4 * j + 2] + b->q[4 * j + 3]);
-    memset(b->pad, 0, sizeof b->pad);
+        q[i] = x ? quant_one(x[i], id) : 0;
+    for (int j = 0; j < 8; j++) {
+        p->corr[8 * h + j] = -off * (q[4 * j] + q[4 * j + 1] + q[4 * j + 2] + q[4 * j + 3]);
+        p->d[8 * h + j] = d;
+    }
 }
 
 static void quant_bk(const float *x, struct gemm_act_bk *b)
@@ -154,9 +156,11 @@ static void scalar_act_quant(int wtype, const float *x, size_t ldx, int64_t k, i
         const float *xt = x + (size_t)t * ldx;
         uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
         if (kind == GEMM_ACT_Q8_32) {
-            struct gemm_act_b32 *b = (struct gemm_act_b32 *)row;
-            for (int64_t i = 0; i < k / 32; i++)
-                quant_b32(xt + 32 * i, b + i, wtype == DT_Q8_0 ? 128 : 8);
+            struct gemm_act_b64 *p = (struct gemm_act_b64 *)row;
+            const int64_t nb = k / 32;
+            for (int64_t i = 0; i < (nb + 1) / 2 * 2; i++)
+                quant_b32(i < nb ? xt + 32 * i : NULL, p + i / 2, (int)(i % 2),
+                          wtype == DT_Q8_0 ? 128 : 8);
         } else if (kind == GEMM_ACT_Q8_K) {
             struct gemm_act_bk *b = (struct gemm_act_bk *)row;
             for (int64_t i = 0; i < k / 256; i++)
@@ -196,38 +200,31 @@ static float scalar_row_dot(int t, const void *row, const float *x, int64_t n)
 /* ------------------------------------------------------------------------------------ */
 /* integer path: one (row, token) pair                                                  */
 
-static float dot_q8_0(const uint8_t *w, const struct gemm_act_b32 *a, int64_t nb)
+/* Value of element i of a Q8_0 (is_q8) or Q4_0 weight block. */
+static int b32_value(const uint8_t *blk, int i, int is_q8)
 {
-    float acc[8] = {0};
-    for (int64_t b = 0; b < nb; b++, w += 34) {
-        const float s = ld_f16(w) * a[b].d;
-        const int8_t *q = (const int8_t *)(w + 2);
+    const uint8_t *qs = blk + 2;
+    if (is_q8)
+        return (int8_t)qs[i];
+    return (i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4) - 8;
+}
+
+static float dot_b32(const uint8_t *w, const struct gemm_act_b64 *a, int64_t nb, int is_q8)
+{
+    float acc[16] = {0};
+    const size_t bs = is_q8 ? 34 : 18;
+    for (int64_t b = 0; b < nb; b++, w += bs) {
+        const struct gemm_act_b64 *p = a + b / 2;
+        const int h = (int)(b % 2);
+        const float s = ld_f16(w) * p->d[8 * h];
         for (int j = 0; j < 8; j++) {
             int l = 0;
             for (int i = 4 * j; i < 4 * j + 4; i++)
-                l += q[i] * a[b].q[i];
-            acc[j] = fmaf((float)l, s, acc[j]);
+                l += b32_value(w, i, is_q8) * p->q[32 * h + i];
+            acc[8 * h + j] = fmaf((float)l, s, acc[8 * h + j]);
         }
     }
-    return fold(acc, 8);
-}
-
-static float dot_q4_0(const uint8_t *w, const struct gemm_act_b32 *a, int64_t nb)
-{
-    float acc[8] = {0};
-    for (int64_t b = 0; b < nb; b++, w += 18) {
-        const float s = ld_f16(w) * a[b].d;
-        const uint8_t *qs = w + 2;
-        for (int j = 0; j < 8; j++) {
-            int l = 0;
-            for (int i = 4 * j; i < 4 * j + 4; i++) {
-                int q = i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4;
-                l += (q - 8) * a[b].q[i];
-            }
-            acc[j] = fmaf((float)l, s, acc[j]);
-        }
-    }
-    return fold(acc, 8);
+    return fold(acc, 16);
 }
 
 /* 6-bit scale and min of sub-block j of a q4_K block (as dtype.c's scale_min_k4). */
@@ -301,8 +298,8 @@ static void scalar_gemm(const struct gemm_args *a)
             const void *act = (const uint8_t *)a->act + (size_t)t * a->act_row_bytes;
             float v;
             switch (a->wtype) {
-            case DT_Q8_0: v = dot_q8_0(w, act, a->k / 32); break;
-            case DT_Q4_0: v = dot_q4_0(w, act, a->k / 32); break;
+            case DT_Q8_0: v = dot_b32(w, act, a->k / 32, 1); break;
+            case DT_Q4_0: v = dot_b32(w, act, a->k / 32, 0); break;
             case DT_Q4_K: v = dot_q4_K(w, act, a->k / 256); break;
             case DT_Q6_K: v = dot_q6_K(w, act, a->k / 256); break;
             default: v = scalar_row_dot(a->wtype, w, a->x + (size_t)t * a->ldx, a->k);

@@ -1,0 +1,273 @@
+/*
+ * weld_kernel_bench - time the gemm kernels (kernels/cpu/gemm.h) on the weight shapes of a
+ * whole model and compare decode with the read-bandwidth probe run in the same process.
+ *
+ *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512] [--preset 110m|1b|all]
+ *                     [--types f16,q8_0,q4_0,...] [--gib G] [--seconds S] [--pp N]
+ *
+ * For each preset and type it builds the model's matrices (q, k, v, o, gate, up, down per
+ * layer, plus the output head; embeddings are not read by decode) filled with valid blocks,
+ * then:
+ *   tg: one token at a time through every matrix (n_tok = 1); threads split each matrix's
+ *       rows and meet at a barrier per token; reports tokens/s and weight GB/s, and that as
+ *       a share of the probe's best with the same threads;
+ *   pp: N tokens (default 64) through every matrix as one matrix-matrix product; tokens/s
+ *       of the products alone.
+ * Not a unit test and not registered with ctest (tests/kernels_bench.cmake builds it).
+ * Attention, norms and the executor are not included, so tg here is an upper bound of what
+ * the engine can reach with these kernels.
+ */
+#include "core/fp16.h"
+#include "core/rng.h"
+#include "format/dtype.h"
+#include "kernels/cpu/bandwidth.h"
+#include "kernels/cpu/gemm.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct mat {
+    int64_t rows, k;
+    size_t rb;
+    uint8_t *w;
+};
+
+struct model {
+    const char *name;
+    int wtype;
+    int n_mat;
+    struct mat *m;
+    size_t bytes;
+    int64_t max_k, max_rows;
+};
+
+struct preset {
+    const char *name;
+    int dim, n_layer, q_dim, kv_dim, ffn, vocab;
+};
+
+static const struct preset presets[] = {
+    {"110m", 768, 12, 768, 768, 2048, 32000},
+    {"1b", 2048, 16, 2048, 512, 8192, 128256},
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t row_bytes(int t, int64_t k)
+{
+    return t == DT_F32 ? (size_t)k * 4 : t == DT_F16 || t == DT_BF16 ? (size_t)k * 2
+                                                                      : dtype_row_bytes(t, k);
+}
+
+/* Fill w (n bytes) with copies of one valid 256-element-multiple pattern row. */
+static void fill(int t, uint8_t *w, size_t n)
+{
+    enum { PK = 4096 };
+    static float f[PK];
+    static uint8_t pat[PK * 4];
+    struct rng r;
+    rng_seed(&r, 7);
+    for (int i = 0; i < PK; i++)
+        f[i] = (float)(rng_normal(&r) * 0.02);
+    size_t pb = row_bytes(t, PK);
+    if (t == DT_F32)
+        memcpy(pat, f, pb);
+    else if (t == DT_F16 || t == DT_BF16)
+        for (int i = 0; i < PK; i++) {
+            uint16_t h = t == DT_F16 ? fp16_from_f32(f[i]) : bf16_from_f32(f[i]);
+            memcpy(pat + 2 * i, &h, 2);
+        }
+    else
+        dtype_quantize_row(t, f, pat, PK);
+    for (size_t off = 0; off < n; off += pb)
+        memcpy(w + off, pat, n - off < pb ? n - off : pb);
+}
+
+static int model_make(struct model *md, const struct preset *p, int t)
+{
+    md->name = p->name;
+    md->wtype = t;
+    md->n_mat = 7 * p->n_layer + 1;
+    md->m = calloc((size_t)md->n_mat, sizeof *md->m);
+    md->bytes = 0;
+    md->max_k = md->max_rows = 0;
+    for (int i = 0; i < md->n_mat; i++) {
+        struct mat *m = &md->m[i];
+        int j = i % 7;
+        if (i == md->n_mat - 1)
+            m->rows = p->vocab, m->k = p->dim;
+        else if (j == 0 || j == 3)
+            m->rows = j == 0 ? p->q_dim : p->dim, m->k = j == 0 ? p->dim : p->q_dim;
+        else if (j == 1 || j == 2)
+            m->rows = p->kv_dim, m->k = p->dim;
+        else if (j == 4 || j == 5)
+            m->rows = p->ffn, m->k = p->dim;
+        else
+            m->rows = p->dim, m->k = p->ffn;
+        m->rb = row_bytes(t, m->k);
+        m->w = malloc(m->rb * (size_t)m->rows);
+        if (!m->w)
+            return -1;
+        fill(t, m->w, m->rb * (size_t)m->rows);
+        md->bytes += m->rb * (size_t)m->rows;
+        if (m->k > md->max_k)
+            md->max_k = m->k;
+        if (m->rows > md->max_rows)
+            md->max_rows = m->rows;
+    }
+    return 0;
+}
+
+static void model_free(struct model *md)
+{
+    for (int i = 0; i < md->n_mat; i++)
+        free(md->m[i].w);
+    free(md->m);
+}
+
+struct job {
+    const struct model *md;
+    const struct gemm_ops *o;
+    int id, n_threads, n_tok, iters;
+    float *x, *y;
+    void *act;
+    pthread_barrier_t *bar;
+};
+
+/* Thread id's rows of every matrix, iters times, a barrier after each pass. */
+static void *job_main(void *arg)
+{
+    struct job *j = arg;
+    const struct model *md = j->md;
+    for (int it = 0; it < j->iters; it++) {
+        for (int i = 0; i < md->n_mat; i++) {
+            const struct mat *m = &md->m[i];
+            int64_t r0 = m->rows * j->id / j->n_threads, r1 = m->rows * (j->id + 1) / j->n_threads;
+            size_t arb = gemm_act_row_bytes(md->wtype, m->k);
+            j->o->act_quant(md->wtype, j->x, (size_t)md->max_k, m->k, j->n_tok, j->act, arb);
+            struct gemm_args a = {
+                .wtype = md->wtype, .w = m->w, .w_row_bytes = m->rb, .r0 = r0, .r1 = r1,
+                .k = m->k, .n_tok = j->n_tok, .x = j->x, .ldx = (size_t)md->max_k,
+                .act = j->act, .act_row_bytes = arb, .y = j->y, .ldy = (size_t)md->max_rows,
+            };
+            j->o->gemm(&a);
+        }
+        pthread_barrier_wait(j->bar);
+    }
+    return NULL;
+}
+
+/* Seconds for iters passes of n_tok tokens with n threads. */
+static double run(const struct model *md, const struct gemm_ops *o, int n, int n_tok, int iters)
+{
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n);
+    struct job jobs[64];
+    pthread_t th[64];
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (struct job){md, o, i, n, n_tok, iters, NULL, NULL, NULL, &bar};
+        jobs[i].x = calloc((size_t)n_tok * (size_t)md->max_k, sizeof(float));
+        jobs[i].y = calloc((size_t)n_tok * (size_t)md->max_rows, sizeof(float));
+        jobs[i].act = calloc((size_t)n_tok, gemm_act_row_bytes(md->wtype, md->max_k) + 64);
+        for (int64_t e = 0; e < (int64_t)n_tok * md->max_k; e++)
+            jobs[i].x[e] = (float)((e * 7919) % 201 - 100) * 0.01f;
+    }
+    double t0 = now_s();
+    for (int i = 1; i < n; i++)
+        pthread_create(&th[i], NULL, job_main, &jobs[i]);
+    job_main(&jobs[0]);
+    for (int i = 1; i < n; i++)
+        pthread_join(th[i], NULL);
+    double dt = now_s() - t0;
+    for (int i = 0; i < n; i++) {
+        free(jobs[i].x);
+        free(jobs[i].y);
+        free(jobs[i].act);
+    }
+    pthread_barrier_destroy(&bar);
+    return dt;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, pp = 64;
+    double gib = 2.0, seconds = 2.0;
+    const char *preset = "all", *types = "f16,bf16,q8_0,q4_0,q4_K,q6_K";
+    const char *isa = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "-t") && v) threads = atoi(v), i++;
+        else if (!strcmp(argv[i], "--isa") && v) isa = v, i++;
+        else if (!strcmp(argv[i], "--preset") && v) preset = v, i++;
+        else if (!strcmp(argv[i], "--types") && v) types = v, i++;
+        else if (!strcmp(argv[i], "--gib") && v) gib = atof(v), i++;
+        else if (!strcmp(argv[i], "--seconds") && v) seconds = atof(v), i++;
+        else if (!strcmp(argv[i], "--pp") && v) pp = atoi(v), i++;
+        else {
+            fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|all] [--types a,b] "
+                    "[--gib G] [--seconds S] [--pp N]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (threads < 1 || threads > 64 || pp < 0 || pp > 4096) {
+        fprintf(stderr, "threads must be 1..64, --pp 0..4096\n");
+        return 2;
+    }
+    struct weld_err e = {0};
+    enum isa_level lvl;
+    if (isa_resolve(isa, &lvl, &e) != WELD_OK) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    const struct gemm_ops *o = gemm_ops_for(lvl);
+    struct bw_result bw;
+    if (gib > 0) {
+        if (bw_probe((size_t)(gib * (1 << 30)), threads, 10, &bw, &e) != WELD_OK) {
+            fprintf(stderr, "%s\n", e.msg);
+            return 1;
+        }
+        printf("bandwidth probe: %d threads, %.2f GiB, %s loop: best %.1f GB/s, median %.1f GB/s\n",
+               threads, (double)bw.bytes / (1 << 30), bw.isa, bw.gb_s_best, bw.gb_s_median);
+    }
+    printf("%-5s %-5s %-7s %9s %9s %8s %7s %10s\n", "model", "type", "isa", "MB", "tg tok/s",
+           "GB/s", "share", "pp tok/s");
+    for (size_t pi = 0; pi < sizeof presets / sizeof presets[0]; pi++) {
+        if (strcmp(preset, "all") && strcmp(preset, presets[pi].name))
+            continue;
+        char tl[256];
+        snprintf(tl, sizeof tl, "%s", types);
+        for (char *sv = NULL, *tn = strtok_r(tl, ",", &sv); tn; tn = strtok_r(NULL, ",", &sv)) {
+            int t = dtype_from_name(tn);
+            if (gemm_check(t, 256, tn, &e) != WELD_OK) {
+                fprintf(stderr, "%s\n", e.msg);
+                continue;
+            }
+            struct model md;
+            if (model_make(&md, &presets[pi], t) != 0) {
+                fprintf(stderr, "out of memory for %s %s\n", presets[pi].name, tn);
+                model_free(&md);
+                continue;
+            }
+            double one = run(&md, o, threads, 1, 1); /* warm-up, and sizes the timed run */
+            int iters = (int)(seconds / (one > 1e-6 ? one : 1e-6));
+            iters = iters < 3 ? 3 : iters;
+            double dt = run(&md, o, threads, 1, iters);
+            double tg = iters / dt, gbs = (double)md.bytes * tg / 1e9;
+            double pps = pp > 0 ? pp / run(&md, o, threads, pp, 1) : 0.0;
+            printf("%-5s %-5s %-7s %9.1f %9.1f %8.1f %6.0f%% %10.1f\n", md.name, dtype_name(t),
+                   isa_name(o->isa), md.bytes / 1e6, tg, gbs,
+                   gib > 0 ? 100.0 * gbs / bw.gb_s_best : 0.0, pps);
+            fflush(stdout);
+            model_free(&md);
+        }
+    }
+    return 0;
+}

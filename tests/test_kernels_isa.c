@@ -1,0 +1,122 @@
+/*
+ * isa (kernels/cpu/isa.h): detection against an independent reading of /proc/cpuinfo's
+ * flags, WELD_ISA parsing and its errors, the cached once-per-process choice, and
+ * gemm_ops_for() agreeing with detection.
+ */
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
+#include "test.h"
+
+/* Does /proc/cpuinfo's first "flags" line list every word of want? -1 if unreadable. */
+static int cpuinfo_has(const char *const *want, int n)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return -1;
+    static char line[16384];
+    int found = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0)
+            continue;
+        found = 1;
+        for (int i = 0; i < n; i++) {
+            char pat[64];
+            snprintf(pat, sizeof pat, " %s", want[i]);
+            const char *p = line;
+            int ok = 0;
+            while ((p = strstr(p, pat)) != NULL) {
+                char after = p[strlen(pat)];
+                if (after == ' ' || after == '\n' || after == '\0') {
+                    ok = 1;
+                    break;
+                }
+                p++;
+            }
+            if (!ok)
+                found = 0;
+        }
+        break;
+    }
+    fclose(f);
+    return found;
+}
+
+TEST(detection_matches_cpuinfo)
+{
+    static const char *const avx2[] = {"avx2", "fma", "f16c", "bmi2"};
+    static const char *const avx512[] = {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw",
+                                         "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"};
+    int h2 = cpuinfo_has(avx2, 4), h5 = cpuinfo_has(avx512, 10);
+    if (h2 < 0) {
+        printf("no /proc/cpuinfo flags: detection not cross-checked\n");
+        return;
+    }
+    CHECK_EQ_INT(isa_cpu_has(ISA_AVX2), h2);
+    CHECK_EQ_INT(isa_cpu_has(ISA_AVX512), h5);
+    CHECK(isa_cpu_has(ISA_SCALAR));
+    CHECK_EQ_INT(isa_best(), h5 ? ISA_AVX512 : h2 ? ISA_AVX2 : ISA_SCALAR);
+    printf("this CPU: best %s\n", isa_name(isa_best()));
+}
+
+TEST(resolve)
+{
+    struct weld_err e = {0};
+    enum isa_level l = ISA_COUNT;
+    CHECK_EQ_INT(isa_resolve(NULL, &l, &e), WELD_OK);
+    CHECK_EQ_INT(l, isa_best());
+    CHECK_EQ_INT(isa_resolve("auto", &l, &e), WELD_OK);
+    CHECK_EQ_INT(l, isa_best());
+    CHECK_EQ_INT(isa_resolve("SCALAR", &l, &e), WELD_OK);
+    CHECK_EQ_INT(l, ISA_SCALAR);
+    CHECK_EQ_INT(isa_resolve("sse9", &l, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "WELD_ISA=sse9") && strstr(e.msg, "avx512"));
+    for (int i = ISA_AVX2; i < ISA_COUNT; i++) {
+        int st = isa_resolve(isa_name((enum isa_level)i), &l, &e);
+        if (isa_cpu_has((enum isa_level)i)) {
+            CHECK_EQ_INT(st, WELD_OK);
+            CHECK_EQ_INT(l, i);
+        } else {
+            CHECK_EQ_INT(st, WELD_ERR_UNSUPPORTED);
+            CHECK(strstr(e.msg, "lacks") != NULL);
+        }
+    }
+    CHECK_EQ_STR(isa_name(ISA_COUNT), "unknown");
+}
+
+TEST(ops_follow_detection)
+{
+    for (int i = 0; i < ISA_COUNT; i++) {
+        const struct gemm_ops *o = gemm_ops_for((enum isa_level)i);
+        CHECK_EQ_INT(o != NULL, isa_cpu_has((enum isa_level)i));
+        if (o)
+            CHECK_EQ_INT(o->isa, i);
+    }
+    CHECK(gemm_ops_for(ISA_COUNT) == NULL);
+}
+
+/* isa_init reads WELD_ISA once: changing it afterwards changes nothing. */
+TEST(init_once)
+{
+    const char *env = getenv("WELD_ISA");
+    struct weld_err e1 = {0}, e2 = {0};
+    enum isa_level want;
+    int st0 = isa_resolve(env, &want, NULL);
+    int st1 = isa_init(&e1);
+    CHECK_EQ_INT(st1, st0);
+    CHECK_EQ_INT(isa_active(), st0 == WELD_OK ? want : ISA_SCALAR);
+    setenv("WELD_ISA", "bogus", 1);
+    int st2 = isa_init(&e2);
+    CHECK_EQ_INT(st2, st1);
+    CHECK_EQ_STR(e1.msg, e2.msg);
+    CHECK_EQ_INT(isa_active(), st0 == WELD_OK ? want : ISA_SCALAR);
+    CHECK_EQ_INT(gemm_ops_get()->isa, isa_active());
+}
+
+int main(void)
+{
+    RUN(detection_matches_cpuinfo);
+    RUN(resolve);
+    RUN(ops_follow_detection);
+    RUN(init_once);
+    return test_summary();
+}
