@@ -23,6 +23,8 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
+/* Token loops run over a compile-time count; unrolled, the accumulators stay in registers. */
+#define UNROLL _Pragma("GCC unroll 4")
 
 static inline float ld_h(const uint8_t *p)
 {
@@ -166,6 +168,7 @@ AI __m256i b32_lanes(__m256i wv, __m256i aw, const struct gemm_act_b64 *a, int h
 AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
 {
     __m256 ev[GEMM_TILE_TOK], od[GEMM_TILE_TOK];
+    UNROLL
     for (int t = 0; t < nt; t++)
         ev[t] = od[t] = _mm256_setzero_ps();
     const size_t bs = is_q8 ? 34 : 18;
@@ -181,6 +184,7 @@ AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
         const __m256i aw = is_q8 ? _mm256_abs_epi8(wv) : wv;
         const __m256 dw = _mm256_set1_ps(ld_h(w));
         const int h = (int)(b % 2);
+        UNROLL
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_b64 *a = ACT(tl, struct gemm_act_b64, t, b / 2);
             __m256 l = _mm256_cvtepi32_ps(b32_lanes(wv, aw, a, h, is_q8));
@@ -191,6 +195,7 @@ AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
                 ev[t] = _mm256_fmadd_ps(l, s, ev[t]);
         }
     }
+    UNROLL
     for (int t = 0; t < nt; t++)
         tl->y[(size_t)t * tl->ldy] = fold8(_mm256_add_ps(ev[t], od[t]));
 }
@@ -225,6 +230,7 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
             wv[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(qb, 4), _mm256_set1_epi8(0x0f));
         }
         const float d = ld_h(w), dmin = ld_h(w + 2);
+        UNROLL
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_bk *a = ACT(tl, struct gemm_act_bk, t, b);
             __m256i s = _mm256_setzero_si256();
@@ -239,6 +245,7 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
             acc[t] = fmaf(-(dmin * a->d), (float)M, acc[t]);
         }
     }
+    UNROLL
     for (int t = 0; t < nt; t++)
         tl->y[(size_t)t * tl->ldy] = acc[t];
 }
@@ -265,6 +272,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
         }
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
         const float d = ld_h(w + 208);
+        UNROLL
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_bk *a = ACT(tl, struct gemm_act_bk, t, b);
             __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
@@ -276,6 +284,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
             acc[t] = fmaf(d * a->d, (float)hsum_i32(s), acc[t]);
         }
     }
+    UNROLL
     for (int t = 0; t < nt; t++)
         tl->y[(size_t)t * tl->ldy] = acc[t];
 }
@@ -293,11 +302,13 @@ AI __m256 load_w8(const uint8_t *w, int64_t i, const int wt)
 AI void tile_float(const struct tile *tl, const int nt, const int wt)
 {
     __m256 lo[GEMM_TILE_TOK], hi[GEMM_TILE_TOK];
+    UNROLL
     for (int t = 0; t < nt; t++)
         lo[t] = hi[t] = _mm256_setzero_ps();
     const int64_t k = tl->k, k16 = k / 16 * 16;
     for (int64_t i = 0; i < k16; i += 16) {
         const __m256 w0 = load_w8(tl->w, i, wt), w1 = load_w8(tl->w, i + 8, wt);
+        UNROLL
         for (int t = 0; t < nt; t++) {
             const float *x = tl->x + (size_t)t * tl->ldx + i;
             lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), lo[t]);
@@ -311,6 +322,7 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
         const size_t es = wt == DT_F32 ? 4 : 2;
         memcpy(wb, tl->w + es * (size_t)k16, es * (size_t)(k - k16));
         const __m256 w0 = load_w8(wb, 0, wt), w1 = load_w8(wb, 8, wt);
+        UNROLL
         for (int t = 0; t < nt; t++) {
             memset(xb, 0, sizeof xb);
             memcpy(xb, tl->x + (size_t)t * tl->ldx + k16, sizeof(float) * (size_t)(k - k16));
@@ -318,6 +330,7 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
             hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), hi[t]);
         }
     }
+    UNROLL
     for (int t = 0; t < nt; t++)
         tl->y[(size_t)t * tl->ldy] = fold8(_mm256_add_ps(lo[t], hi[t]));
 }

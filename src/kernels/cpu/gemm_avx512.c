@@ -34,6 +34,12 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
+/* Token loops run over a compile-time count; unrolled, the accumulators stay in registers. */
+#define UNROLL _Pragma("GCC unroll 4")
+
+/* Rows per register tile of the 32-block kernels when a call has several tokens (one
+   token: one row, a single weight stream for the prefetcher). */
+#define GEMM_TILE_ROW 4
 
 /* Software prefetch distance (bytes ahead in each weight row). */
 #ifndef GEMM_PREFETCH
@@ -145,13 +151,14 @@ static void avx512_act_quant(int wtype, const float *x, size_t ldx, int64_t k, i
 
 /* One register tile: row w0 x nt tokens. */
 struct tile {
-    const uint8_t *w0;
+    const uint8_t *w0;  /* first row; row r of the tile at w0 + r * w_stride */
+    size_t w_stride;
     int64_t k;
     const uint8_t *act; /* token 0 of the tile */
     size_t act_stride;
     const float *x;     /* float path */
     size_t ldx;
-    float *y0;          /* y of token 0 */
+    float *y0;          /* y of token 0, row 0 (row r at y0 + r) */
     size_t ldy;
 };
 
@@ -179,30 +186,47 @@ AI __m512i load_pair(const uint8_t *w0, const uint8_t *w1, const int is_q8)
     return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
 }
 
-/* Q8_0 / Q4_0: one row, two blocks per zmm (lanes 0-7 even block, 8-15 odd block). */
-AI void tile_b32(const struct tile *tl, const int nt, const int is_q8)
+/* Q8_0 / Q4_0: nr rows x nt tokens, two blocks of a row per zmm (lanes 0-7 the even
+   block, 8-15 the odd one). Each activation load serves nr rows. */
+AI void tile_b32(const struct tile *tl, const int nt, const int nr, const int is_q8)
 {
-    __m512 acc[GEMM_TILE_TOK];
-    for (int t = 0; t < nt; t++)
-        acc[t] = _mm512_setzero_ps();
+    __m512 acc[GEMM_TILE_ROW][GEMM_TILE_TOK];
+    UNROLL
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[r][t] = _mm512_setzero_ps();
     const size_t bs = is_q8 ? 34 : 18;
     const int64_t nb = tl->k / 32;
-    const uint8_t *w = tl->w0;
-    for (int64_t b = 0; b < nb; b += 2, w += 2 * bs) {
-        _mm_prefetch((const char *)w + GEMM_PREFETCH, _MM_HINT_T0);
-        const uint8_t *w1 = b + 1 < nb ? w + bs : NULL;
-        const __m512i wv = load_pair(w, w1, is_q8);
-        const __m512 dw = pair_scale(w, w1);
+    for (int64_t b = 0; b < nb; b += 2) {
+        __m512i wv[GEMM_TILE_ROW];
+        __m512 dw[GEMM_TILE_ROW];
+        UNROLL
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *w = tl->w0 + (size_t)r * tl->w_stride + (size_t)b * bs;
+            const uint8_t *w1 = b + 1 < nb ? w + bs : NULL;
+            _mm_prefetch((const char *)w + GEMM_PREFETCH, _MM_HINT_T0);
+            wv[r] = load_pair(w, w1, is_q8);
+            dw[r] = pair_scale(w, w1);
+        }
+        UNROLL
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_b64 *a =
                 (const struct gemm_act_b64 *)(tl->act + (size_t)t * tl->act_stride) + b / 2;
-            __m512i l = _mm512_dpbusd_epi32(_mm512_loadu_si512(a->corr), wv, _mm512_loadu_si512(a->q));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw, _mm512_loadu_ps(a->d)),
-                                     acc[t]);
+            const __m512i cv = _mm512_loadu_si512(a->corr), xv = _mm512_loadu_si512(a->q);
+            const __m512 dx = _mm512_loadu_ps(a->d);
+            UNROLL
+            for (int r = 0; r < nr; r++) {
+                __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, wv[r], xv));
+                acc[r][t] = _mm512_fmadd_ps(l, _mm512_mul_ps(dw[r], dx), acc[r][t]);
+            }
         }
     }
-    for (int t = 0; t < nt; t++)
-        tl->y0[(size_t)t * tl->ldy] = fold16(acc[t]);
+    UNROLL
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            tl->y0[(size_t)t * tl->ldy + r] = fold16(acc[r][t]);
 }
 
 /* Q4_K: per 64 elements, [low nibbles | high nibbles] of 32 bytes = elements in order. */
@@ -231,6 +255,7 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
             sv[c] = _mm512_inserti64x4(_mm512_set1_epi32(sc[2 * c]), _mm256_set1_epi32(sc[2 * c + 1]), 1);
         }
         const float d = ld_h(w), dmin = ld_h(w + 2);
+        UNROLL
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_bk *a =
                 (const struct gemm_act_bk *)(tl->act + (size_t)t * tl->act_stride) + b;
@@ -247,6 +272,7 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
             acc[t] = fmaf(-(dmin * a->d), (float)M, acc[t]);
         }
     }
+    UNROLL
     for (int t = 0; t < nt; t++)
         tl->y0[(size_t)t * tl->ldy] = acc[t];
 }
@@ -277,6 +303,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
             sv[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(4 * c)), sc);
         }
         const float d = ld_h(w + 208);
+        UNROLL
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_bk *a =
                 (const struct gemm_act_bk *)(tl->act + (size_t)t * tl->act_stride) + b;
@@ -291,6 +318,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
             acc[t] = fmaf(d * a->d, (float)_mm512_reduce_add_epi32(s), acc[t]);
         }
     }
+    UNROLL
     for (int t = 0; t < nt; t++)
         tl->y0[(size_t)t * tl->ldy] = acc[t];
 }
@@ -309,22 +337,26 @@ AI __m512 load_w16(const uint8_t *w, int64_t i, __mmask16 m, const int wt)
 AI void tile_float(const struct tile *tl, const int nt, const int wt)
 {
     __m512 acc[GEMM_TILE_TOK];
+    UNROLL
     for (int t = 0; t < nt; t++)
         acc[t] = _mm512_setzero_ps();
     const int64_t k = tl->k;
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
         const __m512 wv = load_w16(tl->w0, i, 0xffff, wt);
+        UNROLL
         for (int t = 0; t < nt; t++)
             acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(tl->x + (size_t)t * tl->ldx + i), acc[t]);
     }
     if (i < k) {
         const __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
         const __m512 wv = load_w16(tl->w0, i, m, wt);
+        UNROLL
         for (int t = 0; t < nt; t++)
             acc[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, tl->x + (size_t)t * tl->ldx + i),
                                      acc[t]);
     }
+    UNROLL
     for (int t = 0; t < nt; t++)
         tl->y0[(size_t)t * tl->ldy] = fold16(acc[t]);
 }
@@ -338,11 +370,21 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
     default: { const int n_ = 4; call; break; }                                             \
     }
 
-static void run_tile(int wt, const struct tile *tl, int nt)
+static void run_tile(int wt, const struct tile *tl, int nt, int nr)
 {
     switch (wt) {
-    case DT_Q8_0: TILE_SWITCH(nt, tile_b32(tl, n_, 1)); break;
-    case DT_Q4_0: TILE_SWITCH(nt, tile_b32(tl, n_, 0)); break;
+    case DT_Q8_0:
+        if (nr == GEMM_TILE_ROW)
+            TILE_SWITCH(nt, tile_b32(tl, n_, GEMM_TILE_ROW, 1))
+        else
+            TILE_SWITCH(nt, tile_b32(tl, n_, 1, 1))
+        break;
+    case DT_Q4_0:
+        if (nr == GEMM_TILE_ROW)
+            TILE_SWITCH(nt, tile_b32(tl, n_, GEMM_TILE_ROW, 0))
+        else
+            TILE_SWITCH(nt, tile_b32(tl, n_, 1, 0))
+        break;
     case DT_Q4_K: TILE_SWITCH(nt, tile_q4_K(tl, n_)); break;
     case DT_Q6_K: TILE_SWITCH(nt, tile_q6_K(tl, n_)); break;
     case DT_F32: TILE_SWITCH(nt, tile_float(tl, n_, DT_F32)); break;
@@ -354,9 +396,11 @@ static void run_tile(int wt, const struct tile *tl, int nt)
 static void avx512_gemm(const struct gemm_args *a)
 {
     WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
-    for (int64_t r = a->r0; r < a->r1; r++) {
+    const int multi = (a->wtype == DT_Q8_0 || a->wtype == DT_Q4_0) && a->n_tok > 1;
+    for (int64_t r = a->r0; r < a->r1;) {
+        const int nr = multi && a->r1 - r >= GEMM_TILE_ROW ? GEMM_TILE_ROW : 1;
         struct tile tl = {
-            .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes,
+            .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes, .w_stride = a->w_row_bytes,
             .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
         };
         for (int t0 = 0; t0 < a->n_tok; t0 += GEMM_TILE_TOK) {
@@ -364,8 +408,9 @@ static void avx512_gemm(const struct gemm_args *a)
             tl.act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL;
             tl.x = a->x ? a->x + (size_t)t0 * a->ldx : NULL;
             tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)r;
-            run_tile(a->wtype, &tl, nt);
+            run_tile(a->wtype, &tl, nt, nr);
         }
+        r += nr;
     }
 }
 

@@ -8,6 +8,9 @@
 #include "core/err.h"
 
 #include <pthread.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -18,6 +21,15 @@ const char *isa_name(enum isa_level l)
 {
     return (unsigned)l < ISA_COUNT ? isa_names[l] : "unknown";
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* CPUID.1:ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c"). */
+static bool cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
 
 /* First feature of level l the CPU lacks, or NULL if it has them all. */
 static const char *isa_missing(enum isa_level l)
@@ -30,7 +42,7 @@ static const char *isa_missing(enum isa_level l)
         return "avx2";
     if (!__builtin_cpu_supports("fma"))
         return "fma";
-    if (!__builtin_cpu_supports("f16c"))
+    if (!cpu_has_f16c())
         return "f16c";
     if (!__builtin_cpu_supports("bmi2"))
         return "bmi2";
