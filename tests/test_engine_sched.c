@@ -973,6 +973,84 @@ TEST(allocation_failures)
     sched_free(s);
 }
 
+TEST(allocation_failures_mid_run)
+{
+    /* Random steps, adds, forks and appends with an allocation failing now and then
+       (table growth inside sched_step included): every call reports WELD_ERR_NOMEM or
+       succeeds, and the scheduler stays consistent and drains. */
+    struct sched *s = mk(40, 2, 24, 8, 200, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct soak_req r[SOAK_MAX];
+    memset(r, 0, sizeof r);
+    struct rng g;
+    rng_seed(&g, 5);
+    int n_nomem = 0;
+    for (int step = 0; step < 6000 && !test_cur_failed; step++) {
+        bool adding = step < 4000;
+        if (adding && rbelow(&g, 2) == 0) {
+            int slot = soak_find(r, NULL);
+            int32_t tok[40];
+            int n = 1 + (int)rbelow(&g, 30);
+            for (int i = 0; i < n; i++)
+                tok[i] = i < 10 ? (int32_t)i : (int32_t)rbelow(&g, 4);
+            struct sched_seq_params sp = {.id = (uint64_t)step, .tokens = tok, .n_tokens = n};
+            if (slot >= 0) {
+                alloc_fail_at(rbelow(&g, 4) == 0 ? 1 + (long)rbelow(&g, 4) : 0);
+                int rc = sched_add(s, &sp, &r[slot].seq, NULL);
+                alloc_fail_at(0);
+                CHECK(rc == WELD_OK || rc == WELD_ERR_NOMEM);
+                n_nomem += rc == WELD_ERR_NOMEM;
+                r[slot].target = n + 1 + (int)rbelow(&g, 20);
+            }
+        }
+        struct sched_plan p;
+        alloc_fail_at(rbelow(&g, 3) == 0 ? 1 + (long)rbelow(&g, 3) : 0);
+        int rc = sched_step(s, &p, NULL);
+        alloc_fail_at(0);
+        CHECK(rc == WELD_OK || rc == WELD_ERR_NOMEM);
+        CHECK(checked(s));
+        if (rc) {
+            n_nomem++;
+            continue;
+        }
+        CHECK_EQ_INT(sched_step_done(s, NULL), WELD_OK);
+        for (int i = 0; i < p.n_entries; i++) {
+            struct sched_seq *q = p.entries[i].seq;
+            int k = q ? soak_find(r, q) : -1;
+            if (!q || !p.entries[i].sample || k < 0)
+                continue;
+            int slot = soak_find(r, NULL);
+            if (slot >= 0 && adding && rbelow(&g, 10) == 0) {
+                alloc_fail_at(1 + (long)rbelow(&g, 3));
+                int frc = sched_fork(s, q, 1, NULL, &r[slot].seq, NULL);
+                alloc_fail_at(0);
+                CHECK(frc == WELD_OK || frc == WELD_ERR_NOMEM);
+                r[slot].target = r[k].target;
+            }
+            if (q->n_tokens + 1 >= r[k].target) {
+                sched_finish(s, q);
+                r[k].seq = NULL;
+                continue;
+            }
+            alloc_fail_at(rbelow(&g, 4) == 0 ? 1 : 0);
+            int arc = sched_append_token(s, q, 3, NULL);
+            alloc_fail_at(0);
+            CHECK(arc == WELD_OK || arc == WELD_ERR_NOMEM);
+            if (arc) { /* what an engine would do: end the sequence */
+                sched_abort(s, q);
+                r[k].seq = NULL;
+            }
+        }
+        CHECK(checked(s));
+    }
+    CHECK(n_nomem > 100);
+    CHECK(sched_idle(s));
+    struct sched_stats st;
+    sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.kv.n_used, 0);
+    sched_free(s);
+}
+
 int main(void)
 {
     log_set_level(LOG_WARN);
@@ -993,5 +1071,6 @@ int main(void)
     RUN(soak_edge_configs);
     RUN(soak_random_configs);
     RUN(allocation_failures);
+    RUN(allocation_failures_mid_run);
     return test_summary();
 }
