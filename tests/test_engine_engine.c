@@ -461,6 +461,57 @@ TEST(abort_and_reject)
     engine_free(eng);
 }
 
+/* Allocation failures at every point of adding and stepping: the engine reports errors,
+   every sequence still gets exactly one on_finish, and every block is free at the end. */
+TEST(alloc_failures)
+{
+    REQUIRE(g_stories && g_tok);
+    int32_t prompt[40];
+    for (int k = 0; k < 40; k++)
+        prompt[k] = (int32_t)((k * 29 + 11) % 512);
+    int n_fail_runs = 0;
+    for (long nth = 1; nth < 400; nth += 3) {
+        struct engine *eng = mk_engine(g_stories, g_tok, 4, 24, 0, true);
+        REQUIRE(eng);
+        struct col c;
+        REQUIRE(col_init(&c, 3, 2));
+        struct request_callbacks cb = {&c, on_delta, on_finish};
+        struct weld_err e;
+        bool added[3] = {false, false, false};
+        alloc_fail_at(nth);
+        for (int i = 0; i < 3; i++) {
+            struct request_params p = greedy_ids(prompt, 20 + 7 * i, 6);
+            const char *stops[] = {"zz"};
+            p.stop = stops;
+            p.n_stop = 1;
+            p.n = i == 1 ? 2 : 1;
+            uint64_t id = 0;
+            if (engine_add_request(eng, &p, &cb, &id, &e) == WELD_OK)
+                added[id - 1] = true; /* ids are given in order of success */
+        }
+        int steps = 0;
+        while (engine_has_work(eng) && steps++ < 200)
+            engine_step(eng, &e); /* errors are expected; the engine must stay consistent */
+        n_fail_runs += alloc_failed_count() > 0;
+        alloc_fail_at(0);
+        CHECK(!engine_has_work(eng));
+        CHECK(all_blocks_free(eng));
+        for (int i = 0; i < 3; i++)
+            for (int s = 0; s < c.n_per; s++)
+                CHECK(col_at(&c, (uint64_t)i + 1, s)->n_finish <= 1);
+        int n_added = added[0] + added[1] + added[2];
+        for (int i = 0; i < n_added; i++)
+            CHECK(col_at(&c, (uint64_t)i + 1, 0)->n_finish == 1);
+        wfree(c.seqs);
+        engine_free(eng);
+        if (test_cur_failed) {
+            fprintf(stderr, "  failing allocation %ld\n", nth);
+            return;
+        }
+    }
+    CHECK(n_fail_runs > 50);
+}
+
 /* 1,000 requests, random everything, a pool that forces preemption. */
 TEST(stress)
 {
@@ -588,6 +639,7 @@ int main(void)
     RUN_TIMED(prefix_cache_same_tokens);
     RUN_TIMED(n_greater_than_one);
     RUN_TIMED(abort_and_reject);
+    RUN_TIMED(alloc_failures);
     RUN_TIMED(stress);
     tokenizer_free(g_tok);
     model_free(g_stories);
