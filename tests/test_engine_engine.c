@@ -21,6 +21,7 @@
 #include "core/progress.h"
 #include "core/rng.h"
 #include "engine/engine.h"
+#include "engine/stop.h"
 #include "exec/runner.h"
 #include "format/gguf.h"
 #include "model/mkmodel.h"
@@ -86,6 +87,9 @@ struct out_seq {
 };
 
 struct col {
+    int finish_order[64];   /* request ids in the order they finished (first 64) */
+    int n_finished;
+    bool bad_utf8;          /* a delta was not valid UTF-8 */
     struct out_seq *seqs;   /* (n_req * n_per) indexed by (req id - 1) * n_per + seq */
     int n_req, n_per;
     struct engine *eng;
@@ -108,6 +112,8 @@ static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t 
     (void)lp;
     if (!o)
         return;
+    if (!stop_utf8_valid(text, len))
+        c->bad_utf8 = true;
     for (int i = 0; i < n_tokens && o->n_tokens <= MAXGEN; i++)
         o->tokens[o->n_tokens++] = tokens[i];
     if (o->len + len < sizeof o->text) {
@@ -124,9 +130,12 @@ static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t 
 
 static void on_finish(void *user, uint64_t id, int seq, const struct request_result *r)
 {
-    struct out_seq *o = col_at(user, id, seq);
+    struct col *c = user;
+    struct out_seq *o = col_at(c, id, seq);
     if (!o)
         return;
+    if (c->n_finished < 64)
+        c->finish_order[c->n_finished++] = (int)id;
     o->n_finish++;
     o->res = *r;
 }
@@ -461,6 +470,42 @@ TEST(abort_and_reject)
     engine_free(eng);
 }
 
+/* Priority policy, one sequence at a time: requests run in (priority, arrival) order;
+   FCFS runs them in arrival order whatever their priority. */
+TEST(priority_policy)
+{
+    REQUIRE(g_stories);
+    static const int prio[6] = {5, -1, 3, -1, 0, 9};
+    static const int want_prio[6] = {2, 4, 5, 3, 1, 6};
+    for (int policy = 0; policy < 2; policy++) {
+        struct engine_params p = engine_params_default();
+        p.model = g_stories;
+        p.tokenizer = g_tok;
+        p.max_num_seqs = 1;
+        p.max_model_len = 128;
+        p.policy = policy ? SCHED_POLICY_PRIORITY : SCHED_POLICY_FCFS;
+        p.quiet = true;
+        struct engine *eng;
+        struct weld_err e;
+        REQUIRE(engine_create(&eng, &p, &e) == WELD_OK);
+        struct col c;
+        REQUIRE(col_init(&c, 6, 1));
+        struct request_callbacks cb = {&c, on_delta, on_finish};
+        int32_t prompt[4] = {1, 50, 60, 70};
+        for (int i = 0; i < 6; i++) {
+            struct request_params rp = greedy_ids(prompt, 4, 2);
+            rp.priority = prio[i];
+            REQUIRE(engine_add_request(eng, &rp, &cb, NULL, &e) == WELD_OK);
+        }
+        CHECK(run_all(eng, 1000) > 0);
+        REQUIRE(c.n_finished == 6);
+        for (int i = 0; i < 6; i++)
+            CHECK_EQ_INT(c.finish_order[i], policy ? want_prio[i] : i + 1);
+        wfree(c.seqs);
+        engine_free(eng);
+    }
+}
+
 /* Allocation failures at every point of adding and stepping: the engine reports errors,
    every sequence still gets exactly one on_finish, and every block is free at the end. */
 TEST(alloc_failures)
@@ -603,6 +648,7 @@ TEST(stress)
     }
     CHECK(checked > 50);
     CHECK_EQ_INT(bad, 0);
+    CHECK(!c.bad_utf8);
     fprintf(stderr, "  stress: %d steps, %llu preemptions, %llu aborted, %llu cache hit "
             "tokens, %d checked against the reference\n",
             step, (unsigned long long)st.preemptions, (unsigned long long)st.requests_aborted,
@@ -639,6 +685,7 @@ int main(void)
     RUN_TIMED(prefix_cache_same_tokens);
     RUN_TIMED(n_greater_than_one);
     RUN_TIMED(abort_and_reject);
+    RUN_TIMED(priority_policy);
     RUN_TIMED(alloc_failures);
     RUN_TIMED(stress);
     tokenizer_free(g_tok);
