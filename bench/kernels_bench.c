@@ -3,7 +3,9 @@
  * whole model and compare decode with the read-bandwidth probe run in the same process.
  *
  *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512] [--preset 110m|1b|all]
- *                     [--types f16,q8_0,q4_0,...] [--gib G] [--seconds S] [--pp N]
+ *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
+ *
+ * A type name ending in "r" (q8_0r, q4_0r) runs the repacked 16-row form (gemm_repack).
  *
  * For each preset and type it builds the model's matrices (q, k, v, o, gate, up, down per
  * layer, plus the output head; embeddings are not read by decode) filled with valid blocks,
@@ -91,6 +93,23 @@ static void fill(int t, uint8_t *w, size_t n)
         memcpy(w + off, pat, n - off < pb ? n - off : pb);
 }
 
+/* Replace every matrix by its repacked form (gemm_repack); md->wtype becomes the R16 id. */
+static int model_repack(struct model *md)
+{
+    int rt = -1;
+    for (int i = 0; i < md->n_mat; i++) {
+        struct mat *m = &md->m[i];
+        uint8_t *dst = malloc(gemm_repack_bytes(md->wtype, m->rows, m->k));
+        if (!dst)
+            return -1;
+        rt = gemm_repack(md->wtype, m->w, m->rb, m->rows, m->k, dst);
+        free(m->w);
+        m->w = dst;
+    }
+    md->wtype = rt;
+    return rt < 0 ? -1 : 0;
+}
+
 static int model_make(struct model *md, const struct preset *p, int t)
 {
     md->name = p->name;
@@ -151,6 +170,10 @@ static void *job_main(void *arg)
         for (int i = 0; i < md->n_mat; i++) {
             const struct mat *m = &md->m[i];
             int64_t r0 = m->rows * j->id / j->n_threads, r1 = m->rows * (j->id + 1) / j->n_threads;
+            if (gemm_act_kind(md->wtype) == GEMM_ACT_Q8_R) { /* groups of 16 rows */
+                r0 = j->id ? r0 / 16 * 16 : 0;
+                r1 = j->id + 1 < j->n_threads ? r1 / 16 * 16 : m->rows;
+            }
             size_t arb = gemm_act_row_bytes(md->wtype, m->k);
             j->o->act_quant(md->wtype, j->x, (size_t)md->max_k, m->k, j->n_tok, j->act, arb);
             struct gemm_args a = {
@@ -245,13 +268,17 @@ int main(int argc, char **argv)
         char tl[256];
         snprintf(tl, sizeof tl, "%s", types);
         for (char *sv = NULL, *tn = strtok_r(tl, ",", &sv); tn; tn = strtok_r(NULL, ",", &sv)) {
+            size_t tnl = strlen(tn);
+            int repack = tnl > 1 && tn[tnl - 1] == 'r' && (tn[tnl - 2] == '0');
+            if (repack)
+                tn[tnl - 1] = 0;
             int t = dtype_from_name(tn);
             if (gemm_check(t, 256, tn, &e) != WELD_OK) {
                 fprintf(stderr, "%s\n", e.msg);
                 continue;
             }
             struct model md;
-            if (model_make(&md, &presets[pi], t) != 0) {
+            if (model_make(&md, &presets[pi], t) != 0 || (repack && model_repack(&md) != 0)) {
                 fprintf(stderr, "out of memory for %s %s\n", presets[pi].name, tn);
                 model_free(&md);
                 continue;
@@ -262,7 +289,9 @@ int main(int argc, char **argv)
             double dt = run(&md, o, threads, 1, iters);
             double tg = iters / dt, gbs = (double)md.bytes * tg / 1e9;
             double pps = pp > 0 ? pp / run(&md, o, threads, pp, 1) : 0.0;
-            printf("%-5s %-5s %-7s %9.1f %9.1f %8.1f %6.0f%% %10.1f\n", md.name, dtype_name(t),
+            char tname[32];
+            snprintf(tname, sizeof tname, "%s%s", dtype_name(t), repack ? "r" : "");
+            printf("%-5s %-5s %-7s %9.1f %9.1f %8.1f %6.0f%% %10.1f\n", md.name, tname,
                    isa_name(o->isa), md.bytes / 1e6, tg, gbs,
                    gib > 0 ? 100.0 * gbs / bw.gb_s_best : 0.0, pps);
             fflush(stdout);

@@ -149,11 +149,19 @@ static void run_ops(const struct gemm_ops *o, const struct gcase *c, int64_t r0,
 static size_t act_bytes(const struct gcase *c) { return c->arb * (size_t)c->n_tok + 64; }
 
 /* scalar vs double references (see the file comment). */
+static void check_accuracy_as(const struct gcase *c, const float *y, const void *act, int act_t);
+
 static void check_scalar_accuracy(const struct gcase *c, const float *y, const void *act)
 {
+    check_accuracy_as(c, y, act, c->t);
+}
+
+/* y and act computed for weight type act_t (c->t, or its repacked form). */
+static void check_accuracy_as(const struct gcase *c, const float *y, const void *act, int act_t)
+{
     float *deq = malloc(sizeof(float) * (size_t)c->k);
-    const enum gemm_act_kind kind = gemm_act_kind(c->t);
-    const int bs = kind == GEMM_ACT_Q8_32 ? 32 : 256;
+    const enum gemm_act_kind kind = gemm_act_kind(act_t);
+    const int bs = kind == GEMM_ACT_Q8_K ? 256 : 32;
     int bad = 0;
     for (int r = 0; r < c->rows && !bad; r++) {
         dtype_dequantize_row(c->t, c->w + (size_t)r * c->stride, deq, c->k);
@@ -168,7 +176,11 @@ static void check_scalar_accuracy(const struct gcase *c, const float *y, const v
                     continue;
                 double d, amax = 0;
                 int q;
-                if (kind == GEMM_ACT_Q8_32) {
+                if (kind == GEMM_ACT_Q8_R) {
+                    const struct gemm_act_br *b = (const struct gemm_act_br *)at + j / 32;
+                    d = b->d;
+                    q = b->q[j % 32];
+                } else if (kind == GEMM_ACT_Q8_32) {
                     const struct gemm_act_b64 *b = (const struct gemm_act_b64 *)at + j / 64;
                     d = b->d[8 * ((j / 32) % 2)];
                     q = b->q[j % 64];
@@ -309,6 +321,78 @@ TEST(q6_K)
     sweep(DT_Q6_K, ks, 3, 7);
 }
 
+/* Repacked Q8_0 / Q4_0: scalar on the repacked form against the double references, every
+   ISA against it bit for bit, determinism, row ranges starting at multiples of 16. */
+static void check_r16(struct gcase *c)
+{
+    const int rt = c->t == DT_Q8_0 ? GEMM_Q8_0_R16 : GEMM_Q4_0_R16;
+    const size_t rbytes = gemm_repack_bytes(c->t, c->rows, c->k);
+    REQUIRE(rbytes == (size_t)(c->rows + 15) / 16 * 16 * row_bytes(c->t, c->k));
+    uint8_t *rw = malloc(rbytes);
+    REQUIRE(gemm_repack(c->t, c->w, c->stride, c->rows, c->k, rw) == rt);
+    struct gcase rc = *c;
+    rc.t = rt;
+    rc.w = rw;
+    rc.stride = row_bytes(c->t, c->k);
+    rc.arb = gemm_act_row_bytes(rt, c->k) + 8;
+    const size_t ny = (size_t)c->n_tok * c->ldy;
+    float *ys = malloc(ny * 4), *yo = malloc(ny * 4), *yd = malloc(ny * 4);
+    uint8_t *acts = calloc(1, act_bytes(&rc)), *acto = calloc(1, act_bytes(&rc));
+    for (size_t i = 0; i < ny; i++)
+        ys[i] = yo[i] = yd[i] = -7.0f;
+    run_ops(&gemm_ops_scalar, &rc, 0, c->rows, 0, c->n_tok, acts, ys);
+    struct gcase cc = *c; /* GGUF weights for the reference, the repacked act stride */
+    cc.arb = rc.arb;
+    check_accuracy_as(&cc, ys, acts, rt);
+    for (int l = ISA_AVX2; l < ISA_COUNT; l++) {
+        const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+        if (!o)
+            continue;
+        memset(acto, 0, act_bytes(&rc));
+        run_ops(o, &rc, 0, c->rows, 0, c->n_tok, acto, yo);
+        CHECK(memcmp(acts, acto, act_bytes(&rc)) == 0);
+        CHECK_EQ_INT(count_diff(ys, yo, &rc), 0);
+        for (int t = 0; t < c->n_tok; t++) {
+            int64_t mid = c->rows > 16 ? 16 : c->rows;
+            run_ops(o, &rc, 0, mid, t, 1, acto, yd);
+            run_ops(o, &rc, mid, c->rows, t, 1, acto, yd);
+        }
+        CHECK_EQ_INT(count_diff(yo, yd, &rc), 0);
+        for (int t = 0; t < c->n_tok; t++)
+            for (size_t r = (size_t)c->rows; r < c->ldy; r++)
+                CHECK(yo[(size_t)t * c->ldy + r] == -7.0f);
+    }
+    free(rw);
+    free(ys);
+    free(yo);
+    free(yd);
+    free(acts);
+    free(acto);
+}
+
+TEST(repacked)
+{
+    static const int rows_list[] = {1, 5, 16, 17, 40};
+    static const int64_t ks[] = {32, 96, 2048};
+    static const int tok_list[] = {1, 3, 17};
+    struct rng r;
+    rng_seed(&r, 11);
+    CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_K, 16, 256), 0);
+    CHECK_EQ_INT(gemm_repack(DT_F16, NULL, 0, 16, 256, NULL), -1);
+    CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q8_0) == isa_cpu_has(ISA_AVX512));
+    CHECK(!gemm_repack_pays(&gemm_ops_scalar, DT_Q8_0));
+    for (int ti = 0; ti < 2; ti++)
+        for (int ir = 0; ir < 5; ir++)
+            for (int ik = 0; ik < 3; ik++)
+                for (int it = 0; it < 3; it++) {
+                    struct gcase c;
+                    case_make(&c, &r, ti ? DT_Q4_0 : DT_Q8_0, rows_list[ir], ks[ik], tok_list[it],
+                              (ir + it) % 2, (ir + ik) % 2);
+                    check_r16(&c);
+                    case_free(&c);
+                }
+}
+
 /* Activations of constant, zero and extreme values quantize identically on every ISA. */
 TEST(act_quant_edges)
 {
@@ -443,5 +527,6 @@ int main(void)
     RUN(q4_0);
     RUN(q4_K);
     RUN(q6_K);
+    RUN(repacked);
     return test_summary();
 }

@@ -133,6 +133,10 @@ static void avx2_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int
             struct gemm_act_bk *b = (struct gemm_act_bk *)row;
             for (int64_t i = 0; i < k / 256; i++)
                 quant_bk(xt + 256 * i, b + i);
+        } else if (kind == GEMM_ACT_Q8_R) {
+            struct gemm_act_br *b = (struct gemm_act_br *)row;
+            for (int64_t i = 0; i < k / 32; i++)
+                gemm_quant_br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
         }
     }
 }
@@ -359,6 +363,10 @@ static void run_tile(int wt, const struct tile *tl, int nt)
 static void avx2_gemm(const struct gemm_args *a)
 {
     WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
+    if (gemm_act_kind(a->wtype) == GEMM_ACT_Q8_R) { /* repacking does not pay here */
+        gemm_scalar_r16(a);
+        return;
+    }
     for (int64_t r = a->r0; r < a->r1; r++) {
         struct tile tl = {
             .w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes,

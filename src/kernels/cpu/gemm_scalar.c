@@ -20,6 +20,7 @@
 
 _Static_assert(sizeof(struct gemm_act_b64) == 192, "gemm_act_b64 is 192 bytes");
 _Static_assert(sizeof(struct gemm_act_bk) == 320, "gemm_act_bk is 320 bytes");
+_Static_assert(sizeof(struct gemm_act_br) == 40, "gemm_act_br is 40 bytes");
 
 enum gemm_act_kind gemm_act_kind(int t)
 {
@@ -34,6 +35,9 @@ enum gemm_act_kind gemm_act_kind(int t)
     case DT_Q4_K:
     case DT_Q6_K:
         return GEMM_ACT_Q8_K;
+    case GEMM_Q8_0_R16:
+    case GEMM_Q4_0_R16:
+        return GEMM_ACT_Q8_R;
     default:
         return GEMM_ACT_NONE;
     }
@@ -48,6 +52,8 @@ size_t gemm_act_row_bytes(int t, int64_t k)
         return (size_t)((k / 32 + 1) / 2) * sizeof(struct gemm_act_b64);
     case GEMM_ACT_Q8_K:
         return (size_t)(k / 256) * sizeof(struct gemm_act_bk);
+    case GEMM_ACT_Q8_R:
+        return (size_t)(k / 32) * sizeof(struct gemm_act_br);
     default:
         return 0;
     }
@@ -59,7 +65,9 @@ int gemm_check(int t, int64_t k, const char *what, struct weld_err *e)
     if (kind == GEMM_ACT_NONE)
         return err_set(e, WELD_ERR_UNSUPPORTED, "%s: weight type %s has no gemm kernel",
                        what ? what : "gemm", dtype_name(t));
-    int64_t bs = kind == GEMM_ACT_Q8_32 ? 32 : kind == GEMM_ACT_Q8_K ? 256 : 1;
+    int64_t bs = kind == GEMM_ACT_Q8_32 || kind == GEMM_ACT_Q8_R ? 32
+                 : kind == GEMM_ACT_Q8_K                         ? 256
+                                                                 : 1;
     if (k < 1 || k % bs != 0 || k > ((int64_t)1 << 40))
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "%s: row length %lld is not a positive multiple of %s's block size %lld",
@@ -130,6 +138,20 @@ static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int32_t off
     }
 }
 
+void gemm_quant_br(const float *x, struct gemm_act_br *b, int32_t off)
+{
+    float amax = 0.0f, id;
+    for (int i = 0; i < 32; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    quant_scale(amax, &b->d, &id);
+    int s = 0;
+    for (int i = 0; i < 32; i++) {
+        b->q[i] = quant_one(x[i], id);
+        s += b->q[i];
+    }
+    b->corr = -off * s;
+}
+
 static void quant_bk(const float *x, struct gemm_act_bk *b)
 {
     float amax = 0.0f;
@@ -165,6 +187,10 @@ static void scalar_act_quant(int wtype, const float *x, size_t ldx, int64_t k, i
             struct gemm_act_bk *b = (struct gemm_act_bk *)row;
             for (int64_t i = 0; i < k / 256; i++)
                 quant_bk(xt + 256 * i, b + i);
+        } else if (kind == GEMM_ACT_Q8_R) {
+            struct gemm_act_br *b = (struct gemm_act_br *)row;
+            for (int64_t i = 0; i < k / 32; i++)
+                gemm_quant_br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
         }
     }
 }
@@ -292,6 +318,10 @@ static void scalar_gemm(const struct gemm_args *a)
 {
     const enum gemm_act_kind kind = gemm_act_kind(a->wtype);
     WELD_ASSERT(kind != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
+    if (kind == GEMM_ACT_Q8_R) {
+        gemm_scalar_r16(a);
+        return;
+    }
     for (int64_t r = a->r0; r < a->r1; r++) {
         const uint8_t *w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
         for (int t = 0; t < a->n_tok; t++) {
@@ -305,6 +335,88 @@ static void scalar_gemm(const struct gemm_args *a)
             default: v = scalar_row_dot(a->wtype, w, a->x + (size_t)t * a->ldx, a->k);
             }
             a->y[(size_t)t * a->ldy + (size_t)r] = v;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* repacked Q8_0 / Q4_0 (groups of 16 rows)                                             */
+
+size_t gemm_repack_bytes(int t, int64_t rows, int64_t k)
+{
+    if ((t != DT_Q8_0 && t != DT_Q4_0) || k <= 0 || k % 32 != 0 || rows < 0)
+        return 0;
+    return (size_t)((rows + 15) / 16 * 16) * dtype_row_bytes(t, k);
+}
+
+int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t k, void *dst)
+{
+    const size_t total = gemm_repack_bytes(t, rows, k);
+    if (total == 0)
+        return -1;
+    const int is_q8 = t == DT_Q8_0;
+    const size_t bs = is_q8 ? 34 : 18, gbs = 16 * bs;
+    const int64_t nb = k / 32;
+    memset(dst, 0, total);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
+        const int i = (int)(r % 16);
+        uint8_t *grp = (uint8_t *)dst + (size_t)(r / 16) * 16 * dtype_row_bytes(t, k);
+        for (int64_t b = 0; b < nb; b++, src += bs) {
+            uint8_t *o = grp + (size_t)b * gbs;
+            memcpy(o + 2 * i, src, 2);
+            uint8_t *q = o + 32;
+            for (int e = 0; e < 32; e++) {
+                const int c = e / 4, x = e % 4;
+                if (is_q8)
+                    q[(c * 16 + i) * 4 + x] = (uint8_t)(src[2 + e] ^ 0x80);
+                else if (c < 4)
+                    q[(c * 16 + i) * 4 + x] |= (uint8_t)(b32_value(src, e, 0) + 8);
+                else
+                    q[((c - 4) * 16 + i) * 4 + x] |= (uint8_t)((b32_value(src, e, 0) + 8) << 4);
+            }
+        }
+    }
+    return is_q8 ? GEMM_Q8_0_R16 : GEMM_Q4_0_R16;
+}
+
+bool gemm_repack_pays(const struct gemm_ops *o, int t)
+{
+    return o && o->isa == ISA_AVX512 && (t == DT_Q8_0 || t == DT_Q4_0);
+}
+
+/* Unsigned code (value + offset) of element e of row i in a repacked block. */
+static int r16_code(const uint8_t *blk, int i, int e, int is_q8)
+{
+    const uint8_t *q = blk + 32;
+    const int c = e / 4, x = e % 4;
+    if (is_q8)
+        return q[(c * 16 + i) * 4 + x];
+    const uint8_t byte = q[((c % 4) * 16 + i) * 4 + x];
+    return c < 4 ? byte & 0x0f : byte >> 4;
+}
+
+void gemm_scalar_r16(const struct gemm_args *a)
+{
+    const int is_q8 = a->wtype == GEMM_Q8_0_R16;
+    const size_t gbs = is_q8 ? 16 * 34 : 16 * 18;
+    const int64_t nb = a->k / 32;
+    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->r0 <= a->r1 && a->n_tok >= 1);
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const uint8_t *grp = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes;
+        const int i = (int)(r % 16);
+        for (int t = 0; t < a->n_tok; t++) {
+            const struct gemm_act_br *x =
+                (const struct gemm_act_br *)((const uint8_t *)a->act + (size_t)t * a->act_row_bytes);
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = grp + (size_t)b * gbs;
+                int32_t isum = x[b].corr;
+                for (int e = 0; e < 32; e++)
+                    isum += r16_code(blk, i, e, is_q8) * x[b].q[e];
+                acc = fmaf((float)isum, ld_f16(blk + 2 * i) * x[b].d, acc);
+            }
+            a->y[(size_t)t * a->ldy + (size_t)r] = acc;
         }
     }
 }
