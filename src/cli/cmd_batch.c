@@ -289,6 +289,7 @@ struct line_out {
     char *error;                    /* the line failed before it ran */
     struct seq_out *seqs;           /* (n) */
     int n, n_done;
+    uint64_t rid;                   /* the engine's request id; 0: never queued */
     bool want_choices;
 };
 
@@ -493,6 +494,7 @@ static void add_line(struct engine *eng, struct batch_run *br, const char *text,
             l->seqs[i].logprobs = json_array();
         }
         br->id_line[rid] = idx;
+        l->rid = rid;
         if (!l->seqs) {
             l->n = 0;
             engine_abort(eng, rid, NULL);
@@ -559,9 +561,22 @@ static int batch_run_all(struct engine *eng, struct batch_run *br, struct weld_e
     progress_add(&br->prog, (uint64_t)n_early);
     br->n_errors = n_early;
     flush_lines(br);
-    int rc = WELD_OK;
-    while (engine_has_work(eng) && rc == WELD_OK)
-        rc = engine_step(eng, e);
+    int rc = WELD_OK, n_fail = 0;
+    while (engine_has_work(eng)) {
+        /* a failed step ends the requests it ran with "error"; the rest go on, unless the
+           engine keeps failing: then everything left is aborted so every line is written */
+        if ((rc = engine_step(eng, e)) == WELD_OK) {
+            n_fail = 0;
+            continue;
+        }
+        log_warn("step failed: %s", e->msg);
+        if (++n_fail < 3)
+            continue;
+        for (int i = 0; i < br->n_lines; i++)
+            if (br->lines[i].rid && br->lines[i].n_done < br->lines[i].n)
+                engine_abort(eng, br->lines[i].rid, NULL);
+        break;
+    }
     progress_end(&br->prog);
     flush_lines(br);
     return rc;
