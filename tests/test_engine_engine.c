@@ -159,7 +159,7 @@ static struct engine *mk_engine(const struct model *m, const struct tokenizer *t
     p.max_num_batched_tokens = budget;
     p.kv_blocks = kv_blocks;
     p.prefix_caching = caching;
-    p.max_model_len = 256;
+    p.max_model_len = 128;
     p.quiet = true;
     struct engine *eng = NULL;
     struct weld_err e;
@@ -455,7 +455,7 @@ TEST(abort_and_reject)
     int32_t *big = wcalloc(300, sizeof *big);
     struct request_params p = greedy_ids(big, 300, 1);
     CHECK(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_ERR_LIMIT);
-    CHECK(strstr(e.msg, "max_model_len") != NULL || strstr(e.msg, "256") != NULL);
+    CHECK(strstr(e.msg, "max_model_len") != NULL && strstr(e.msg, "128") != NULL);
     p = greedy_ids(big, 10, 0);
     CHECK(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_ERR_INVALID_ARG);
     CHECK(strstr(e.msg, "max_tokens") != NULL);

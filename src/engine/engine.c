@@ -197,6 +197,10 @@ static int engine_open_model(struct engine *eng, const struct engine_params *p,
     eng->sc.max_model_len = p->max_model_len ? p->max_model_len : eng->m->cfg.max_ctx;
     if (eng->sc.max_model_len < 1)
         return err_set(e, WELD_ERR_INVALID_ARG, "max_model_len: %d", eng->sc.max_model_len);
+    if (eng->m->cfg.max_ctx > 0 && eng->sc.max_model_len > eng->m->cfg.max_ctx)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--max-model-len %d: longer than the model's context length %d",
+                       eng->sc.max_model_len, eng->m->cfg.max_ctx);
     return WELD_OK;
 }
 
