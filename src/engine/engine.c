@@ -644,6 +644,7 @@ void engine_stats_get(const struct engine *eng, struct engine_stats *st)
     st->cache_query_tokens = ss.kv.query_tokens;
     st->cache_hit_tokens = ss.kv.hit_tokens;
     st->evictions = ss.kv.evictions;
+    st->cow_copies = ss.kv.cow_copies;
     st->kv_blocks = ss.kv.n_blocks;
     st->kv_blocks_used = ss.kv.n_used;
     st->kv_blocks_cached = ss.kv.n_cached;

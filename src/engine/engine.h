@@ -83,6 +83,7 @@ struct engine_stats {
     uint64_t cache_queries;         /* prefix lookups (kvm lookups) */
     uint64_t cache_query_tokens, cache_hit_tokens;
     uint64_t evictions;
+    uint64_t cow_copies;            /* block copies queued by copy-on-write (n > 1) */
     int kv_blocks, kv_blocks_used, kv_blocks_cached, kv_blocks_free, block_size;
     double kv_usage;                /* used / total blocks */
     size_t kv_bytes;                /* bytes of the KV pool */
