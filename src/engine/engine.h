@@ -36,7 +36,8 @@
  * that step with "error" and engine_step returns the status.
  *
  * Not thread-safe: one thread calls everything; callbacks run inside engine_step (they may
- * call engine_abort; the abort takes effect at the end of the step).
+ * call engine_abort, which takes effect at the end of the step, but not engine_add_request
+ * or engine_step: queue new work and add it after engine_step returns).
  */
 #ifndef WELD_ENGINE_ENGINE_H
 #define WELD_ENGINE_ENGINE_H
