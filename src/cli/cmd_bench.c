@@ -70,11 +70,13 @@ struct bench_result {
 
 static int32_t random_token(struct bench_run *br)
 {
-    for (;;) {
-        int32_t t = (int32_t)(rng_u64(&br->g) % (uint64_t)br->n_vocab);
+    int32_t t = 0;
+    for (int tries = 0; tries < 1000; tries++) { /* a vocabulary of only specials: any id */
+        t = (int32_t)(rng_u64(&br->g) % (uint64_t)br->n_vocab);
         if (!br->tok || (!tokenizer_is_special(br->tok, t) && !tokenizer_is_eog(br->tok, t)))
-            return t;
+            break;
     }
+    return t;
 }
 
 static bool conv_append(struct bench_conv *c, const int32_t *t, int n)
@@ -275,8 +277,9 @@ static int check_opts(const struct bench_opts *o, struct weld_err *e)
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "--num-prompts, --output-len and --num-groups must be >= 1, "
                        "--input-len and --prefix-len >= 0");
-    if (strcmp(o->dataset, "random") && o->num_prompts < o->num_groups)
-        return err_set(e, WELD_ERR_INVALID_ARG, "--num-prompts %d < --num-groups %d",
+    if (strcmp(o->dataset, "random") && o->num_prompts % o->num_groups)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--num-prompts %d is not a multiple of --num-groups %d",
                        o->num_prompts, o->num_groups);
     if (!strcmp(o->dataset, "random") && o->input_len < 1)
         return err_set(e, WELD_ERR_INVALID_ARG, "--input-len must be >= 1 for random");
