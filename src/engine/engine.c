@@ -601,8 +601,9 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
         eng->st.t_forward += time_now() - t0;
     }
     if (rc) {
+        /* Nothing of this plan was computed: keep its blocks out of the prefix cache. */
+        sched_step_cancel(eng->s);
         step_fail(eng, pl, e->msg);
-        sched_step_done(eng->s, NULL);
         return rc;
     }
     if ((rc = sched_step_done(eng->s, e)))
