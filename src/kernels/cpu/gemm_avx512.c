@@ -436,31 +436,43 @@ AI __m512 load_w16(const uint8_t *w, int64_t i, __mmask16 m, const int wt)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-AI void tile_float(const struct tile *tl, const int nt, const int wt)
+/* One 16-element step of a float tile (mask m: which elements exist). */
+AI void float_step(const struct tile *tl, __m512 acc[GEMM_TILE_ROW][GEMM_TILE_TOK], int64_t i,
+                   __mmask16 m, const int nt, const int nr, const int wt)
 {
-    __m512 acc[GEMM_TILE_TOK];
+    __m512 wv[GEMM_TILE_ROW];
     UNROLL
-    for (int t = 0; t < nt; t++)
-        acc[t] = _mm512_setzero_ps();
+    for (int r = 0; r < nr; r++)
+        wv[r] = load_w16(tl->w0 + (size_t)r * tl->w_stride, i, m, wt);
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        const __m512 xv = _mm512_maskz_loadu_ps(m, tl->x + (size_t)t * tl->ldx + i);
+        UNROLL
+        for (int r = 0; r < nr; r++)
+            acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+}
+
+/* nr rows x nt tokens: each x load serves nr rows, each widened weight vector nt tokens. */
+AI void tile_float(const struct tile *tl, const int nt, const int nr, const int wt)
+{
+    __m512 acc[GEMM_TILE_ROW][GEMM_TILE_TOK];
+    UNROLL
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[r][t] = _mm512_setzero_ps();
     const int64_t k = tl->k;
     int64_t i = 0;
-    for (; i + 16 <= k; i += 16) {
-        const __m512 wv = load_w16(tl->w0, i, 0xffff, wt);
-        UNROLL
-        for (int t = 0; t < nt; t++)
-            acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(tl->x + (size_t)t * tl->ldx + i), acc[t]);
-    }
-    if (i < k) {
-        const __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
-        const __m512 wv = load_w16(tl->w0, i, m, wt);
-        UNROLL
-        for (int t = 0; t < nt; t++)
-            acc[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, tl->x + (size_t)t * tl->ldx + i),
-                                     acc[t]);
-    }
+    for (; i + 16 <= k; i += 16)
+        float_step(tl, acc, i, 0xffff, nt, nr, wt);
+    if (i < k)
+        float_step(tl, acc, i, (__mmask16)((1u << (k - i)) - 1), nt, nr, wt);
     UNROLL
-    for (int t = 0; t < nt; t++)
-        tl->y0[(size_t)t * tl->ldy] = fold16(acc[t]);
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            tl->y0[(size_t)t * tl->ldy + r] = fold16(acc[r][t]);
 }
 
 static void run_tile(int wt, const struct tile *tl, int nt, int nr)
@@ -480,9 +492,24 @@ static void run_tile(int wt, const struct tile *tl, int nt, int nr)
         break;
     case DT_Q4_K: TILE_SWITCH(nt, tile_q4_K(tl, n_)); break;
     case DT_Q6_K: TILE_SWITCH(nt, tile_q6_K(tl, n_)); break;
-    case DT_F32: TILE_SWITCH(nt, tile_float(tl, n_, DT_F32)); break;
-    case DT_F16: TILE_SWITCH(nt, tile_float(tl, n_, DT_F16)); break;
-    default: TILE_SWITCH(nt, tile_float(tl, n_, DT_BF16)); break;
+    case DT_F32:
+        if (nr == GEMM_TILE_ROW)
+            TILE_SWITCH(nt, tile_float(tl, n_, GEMM_TILE_ROW, DT_F32))
+        else
+            TILE_SWITCH(nt, tile_float(tl, n_, 1, DT_F32))
+        break;
+    case DT_F16:
+        if (nr == GEMM_TILE_ROW)
+            TILE_SWITCH(nt, tile_float(tl, n_, GEMM_TILE_ROW, DT_F16))
+        else
+            TILE_SWITCH(nt, tile_float(tl, n_, 1, DT_F16))
+        break;
+    default:
+        if (nr == GEMM_TILE_ROW)
+            TILE_SWITCH(nt, tile_float(tl, n_, GEMM_TILE_ROW, DT_BF16))
+        else
+            TILE_SWITCH(nt, tile_float(tl, n_, 1, DT_BF16))
+        break;
     }
 }
 
@@ -520,7 +547,7 @@ static void avx512_gemm(const struct gemm_args *a)
         gemm_r16(a);
         return;
     }
-    const int multi = (a->wtype == DT_Q8_0 || a->wtype == DT_Q4_0) && a->n_tok > 1;
+    const int multi = a->wtype != DT_Q4_K && a->wtype != DT_Q6_K && a->n_tok > 1;
     int64_t rb = a->n_tok > GEMM_TILE_TOK ? (int64_t)(GEMM_ROW_BLOCK_BYTES / (a->w_row_bytes + 1))
                                           : a->r1 - a->r0;
     rb = rb < GEMM_TILE_ROW ? GEMM_TILE_ROW : rb / GEMM_TILE_ROW * GEMM_TILE_ROW;
@@ -533,11 +560,11 @@ static float avx512_row_dot(int t, const void *row, const float *x, int64_t n)
     float y;
     struct tile tl = {.w0 = row, .k = n, .x = x, .ldx = 0, .y0 = &y, .ldy = 0};
     if (t == DT_F32)
-        tile_float(&tl, 1, DT_F32);
+        tile_float(&tl, 1, 1, DT_F32);
     else if (t == DT_F16)
-        tile_float(&tl, 1, DT_F16);
+        tile_float(&tl, 1, 1, DT_F16);
     else
-        tile_float(&tl, 1, DT_BF16);
+        tile_float(&tl, 1, 1, DT_BF16);
     return y;
 }
 
