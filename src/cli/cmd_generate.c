@@ -1,25 +1,20 @@
 /*
- * cmd_generate - `weld generate`: load a model, encode a prompt (optionally through the
- * model's chat template), and stream a continuation to stdout.
+ * cmd_generate - `weld generate`: one request through the serving engine, streamed.
  *
- * stdout gets the prompt (unless --no-echo) and then the generated text as it streams,
- * through the incremental detokenizer so no half UTF-8 character is ever written; logs and
- * the closing speed line go to stderr. One sequence runs as a batch of one through the
- * runner: the prompt as one prefill step, then one-token decode steps. Generation stops at
- * an end-of-generation token (unless --ignore-eos), after -n tokens, or at the context
- * limit.
+ * stdout gets the prompt (unless --no-echo) and then the generated text as the engine's
+ * on_delta callback delivers it (whole UTF-8 characters only); logs and the closing speed
+ * line go to stderr. The request runs through exactly the path a server request takes
+ * (engine.h: scheduler, paged KV cache, sampler, detokenizer, stop logic), so the CLI and
+ * the batch and server paths can never disagree on tokens. --chat wraps the prompt as a
+ * user turn (after an optional --system turn) in the model's chat template.
  */
 #include "cli/cli.h"
-#include "core/alloc.h"
 #include "core/err.h"
 #include "core/json.h"
 #include "core/log.h"
-#include "core/progress.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
-#include "exec/runner.h"
 #include "model/model.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -33,128 +28,79 @@ struct gen_opts {
     bool chat, no_echo, ignore_eos, no_special, show_ids;
 };
 
-/* Load the tokenizer that belongs to a model: GGUF metadata, or the HF directory's files. */
-static int load_tokenizer(const struct model *m, struct tokenizer **tok, struct weld_err *e)
-{
-    if (m->source == MODEL_SRC_GGUF)
-        return tokenizer_load_gguf(tok, m->gguf, e);
-    return tokenizer_load_hf(tok, m->dir, e);
-}
+struct gen_state {
+    const struct gen_opts *o;
+    struct request_result res;
+    char error[512];
+    bool done;
+};
 
-/* Render the prompt through the model's chat template as one user turn. */
-static int render_chat(const struct tokenizer *tok, const struct gen_opts *o, char **out,
-                       struct weld_err *e)
+static void on_delta(void *user, uint64_t req_id, int seq_index, const char *text, size_t len,
+                     const int32_t *tokens, int n_tokens, const struct request_logprob *lp)
 {
-    const char *src = tokenizer_chat_template(tok);
-    if (!src)
-        return err_set(e, WELD_ERR_NOT_FOUND,
-                       "the model has no chat template (tokenizer.chat_template / "
-                       "tokenizer_config.json chat_template); run without --chat");
-    struct chat_template *t = NULL;
-    int rc = chat_template_parse(&t, src, strlen(src), e);
-    if (rc != WELD_OK)
-        return err_prefix(e, "chat template");
-    json_t *ctx = json_object(), *msgs = json_array();
-    if (o->system)
-        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", o->system));
-    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", o->prompt));
-    json_object_set_new(ctx, "messages", msgs);
-    json_object_set_new(ctx, "add_generation_prompt", json_true());
-    const char *bos = tokenizer_bos_text(tok), *eos = tokenizer_eos_text(tok);
-    if (bos)
-        json_object_set_new(ctx, "bos_token", json_string(bos));
-    if (eos)
-        json_object_set_new(ctx, "eos_token", json_string(eos));
-    rc = chat_template_render(t, ctx, out, NULL, e);
-    if (rc != WELD_OK)
-        err_prefix(e, "chat template");
-    json_decref(ctx);
-    chat_template_free(t);
-    return rc;
-}
-
-/* Encode the prompt. A rendered chat prompt that already starts with BOS is encoded without
-   the post-processor's special tokens, so it never gets two BOS tokens. */
-static int encode_prompt(const struct tokenizer *tok, const char *text, bool add_special,
-                         int32_t **ids, size_t *n, struct weld_err *e)
-{
-    const char *bos = tokenizer_bos_text(tok);
-    if (add_special && bos && *bos && !strncmp(text, bos, strlen(bos)))
-        add_special = false;
-    return tokenizer_encode(tok, text, strlen(text), add_special, true, ids, n, e);
-}
-
-static void emit(const char *s, size_t n)
-{
-    if (n) {
-        fwrite(s, 1, n, stdout);
+    struct gen_state *g = user;
+    (void)req_id, (void)seq_index, (void)lp;
+    if (len) {
+        fwrite(text, 1, len, stdout);
         fflush(stdout);
     }
+    if (g->o->show_ids)
+        for (int i = 0; i < n_tokens; i++)
+            fprintf(stderr, "%d ", tokens[i]);
 }
 
-static int generate(struct runner *r, const struct tokenizer *tok, struct sampler *smp,
-                    const int32_t *prompt, int n_prompt, const struct gen_opts *o,
-                    struct weld_err *e)
+static void on_finish(void *user, uint64_t req_id, int seq_index,
+                      const struct request_result *r)
 {
-    int n_vocab = runner_n_vocab(r), max_ctx = runner_max_ctx(r);
-    float *logits = wmalloc((size_t)n_vocab * sizeof *logits);
-    struct detok *dt = detok_create(tok, true);
-    int rc = WELD_OK, n_gen = 0;
-    if (!logits || !dt) {
-        rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    for (int i = 0; i < n_prompt; i++)
-        sampler_accept(smp, prompt[i], true);
+    struct gen_state *g = user;
+    (void)req_id, (void)seq_index;
+    g->res = *r;
+    g->done = true;
+    if (r->error)
+        snprintf(g->error, sizeof g->error, "%s", r->error);
+    g->res.error = r->error ? g->error : NULL;
+    g->res.stop_reason = NULL;
+}
 
-    double t0 = time_now(), t_prefill = 0;
-    struct batch_seq s = {.seq_id = 0, .tokens = prompt, .n_tokens = n_prompt, .pos = 0};
-    struct batch b = {.seqs = &s, .n_seqs = 1};
-    int32_t tok_id;
-    char buf[4096];
-    while (n_gen < o->n_predict) {
-        rc = runner_forward(r, &b, logits, e);
-        if (rc != WELD_OK)
-            goto out;
-        if (n_gen == 0)
-            t_prefill = time_now() - t0;
-        int next;
-        rc = sampler_sample(smp, logits, &next, e);
-        if (rc != WELD_OK)
-            goto out;
-        n_gen++;
-        if (!o->ignore_eos && tokenizer_is_eog(tok, next))
-            break;
-        sampler_accept(smp, next, false);
-        if (o->show_ids)
-            fprintf(stderr, "%d ", next);
-        emit(buf, detok_push(dt, next, buf, sizeof buf));
-        if (s.pos + s.n_tokens >= max_ctx) {
-            log_warn("stopped at the context limit (%d tokens)", max_ctx);
-            break;
-        }
-        tok_id = next;
-        s.pos += s.n_tokens;
-        s.tokens = &tok_id;
-        s.n_tokens = 1;
-    }
-    size_t k;
-    while ((k = detok_flush(dt, buf, sizeof buf)) > 0)
-        emit(buf, k);
-    if (!o->no_echo || n_gen)
-        emit("\n", 1);
-    double t_all = time_now() - t0, t_dec = t_all - t_prefill;
-    if (o->show_ids)
-        fprintf(stderr, "\n");
+/* Run the request to completion. */
+static int run(struct engine *eng, const struct request_params *rp, struct gen_state *g,
+               struct weld_err *e)
+{
+    struct request_callbacks cb = {.user = g, .on_delta = on_delta, .on_finish = on_finish};
+    uint64_t id;
+    int rc = engine_add_request(eng, rp, &cb, &id, e);
+    while (rc == WELD_OK && engine_has_work(eng))
+        rc = engine_step(eng, e);
+    if (rc != WELD_OK)
+        return rc;
+    if (g->res.finish == REQUEST_FINISH_ERROR)
+        return err_set(e, WELD_ERR_INTERNAL, "%s", g->res.error ? g->res.error : "failed");
+    if (g->o->show_ids)
+        fputc('\n', stderr);
+    if (g->res.finish == REQUEST_FINISH_LENGTH && g->res.n_generated_tokens < g->o->n_predict)
+        log_warn("stopped at the context limit (--ctx %d)", g->o->ctx);
+    return WELD_OK;
+}
+
+/* The closing speed line (stderr): prefill from arrival to the first token, then decode. */
+static void print_speed(const struct request_result *r)
+{
+    double t_prefill = r->t_first_token, t_dec = r->t_total - r->t_first_token;
+    int n_gen = r->n_generated_tokens;
     fprintf(stderr,
             "weld: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s "
             "(%.1f tok/s)\n",
-            n_prompt, t_prefill, t_prefill > 0 ? n_prompt / t_prefill : 0.0, n_gen, t_dec,
-            n_gen > 1 && t_dec > 0 ? (n_gen - 1) / t_dec : 0.0);
-out:
-    detok_free(dt);
-    wfree(logits);
-    return rc;
+            r->n_prompt_tokens, t_prefill, t_prefill > 0 ? r->n_prompt_tokens / t_prefill : 0.0,
+            n_gen, t_dec, n_gen > 1 && t_dec > 0 ? (n_gen - 1) / t_dec : 0.0);
+}
+
+static json_t *chat_messages(const struct gen_opts *o)
+{
+    json_t *msgs = json_array();
+    if (o->system)
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", o->system));
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", o->prompt));
+    return msgs;
 }
 
 int cmd_generate(int argc, char **argv)
@@ -212,47 +158,49 @@ int cmd_generate(int argc, char **argv)
     struct weld_err e;
     err_clear(&e);
     struct model *m = NULL;
-    struct tokenizer *tok = NULL;
-    struct runner *r = NULL;
-    struct sampler *smp = NULL;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
+    struct engine *eng = NULL;
+    json_t *msgs = NULL;
     int rc = sampler_params_check(&o.sp, &e);
     if (rc == WELD_OK)
         rc = model_load(&m, o.model, &e);
-    if (rc == WELD_OK)
-        rc = load_tokenizer(m, &tok, &e);
-    if (rc == WELD_OK && o.chat)
-        rc = render_chat(tok, &o, &text, &e);
-    if (rc == WELD_OK)
-        rc = encode_prompt(tok, text ? text : o.prompt, !o.no_special, &ids, &n_ids, &e);
-    if (rc == WELD_OK && n_ids == 0)
-        rc = err_set(&e, WELD_ERR_INVALID_ARG, "the prompt encodes to no tokens; give a prompt");
-    int ctx = o.ctx;
-    if (rc == WELD_OK && ctx == 0)
-        ctx = m->cfg.max_ctx > 0 && m->cfg.max_ctx < 4096 ? m->cfg.max_ctx : 4096;
-    if (rc == WELD_OK && (int)n_ids >= ctx)
-        rc = err_set(&e, WELD_ERR_LIMIT, "the prompt has %zu tokens; the context holds %d (--ctx)",
-                     n_ids, ctx);
-    if (rc == WELD_OK)
-        rc = runner_create(&r, m, 1, ctx, &e);
-    if (rc == WELD_OK)
-        rc = sampler_create(&smp, &o.sp, runner_n_vocab(r), &e);
     if (rc == WELD_OK) {
-        log_debug("%s", runner_describe(r));
+        if (o.ctx == 0)
+            o.ctx = m->cfg.max_ctx > 0 && m->cfg.max_ctx < 4096 ? m->cfg.max_ctx : 4096;
+        struct engine_params ep = engine_params_default();
+        ep.model = m;
+        ep.max_num_seqs = 1;
+        ep.max_model_len = o.ctx;
+        ep.quiet = true;
+        rc = engine_create(&eng, &ep, &e);
+    }
+    if (rc == WELD_OK && o.n_predict > 0) {
+        struct request_params rp = request_params_default();
+        if (o.chat)
+            rp.messages = msgs = chat_messages(&o);
+        else
+            rp.prompt = o.prompt;
+        rp.add_special_tokens = !o.no_special;
+        rp.sampling = o.sp;
+        rp.has_seed = true;
+        rp.max_tokens = o.n_predict;
+        rp.ignore_eos = o.ignore_eos;
+        struct gen_state g = {.o = &o};
         if (!o.no_echo) {
-            emit(o.prompt, strlen(o.prompt));
+            fputs(o.prompt, stdout);
+            fflush(stdout);
         }
-        rc = generate(r, tok, smp, ids, (int)n_ids, &o, &e);
+        rc = run(eng, &rp, &g, &e);
+        if (rc == WELD_OK) {
+            if (!o.no_echo || g.res.n_generated_tokens)
+                fputc('\n', stdout);
+            fflush(stdout);
+            print_speed(&g.res);
+        }
     }
     if (rc != WELD_OK)
         fprintf(stderr, "weld generate: %s\n", e.msg);
-    sampler_free(smp);
-    runner_free(r);
-    wfree(ids);
-    wfree(text);
-    tokenizer_free(tok);
+    json_decref(msgs);
+    engine_free(eng);
     model_free(m);
     return rc == WELD_OK ? 0 : 1;
 }
