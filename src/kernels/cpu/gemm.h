@@ -16,7 +16,8 @@
  *       stored two blocks at a time (struct gemm_act_b64),
  *       which lets an unsigned x signed dot (VNNI vpdpbusd, AVX2 maddubs) take the weights
  *       as unsigned bytes and still produce the exact signed products;
- *   Q4_K, Q6_K weights -> "q8_K": per 256, f32 scale d, int8 q[256], int16 sums of 16.
+ *   Q4_K, Q6_K weights -> "q8_K": per 256, f32 scale d, int8 q[256], int16 sums of 16;
+ *   repacked Q8_0 / Q4_0 -> per block of 32, q[32], d and the block sum times -128 / -8.
  *   Quantization: d = max|x| / 127, q = round-to-nearest-even(x / d) (x * (1/d)), clamped
  *   to [-127, 127] (so |q| <= 127 and AVX2 maddubs cannot saturate).
  *
@@ -52,8 +53,13 @@
  * invariants): K a multiple of the type's block size (F32/F16/BF16: any K >= 1), rows in
  * range, act from act_quant for the same weight type and K.
  *
- * Not here: attention, rope, the thread split (callers split rows), weight repacking,
- * types other than the seven above (exec falls back to kern_row_dot for those).
+ * Threading: every function is pure (reads its inputs, writes only its outputs), so workers
+ * may run disjoint row ranges of one product at once; repacked weights split at multiples
+ * of 16 rows.
+ *
+ * Not here: attention, rope, silu (an exp that is bit-identical across ISAs would need its
+ * own polynomial in every file; left to kernels.h), the thread split, types other than the
+ * seven above (exec falls back to kern_row_dot for those).
  */
 #ifndef WELD_KERNELS_CPU_GEMM_H
 #define WELD_KERNELS_CPU_GEMM_H
