@@ -1,8 +1,10 @@
 /*
  * isa (kernels/cpu/isa.h): detection against an independent reading of /proc/cpuinfo's
  * flags, WELD_ISA parsing and its errors, the cached once-per-process choice, and
- * gemm_ops_for() agreeing with detection.
+ * gemm_ops_for() agreeing with detection. Also the bandwidth probe (bandwidth.h): its read
+ * loops against a plain XOR of the buffer, argument errors, and a small real run.
  */
+#include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 #include "test.h"
@@ -112,11 +114,45 @@ TEST(init_once)
     CHECK_EQ_INT(gemm_ops_get()->isa, isa_active());
 }
 
+TEST(bandwidth_read_loops)
+{
+    const size_t n = (size_t)BW_STREAMS * 4096 * 3;
+    uint64_t *buf = aligned_alloc(64, n);
+    REQUIRE(buf);
+    uint64_t x = 0x9e3779b97f4a7c15ull, want = 0;
+    for (size_t i = 0; i < n / 8; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        buf[i] = x;
+        want ^= x;
+    }
+    CHECK(bw_read_scalar(buf, n) == want);
+    if (isa_cpu_has(ISA_AVX512))
+        CHECK(bw_read_avx512(buf, n) == want);
+    free(buf);
+}
+
+TEST(bandwidth_probe)
+{
+    struct bw_result r;
+    struct weld_err e = {0};
+    CHECK_EQ_INT(bw_probe(1000, 1, 1, &r, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "bandwidth probe") != NULL);
+    CHECK_EQ_INT(bw_probe(64u << 20, 0, 1, &r, &e), WELD_ERR_INVALID_ARG);
+    CHECK_EQ_INT(bw_probe(64u << 20, 2, 0, &r, &e), WELD_ERR_INVALID_ARG);
+    REQUIRE(bw_probe(64u << 20, 2, 3, &r, &e) == WELD_OK);
+    CHECK(r.gb_s_best > 0.1 && r.gb_s_best < 1e4 && r.gb_s_median <= r.gb_s_best);
+    CHECK(r.bytes <= (64u << 20) && r.bytes >= (60u << 20) && r.threads == 2 && r.passes == 3);
+    CHECK_EQ_STR(r.isa, isa_cpu_has(ISA_AVX512) ? "avx512" : "scalar");
+    printf("probe (64 MiB, 2 threads, mostly cache): best %.1f GB/s\n", r.gb_s_best);
+}
+
 int main(void)
 {
     RUN(detection_matches_cpuinfo);
     RUN(resolve);
     RUN(ops_follow_detection);
     RUN(init_once);
+    RUN(bandwidth_read_loops);
+    RUN(bandwidth_probe);
     return test_summary();
 }
