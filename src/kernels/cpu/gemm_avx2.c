@@ -25,6 +25,7 @@
 #define AI static inline __attribute__((always_inline))
 /* Token loops run over a compile-time count; unrolled, the accumulators stay in registers. */
 #define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
 
 static inline float ld_h(const uint8_t *p)
 {
@@ -217,6 +218,7 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
         int mn[8];
         __m256i sv[8], wv[8];
         const uint8_t *q = w + 4;
+        UNROLL8
         for (int j = 0; j < 8; j++) {
             int sc;
             if (j < 4) {
@@ -228,6 +230,7 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
             }
             sv[j] = _mm256_set1_epi16((short)sc);
         }
+        UNROLL8
         for (int c = 0; c < 4; c++) {
             __m256i qb = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
             wv[2 * c] = _mm256_and_si256(qb, _mm256_set1_epi8(0x0f));
@@ -238,11 +241,13 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_bk *a = ACT(tl, struct gemm_act_bk, t, b);
             __m256i s = _mm256_setzero_si256();
+            UNROLL8
             for (int j = 0; j < 8; j++) {
                 __m256i p = _mm256_maddubs_epi16(wv[j], _mm256_loadu_si256((const __m256i *)(a->q + 32 * j)));
                 s = _mm256_add_epi32(s, _mm256_madd_epi16(p, sv[j]));
             }
             int32_t M = 0;
+            UNROLL8
             for (int j = 0; j < 8; j++)
                 M += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
             acc[t] = fmaf(d * a->d, (float)hsum_i32(s), acc[t]);
@@ -262,10 +267,12 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
     for (int64_t b = 0; b < tl->k / 256; b++, w += 210) {
         __m256i wv[8], sv[8];
         const int8_t *sc = (const int8_t *)(w + 192);
+        UNROLL8
         for (int h = 0; h < 2; h++) {
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
             __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            UNROLL8
             for (int p = 0; p < 4; p++) {
                 __m256i lo = p & 1 ? ql1 : ql0;
                 lo = _mm256_and_si256(p & 2 ? _mm256_srli_epi16(lo, 4) : lo, m4);
@@ -281,6 +288,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
             const struct gemm_act_bk *a = ACT(tl, struct gemm_act_bk, t, b);
             __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
             __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+            UNROLL8
             for (int j = 0; j < 8; j++) {
                 __m256i p = _mm256_maddubs_epi16(wv[j], _mm256_loadu_si256((const __m256i *)(a->q + 32 * j)));
                 s = _mm256_add_epi32(s, _mm256_madd_epi16(p, sv[j]));

@@ -332,29 +332,38 @@ static void gemm_r16(const struct gemm_args *a)
 }
 
 /* Q4_K: per 64 elements, [low nibbles | high nibbles] of 32 bytes = elements in order. */
+/* Bytes 0-7: the eight 6-bit scales, bytes 8-15: the eight mins of a q4_K block, from its
+   12 packed bytes (four at a time: the layout of dtype.h's scale_min_k4). */
+AI __m128i q4k_scales_mins(const uint8_t *q)
+{
+    uint32_t u[3], o[4];
+    memcpy(u, q, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;
+    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    o[2] = u[1] & 0x3f3f3f3fu;
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    return _mm_loadu_si128((const __m128i *)o);
+}
+
 AI void tile_q4_K(const struct tile *tl, const int nt)
 {
     float acc[GEMM_TILE_TOK] = {0};
     const int64_t nb = tl->k / 256;
     const uint8_t *w = tl->w0;
+    const __m128i dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     for (int64_t b = 0; b < nb; b++, w += 144) {
-        int sc[8], mn[8];
-        const uint8_t *q = w + 4;
-        for (int j = 0; j < 8; j++) {
-            if (j < 4) {
-                sc[j] = q[j] & 63;
-                mn[j] = q[j + 4] & 63;
-            } else {
-                sc[j] = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
-                mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-            }
-        }
+        const __m128i sm = q4k_scales_mins(w + 4);
+        const __m512i sc32 = _mm512_cvtepu8_epi32(sm);
+        /* mins[j] twice each, against the 16 sums of 16: min_j * (bsum_2j + bsum_2j+1). */
+        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup_mins));
         __m512i wv[4], sv[4];
+        UNROLL8
         for (int c = 0; c < 4; c++) {
             __m256i qb = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
             __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(qb), _mm256_srli_epi16(qb, 4), 1);
             wv[c] = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
-            sv[c] = _mm512_inserti64x4(_mm512_set1_epi32(sc[2 * c]), _mm256_set1_epi32(sc[2 * c + 1]), 1);
+            __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
+            sv[c] = _mm512_permutexvar_epi32(idx, sc32);
         }
         const float d = ld_h(w), dmin = ld_h(w + 2);
         UNROLL
@@ -362,14 +371,19 @@ AI void tile_q4_K(const struct tile *tl, const int nt)
             const struct gemm_act_bk *a =
                 (const struct gemm_act_bk *)(tl->act + (size_t)t * tl->act_stride) + b;
             __m512i s = _mm512_setzero_si512();
+            UNROLL8
             for (int c = 0; c < 4; c++) {
                 __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[c],
                                                 _mm512_loadu_si512(a->q + 64 * c));
                 s = _mm512_add_epi32(s, _mm512_mullo_epi32(p, sv[c]));
             }
-            int32_t S = _mm512_reduce_add_epi32(s), M = 0;
-            for (int j = 0; j < 8; j++)
-                M += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            /* Reduce S (16 lanes) and M (8 lanes) together; integer, so exact. */
+            __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+            __m256i m8 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins16);
+            __m256i h = _mm256_hadd_epi32(s8, m8);
+            h = _mm256_hadd_epi32(h, h);
+            __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            const int32_t S = _mm_cvtsi128_si32(r), M = _mm_extract_epi32(r, 1);
             acc[t] = fmaf(d * a->d, (float)S, acc[t]);
             acc[t] = fmaf(-(dmin * a->d), (float)M, acc[t]);
         }
@@ -392,6 +406,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
     for (int64_t b = 0; b < nb; b++, w += 210) {
         __m512i wv[4], sv[4];
         const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)));
+        UNROLL8
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512(w + 64 * h);
             __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h)));
@@ -400,6 +415,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
             wv[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), hA);
             wv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hB);
         }
+        UNROLL8
         for (int c = 0; c < 4; c++) {
             const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
             sv[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(4 * c)), sc);
@@ -412,6 +428,7 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
             __m512i bs = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)a->bsums));
             __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
                                          _mm512_slli_epi32(_mm512_mullo_epi32(sc, bs), 5));
+            UNROLL8
             for (int c = 0; c < 4; c++) {
                 __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[c],
                                                 _mm512_loadu_si512(a->q + 64 * c));
