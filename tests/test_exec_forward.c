@@ -13,6 +13,7 @@
  */
 #include "core/alloc.h"
 #include "core/rng.h"
+#include "core/team.h"
 #include "exec/exec.h"
 #include "exec/runner.h"
 #include "test.h"
@@ -674,7 +675,9 @@ TEST(accelerator_and_executor_env)
     struct runner *r = NULL;
     unsetenv("WELD_ACCELERATOR");
     REQUIRE(runner_create(&r, &tm->m, 1, 8, &e) == WELD_OK);
-    CHECK(strncmp(runner_describe(r), "cpu: ref executor", 17) == 0);
+    /* default: ops on a team of one worker per physical core, ref with one core */
+    CHECK(strncmp(runner_describe(r), team_physical_cores() > 1 ? "cpu: ops executor"
+                                                                : "cpu: ref executor", 17) == 0);
     runner_free(r);
     setenv("WELD_ACCELERATOR", "cpu", 1);
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
@@ -690,7 +693,7 @@ TEST(accelerator_and_executor_env)
     unsetenv("WELD_ACCELERATOR");
     setenv("WELD_EXEC", "mega", 1);
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
-    CHECK_EQ_STR(e.msg, "WELD_EXEC=mega: unknown executor; available: ref");
+    CHECK_EQ_STR(e.msg, "WELD_EXEC=mega: unknown executor; available: ref, ops");
     setenv("WELD_EXEC", "ref", 1);
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
     runner_free(r);
@@ -750,7 +753,7 @@ TEST(ref_checks_schedule)
     REQUIRE(kv_seq_prepare(kv, 0, 0, 3, &e) == WELD_OK);
     const int32_t *tables[1] = {kv->seqs[0].blocks};
     REQUIRE(program_build(&p, &tm->m.cfg, &b, 2, &e) == WELD_OK);
-    REQUIRE(exec_ref_impl.create(&state, &tm->m.cfg, &e) == WELD_OK);
+    REQUIRE(exec_ref_impl.create(&state, &tm->m.cfg, NULL, &e) == WELD_OK);
     float *arena = calloc(p->arena_floats, sizeof(float));
     float *logits = calloc((size_t)tm->m.cfg.n_vocab, sizeof(float));
     struct exec_step st = {.m = &tm->m, .w = w, .p = p, .kv = kv, .tokens = toks, .pos = pos,

@@ -17,8 +17,9 @@
  * backend places each seq_id itself. The engine sizes the pool from a memory budget with
  * backend_kv_blocks_for_bytes().
  *
- * The cpu backend = program builder + executor (WELD_EXEC, default the reference
- * executor) + scalar kernels + paged KV cache (f16 / bf16 / f32 / q8_0).
+ * The cpu backend = program builder + executor (WELD_EXEC; default the op-by-op executor
+ * on a thread team when n_threads > 1, else the reference executor) + kernels + paged KV
+ * cache (f16 / bf16 / f32 / q8_0).
  */
 #ifndef WELD_EXEC_BACKEND_H
 #define WELD_EXEC_BACKEND_H
@@ -27,12 +28,16 @@
 #include "exec/batch.h"
 #include "model/model.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct backend_params {
     int max_seqs;       /* seq ids are [0, max_seqs) */
     int max_ctx;        /* positions per sequence */
-    int n_splits;       /* row slices per matrix op (executors with workers); 0: 1 */
+    int n_splits;       /* row slices per matrix op; 0: one per executor worker */
+    int n_threads;      /* executor workers; 0: one per physical core (core/team.h). With
+                           more than one and WELD_EXEC unset, the ops executor runs */
+    bool oversubscribe; /* tests only: allow more threads than physical cores */
     int kv_block_size;  /* 0: default (16) */
     int kv_blocks;      /* physical KV blocks in the pool (ids [0, kv_blocks) in engine
                            tables); 0: enough for max_seqs sequences of max_ctx */
@@ -41,8 +46,8 @@ struct backend_params {
                                 head_dim % 32 == 0). Zero-initialised params mean DT_F32. */
 };
 
-/* Defaults: kv_type f16, everything else 0 (n_splits 1, block size 16, pool sized for
-   max_seqs full sequences). */
+/* Defaults: kv_type f16, everything else 0 (one thread per physical core, n_splits = the
+   executor's workers, block size 16, pool sized for max_seqs full sequences). */
 void backend_params_init(struct backend_params *p, int max_seqs, int max_ctx);
 
 /* Bytes one KV block of block_size tokens (0: default) takes for model config c and
@@ -76,7 +81,7 @@ struct backend_iface {
     /* optional: device memory for host-visible buffers (NULL: use the heap) */
     void *(*buffer_alloc)(void *ctx, size_t nbytes);
     void (*buffer_free)(void *ctx, void *buf);
-    /* optional: a one-line description of the context ("cpu: ref executor, 5 layers...") */
+    /* optional: a one-line description of the context ("cpu: ops executor, 2 threads, ...") */
     const char *(*describe)(void *ctx);
 };
 

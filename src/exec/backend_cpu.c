@@ -14,11 +14,13 @@
  * Memory: weights are the model's (never copied, except small vectors in exec_weights);
  * the KV cache is sized at creation; step tables and the arena grow to the largest step
  * seen and are reused.
- * Threading: a context is used by one thread at a time.
+ * Threading: a context is used by one thread at a time; the executor may run a step on
+ * its own thread team (n_threads workers, the calling thread being one of them).
  */
 #include "exec/backend.h"
 
 #include "core/alloc.h"
+#include "core/team.h"
 #include "exec/exec.h"
 
 #include <stdio.h>
@@ -66,16 +68,15 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
                           struct weld_err *e)
 {
     *out = NULL;
-    if (p->max_seqs < 1 || p->max_ctx < 1 || p->n_splits < 0)
+    if (p->max_seqs < 1 || p->max_ctx < 1 || p->n_splits < 0 || p->n_threads < 0)
         return err_set(e, WELD_ERR_INVALID_ARG, "cpu backend: max_seqs %d, max_ctx %d must "
-                       "be >= 1, n_splits %d >= 0", p->max_seqs, p->max_ctx, p->n_splits);
+                       "be >= 1, n_splits %d and n_threads %d >= 0", p->max_seqs, p->max_ctx,
+                       p->n_splits, p->n_threads);
     struct cpu_ctx *c = wcalloc(1, sizeof *c);
     if (!c)
         return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
     c->m = m;
     c->params = *p;
-    if (!c->params.n_splits)
-        c->params.n_splits = 1;
     int rc = exec_weights_create(&c->w, m, e);
     if (rc)
         goto fail;
@@ -84,16 +85,23 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         .head_dim = m->cfg.head_dim, .max_seqs = p->max_seqs, .max_ctx = p->max_ctx,
         .block_size = p->kv_block_size, .n_blocks = p->kv_blocks, .type = p->kv_type,
     };
-    if ((rc = kv_create(&c->kv, &kc, e)) || (rc = executor_from_env(&c->ex, e)) ||
-        (rc = c->ex->create(&c->ex_state, &m->cfg, e)))
+    struct exec_params xp = {
+        .n_threads = p->n_threads ? p->n_threads : team_default_size(),
+        .team_flags = p->oversubscribe ? TEAM_OVERSUBSCRIBE : 0,
+    };
+    if ((rc = kv_create(&c->kv, &kc, e)) || (rc = executor_from_env(&c->ex, xp.n_threads, e)) ||
+        (rc = c->ex->create(&c->ex_state, &m->cfg, &xp, e)))
         goto fail;
+    int n_workers = c->ex->n_workers(c->ex_state);
+    if (!c->params.n_splits)
+        c->params.n_splits = n_workers;
     if (!(c->tables = wcalloc((size_t)p->max_seqs, sizeof *c->tables))) {
         rc = err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
         goto fail;
     }
-    snprintf(c->desc, sizeof c->desc, "cpu: %s executor, %d splits, kv %s %d blocks of %d",
-             c->ex->name, c->params.n_splits, dtype_name(c->kv->type), c->kv->n_blocks,
-             c->kv->block_size);
+    snprintf(c->desc, sizeof c->desc, "cpu: %s executor, %d thread%s, %d splits, kv %s %d "
+             "blocks of %d", c->ex->name, n_workers, n_workers == 1 ? "" : "s",
+             c->params.n_splits, dtype_name(c->kv->type), c->kv->n_blocks, c->kv->block_size);
     *out = c;
     return WELD_OK;
 fail:

@@ -32,7 +32,8 @@ static void ref_free(void *state)
     wfree(s);
 }
 
-static int ref_create(void **out, const struct model_config *c, struct weld_err *e)
+static int ref_create(void **out, const struct model_config *c, const struct exec_params *xp,
+                      struct weld_err *e)
 {
     *out = NULL;
     struct ref_state *s = wcalloc(1, sizeof *s);
@@ -73,15 +74,18 @@ static int ref_run(void *state, const struct exec_step *st, struct weld_err *e)
     return WELD_OK;
 }
 
+static int ref_n_workers(const void *state) { return 1; }
+
 const struct executor_impl exec_ref_impl = {
     .name = "ref",
     .desc = "single-threaded reference interpreter",
     .create = ref_create,
     .free = ref_free,
     .run = ref_run,
+    .n_workers = ref_n_workers,
 };
 
-static const struct executor_impl *const executors[] = {&exec_ref_impl};
+static const struct executor_impl *const executors[] = {&exec_ref_impl, &exec_ops_impl};
 #define N_EXECUTORS (sizeof executors / sizeof executors[0])
 
 int executor_find(const struct executor_impl **out, const char *name, struct weld_err *e)
@@ -101,8 +105,10 @@ int executor_find(const struct executor_impl **out, const char *name, struct wel
                    name, list);
 }
 
-int executor_from_env(const struct executor_impl **out, struct weld_err *e)
+int executor_from_env(const struct executor_impl **out, int n_threads, struct weld_err *e)
 {
     const char *name = getenv("WELD_EXEC");
-    return executor_find(out, name && *name ? name : "ref", e);
+    if (!name || !*name)
+        name = n_threads > 1 ? "ops" : "ref";
+    return executor_find(out, name, e);
 }

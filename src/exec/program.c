@@ -85,6 +85,7 @@ void program_free(struct program *p)
     wfree(p->tok_seq);
     wfree(p->logit_tok);
     wfree(p->instrs);
+    wfree(p->stage_first);
     wfree(p->bufs);
     wfree(p);
 }
@@ -307,6 +308,18 @@ static int plan_buffers(struct program *p)
     return WELD_OK;
 }
 
+/* Stage boundaries: instructions signal their stage's counter, stages in list order. */
+static int fill_stages(struct program *p)
+{
+    p->stage_first = wcalloc((size_t)p->n_counters + 1, sizeof(int));
+    if (!p->stage_first)
+        return WELD_ERR_NOMEM;
+    for (int i = p->n_instr - 1; i >= 0; i--)
+        p->stage_first[p->instrs[i].signal] = i;
+    p->stage_first[p->n_counters] = p->n_instr;
+    return WELD_OK;
+}
+
 /* ---- entry point ------------------------------------------------------------------- */
 
 static int check_sizes(const struct model_config *c, const struct program *p, int n_splits,
@@ -362,7 +375,7 @@ int program_build(struct program **out, const struct model_config *c, const stru
     for (int l = 0; l < c->n_layer; l++)
         emit_layer(&bd, c, l);
     emit_split(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, p->buf_x, p->buf_logits);
-    if (plan_buffers(p))
+    if (plan_buffers(p) || fill_stages(p))
         goto nomem;
     *out = p;
     return WELD_OK;

@@ -97,6 +97,9 @@ struct program {
     struct prog_instr *instrs; /* (n_instr) */
     int n_instr;
     int n_counters;      /* == number of stages */
+    int *stage_first;    /* (n_counters + 1) first instruction of each stage; stage k is
+                            instructions [stage_first[k], stage_first[k + 1]) and they all
+                            signal counter k (the op-by-op executor's unit of work) */
     /* buffers */
     struct prog_buf *bufs; /* (n_bufs) */
     int n_bufs;

@@ -1,0 +1,60 @@
+/*
+ * team - a persistent team of pinned worker threads with a spin barrier.
+ *
+ *     struct team *t;
+ *     team_create(&t, 0, 0, &err);             // 0: one worker per physical core
+ *     team_run(t, fn, ctx);                     // fn(ctx, worker, n_workers) on every
+ *                                               // worker; returns when all are done
+ *     ... inside fn: team_barrier(t) ...        // every worker of the run must call it
+ *     team_free(t);
+ *
+ * The calling thread is worker 0, so a team of n has n - 1 threads of its own (a team of
+ * one has none and team_run just calls fn). Workers 1..n-1 are pinned to the physical
+ * cores after the first one (one logical CPU per core, from sysfs topology within the
+ * process's affinity mask); the caller is left unpinned (its affinity is the caller's
+ * business) and the scheduler keeps it on the remaining core. Pinning failures are logged
+ * at debug level and ignored.
+ *
+ * Size: never more workers than physical cores (spinning barriers on shared cores are
+ * catastrophic): a larger n is clamped with a warning unless TEAM_OVERSUBSCRIBE is given
+ * (tests only: it also skips pinning, and waits yield early so they stay correct).
+ *
+ * Threading: one thread (the creator or any single thread at a time) calls team_run and
+ * team_free; fn runs concurrently on every worker; team_barrier may only be called from
+ * inside fn, by all n workers the same number of times. team_run is not reentrant.
+ */
+#ifndef WELD_CORE_TEAM_H
+#define WELD_CORE_TEAM_H
+
+#include "core/err.h"
+
+struct team;
+
+typedef void (*team_fn)(void *ctx, int worker, int n_workers);
+
+enum team_flags {
+    TEAM_OVERSUBSCRIBE = 1, /* allow more workers than physical cores (tests) */
+};
+
+/* n <= 0: team_default_size(). */
+int team_create(struct team **out, int n, unsigned flags, struct weld_err *e);
+void team_free(struct team *t);
+
+int team_size(const struct team *t);
+
+/* Run fn(ctx, w, n) for every worker w in [0, n) (w = 0 on the calling thread); returns
+   when every worker has returned from fn. Everything a worker wrote in fn happens-before
+   team_run returns; everything the caller wrote before team_run happens-before fn. */
+void team_run(struct team *t, team_fn fn, void *ctx);
+
+/* Wait until every worker of the current run has reached this barrier. Everything any
+   worker wrote before it happens-before what every worker does after it. */
+void team_barrier(struct team *t);
+
+/* Physical cores this process may run on (sysfs core_id x physical_package_id over the
+   affinity mask; falls back to the online CPU count); at least 1. */
+int team_physical_cores(void);
+/* Default team size: team_physical_cores(). */
+int team_default_size(void);
+
+#endif

@@ -1,0 +1,143 @@
+/*
+ * exec_ops - the op-by-op executor: a persistent team, one barrier after every stage.
+ *
+ * Every worker walks the same program stage by stage (program.stage_first). Instruction j
+ * of a stage (counting from the stage's first) belongs to worker j % n_workers; a worker
+ * runs its instructions in list order, then waits at the team barrier until the whole
+ * stage is done, exactly as llama.cpp runs a graph (every thread walks every node and
+ * meets the others at a barrier after each). The backend builds programs with n_splits =
+ * n_workers, so each row-range stage has one slice per worker; ATTENTION stages (one
+ * instruction per (sequence, KV head)) are dealt round-robin. With fewer instructions
+ * than workers the rest just wait at the barrier.
+ *
+ * Why the results are bit-identical to `ref`: both call exec_op_run on the same
+ * instructions with the same inputs; an op's arithmetic per (row, token) does not depend
+ * on which worker runs it, its slice or the tile (ops.c), and the barrier makes every
+ * stage see exactly the finished previous stage, as the serial order does.
+ *
+ * No data races: instructions of one stage write disjoint outputs (row ranges of a
+ * buffer, KV cache rows of their own heads at their tokens' positions, attention outputs
+ * of their own (sequence, KV head)) and read only what earlier stages wrote; the barrier
+ * orders every write of stage k before every read in stage k + 1 (core/team.c documents
+ * the C11 ordering), and team_run orders the step's inputs before and the logits after.
+ * Each worker has its own scratch, 64-byte aligned apart so no two share a cache line.
+ *
+ * The counters in the instructions are not used at run time: the barrier subsumes them.
+ * The run checks once per step that the program has the shape the barrier relies on
+ * (each stage's instructions signal its counter and wait for the whole previous stage);
+ * a program that does not is a builder bug (WELD_ERR_INTERNAL naming the instruction).
+ *
+ * Deliberately not here: cost-balanced assignment, overlapping stages (that is the
+ * megakernel's job), trace recording.
+ */
+#include "exec/exec.h"
+
+#include "core/alloc.h"
+#include "core/team.h"
+
+struct ops_state {
+    struct team *team;
+    float *scratch;             /* (n_workers, stride) */
+    size_t stride;              /* floats per worker, a multiple of 16 (64 bytes) */
+    const struct exec_step *st; /* the step being run (set before team_run) */
+};
+
+static void ops_free(void *state)
+{
+    struct ops_state *s = state;
+    if (!s)
+        return;
+    team_free(s->team);
+    wfree(s->scratch);
+    wfree(s);
+}
+
+static int ops_create(void **out, const struct model_config *c, const struct exec_params *xp,
+                      struct weld_err *e)
+{
+    *out = NULL;
+    struct ops_state *s = wcalloc(1, sizeof *s);
+    if (!s)
+        return err_set(e, WELD_ERR_NOMEM, "exec ops: out of memory");
+    int rc = team_create(&s->team, xp ? xp->n_threads : 0, xp ? xp->team_flags : 0, e);
+    if (rc) {
+        ops_free(s);
+        return rc;
+    }
+    s->stride = (exec_scratch_floats(c) + 15) / 16 * 16;
+    /* the scratch base is only 16-byte aligned, so pad one line between workers */
+    s->stride += 16;
+    int n = team_size(s->team);
+    if (!(s->scratch = wcalloc((size_t)n, s->stride * sizeof(float)))) {
+        ops_free(s);
+        return err_set(e, WELD_ERR_NOMEM, "exec ops: out of memory for %d workers' scratch",
+                       n);
+    }
+    *out = s;
+    return WELD_OK;
+}
+
+static int ops_n_workers(const void *state)
+{
+    const struct ops_state *s = state;
+    return team_size(s->team);
+}
+
+/* The program shape the barrier schedule relies on. */
+static int check_stages(const struct program *p, struct weld_err *e)
+{
+    if (!p->stage_first || p->stage_first[0] != 0 || p->stage_first[p->n_counters] != p->n_instr)
+        return err_set(e, WELD_ERR_INTERNAL, "exec ops: program has no valid stage table");
+    for (int k = 0; k < p->n_counters; k++) {
+        int first = p->stage_first[k], end = p->stage_first[k + 1];
+        int prev = k ? first - p->stage_first[k - 1] : 0;
+        if (end <= first)
+            return err_set(e, WELD_ERR_INTERNAL, "exec ops: stage %d is empty", k);
+        for (int i = first; i < end; i++) {
+            const struct prog_instr *in = &p->instrs[i];
+            bool ok = in->signal == k && (k ? in->wait == k - 1 && in->wait_count == prev
+                                            : in->wait == -1);
+            if (!ok)
+                return err_set(e, WELD_ERR_INTERNAL, "exec ops: instruction %d (%s, layer "
+                               "%d) in stage %d signals %d and waits on %d for %d: not a "
+                               "stage-by-stage program", i, prog_op_name(in->op),
+                               in->layer, k, in->signal, in->wait, in->wait_count);
+        }
+    }
+    return WELD_OK;
+}
+
+static void ops_worker(void *ctx, int w, int n)
+{
+    struct ops_state *s = ctx;
+    const struct exec_step *st = s->st;
+    const struct program *p = st->p;
+    float *scratch = s->scratch + (size_t)w * s->stride;
+    for (int k = 0; k < p->n_counters; k++) {
+        for (int i = p->stage_first[k] + w; i < p->stage_first[k + 1]; i += n)
+            exec_op_run(st, &p->instrs[i], scratch);
+        if (k + 1 < p->n_counters)
+            team_barrier(s->team);
+    }
+}
+
+static int ops_run(void *state, const struct exec_step *st, struct weld_err *e)
+{
+    struct ops_state *s = state;
+    int rc = check_stages(st->p, e);
+    if (rc)
+        return rc;
+    s->st = st;
+    team_run(s->team, ops_worker, s);
+    s->st = NULL;
+    return WELD_OK;
+}
+
+const struct executor_impl exec_ops_impl = {
+    .name = "ops",
+    .desc = "thread team, one barrier after every stage",
+    .create = ops_create,
+    .free = ops_free,
+    .run = ops_run,
+    .n_workers = ops_n_workers,
+};

@@ -1,0 +1,474 @@
+/*
+ * Executor equivalence: the `ops` executor (thread team, barrier per stage) must give
+ * logits bit-identical (memcmp) to the single-threaded `ref` executor, the oracle that
+ * test_exec_forward checks against a naive double-precision forward pass.
+ *
+ * Models: tiny random ones built in memory for every architecture variant (llama with
+ * GQA + llama3 factors + tied embeddings; llama neox + partial rope + linear scaling;
+ * qwen2 with QKV biases; qwen3 with qk-norm), F32 / F16 / Q8_0 weights, f16 and f32 KV.
+ * Batches: one sequence (prefill then decodes), and mixed batches of several sequences
+ * (decodes beside prefill chunks, some with every logit row), from a seeded random
+ * schedule. Teams of 1, 2, 3 and 8 workers (more workers than instructions in most
+ * stages; above the core count with TEAM_OVERSUBSCRIBE), with n_splits = workers and with
+ * n_splits fixed so the same program runs on every team size.
+ *
+ * Also: stories260K's golden greedy tokens (llama.cpp's, as in test_exec_golden) with
+ * ops; thousands of steps of random batch shapes run in lockstep on ref and ops (no
+ * deadlock, no drift: every step's logits equal); ops refuses a program that is not
+ * stage-by-stage; the WELD_EXEC default and list.
+ */
+#include "core/alloc.h"
+#include "core/rng.h"
+#include "core/team.h"
+#include "exec/exec.h"
+#include "exec/runner.h"
+#include "model/model.h"
+#include "test.h"
+
+#include <stdint.h>
+
+#define MAX_LAYERS 3
+#define MAX_SEQS 4
+#define CTX 64
+
+/* ---- tiny in-memory models (as in test_exec_forward) ------------------------------- */
+
+struct tmodel {
+    struct model m;
+    struct layer_weights layers[MAX_LAYERS];
+    float factors[64];
+    void *mem[64 * MAX_LAYERS];
+    int n_mem;
+};
+
+struct tspec {
+    enum model_arch arch;
+    int dim, n_layer, n_head, n_kv, head_dim, ffn, vocab, rope_dim;
+    bool neox, tied, llama3, linear;
+    float theta;
+};
+
+static const struct tspec spec_llama = {ARCH_LLAMA, 64, 3, 8, 2, 8, 96, 50, 8,
+                                        false, true, true, false, 10000.0f};
+static const struct tspec spec_llama_neox = {ARCH_LLAMA, 64, 2, 4, 4, 16, 64, 40, 8,
+                                             true, false, false, true, 10000.0f};
+static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64, 2, 4, 2, 16, 128, 45, 16,
+                                        true, false, false, false, 1000000.0f};
+static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 4, 2, 32, 96, 60, 32,
+                                        true, false, false, false, 1000000.0f};
+
+static void *tm_alloc(struct tmodel *tm, size_t n)
+{
+    void *p = calloc(1, n);
+    tm->mem[tm->n_mem++] = p;
+    return p;
+}
+
+static void tm_free(struct tmodel *tm)
+{
+    for (int i = 0; i < tm->n_mem; i++)
+        free(tm->mem[i]);
+    free(tm);
+}
+
+static struct tensor make_tensor(struct tmodel *tm, struct rng *r, int t, int64_t ne0,
+                                 int64_t ne1, double mean, double scale)
+{
+    size_t n = (size_t)(ne0 * ne1);
+    float *f = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)(mean + scale * rng_normal(r));
+    size_t rb = dtype_row_bytes(t, ne0);
+    void *data = tm_alloc(tm, rb * (size_t)ne1);
+    for (int64_t row = 0; row < ne1; row++)
+        dtype_quantize_row(t, f + row * ne0, (uint8_t *)data + row * rb, ne0);
+    free(f);
+    struct tensor out = {.name = NULL, .type = t, .n_dims = ne1 > 1 ? 2 : 1,
+                         .ne = {ne0, ne1, 1, 1}, .data = data, .nbytes = rb * (size_t)ne1};
+    return out;
+}
+
+static void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec *s, int wtype,
+                     int l)
+{
+    const struct model_config *c = &tm->m.cfg;
+    int qd = s->n_head * s->head_dim, kd = s->n_kv * s->head_dim;
+    double sd = 1.0 / sqrt(s->dim), sq = 1.0 / sqrt(qd), sf = 1.0 / sqrt(s->ffn);
+    struct layer_weights *L = &tm->layers[l];
+    L->attn_norm = make_tensor(tm, r, DT_F32, s->dim, 1, 1, 0.1);
+    L->wq = make_tensor(tm, r, wtype, s->dim, qd, 0, sd * 2);
+    L->wk = make_tensor(tm, r, wtype, s->dim, kd, 0, sd * 2);
+    L->wv = make_tensor(tm, r, wtype, s->dim, kd, 0, sd);
+    if (c->qkv_bias) {
+        L->bq = make_tensor(tm, r, DT_F32, qd, 1, 0, 0.2);
+        L->bk = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
+        L->bv = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
+    }
+    if (c->qk_norm) {
+        L->q_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
+        L->k_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
+    }
+    L->wo = make_tensor(tm, r, wtype, qd, s->dim, 0, sq);
+    L->ffn_norm = make_tensor(tm, r, DT_F32, s->dim, 1, 1, 0.1);
+    L->w_gate = make_tensor(tm, r, wtype, s->dim, s->ffn, 0, sd);
+    L->w_up = make_tensor(tm, r, wtype, s->dim, s->ffn, 0, sd);
+    L->w_down = make_tensor(tm, r, wtype, s->ffn, s->dim, 0, sf);
+}
+
+static struct tmodel *tm_build(const struct tspec *s, int wtype, uint64_t seed)
+{
+    struct tmodel *tm = calloc(1, sizeof *tm);
+    struct rng r;
+    rng_seed(&r, seed);
+    struct model_config *c = &tm->m.cfg;
+    c->arch = s->arch;
+    c->n_vocab = s->vocab, c->dim = s->dim, c->n_layer = s->n_layer, c->n_head = s->n_head;
+    c->n_kv_head = s->n_kv, c->head_dim = s->head_dim, c->ffn_dim = s->ffn;
+    c->max_ctx = CTX, c->rope_dim = s->rope_dim, c->norm_eps = 1e-5f;
+    c->rope_theta = s->theta, c->rope_neox = s->neox, c->tied_embeddings = s->tied;
+    c->qkv_bias = s->arch == ARCH_QWEN2, c->qk_norm = s->arch == ARCH_QWEN3;
+    if (s->linear)
+        c->rope_scaling = ROPE_SCALING_LINEAR, c->rope_factor = 2.0f;
+    if (s->llama3) {
+        c->rope_scaling = ROPE_SCALING_LLAMA3;
+        for (int i = 0; i < s->rope_dim / 2; i++)
+            tm->factors[i] = 1.0f + (float)(i % 3);
+        tm->m.rope_freq_factors = tm->factors;
+    }
+    tm->m.tok_embd = make_tensor(tm, &r, wtype, s->dim, s->vocab, 0, 1.0);
+    tm->m.output_norm = make_tensor(tm, &r, DT_F32, s->dim, 1, 1, 0.1);
+    tm->m.output = s->tied ? tm->m.tok_embd
+                           : make_tensor(tm, &r, wtype, s->dim, s->vocab, 0, 1.0 / sqrt(s->dim));
+    tm->m.layers = tm->layers;
+    for (int l = 0; l < s->n_layer; l++)
+        tm_layer(tm, &r, s, wtype, l);
+    return tm;
+}
+
+/* ---- runners and schedules ---------------------------------------------------------- */
+
+struct exec_cfg {
+    const char *exec;
+    int n_threads;
+    int n_splits; /* 0: one per worker */
+    int kv_type;
+};
+
+static struct runner *make_runner(const struct model *m, const struct exec_cfg *x)
+{
+    struct backend_params bp;
+    backend_params_init(&bp, MAX_SEQS, CTX);
+    bp.n_threads = x->n_threads;
+    bp.n_splits = x->n_splits;
+    bp.oversubscribe = true;
+    if (x->kv_type >= 0)
+        bp.kv_type = (enum weld_dtype)x->kv_type;
+    setenv("WELD_EXEC", x->exec, 1);
+    struct runner *r = NULL;
+    struct weld_err e;
+    if (runner_create_ex(&r, m, &bp, &e))
+        fprintf(stderr, "runner_create_ex: %s\n", e.msg);
+    unsetenv("WELD_EXEC");
+    return r;
+}
+
+/* A random step: 1..MAX_SEQS sequences, each a decode (1 token), a prefill chunk (2..9)
+   or, at position 0, a whole prompt; some with every logit row. Sequences that would run
+   past CTX are dropped and restart at 0. len[] tracks each seq_id's cached positions. */
+struct sched {
+    struct rng r;
+    int len[MAX_SEQS];
+    int32_t toks[MAX_SEQS][16];
+    struct batch_seq seqs[MAX_SEQS];
+    int drop[MAX_SEQS], n_drop;
+};
+
+static void sched_next(struct sched *s, int vocab, struct batch *b)
+{
+    int n = 1 + (int)(rng_u64(&s->r) % MAX_SEQS);
+    int first = (int)(rng_u64(&s->r) % MAX_SEQS);
+    s->n_drop = 0;
+    for (int i = 0; i < n; i++) {
+        int id = (first + i) % MAX_SEQS;
+        int kind = (int)(rng_u64(&s->r) % 3);
+        int nt = kind == 0 ? 1 : 2 + (int)(rng_u64(&s->r) % 8);
+        if (s->len[id] + nt > CTX) {
+            s->drop[s->n_drop++] = id;
+            s->len[id] = 0;
+        }
+        for (int k = 0; k < nt; k++)
+            s->toks[i][k] = (int32_t)(rng_u64(&s->r) % (uint64_t)vocab);
+        s->seqs[i] = (struct batch_seq){id, s->toks[i], nt, s->len[id],
+                                        rng_u64(&s->r) % 4 == 0, NULL, 0};
+        s->len[id] += nt;
+    }
+    *b = (struct batch){.seqs = s->seqs, .n_seqs = n};
+}
+
+/* Run `steps` random steps on r; append every logit row to out (returns floats written,
+   -1 on error). */
+static long run_random(struct runner *r, uint64_t seed, int steps, float *out, long cap)
+{
+    struct sched s;
+    memset(&s, 0, sizeof s);
+    rng_seed(&s.r, seed);
+    const int V = runner_n_vocab(r);
+    long n = 0;
+    struct weld_err e;
+    for (int step = 0; step < steps; step++) {
+        struct batch b;
+        sched_next(&s, V, &b);
+        for (int i = 0; i < s.n_drop; i++)
+            runner_drop_seq(r, s.drop[i]);
+        long rows = batch_n_logit_rows(&b);
+        if (n + rows * V > cap)
+            return -1;
+        if (runner_forward(r, &b, out + n, &e)) {
+            fprintf(stderr, "step %d: %s\n", step, e.msg);
+            return -1;
+        }
+        n += rows * V;
+    }
+    return n;
+}
+
+#define OUT_CAP (1L << 20)
+
+/* ref vs each executor config: bit-identical logits over the same random schedule. */
+static void check_equivalent(const struct tspec *sp, int wtype, int kv_type, uint64_t seed)
+{
+    struct tmodel *tm = tm_build(sp, wtype, seed);
+    float *want = malloc(OUT_CAP * sizeof(float)), *got = malloc(OUT_CAP * sizeof(float));
+    struct exec_cfg ref = {"ref", 1, 0, kv_type};
+    struct runner *r = make_runner(&tm->m, &ref);
+    REQUIRE(r != NULL);
+    long n_want = run_random(r, seed * 7 + 1, 30, want, OUT_CAP);
+    runner_free(r);
+    CHECK(n_want > 0);
+    const struct exec_cfg cfgs[] = {
+        {"ops", 1, 0, kv_type}, {"ops", 2, 0, kv_type}, {"ops", 3, 0, kv_type},
+        {"ops", 8, 0, kv_type}, {"ops", 2, 5, kv_type}, {"ops", 3, 1, kv_type},
+        {"ref", 1, 3, kv_type},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0] && n_want > 0; i++) {
+        r = make_runner(&tm->m, &cfgs[i]);
+        REQUIRE(r != NULL);
+        long n_got = run_random(r, seed * 7 + 1, 30, got, OUT_CAP);
+        runner_free(r);
+        CHECK_EQ_INT(n_got, n_want);
+        if (n_got == n_want && memcmp(got, want, (size_t)n_want * sizeof(float)) != 0) {
+            fprintf(stderr, "  %s, %d threads, %d splits: logits differ from ref\n",
+                    cfgs[i].exec, cfgs[i].n_threads, cfgs[i].n_splits);
+            CHECK(!"bit-identical to ref");
+        }
+    }
+    free(want), free(got);
+    tm_free(tm);
+}
+
+TEST(llama_gqa_llama3_tied_f32) { check_equivalent(&spec_llama, DT_F32, DT_F32, 101); }
+TEST(llama_neox_linear_f16_kv_f16) { check_equivalent(&spec_llama_neox, DT_F16, DT_F16, 102); }
+TEST(qwen2_bias_q8_0) { check_equivalent(&spec_qwen2, DT_Q8_0, DT_F16, 103); }
+TEST(qwen3_qknorm_f32_kv_q8_0) { check_equivalent(&spec_qwen3, DT_F32, DT_Q8_0, 104); }
+
+/* Batch of one: a 9-token prompt then 20 decode steps, ref vs ops with 2 and 3 workers. */
+TEST(batch_of_one)
+{
+    struct tmodel *tm = tm_build(&spec_qwen3, DT_F16, 105);
+    const int V = spec_qwen3.vocab;
+    const struct exec_cfg cfgs[] = {{"ref", 1, 0, -1}, {"ops", 2, 0, -1}, {"ops", 3, 0, -1}};
+    float *out[3];
+    for (int c = 0; c < 3; c++) {
+        struct runner *r = make_runner(&tm->m, &cfgs[c]);
+        REQUIRE(r != NULL);
+        out[c] = calloc(21 * (size_t)V, sizeof(float));
+        int32_t toks[32];
+        for (int i = 0; i < 9; i++)
+            toks[i] = (int32_t)((i * 13 + 3) % V);
+        struct weld_err e;
+        int n = 9;
+        for (int step = 0; step < 21; step++) {
+            struct batch_seq bs = {0, step ? toks + n - 1 : toks, step ? 1 : n,
+                                   step ? n - 1 : 0, false, NULL, 0};
+            struct batch b = {.seqs = &bs, .n_seqs = 1};
+            float *lg = out[c] + (size_t)step * V;
+            REQUIRE(runner_forward(r, &b, lg, &e) == WELD_OK);
+            int best = 0;
+            for (int i = 1; i < V; i++)
+                best = lg[i] > lg[best] ? i : best;
+            toks[n++] = best;
+        }
+        runner_free(r);
+    }
+    CHECK(memcmp(out[0], out[1], 21 * (size_t)V * sizeof(float)) == 0);
+    CHECK(memcmp(out[0], out[2], 21 * (size_t)V * sizeof(float)) == 0);
+    for (int c = 0; c < 3; c++)
+        free(out[c]);
+    tm_free(tm);
+}
+
+/* ---- stories260K golden tokens ------------------------------------------------------ */
+
+static const int32_t prompt[5] = {1, 403, 407, 261, 378};
+static const int32_t golden[32] = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426,
+                                   338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322,
+                                   265, 282, 295, 433, 426, 385, 328, 432, 358, 394};
+
+static void golden_with(const struct model *m, int n_threads)
+{
+    const int V = m->cfg.n_vocab;
+    struct exec_cfg x = {"ops", n_threads, 0, -1};
+    struct runner *r = make_runner(m, &x);
+    REQUIRE(r != NULL);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    int32_t toks[40];
+    memcpy(toks, prompt, sizeof prompt);
+    int n = 5, ok = 1;
+    struct weld_err e;
+    for (int step = 0; step < 32 && ok; step++) {
+        struct batch_seq bs = {0, step ? toks + n - 1 : toks, step ? 1 : n,
+                               step ? n - 1 : 0, false, NULL, 0};
+        struct batch b = {.seqs = &bs, .n_seqs = 1};
+        ok = runner_forward(r, &b, lg, &e) == WELD_OK;
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            best = lg[i] > lg[best] ? i : best;
+        if (best != golden[step])
+            fprintf(stderr, "  ops %d threads: step %d token %d, want %d\n", n_threads, step,
+                    best, golden[step]);
+        ok = ok && best == golden[step];
+        toks[n++] = best;
+    }
+    CHECK(ok);
+    free(lg);
+    runner_free(r);
+}
+
+TEST(stories260k_golden_ops)
+{
+    const char *path = test_shared_path("models/stories260K.gguf");
+    REQUIRE(path != NULL);
+    struct model *m = NULL;
+    struct weld_err e;
+    REQUIRE(model_load(&m, path, &e) == WELD_OK);
+    golden_with(m, 1);
+    golden_with(m, 2);
+    golden_with(m, 3);
+    model_free(m);
+}
+
+/* ---- lockstep stress ---------------------------------------------------------------- */
+
+/* Random shapes step after step on ref and ops side by side: every step's logits equal. */
+static void lockstep(int n_threads, int steps, uint64_t seed)
+{
+    struct tmodel *tm = tm_build(&spec_llama, DT_Q8_0, seed);
+    const int V = spec_llama.vocab;
+    struct exec_cfg xr = {"ref", 1, 0, -1}, xo = {"ops", n_threads, 0, -1};
+    struct runner *ref = make_runner(&tm->m, &xr), *ops = make_runner(&tm->m, &xo);
+    REQUIRE(ref && ops);
+    struct sched s;
+    memset(&s, 0, sizeof s);
+    rng_seed(&s.r, seed);
+    float *a = malloc(sizeof(float) * (size_t)V * MAX_SEQS * 10);
+    float *b2 = malloc(sizeof(float) * (size_t)V * MAX_SEQS * 10);
+    int bad = 0, failed = 0;
+    struct weld_err e;
+    for (int step = 0; step < steps && !failed; step++) {
+        struct batch b;
+        sched_next(&s, V, &b);
+        for (int i = 0; i < s.n_drop; i++) {
+            runner_drop_seq(ref, s.drop[i]);
+            runner_drop_seq(ops, s.drop[i]);
+        }
+        size_t nf = (size_t)batch_n_logit_rows(&b) * V;
+        failed = runner_forward(ref, &b, a, &e) || runner_forward(ops, &b, b2, &e);
+        bad += !failed && memcmp(a, b2, nf * sizeof(float)) != 0;
+    }
+    CHECK(!failed);
+    CHECK_EQ_INT(bad, 0);
+    free(a), free(b2);
+    runner_free(ref);
+    runner_free(ops);
+    tm_free(tm);
+}
+
+TEST(thousands_of_random_steps)
+{
+    lockstep(2, 2000, 201);
+    lockstep(3, 500, 202);
+}
+
+/* ---- errors and selection ----------------------------------------------------------- */
+
+TEST(ops_refuses_non_stage_program)
+{
+    struct tmodel *tm = tm_build(&spec_llama, DT_F32, 301);
+    struct weld_err e;
+    struct program *p = NULL;
+    int32_t toks[3] = {1, 2, 3};
+    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0};
+    struct batch b = {.seqs = &bs, .n_seqs = 1};
+    REQUIRE(program_build(&p, &tm->m.cfg, &b, 2, &e) == WELD_OK);
+    void *state = NULL;
+    struct exec_params xp = {.n_threads = 2, .team_flags = TEAM_OVERSUBSCRIBE};
+    REQUIRE(exec_ops_impl.create(&state, &tm->m.cfg, &xp, &e) == WELD_OK);
+    CHECK_EQ_INT(exec_ops_impl.n_workers(state), 2);
+    /* move the first ATTENTION of layer 0 into the EMBED stage: nothing runs */
+    int a = 0;
+    while (p->instrs[a].op != OP_ATTENTION)
+        a++;
+    struct prog_instr tmp = p->instrs[a];
+    p->instrs[a] = p->instrs[1];
+    p->instrs[1] = tmp;
+    struct exec_step st = {.m = &tm->m, .p = p, .tokens = toks};
+    CHECK_EQ_INT(exec_ops_impl.run(state, &st, &e), WELD_ERR_INTERNAL);
+    CHECK(strstr(e.msg, "instruction 1 (ATTENTION, layer 0) in stage 0") != NULL);
+    exec_ops_impl.free(state);
+    exec_ops_impl.free(NULL);
+    program_free(p);
+    tm_free(tm);
+}
+
+TEST(selection)
+{
+    const struct executor_impl *x;
+    struct weld_err e;
+    unsetenv("WELD_EXEC");
+    REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
+    CHECK_EQ_STR(x->name, "ref");
+    REQUIRE(executor_from_env(&x, 2, &e) == WELD_OK);
+    CHECK_EQ_STR(x->name, "ops");
+    setenv("WELD_EXEC", "ref", 1);
+    REQUIRE(executor_from_env(&x, 4, &e) == WELD_OK);
+    CHECK_EQ_STR(x->name, "ref");
+    setenv("WELD_EXEC", "ops", 1);
+    REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
+    CHECK_EQ_STR(x->name, "ops");
+    setenv("WELD_EXEC", "mega", 1);
+    CHECK_EQ_INT(executor_from_env(&x, 2, &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_STR(e.msg, "WELD_EXEC=mega: unknown executor; available: ref, ops");
+    unsetenv("WELD_EXEC");
+    /* the runner describes the executor and its threads */
+    struct tmodel *tm = tm_build(&spec_qwen2, DT_F32, 302);
+    struct exec_cfg c3 = {"ops", 3, 0, -1};
+    struct runner *r = make_runner(&tm->m, &c3);
+    REQUIRE(r != NULL);
+    CHECK(strncmp(runner_describe(r), "cpu: ops executor, 3 threads, 3 splits", 38) == 0);
+    runner_free(r);
+    tm_free(tm);
+}
+
+int main(void)
+{
+    RUN(llama_gqa_llama3_tied_f32);
+    RUN(llama_neox_linear_f16_kv_f16);
+    RUN(qwen2_bias_q8_0);
+    RUN(qwen3_qknorm_f32_kv_q8_0);
+    RUN(batch_of_one);
+    RUN(stories260k_golden_ops);
+    RUN(thousands_of_random_steps);
+    RUN(ops_refuses_non_stage_program);
+    RUN(selection);
+    return test_summary();
+}
