@@ -179,7 +179,7 @@ static void *job_main(void *arg)
             struct gemm_args a = {
                 .wtype = md->wtype, .w = m->w, .w_row_bytes = m->rb, .r0 = r0, .r1 = r1,
                 .k = m->k, .n_tok = j->n_tok, .x = j->x, .ldx = (size_t)md->max_k,
-                .act = j->act, .act_row_bytes = arb, .y = j->y, .ldy = (size_t)md->max_rows,
+                .act = j->act, .act_row_bytes = arb, .y = j->y + r0, .ldy = (size_t)md->max_rows,
             };
             j->o->gemm(&a);
         }

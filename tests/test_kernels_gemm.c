@@ -141,7 +141,7 @@ static void run_ops(const struct gemm_ops *o, const struct gcase *c, int64_t r0,
     struct gemm_args a = {
         .wtype = c->t, .w = c->w, .w_row_bytes = c->stride, .r0 = r0, .r1 = r1, .k = c->k,
         .n_tok = nt, .x = x, .ldx = c->ldx, .act = act, .act_row_bytes = c->arb,
-        .y = y + (size_t)t0 * c->ldy, .ldy = c->ldy,
+        .y = y + (size_t)t0 * c->ldy + (size_t)r0, .ldy = c->ldy,
     };
     o->gemm(&a);
 }

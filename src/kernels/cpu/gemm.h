@@ -2,11 +2,11 @@
  * gemm - weight x activation products for every instruction set, with one numeric
  * contract so any ISA can be checked against the scalar reference.
  *
- * What: y[t*ldy + r] = sum_k W[r][k] * x[t][k] for rows r in [r0, r1) of a weight W stored
- * in GGUF block layout (row r at w + r*w_row_bytes, K elements) and tokens t < n_tok. One
- * entry point covers matrix-vector (n_tok = 1, decode) and matrix-matrix (prefill, batched
- * decode); y is indexed by the absolute row, so workers splitting the rows of one matrix
- * write disjoint parts of the same output without offsets. Weight types: F32, F16, BF16
+ * What: y[t*ldy + (r - r0)] = sum_k W[r][k] * x[t][k] for rows r in [r0, r1) of a weight W
+ * stored in GGUF block layout (row r at w + r*w_row_bytes, K elements) and tokens
+ * t < n_tok. One entry point covers matrix-vector (n_tok = 1, decode) and matrix-matrix
+ * (prefill, batched decode); workers splitting the rows of one matrix pass y + r0 of a
+ * shared (n_tok, ldy) output, a caller wanting one head's rows passes a small buffer. Weight types: F32, F16, BF16
  * (float path) and Q8_0, Q4_0, Q4_K, Q6_K (integer path).
  *
  * Integer path: activations are quantized once per step (gemm_ops.act_quant) into int8
@@ -160,7 +160,7 @@ struct gemm_args {
     size_t ldx;
     const void *act;        /* integer path: (n_tok, act_row_bytes) from act_quant */
     size_t act_row_bytes;   /* >= gemm_act_row_bytes(wtype, k) */
-    float *y;               /* y[t * ldy + r] */
+    float *y;               /* y[t * ldy + (r - r0)] */
     size_t ldy;
 };
 

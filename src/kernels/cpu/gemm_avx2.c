@@ -384,7 +384,7 @@ static void avx2_gemm(const struct gemm_args *a)
             int nt = a->n_tok - t0 < GEMM_TILE_TOK ? a->n_tok - t0 : GEMM_TILE_TOK;
             tl.act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL;
             tl.x = a->x ? a->x + (size_t)t0 * a->ldx : NULL;
-            tl.y = a->y + (size_t)t0 * a->ldy + (size_t)r;
+            tl.y = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
             run_tile(a->wtype, &tl, nt);
         }
     }

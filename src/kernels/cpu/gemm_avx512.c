@@ -322,7 +322,7 @@ static void gemm_r16(const struct gemm_args *a)
         for (int t0 = 0; t0 < a->n_tok; t0 += GEMM_TILE_TOK) {
             int nt = a->n_tok - t0 < GEMM_TILE_TOK ? a->n_tok - t0 : GEMM_TILE_TOK;
             tl.act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
-            tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)r;
+            tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
             if (is_q8)
                 TILE_SWITCH(nt, tile_r16(&tl, n_, 1, valid))
             else
@@ -543,7 +543,7 @@ static void gemm_rows(const struct gemm_args *a, int64_t r0, int64_t r1, int mul
             int nt = a->n_tok - t0 < GEMM_TILE_TOK ? a->n_tok - t0 : GEMM_TILE_TOK;
             tl.act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL;
             tl.x = a->x ? a->x + (size_t)t0 * a->ldx : NULL;
-            tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)r;
+            tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
             run_tile(a->wtype, &tl, nt, nr);
         }
         r += nr;

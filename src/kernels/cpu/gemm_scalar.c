@@ -334,7 +334,7 @@ static void scalar_gemm(const struct gemm_args *a)
             case DT_Q6_K: v = dot_q6_K(w, act, a->k / 256); break;
             default: v = scalar_row_dot(a->wtype, w, a->x + (size_t)t * a->ldx, a->k);
             }
-            a->y[(size_t)t * a->ldy + (size_t)r] = v;
+            a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = v;
         }
     }
 }
@@ -416,7 +416,7 @@ void gemm_scalar_r16(const struct gemm_args *a)
                     isum += r16_code(blk, i, e, is_q8) * x[b].q[e];
                 acc = fmaf((float)isum, ld_f16(blk + 2 * i) * x[b].d, acc);
             }
-            a->y[(size_t)t * a->ldy + (size_t)r] = acc;
+            a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = acc;
         }
     }
 }
