@@ -44,11 +44,12 @@ int cli_parse_size(const char *s, uint64_t *out);
 struct cli_engine_opts {
     const char *model;
     int max_num_seqs, max_num_batched_tokens, max_model_len, block_size;
+    int threads;           /* -t/--threads: forward-pass workers; 0: one per physical core */
     uint64_t kv_cache_memory;
     const char *kv_dtype, *policy;
     bool no_prefix_caching;
 };
-#define CLI_ENGINE_N_OPTS 9
+#define CLI_ENGINE_N_OPTS 10
 struct engine;
 struct engine_params;
 void cli_engine_opts_init(struct cli_engine_opts *o);

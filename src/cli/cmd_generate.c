@@ -22,7 +22,7 @@
 
 struct gen_opts {
     const char *model, *prompt, *system;
-    int n_predict, ctx;
+    int n_predict, ctx, threads;
     struct sampler_params sp;
     int64_t seed;
     bool chat, no_echo, ignore_eos, no_special, show_ids;
@@ -126,6 +126,7 @@ int cmd_generate(int argc, char **argv)
         {"chat", 0, OPT_FLAG, &o.chat, NULL, "wrap the prompt in the model's chat template as a user turn"},
         {"system", 0, OPT_STR, &o.system, "TEXT", "system message for --chat"},
         {"ctx", 'c', OPT_INT, &o.ctx, "N", "context length (default: the model's, at most 4096)"},
+        {"threads", 't', OPT_INT, &o.threads, "N", "forward-pass threads (default: one per physical core)"},
         {"no-echo", 0, OPT_FLAG, &o.no_echo, NULL, "print only the continuation, not the prompt"},
         {"ignore-eos", 0, OPT_FLAG, &o.ignore_eos, NULL, "keep generating after end-of-generation tokens"},
         {"no-special", 0, OPT_FLAG, &o.no_special, NULL, "do not add BOS/special tokens to the prompt"},
@@ -143,8 +144,8 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "weld generate: -m MODEL and -p PROMPT are required (see --help)\n");
         return 2;
     }
-    if (o.n_predict < 0 || o.ctx < 0) {
-        fprintf(stderr, "weld generate: -n and --ctx must not be negative\n");
+    if (o.n_predict < 0 || o.ctx < 0 || o.threads < 0) {
+        fprintf(stderr, "weld generate: -n, --ctx and --threads must not be negative\n");
         return 2;
     }
     if (o.seed < 0) {
@@ -171,6 +172,7 @@ int cmd_generate(int argc, char **argv)
         ep.max_num_seqs = 1;
         ep.max_model_len = o.ctx;
         ep.quiet = true;
+        ep.n_threads = o.threads;
         rc = engine_create(&eng, &ep, &e);
     }
     if (rc == WELD_OK && o.n_predict > 0) {

@@ -157,6 +157,9 @@ static int check_params(const struct engine_params *p, struct weld_err *e)
                        p->block_size, KVM_MAX_BLOCK_SIZE);
     if (p->max_model_len < 0 || p->kv_blocks < 0)
         return err_set(e, WELD_ERR_INVALID_ARG, "engine: negative max_model_len/kv_blocks");
+    if (p->n_threads < 0)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--threads %d: must be >= 1 (0: one per "
+                       "physical core)", p->n_threads);
     return WELD_OK;
 }
 
@@ -232,6 +235,7 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
     bp.kv_block_size = p->block_size;
     bp.kv_blocks = n_blocks;
     bp.kv_type = p->kv_dtype;
+    bp.n_threads = p->n_threads;
     if ((rc = runner_create_ex(&eng->run, eng->m, &bp, e)))
         return rc;
     if (!p->quiet)
