@@ -52,6 +52,11 @@
    token: one row, a single weight stream for the prefetcher). */
 #define GEMM_TILE_ROW 4
 
+/* Prefetch distance of the repacked kernels (bytes ahead in the group's stream). */
+#ifndef GEMM_PREFETCH_R16
+#define GEMM_PREFETCH_R16 4096
+#endif
+
 /* Software prefetch distance (bytes ahead in each weight row). */
 #ifndef GEMM_PREFETCH
 #define GEMM_PREFETCH 1024
@@ -272,8 +277,8 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
     const int64_t nb = tl->k / 32;
     const uint8_t *blk = tl->w0;
     for (int64_t b = 0; b < nb; b++, blk += gbs) {
-        _mm_prefetch((const char *)blk + 4 * GEMM_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + 4 * GEMM_PREFETCH + 64, _MM_HINT_T0);
+        for (size_t off = 0; off < gbs; off += 64)
+            _mm_prefetch((const char *)blk + GEMM_PREFETCH_R16 + off, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         __m512i wq[8];
         if (is_q8) {
