@@ -158,8 +158,9 @@ struct gemm_args {
     int n_tok;              /* >= 1 */
     const float *x;         /* float path: (n_tok, ldx) */
     size_t ldx;
-    const void *act;        /* integer path: (n_tok, act_row_bytes) from act_quant */
-    size_t act_row_bytes;   /* >= gemm_act_row_bytes(wtype, k) */
+    const void *act;        /* integer path: (n_tok, act_row_bytes) from act_quant; 4-byte
+                               aligned (64 is best) */
+    size_t act_row_bytes;   /* >= gemm_act_row_bytes(wtype, k), a multiple of 4 */
     float *y;               /* y[t * ldy + (r - r0)] */
     size_t ldy;
 };
