@@ -373,7 +373,7 @@ static void check_r16(struct gcase *c)
 TEST(repacked)
 {
     static const int rows_list[] = {1, 5, 16, 17, 40};
-    static const int64_t ks[] = {32, 96, 2048};
+    static const int64_t ks[] = {32, 96, 32 * 150}; /* 150 blocks: K split in 64, 64, 22 */
     static const int tok_list[] = {1, 3, 17};
     struct rng r;
     rng_seed(&r, 11);
