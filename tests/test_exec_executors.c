@@ -8,9 +8,10 @@
  * qwen2 with QKV biases; qwen3 with qk-norm), F32 / F16 / Q8_0 weights, f16 and f32 KV.
  * Batches: one sequence (prefill then decodes), and mixed batches of several sequences
  * (decodes beside prefill chunks, some with every logit row), from a seeded random
- * schedule. Teams of 1, 2, 3 and 8 workers (more workers than instructions in most
- * stages; above the core count with TEAM_OVERSUBSCRIBE), with n_splits = workers and with
- * n_splits fixed so the same program runs on every team size.
+ * schedule. Teams of 1, 2, 3 and 8 workers (above the core count with TEAM_OVERSUBSCRIBE),
+ * with the executor's default n_splits (a few per worker) and with n_splits fixed small
+ * (1, 5: more workers than instructions in a stage) so the same program runs on several
+ * team sizes.
  *
  * Also: stories260K's golden greedy tokens (llama.cpp's, as in test_exec_golden) with
  * ops; thousands of steps of random batch shapes run in lockstep on ref and ops (no
@@ -248,6 +249,7 @@ static void check_equivalent(const struct tspec *sp, int wtype, int kv_type, uin
     const struct exec_cfg cfgs[] = {
         {"ops", 1, 0, kv_type}, {"ops", 2, 0, kv_type}, {"ops", 3, 0, kv_type},
         {"ops", 8, 0, kv_type}, {"ops", 2, 5, kv_type}, {"ops", 3, 1, kv_type},
+        {"ops", 8, 5, kv_type},
         {"ref", 1, 3, kv_type},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0] && n_want > 0; i++) {
@@ -414,6 +416,7 @@ TEST(ops_refuses_non_stage_program)
     struct exec_params xp = {.n_threads = 2, .team_flags = TEAM_OVERSUBSCRIBE};
     REQUIRE(exec_ops_impl.create(&state, &tm->m.cfg, &xp, &e) == WELD_OK);
     CHECK_EQ_INT(exec_ops_impl.n_workers(state), 2);
+    CHECK_EQ_INT(exec_ops_impl.n_splits(state), 8);
     /* move the first ATTENTION of layer 0 into the EMBED stage: nothing runs */
     int a = 0;
     while (p->instrs[a].op != OP_ATTENTION)
@@ -454,7 +457,7 @@ TEST(selection)
     struct exec_cfg c3 = {"ops", 3, 0, -1};
     struct runner *r = make_runner(&tm->m, &c3);
     REQUIRE(r != NULL);
-    CHECK(strncmp(runner_describe(r), "cpu: ops executor, 3 threads, 3 splits", 38) == 0);
+    CHECK(strncmp(runner_describe(r), "cpu: ops executor, 3 threads, 12 splits", 39) == 0);
     runner_free(r);
     tm_free(tm);
 }

@@ -34,7 +34,8 @@
 struct backend_params {
     int max_seqs;       /* seq ids are [0, max_seqs) */
     int max_ctx;        /* positions per sequence */
-    int n_splits;       /* row slices per matrix op; 0: one per executor worker */
+    int n_splits;       /* row slices per matrix op; 0: what the executor wants (ref 1,
+                           ops a few per worker) */
     int n_threads;      /* executor workers; 0: one per physical core (core/team.h). With
                            more than one and WELD_EXEC unset, the ops executor runs */
     bool oversubscribe; /* tests only: allow more threads than physical cores */
@@ -46,8 +47,8 @@ struct backend_params {
                                 head_dim % 32 == 0). Zero-initialised params mean DT_F32. */
 };
 
-/* Defaults: kv_type f16, everything else 0 (one thread per physical core, n_splits = the
-   executor's workers, block size 16, pool sized for max_seqs full sequences). */
+/* Defaults: kv_type f16, everything else 0 (one thread per physical core, n_splits as the
+   executor wants, block size 16, pool sized for max_seqs full sequences). */
 void backend_params_init(struct backend_params *p, int max_seqs, int max_ctx);
 
 /* Bytes one KV block of block_size tokens (0: default) takes for model config c and

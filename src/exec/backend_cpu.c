@@ -94,7 +94,7 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         goto fail;
     int n_workers = c->ex->n_workers(c->ex_state);
     if (!c->params.n_splits)
-        c->params.n_splits = n_workers;
+        c->params.n_splits = c->ex->n_splits(c->ex_state);
     if (!(c->tables = wcalloc((size_t)p->max_seqs, sizeof *c->tables))) {
         rc = err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
         goto fail;

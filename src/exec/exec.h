@@ -9,8 +9,9 @@
  *         (the correctness oracle, and a check that the program's order is a valid
  *         schedule)
  *   ops   a persistent pinned thread team (core/team.h); every worker walks the stages
- *         in order, runs its share of each stage's instructions and meets the others at a
- *         barrier after every stage (llama.cpp's way of running a graph); exec_ops.c
+ *         in order, claims instructions of the current stage until none are left and
+ *         meets the others at a barrier after every stage (llama.cpp's way of running a
+ *         graph); exec_ops.c
  *
  * Chosen at run time by WELD_EXEC; when unset or empty: "ops" when more than one thread
  * is asked for, else "ref". An unknown name is an error listing the available ones. The
@@ -36,8 +37,10 @@ struct executor_impl {
     void (*free)(void *state);
     /* Run every instruction of st->p. */
     int (*run)(void *state, const struct exec_step *st, struct weld_err *e);
-    /* Workers the state runs on (the natural n_splits of its programs). */
+    /* Workers the state runs on. */
     int (*n_workers)(const void *state);
+    /* Row slices per stage its programs should be built with (backend n_splits 0). */
+    int (*n_splits)(const void *state);
 };
 
 extern const struct executor_impl exec_ref_impl;

@@ -1,33 +1,37 @@
 /*
  * exec_ops - the op-by-op executor: a persistent team, one barrier after every stage.
  *
- * Every worker walks the same program stage by stage (program.stage_first). Instruction j
- * of a stage (counting from the stage's first) belongs to worker j % n_workers; a worker
- * runs its instructions in list order, then waits at the team barrier until the whole
- * stage is done, exactly as llama.cpp runs a graph (every thread walks every node and
- * meets the others at a barrier after each). The backend builds programs with n_splits =
- * n_workers, so each row-range stage has one slice per worker; ATTENTION stages (one
- * instruction per (sequence, KV head)) are dealt round-robin. With fewer instructions
- * than workers the rest just wait at the barrier.
+ * Every worker walks the same program stage by stage (program.stage_first). Within a
+ * stage, workers claim instructions one at a time from the stage's claim counter (an
+ * atomic fetch-add, as ggml's mul_mat hands out chunks) until none are left, then wait at
+ * the team barrier until the whole stage is done: llama.cpp's way of running a graph
+ * (every thread walks every node and meets the others at a barrier after each). The
+ * backend builds programs with OPS_SPLITS_PER_WORKER row slices per worker, so a worker
+ * that the OS descheduled (a shared machine) or that got a slow slice leaves the rest to
+ * the others instead of holding the whole stage up; ATTENTION stages have one
+ * instruction per (sequence, KV head). With fewer instructions than workers the rest
+ * just wait at the barrier.
  *
- * Why the results are bit-identical to `ref`: both call exec_op_run on the same
- * instructions with the same inputs; an op's arithmetic per (row, token) does not depend
- * on which worker runs it, its slice or the tile (ops.c), and the barrier makes every
- * stage see exactly the finished previous stage, as the serial order does.
+ * Why the results are bit-identical to `ref` whoever claims what: both call exec_op_run
+ * on the same instructions with the same inputs; an op's arithmetic per (row, token) does
+ * not depend on which worker runs it, its slice or the tile (ops.c), and the barrier makes
+ * every stage see exactly the finished previous stage, as the serial order does.
  *
  * No data races: instructions of one stage write disjoint outputs (row ranges of a
  * buffer, KV cache rows of their own heads at their tokens' positions, attention outputs
  * of their own (sequence, KV head)) and read only what earlier stages wrote; the barrier
  * orders every write of stage k before every read in stage k + 1 (core/team.c documents
  * the C11 ordering), and team_run orders the step's inputs before and the logits after.
- * Each worker has its own scratch, 64-byte aligned apart so no two share a cache line.
+ * Claims are relaxed fetch-adds: they only need to hand each instruction out once; the
+ * caller zeroes them before team_run, whose release publishes the zeroes. Each worker
+ * has its own scratch, padded so no two share a cache line.
  *
  * The counters in the instructions are not used at run time: the barrier subsumes them.
  * The run checks once per step that the program has the shape the barrier relies on
  * (each stage's instructions signal its counter and wait for the whole previous stage);
  * a program that does not is a builder bug (WELD_ERR_INTERNAL naming the instruction).
  *
- * Deliberately not here: cost-balanced assignment, overlapping stages (that is the
+ * Deliberately not here: cost-model assignment, overlapping stages (that is the
  * megakernel's job), trace recording.
  */
 #include "exec/exec.h"
@@ -35,8 +39,14 @@
 #include "core/alloc.h"
 #include "core/team.h"
 
+#include <stdatomic.h>
+
+#define OPS_SPLITS_PER_WORKER 4
+
 struct ops_state {
     struct team *team;
+    atomic_int *claims;         /* (cap_claims) next unclaimed instruction of each stage */
+    int cap_claims;
     float *scratch;             /* (n_workers, stride) */
     size_t stride;              /* floats per worker, a multiple of 16 (64 bytes) */
     const struct exec_step *st; /* the step being run (set before team_run) */
@@ -48,6 +58,7 @@ static void ops_free(void *state)
     if (!s)
         return;
     team_free(s->team);
+    wfree(s->claims);
     wfree(s->scratch);
     wfree(s);
 }
@@ -83,6 +94,12 @@ static int ops_n_workers(const void *state)
     return team_size(s->team);
 }
 
+static int ops_n_splits(const void *state)
+{
+    int n = ops_n_workers(state);
+    return n > 1 ? OPS_SPLITS_PER_WORKER * n : 1;
+}
+
 /* The program shape the barrier schedule relies on. */
 static int check_stages(const struct program *p, struct weld_err *e)
 {
@@ -114,8 +131,15 @@ static void ops_worker(void *ctx, int w, int n)
     const struct program *p = st->p;
     float *scratch = s->scratch + (size_t)w * s->stride;
     for (int k = 0; k < p->n_counters; k++) {
-        for (int i = p->stage_first[k] + w; i < p->stage_first[k + 1]; i += n)
-            exec_op_run(st, &p->instrs[i], scratch);
+        int first = p->stage_first[k], count = p->stage_first[k + 1] - first;
+        if (count == 1 && w == 0) {
+            exec_op_run(st, &p->instrs[first], scratch); /* no claim needed */
+        } else if (count > 1) {
+            int j;
+            while ((j = atomic_fetch_add_explicit(&s->claims[k], 1,
+                                                  memory_order_relaxed)) < count)
+                exec_op_run(st, &p->instrs[first + j], scratch);
+        }
         if (k + 1 < p->n_counters)
             team_barrier(s->team);
     }
@@ -124,9 +148,20 @@ static void ops_worker(void *ctx, int w, int n)
 static int ops_run(void *state, const struct exec_step *st, struct weld_err *e)
 {
     struct ops_state *s = state;
-    int rc = check_stages(st->p, e);
+    const struct program *p = st->p;
+    int rc = check_stages(p, e);
     if (rc)
         return rc;
+    if (p->n_counters > s->cap_claims) {
+        atomic_int *c = wrealloc(s->claims, (size_t)p->n_counters * sizeof *c);
+        if (!c)
+            return err_set(e, WELD_ERR_NOMEM, "exec ops: out of memory for %d stage claims",
+                           p->n_counters);
+        s->claims = c;
+        s->cap_claims = p->n_counters;
+    }
+    for (int k = 0; k < p->n_counters; k++)
+        atomic_store_explicit(&s->claims[k], 0, memory_order_relaxed);
     s->st = st;
     team_run(s->team, ops_worker, s);
     s->st = NULL;
@@ -140,4 +175,5 @@ const struct executor_impl exec_ops_impl = {
     .free = ops_free,
     .run = ops_run,
     .n_workers = ops_n_workers,
+    .n_splits = ops_n_splits,
 };

@@ -83,6 +83,7 @@ const struct executor_impl exec_ref_impl = {
     .free = ref_free,
     .run = ref_run,
     .n_workers = ref_n_workers,
+    .n_splits = ref_n_workers,
 };
 
 static const struct executor_impl *const executors[] = {&exec_ref_impl, &exec_ops_impl};
