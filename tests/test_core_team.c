@@ -4,7 +4,7 @@
  * worker reading after barrier k sees every worker's phase-k writes, checked under
  * contention with many barriers per job); a team of one runs on the caller; sizes above
  * the physical core count are clamped (or kept with TEAM_OVERSUBSCRIBE); 10,000 short
- * jobs and idle sleeps between jobs do not deadlock. Meant to be run under TSan too
+ * jobs and idle sleeps between jobs do not deadlock; an idle team uses almost no CPU. Meant to be run under TSan too
  * (-DWELD_TSAN=ON), where plain (non-atomic) data written in one phase and read in the
  * next is reported if the barrier's ordering is wrong.
  */
@@ -191,6 +191,37 @@ TEST(jobs_after_idle_sleep)
     team_free(t);
 }
 
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+TEST(idle_team_sleeps)
+{
+    /* After a job, workers spin ~2 ms and then sleep: over 300 ms idle the whole process
+       must use far less CPU than one spinning worker would (300 ms). */
+    struct team *t;
+    struct weld_err e;
+    int cores = team_physical_cores();
+    REQUIRE(team_create(&t, cores < MAXW ? cores : MAXW, 0, &e) == WELD_OK);
+    struct count_ctx c;
+    memset(&c, 0, sizeof c);
+    team_run(t, count_fn, &c);
+    double c0 = cpu_seconds();
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    double used = cpu_seconds() - c0;
+    if (team_size(t) > 1)
+        fprintf(stderr, "  idle team of %d: %.1f ms CPU over 300 ms\n", team_size(t),
+                used * 1e3);
+    CHECK(used < 0.06);
+    team_run(t, count_fn, &c);
+    CHECK_EQ_INT(c.hits[team_size(t) - 1], 2);
+    team_free(t);
+}
+
 int main(void)
 {
     RUN(team_of_one_runs_on_caller);
@@ -199,5 +230,6 @@ int main(void)
     RUN(barrier_orders_phases);
     RUN(ten_thousand_short_jobs);
     RUN(jobs_after_idle_sleep);
+    RUN(idle_team_sleeps);
     return test_summary();
 }
