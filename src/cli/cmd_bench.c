@@ -32,6 +32,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 struct bench_opts {
     const char *dataset, *compare;
@@ -66,7 +67,15 @@ struct bench_run {
 struct bench_result {
     double seconds, out_tps, total_tps, hit_rate, mean_ttft;
     uint64_t requests, prompt_tokens, cached_tokens, generated_tokens, preemptions;
+    uint64_t peak_rss, weight_bytes, kv_bytes; /* process peak resident set; budget parts */
 };
+
+/* Peak resident set size of this process so far, in bytes. */
+static uint64_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_maxrss * 1024 : 0;
+}
 
 static int32_t random_token(struct bench_run *br)
 {
@@ -209,6 +218,9 @@ static int bench_once(struct bench_run *br, struct bench_result *res, struct wel
         .total_tps = dt > 0 ? (double)(st.prompt_tokens + st.generated_tokens) / dt : 0,
         .hit_rate = st.prompt_tokens ? (double)st.cached_tokens / (double)st.prompt_tokens : 0,
         .mean_ttft = br->n_done ? br->ttft_sum / br->n_done : 0,
+        .peak_rss = peak_rss_bytes(),
+        .weight_bytes = model_weight_bytes(engine_model(br->eng)),
+        .kv_bytes = st.kv_bytes,
     };
     return WELD_OK;
 }
@@ -250,16 +262,23 @@ static void print_result(const char *label, const struct bench_result *r)
             (unsigned long long)r->prompt_tokens, (unsigned long long)r->cached_tokens,
             100 * r->hit_rate, (unsigned long long)r->generated_tokens,
             (unsigned long long)r->preemptions, r->mean_ttft);
+    double budget = (double)(r->weight_bytes + r->kv_bytes);
+    fprintf(stderr,
+            "%s: memory: peak RSS %.1f MiB = %.2fx (weights %.1f MiB + KV pool %.1f MiB)\n",
+            label, (double)r->peak_rss / 1048576.0, budget > 0 ? (double)r->peak_rss / budget : 0,
+            (double)r->weight_bytes / 1048576.0, (double)r->kv_bytes / 1048576.0);
 }
 
 static json_t *result_json(const struct bench_result *r)
 {
-    return json_pack("{s:I, s:f, s:f, s:f, s:I, s:I, s:I, s:f, s:I, s:f}", "requests",
+    return json_pack("{s:I, s:f, s:f, s:f, s:I, s:I, s:I, s:f, s:I, s:f, s:I, s:I, s:I}", "requests",
                      (json_int_t)r->requests, "seconds", r->seconds, "output_tok_s", r->out_tps,
                      "total_tok_s", r->total_tps, "prompt_tokens", (json_int_t)r->prompt_tokens,
                      "cached_tokens", (json_int_t)r->cached_tokens, "output_tokens",
                      (json_int_t)r->generated_tokens, "hit_rate", r->hit_rate, "preemptions",
-                     (json_int_t)r->preemptions, "mean_ttft_s", r->mean_ttft);
+                     (json_int_t)r->preemptions, "mean_ttft_s", r->mean_ttft, "peak_rss_bytes",
+                     (json_int_t)r->peak_rss, "weight_bytes", (json_int_t)r->weight_bytes,
+                     "kv_pool_bytes", (json_int_t)r->kv_bytes);
 }
 
 static int check_opts(const struct bench_opts *o, struct weld_err *e)
