@@ -16,6 +16,7 @@
 #include "core/team.h"
 #include "exec/exec.h"
 #include "exec/runner.h"
+#include "exec/weights.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -136,16 +137,44 @@ static double *deq(const struct tensor *t)
     return out;
 }
 
+/* When set, matvec quantizes its input the way the gemm kernels do for integer-path weight
+   types before the (double) dot: per block of 32 (Q8_0, Q4_0) or 256 (Q4_K, Q6_K),
+   d = max|x| / 127, x -> rint(x / d) * d (kernels/cpu/gemm.h), as llama.cpp does. */
+static bool ref_quant_act;
+
+static int act_block(int type)
+{
+    return type == DT_Q8_0 || type == DT_Q4_0 ? 32 : type == DT_Q4_K || type == DT_Q6_K ? 256 : 0;
+}
+
+static void quant_act(int bs, const double *x, double *out, int64_t n)
+{
+    for (int64_t b = 0; b < n; b += bs) {
+        double amax = 0;
+        for (int i = 0; i < bs; i++)
+            amax = fmax(amax, fabs(x[b + i]));
+        double d = amax / 127;
+        for (int i = 0; i < bs; i++)
+            out[b + i] = d > 0 ? fmin(127, fmax(-127, rint(x[b + i] / d))) * d : 0;
+    }
+}
+
 static void matvec(const struct tensor *t, const double *x, double *y)
 {
-    double *w = deq(t);
+    double *w = deq(t), *xq = NULL;
+    int bs = act_block(t->type);
+    if (ref_quant_act && bs) {
+        xq = malloc(sizeof(double) * (size_t)t->ne[0]);
+        quant_act(bs, x, xq, t->ne[0]);
+        x = xq;
+    }
     for (int64_t r = 0; r < t->ne[1]; r++) {
         double s = 0;
         for (int64_t i = 0; i < t->ne[0]; i++)
             s += w[r * t->ne[0] + i] * x[i];
         y[r] = s;
     }
-    free(w);
+    free(w), free(xq);
 }
 
 static void rmsnorm(const double *x, const struct tensor *w, double eps, double *out, int n)
@@ -296,8 +325,8 @@ static void rand_tokens(uint64_t seed, int32_t *t, int n, int vocab)
 
 /* Prompt of 9 (all logits) then 5 one-token decode steps vs the naive reference, with KV
    entries stored as kvtype: max |diff| / max |logit| <= tol. */
-static void check_against_ref_kv(const struct tspec *s, int wtype, uint64_t seed, int kvtype,
-                                 double tol)
+static void check_against_ref_mode(const struct tspec *s, int wtype, uint64_t seed,
+                                   int kvtype, bool quant_act, double tol)
 {
     enum { P = 9, N = 14 };
     struct tmodel *tm = tm_build(s, wtype, seed);
@@ -306,7 +335,9 @@ static void check_against_ref_kv(const struct tspec *s, int wtype, uint64_t seed
     rand_tokens(seed + 1, toks, N, V);
     double *want = malloc(sizeof(double) * N * V);
     float *got = malloc(sizeof(float) * N * V);
+    ref_quant_act = quant_act;
     ref_forward(&tm->m, toks, N, want);
+    ref_quant_act = false;
     struct runner *r = NULL;
     struct weld_err e = {0};
     struct backend_params bp;
@@ -331,14 +362,21 @@ static void check_against_ref_kv(const struct tspec *s, int wtype, uint64_t seed
         max_diff = fmax(max_diff, fabs(want[i] - got[i]));
     }
     if (getenv("SHOWDIFF") || !(max_diff / max_ref <= tol))
-        fprintf(stderr, "arch %s type %s kv %s: max diff %g / max %g\n",
+        fprintf(stderr, "arch %s type %s kv %s%s: max diff %g / max %g\n",
                 (s->arch == ARCH_LLAMA ? "llama" : s->arch == ARCH_QWEN2 ? "qwen2" : "qwen3"),
-                dtype_name(wtype), dtype_name(kvtype), max_diff, max_ref);
+                dtype_name(wtype), dtype_name(kvtype), quant_act ? " (quantized ref)" : "",
+                max_diff, max_ref);
     CHECK(max_ref > 0.1);
     CHECK(max_diff / max_ref <= tol);
     runner_free(r);
     free(want), free(got);
     tm_free(tm);
+}
+
+static void check_against_ref_kv(const struct tspec *s, int wtype, uint64_t seed, int kvtype,
+                                 double tol)
+{
+    check_against_ref_mode(s, wtype, seed, kvtype, false, tol);
 }
 
 /* f32 KV: the forward pass itself, tight. */
@@ -353,8 +391,70 @@ TEST(qwen2_bias_f32) { check_against_ref(&spec_qwen2, DT_F32, 13); }
 TEST(qwen3_qknorm_f32) { check_against_ref(&spec_qwen3, DT_F32, 14); }
 TEST(llama_f16) { check_against_ref(&spec_llama, DT_F16, 15); }
 TEST(qwen3_bf16) { check_against_ref(&spec_qwen3, DT_BF16, 16); }
-TEST(qwen2_q8_0) { check_against_ref(&spec_qwen2, DT_Q8_0, 17); }
-TEST(llama_neox_q8_0) { check_against_ref(&spec_llama_neox, DT_Q8_0, 18); }
+/* Integer-path weights (Q8_0, Q4_0): the gemm kernels quantize activations to int8 per
+   block of 32 (d = max|x| / 127), as llama.cpp does, so the exact reference is not the
+   right oracle. Against a reference that quantizes each matrix input the same way (in
+   double), what is left is f32 rounding plus the rare element whose x / d falls within
+   f32 noise of a rounding boundary (a one-step change of q, d / 127-ish of the block's
+   contribution). Measured: ~2e-7 relative with no flip at these seeds, so TOL_QREF is
+   the float tolerance (a flip would show as a failure worth a look, not noise). Against the exact reference: each
+   quantized element is off by at most d / 2 = max|x_block| / 254, a relative error of at
+   most 1/254 ~ 0.4% per quantized matrix input (less for random-sign errors); a logit
+   sees 4 quantized inputs per layer in series (h -> qkv, att -> o, h -> gate/up,
+   hid -> down) plus the final one, 9 for these 2-layer models, so relative errors add up
+   to at most ~9/254 ~ 3.5% before the softmax and rmsnorm (which do not amplify
+   relative errors of this size much); TOL_QEXACT. */
+#define TOL_QREF 1e-4
+#define TOL_QEXACT 3.5e-2
+static void check_quantized(const struct tspec *s, int wtype, uint64_t seed)
+{
+    check_against_ref_mode(s, wtype, seed, DT_F32, true, TOL_QREF);
+    check_against_ref_mode(s, wtype, seed, DT_F32, false, TOL_QEXACT);
+}
+
+TEST(qwen2_q8_0) { check_quantized(&spec_qwen2, DT_Q8_0, 17); }
+TEST(llama_neox_q8_0) { check_quantized(&spec_llama_neox, DT_Q8_0, 18); }
+TEST(llama_q4_0) { check_quantized(&spec_llama, DT_Q4_0, 19); }
+TEST(qwen3_q4_0) { check_quantized(&spec_qwen3, DT_Q4_0, 20); }
+/* Q5_0 has no gemm kernel: its matrices take the kern_row_dot fallback (f32 rows, no
+   activation quantization), so the exact reference and the float tolerance apply. */
+TEST(qwen2_q5_0_fallback) { check_against_ref(&spec_qwen2, DT_Q5_0, 24); }
+
+/* Which matrices run repacked: every Q4_0 matrix where the ISA gains from it, except Q/K/V
+   when head_dim is not a multiple of 16 (spec_llama: 8); Q5_0 none, on the fallback. */
+static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
+{
+    struct tmodel *tm = tm_build(s, wtype, seed);
+    struct exec_weights *w = NULL;
+    struct weld_err e = {0};
+    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    bool gemm = wtype != DT_Q5_0, pays = gemm && gemm_repack_pays(w->go, wtype);
+    bool heads = pays && s->head_dim % 16 == 0;
+    for (int l = 0; l < s->n_layer; l++) {
+        const struct exec_layer_mats *M = &w->mats[l];
+        CHECK(M->wq.gemm == gemm && M->wk.gemm == gemm && M->down.gemm == gemm);
+        CHECK(M->wq.repacked == heads && M->wk.repacked == heads && M->wv.repacked == heads);
+        CHECK(M->wo.repacked == pays && M->gate.repacked == pays && M->up.repacked == pays &&
+              M->down.repacked == pays);
+        CHECK(M->gate.rows == s->ffn && M->down.k == s->ffn);
+        if (M->wo.repacked) {
+            CHECK_EQ_INT(M->wo.wtype, wtype == DT_Q4_0 ? GEMM_Q4_0_R16 : GEMM_Q8_0_R16);
+            CHECK((uintptr_t)M->wo.data % 64 == 0);
+        }
+    }
+    CHECK(w->output.repacked == pays && w->output.rows == s->vocab);
+    CHECK(w->max_act_row_bytes <= (size_t)3 * 256 * 4); /* dims here are <= 128 */
+    exec_weights_free(w);
+    tm_free(tm);
+}
+
+TEST(repack_plan)
+{
+    check_plan(&spec_llama, DT_Q4_0, 31);
+    check_plan(&spec_llama_neox, DT_Q8_0, 32);
+    check_plan(&spec_qwen2, DT_Q5_0, 33);
+}
+
 /* KV storage types against the exact reference, tolerances from their precision (f16: 11
    bits of mantissa, bf16: 8, q8_0: 7 bits of a per-32 scale). */
 TEST(kv_f16_llama) { check_against_ref_kv(&spec_llama, DT_F32, 11, DT_F16, 1e-3); }
@@ -801,6 +901,10 @@ int main(void)
     RUN(qwen3_bf16);
     RUN(qwen2_q8_0);
     RUN(llama_neox_q8_0);
+    RUN(llama_q4_0);
+    RUN(qwen3_q4_0);
+    RUN(qwen2_q5_0_fallback);
+    RUN(repack_plan);
     RUN(kv_f16_llama);
     RUN(kv_f16_qwen2);
     RUN(kv_bf16_qwen3);

@@ -2,20 +2,35 @@
  * ops - one function per opcode, over the instruction's slice of work (see program.c for
  * what each computes and ops.h for what each may touch).
  *
- * Loop order: weight rows outside, tokens inside, so each weight row is read (and, for
- * non-F32 types, converted) once per OPS_TILE tokens rather than once per token; the
- * normalised inputs of a tile of tokens are kept in scratch. The arithmetic of one
- * (row, token) pair is always kern_dot_f32(row as f32, input) in the same order, so a
- * token's numbers do not depend on the tile, the batch, the split or the executor.
+ * Products go through the gemm kernels of the ISA picked at start (kernels/cpu/gemm.h),
+ * one call per (token tile, row range): the normalised or source rows of a tile of up to
+ * OPS_TILE tokens are quantized once (act_quant, integer paths) and each weight block is
+ * read once per tile. Matrices of types without a gemm kernel fall back to
+ * kern_row_dot-style loops (a row converted to f32 once per tile, kern_dot_f32). The gemm
+ * contract makes every (row, token) result independent of the tile, of the row range and
+ * of the ISA (for one weight layout), so a token's numbers still do not depend on the
+ * batch, the split or the executor. Norms use go->rmsnorm and attention scores go->row_dot
+ * (f32/f16/bf16 KV; q8_0 KV is converted and dotted with kern_dot_f32), both exact across
+ * ISAs.
  *
- * Scratch layout (floats, per worker):
+ * Row ranges: ops pass gemm whole heads (Q/K/V: r0 = head * head_dim) or chunks of
+ * OPS_CHUNK rows starting at the instruction's row0; program.c starts every row-split
+ * range at a multiple of 16, and exec/weights.c repacks Q/K/V only when head_dim is a
+ * multiple of 16, so repacked matrices always see r0 % 16 == 0.
+ *
+ * Scratch layout (per worker; exec_scratch_floats floats, any 16-byte alignment):
  *   h     (OPS_TILE, dim)          normalised inputs of a tile of tokens
- *   row   (max matrix width)       a weight row converted to f32
- *   y     (OPS_TILE, ywidth)       per-token outputs of one head, or gate and up values
+ *   row   (max matrix width)       a weight row converted to f32 (fallback path)
+ *   y     (OPS_TILE, ywidth)       per-token outputs of one head, of a row chunk (proj),
+ *                                  or gate then up values of a chunk (2 x OPS_TILE x CHUNK)
  *   cosv, sinv (OPS_TILE, rope_dim/2) rope angles of the tile's positions
  *   acc   (n_head, head_dim)       attention accumulators of one KV head's query group
  *   mx, sum (n_head)               their running max and sum
  *   kbuf, vbuf (head_dim)          a key / value head converted from the KV type to f32
+ *   act, act2 (OPS_TILE, act_bound) bytes, 64-byte aligned: quantized activations (act2:
+ *                                  the up projection when its type differs from gate's)
+ * act_bound covers every weight type and width the config allows (act_bound_bytes), so
+ * the size depends on the config only; ops assert the matrices fit.
  *
  * KV: K/V heads are stored with kv_write_head (converted to the cache type right after
  * rope) and read back with kv_read_head, one (position, head) at a time, so attention
@@ -29,9 +44,12 @@
 #include <string.h>
 
 #define OPS_TILE 16
+#define OPS_CHUNK 64 /* rows per gemm call of the row-split ops (a multiple of 16) */
 
 struct scratch {
     float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kbuf, *vbuf;
+    void *act, *act2;
+    size_t act_bytes; /* of each */
 };
 
 static int max_width(const struct model_config *c)
@@ -44,14 +62,38 @@ static int max_width(const struct model_config *c)
     return w;
 }
 
-static int y_width(const struct model_config *c) { return c->head_dim > 2 ? c->head_dim : 2; }
+static int y_width(const struct model_config *c)
+{
+    return c->head_dim > 2 * OPS_CHUNK ? c->head_dim : 2 * OPS_CHUNK;
+}
 
-size_t exec_scratch_floats(const struct model_config *c)
+/* Quantized activation bytes per token that any gemm-capable matrix of config c needs
+   (every integer layout at the widest K, rounded up to a whole super-block). */
+static size_t act_bound_bytes(const struct model_config *c)
+{
+    int64_t k = ((int64_t)max_width(c) + 255) / 256 * 256;
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, GEMM_Q8_0_R16, GEMM_Q4_0_R16};
+    size_t best = 0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        size_t b = (gemm_act_row_bytes(types[i], k) + 63) / 64 * 64;
+        if (b > best)
+            best = b;
+    }
+    return best;
+}
+
+static size_t fixed_floats(const struct model_config *c)
 {
     return (size_t)OPS_TILE * (size_t)c->dim + (size_t)max_width(c) +
            (size_t)OPS_TILE * (size_t)y_width(c) + (size_t)OPS_TILE * (size_t)c->rope_dim +
            (size_t)c->n_head * (size_t)c->head_dim + 2 * (size_t)c->n_head +
-           2 * (size_t)c->head_dim + 64;
+           2 * (size_t)c->head_dim;
+}
+
+size_t exec_scratch_floats(const struct model_config *c)
+{
+    size_t act = 2 * (size_t)OPS_TILE * act_bound_bytes(c) + 128;
+    return fixed_floats(c) + act / sizeof(float) + 64;
 }
 
 static struct scratch scratch_split(const struct model_config *c, float *base)
@@ -67,6 +109,10 @@ static struct scratch scratch_split(const struct model_config *c, float *base)
     s.sum = s.mx + c->n_head;
     s.kbuf = s.sum + c->n_head;
     s.vbuf = s.kbuf + c->head_dim;
+    uintptr_t a = (uintptr_t)(s.vbuf + c->head_dim);
+    s.act_bytes = (size_t)OPS_TILE * act_bound_bytes(c);
+    s.act = (void *)((a + 63) / 64 * 64);
+    s.act2 = (uint8_t *)s.act + s.act_bytes;
     return s;
 }
 
@@ -77,10 +123,43 @@ static float *buf_ptr(const struct exec_step *st, int id)
     return st->arena + st->p->bufs[id].offset;
 }
 
-/* Row r of w as f32 (in place for F32, else converted into buf). */
-static const float *wrow(const struct tensor *w, size_t rb, int64_t r, float *buf)
+/* y[i * ldy + (r - r0)] = M[r] . x[i] for r in [r0, r1), i < nt. act holds the x rows
+   quantized for M (mat_quant) when M is on an integer path. */
+static void mat_gemm(const struct exec_step *st, const struct exec_mat *M, int64_t r0,
+                     int64_t r1, int nt, const float *x, size_t ldx, const void *act, float *y,
+                     size_t ldy, float *rowbuf)
 {
-    return kern_row_f32(w->type, kern_tensor_row(w, rb, r), w->ne[0], buf);
+    if (!M->gemm) {
+        for (int64_t r = r0; r < r1; r++) {
+            const float *wr = kern_row_f32(M->wtype, (const uint8_t *)M->data +
+                                           (size_t)r * M->row_bytes, M->k, rowbuf);
+            for (int i = 0; i < nt; i++)
+                y[(size_t)i * ldy + (size_t)(r - r0)] = kern_dot_f32(wr, x + (size_t)i * ldx,
+                                                                     M->k);
+        }
+        return;
+    }
+    WELD_ASSERT(!M->repacked || (r0 % 16 == 0 && (r1 % 16 == 0 || r1 == M->rows)));
+    struct gemm_args a = {.wtype = M->wtype, .w = M->data, .w_row_bytes = M->row_bytes,
+                          .r0 = r0, .r1 = r1, .k = M->k, .n_tok = nt, .x = x, .ldx = ldx,
+                          .act = act, .act_row_bytes = M->act_row_bytes, .y = y, .ldy = ldy};
+    st->w->go->gemm(&a);
+}
+
+/* Quantize nt rows of x (ldx apart) for M into act (no-op for float and fallback paths). */
+static void mat_quant(const struct exec_step *st, const struct exec_mat *M, const float *x,
+                      size_t ldx, int nt, void *act, const struct scratch *sc)
+{
+    if (!M->gemm || !M->act_row_bytes)
+        return;
+    WELD_ASSERT((size_t)nt * M->act_row_bytes <= sc->act_bytes);
+    st->w->go->act_quant(M->wtype, x, ldx, M->k, nt, act, M->act_row_bytes);
+}
+
+/* True if activations quantized for a are valid for b. */
+static bool same_act(const struct exec_mat *a, const struct exec_mat *b)
+{
+    return a && a->gemm == b->gemm && a->wtype == b->wtype && a->k == b->k;
 }
 
 static void op_embed(const struct exec_step *st, const struct prog_instr *in)
@@ -95,7 +174,7 @@ static void op_embed(const struct exec_step *st, const struct prog_instr *in)
 
 /* Where a head unit's output goes and what is applied to it (see program.c). */
 struct qkv_target {
-    const struct tensor *w;
+    const struct exec_mat *w;
     const float *bias, *norm; /* bias already offset to the head; may be NULL */
     int head;
     int kind; /* 0 q, 1 k, 2 v */
@@ -104,7 +183,7 @@ struct qkv_target {
 static struct qkv_target qkv_select(const struct exec_step *st, int layer, int u)
 {
     const struct model_config *c = &st->m->cfg;
-    const struct layer_weights *L = &st->m->layers[layer];
+    const struct exec_layer_mats *L = &st->w->mats[layer];
     const struct exec_layer_vecs *v = &st->w->layers[layer];
     struct qkv_target q = {0};
     if (u < c->n_head)
@@ -118,19 +197,20 @@ static struct qkv_target qkv_select(const struct exec_step *st, int layer, int u
     return q;
 }
 
-/* One head unit for tokens [t0, t0 + nt) whose normalised inputs are in sc->h. */
+/* One head unit for tokens [t0, t0 + nt) whose normalised inputs are in sc->h and, if
+   *quant is not this unit's matrix's kind, are quantized for it into sc->act first. */
 static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int nt, float *qbuf,
-                     const struct scratch *sc)
+                     const struct exec_mat **quant, const struct scratch *sc)
 {
     const struct model_config *c = &st->m->cfg;
     const int hd = c->head_dim, half = c->rope_dim / 2;
     struct qkv_target q = qkv_select(st, layer, u);
-    size_t rb = kern_row_bytes(q.w);
-    for (int j = 0; j < hd; j++) {
-        const float *wr = wrow(q.w, rb, (int64_t)q.head * hd + j, sc->row);
-        for (int i = 0; i < nt; i++)
-            sc->y[(size_t)i * hd + j] = kern_dot_f32(wr, sc->h + (size_t)i * c->dim, c->dim);
+    if (!same_act(*quant, q.w)) {
+        mat_quant(st, q.w, sc->h, (size_t)c->dim, nt, sc->act, sc);
+        *quant = q.w;
     }
+    mat_gemm(st, q.w, (int64_t)q.head * hd, (int64_t)q.head * hd + hd, nt, sc->h,
+             (size_t)c->dim, sc->act, sc->y, (size_t)hd, sc->row);
     for (int i = 0; i < nt; i++) {
         int t = t0 + i, pos = st->pos[t];
         const int32_t *table = st->tables[st->p->tok_seq[t]];
@@ -139,7 +219,7 @@ static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int n
             for (int k = 0; k < hd; k++)
                 y[k] += q.bias[k];
         if (q.norm)
-            kern_rmsnorm(y, q.norm, c->norm_eps, y, hd);
+            st->w->go->rmsnorm(y, q.norm, c->norm_eps, y, hd);
         if (q.kind != 2)
             kern_rope_apply(y, c->rope_dim, c->rope_neox, sc->cosv + (size_t)i * half,
                             sc->sinv + (size_t)i * half);
@@ -159,8 +239,8 @@ static void norm_tile(const struct exec_step *st, const float *x, const float *w
     const struct model_config *c = &st->m->cfg;
     for (int i = 0; i < nt; i++) {
         int t = tok ? tok[i] : t0 + i;
-        kern_rmsnorm(x + (size_t)t * c->dim, weight, c->norm_eps, sc->h + (size_t)i * c->dim,
-                     c->dim);
+        st->w->go->rmsnorm(x + (size_t)t * c->dim, weight, c->norm_eps,
+                           sc->h + (size_t)i * c->dim, c->dim);
     }
 }
 
@@ -179,16 +259,18 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
                 kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale,
                                  c->rope_theta, c->rope_dim, st->m->rope_freq_factors,
                                  sc->cosv + (size_t)i * half, sc->sinv + (size_t)i * half);
+        const struct exec_mat *quant = NULL;
         for (int u = in->row0; u < in->row1; u++)
-            qkv_unit(st, in->layer, u, t0, nt, q, sc);
+            qkv_unit(st, in->layer, u, t0, nt, q, &quant, sc);
     }
 }
 
 /* Causal attention of the `group` query heads sharing KV head kvh, for one token, over
    positions [0, n_pos) of the sequence whose block table is `table`; online softmax per
-   head. q and out point at the group's first head (heads are hd apart). Each key/value
-   head is converted once for the whole group; every head's arithmetic is the same as if
-   it ran alone. */
+   head. q and out point at the group's first head (heads are hd apart). Scores use
+   go->row_dot on the stored key (f32/f16/bf16, read in place) or, for q8_0 K, the key
+   converted once for the whole group; values are converted once per group. Every head's
+   arithmetic is the same as if it ran alone. */
 static void attend_group(const struct exec_step *st, int layer, const int32_t *table,
                          int kvh, int n_pos, const float *q, float *out, int group,
                          const struct scratch *sc)
@@ -202,14 +284,18 @@ static void attend_group(const struct exec_step *st, int layer, const int32_t *t
         for (int i = 0; i < hd; i++)
             sc->acc[(size_t)g * hd + i] = 0.0f;
     }
+    const bool k_in_place = kv->type != DT_Q8_0;
+    const struct gemm_ops *go = st->w->go;
     for (int j = 0; j < n_pos; j++) {
-        const float *k = kv_read_head(kv, kv_pos_row(kv, kv->k, layer, table, j), kvh,
-                                      sc->kbuf);
+        const uint8_t *krow = kv_pos_row(kv, kv->k, layer, table, j);
+        const float *k = k_in_place ? NULL : kv_read_head(kv, krow, kvh, sc->kbuf);
+        const void *kh = krow + (size_t)kvh * kv->head_bytes;
         const float *v = kv_read_head(kv, kv_pos_row(kv, kv->v, layer, table, j), kvh,
                                       sc->vbuf);
         for (int g = 0; g < group; g++) {
             float *acc = sc->acc + (size_t)g * hd;
-            float s = kern_dot_f32(q + (size_t)g * hd, k, hd) * scale;
+            float s = (k_in_place ? go->row_dot(kv->type, kh, q + (size_t)g * hd, hd)
+                            : kern_dot_f32(q + (size_t)g * hd, k, hd)) * scale;
             if (s > mx[g]) {
                 float corr = expf(mx[g] - s); /* 0 on the first key */
                 sum[g] *= corr;
@@ -247,16 +333,26 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
 
 /* x[t][r] += W[r] . in[t] for the instruction's rows, every token. */
 static void op_proj_residual(const struct exec_step *st, const struct prog_instr *in,
-                             const struct tensor *w, const struct scratch *sc)
+                             const struct exec_mat *M, const struct scratch *sc)
 {
-    const int64_t dim = st->m->cfg.dim, n_in = w->ne[0];
+    const int64_t dim = st->m->cfg.dim, n_in = M->k;
     const float *src = buf_ptr(st, in->in);
     float *x = buf_ptr(st, in->out);
-    size_t rb = kern_row_bytes(w);
-    for (int r = in->row0; r < in->row1; r++) {
-        const float *wr = wrow(w, rb, r, sc->row);
-        for (int t = 0; t < st->p->n_tokens; t++)
-            x[t * dim + r] += kern_dot_f32(wr, src + t * n_in, n_in);
+    for (int t0 = 0; t0 < st->p->n_tokens; t0 += OPS_TILE) {
+        int nt = st->p->n_tokens - t0 < OPS_TILE ? st->p->n_tokens - t0 : OPS_TILE;
+        const float *xs = src + (size_t)t0 * n_in;
+        mat_quant(st, M, xs, (size_t)n_in, nt, sc->act, sc);
+        for (int r = in->row0; r < in->row1; r += OPS_CHUNK) {
+            int cw = in->row1 - r < OPS_CHUNK ? in->row1 - r : OPS_CHUNK;
+            mat_gemm(st, M, r, r + cw, nt, xs, (size_t)n_in, sc->act, sc->y, OPS_CHUNK,
+                     sc->row);
+            for (int i = 0; i < nt; i++) {
+                float *xr = x + (size_t)(t0 + i) * dim + r;
+                const float *yr = sc->y + (size_t)i * OPS_CHUNK;
+                for (int j = 0; j < cw; j++)
+                    xr[j] += yr[j];
+            }
+        }
     }
 }
 
@@ -264,22 +360,25 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
                    const struct scratch *sc)
 {
     const struct model_config *c = &st->m->cfg;
-    const struct layer_weights *L = &st->m->layers[in->layer];
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
     const float *x = buf_ptr(st, in->in);
-    float *hid = buf_ptr(st, in->out), *g = sc->y, *u = sc->y + OPS_TILE;
-    size_t rbg = kern_row_bytes(&L->w_gate), rbu = kern_row_bytes(&L->w_up);
+    float *hid = buf_ptr(st, in->out), *g = sc->y, *u = sc->y + OPS_TILE * OPS_CHUNK;
+    const size_t ld = (size_t)c->dim;
+    const bool shared = same_act(&L->gate, &L->up);
+    void *act_up = shared ? sc->act : sc->act2;
     for (int t0 = 0; t0 < st->p->n_tokens; t0 += OPS_TILE) {
         int nt = st->p->n_tokens - t0 < OPS_TILE ? st->p->n_tokens - t0 : OPS_TILE;
         norm_tile(st, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
-        for (int r = in->row0; r < in->row1; r++) {
-            const float *wg = wrow(&L->w_gate, rbg, r, sc->row);
+        mat_quant(st, &L->gate, sc->h, ld, nt, sc->act, sc);
+        if (!shared)
+            mat_quant(st, &L->up, sc->h, ld, nt, act_up, sc);
+        for (int r = in->row0; r < in->row1; r += OPS_CHUNK) {
+            int cw = in->row1 - r < OPS_CHUNK ? in->row1 - r : OPS_CHUNK;
+            mat_gemm(st, &L->gate, r, r + cw, nt, sc->h, ld, sc->act, g, OPS_CHUNK, sc->row);
+            mat_gemm(st, &L->up, r, r + cw, nt, sc->h, ld, act_up, u, OPS_CHUNK, sc->row);
             for (int i = 0; i < nt; i++)
-                g[i] = kern_dot_f32(wg, sc->h + (size_t)i * c->dim, c->dim);
-            const float *wu = wrow(&L->w_up, rbu, r, sc->row);
-            for (int i = 0; i < nt; i++)
-                u[i] = kern_dot_f32(wu, sc->h + (size_t)i * c->dim, c->dim);
-            for (int i = 0; i < nt; i++)
-                kern_silu_mul(&g[i], &u[i], &hid[(size_t)(t0 + i) * c->ffn_dim + r], 1);
+                kern_silu_mul(g + (size_t)i * OPS_CHUNK, u + (size_t)i * OPS_CHUNK,
+                              hid + (size_t)(t0 + i) * c->ffn_dim + r, cw);
         }
     }
 }
@@ -289,19 +388,15 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
 {
     const struct model_config *c = &st->m->cfg;
     const struct program *p = st->p;
-    const struct tensor *w = &st->m->output;
+    const struct exec_mat *M = &st->w->output;
     const float *x = buf_ptr(st, in->in);
     float *logits = buf_ptr(st, in->out);
-    size_t rb = kern_row_bytes(w);
     for (int k0 = 0; k0 < p->n_logit_rows; k0 += OPS_TILE) {
         int nk = p->n_logit_rows - k0 < OPS_TILE ? p->n_logit_rows - k0 : OPS_TILE;
         norm_tile(st, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
-        for (int r = in->row0; r < in->row1; r++) {
-            const float *wr = wrow(w, rb, r, sc->row);
-            for (int i = 0; i < nk; i++)
-                logits[(size_t)(k0 + i) * c->n_vocab + r] =
-                    kern_dot_f32(wr, sc->h + (size_t)i * c->dim, c->dim);
-        }
+        mat_quant(st, M, sc->h, (size_t)c->dim, nk, sc->act, sc);
+        mat_gemm(st, M, in->row0, in->row1, nk, sc->h, (size_t)c->dim, sc->act,
+                 logits + (size_t)k0 * c->n_vocab + in->row0, (size_t)c->n_vocab, sc->row);
     }
 }
 
@@ -319,13 +414,13 @@ void exec_op_run(const struct exec_step *st, const struct prog_instr *in, float 
         op_attention(st, in, &sc);
         break;
     case OP_O_PROJ_RESIDUAL:
-        op_proj_residual(st, in, &st->m->layers[in->layer].wo, &sc);
+        op_proj_residual(st, in, &st->w->mats[in->layer].wo, &sc);
         break;
     case OP_FFN_NORM_GATE_UP_SILU:
         op_ffn(st, in, &sc);
         break;
     case OP_DOWN_PROJ_RESIDUAL:
-        op_proj_residual(st, in, &st->m->layers[in->layer].w_down, &sc);
+        op_proj_residual(st, in, &st->w->mats[in->layer].down, &sc);
         break;
     case OP_FINAL_NORM_LOGITS:
         op_final(st, in, &sc);

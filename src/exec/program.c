@@ -46,6 +46,10 @@
  *                  h = rmsnorm(x[t]) * output_norm; logits[k][r] = Woutput[r] . h.
  *                  in X, out LOGITS.
  *
+ * Row splits of the matrix ops (O_PROJ, FFN, DOWN, FINAL) start at multiples of 16 rows
+ * (the group size of repacked weights, kernels/cpu/gemm.h), so with fewer than 16 rows
+ * per split there are fewer slices than n_splits; EMBED and QKV split by tokens / heads.
+ *
  * Row-range instructions of one stage write disjoint outputs and read only what earlier
  * stages finished, so any number of workers can run a stage without atomics; each
  * recomputes the (cheap) rmsnorm of its input instead of sharing it.
@@ -64,6 +68,7 @@
 
 #define PROG_MAX_SPLITS 4096
 #define PROG_ALIGN_FLOATS 16 /* 64 bytes */
+#define PROG_ROW_ALIGN 16    /* weight-row splits start at multiples of this (gemm.h) */
 
 static const char *const op_names[OP_COUNT] = {
     "EMBED", "ATTN_NORM_QKV_ROPE", "ATTENTION", "O_PROJ_RESIDUAL",
@@ -174,13 +179,18 @@ static void emit(struct builder *bd, int op, int layer, int seq, int row0, int r
     p->n_instr++;
 }
 
-/* One stage of a row-range op over `total` units cut into n_splits slices. */
-static void emit_split(struct builder *bd, int op, int layer, int total, int in, int out)
+/* One stage of a row-range op over `total` units cut into n_splits slices. With align > 1
+   every boundary but the last (total) is a multiple of align, so the gemm kernels may run
+   weights repacked in 16-row groups (fewer slices when there are fewer groups). */
+static void emit_split(struct builder *bd, int op, int layer, int total, int align, int in,
+                       int out)
 {
-    int n = bd->p->n_splits < total ? bd->p->n_splits : total;
+    int groups = (int)(((long long)total + align - 1) / align);
+    int n = bd->p->n_splits < groups ? bd->p->n_splits : groups;
     stage_begin(bd);
     for (int i = 0; i < n; i++) {
-        int r0 = (int)((long long)total * i / n), r1 = (int)((long long)total * (i + 1) / n);
+        int r0 = (int)((long long)groups * i / n) * align;
+        int r1 = i + 1 == n ? total : (int)((long long)groups * (i + 1) / n) * align;
         emit(bd, op, layer, -1, r0, r1, in, out);
     }
     stage_end(bd);
@@ -205,15 +215,15 @@ static void emit_layer(struct builder *bd, const struct model_config *c, int l)
     int q = add_buf(p, PROG_BUF_Q, l, nt, qd);
     int att = add_buf(p, PROG_BUF_ATT, l, nt, qd);
     int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
-    emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, p->buf_x, q);
+    emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
     stage_begin(bd);
     for (int s = 0; s < p->n_seqs; s++)
         for (int h = 0; h < c->n_kv_head; h++)
             emit(bd, OP_ATTENTION, l, s, h, h + 1, q, att);
     stage_end(bd);
-    emit_split(bd, OP_O_PROJ_RESIDUAL, l, c->dim, att, p->buf_x);
-    emit_split(bd, OP_FFN_NORM_GATE_UP_SILU, l, c->ffn_dim, p->buf_x, hid);
-    emit_split(bd, OP_DOWN_PROJ_RESIDUAL, l, c->dim, hid, p->buf_x);
+    emit_split(bd, OP_O_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, att, p->buf_x);
+    emit_split(bd, OP_FFN_NORM_GATE_UP_SILU, l, c->ffn_dim, PROG_ROW_ALIGN, p->buf_x, hid);
+    emit_split(bd, OP_DOWN_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, hid, p->buf_x);
 }
 
 /* ---- buffer planning --------------------------------------------------------------- */
@@ -371,10 +381,11 @@ int program_build(struct program **out, const struct model_config *c, const stru
     p->buf_x = add_buf(p, PROG_BUF_X, -1, (size_t)p->n_tokens, (size_t)c->dim);
     p->buf_logits = add_buf(p, PROG_BUF_LOGITS, -1, (size_t)p->n_logit_rows,
                             (size_t)c->n_vocab);
-    emit_split(&bd, OP_EMBED, -1, p->n_tokens, -1, p->buf_x);
+    emit_split(&bd, OP_EMBED, -1, p->n_tokens, 1, -1, p->buf_x);
     for (int l = 0; l < c->n_layer; l++)
         emit_layer(&bd, c, l);
-    emit_split(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, p->buf_x, p->buf_logits);
+    emit_split(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, PROG_ROW_ALIGN, p->buf_x,
+               p->buf_logits);
     if (plan_buffers(p) || fill_stages(p))
         goto nomem;
     *out = p;

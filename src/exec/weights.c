@@ -5,10 +5,18 @@
  * need, the second (after one allocation) converts them. Tensor names in messages are
  * built from the GGUF naming scheme so hand-built models (name == NULL) still get useful
  * errors.
+ *
+ * Matrices (struct exec_mat) are set up after the checks: each gets its gemm type (or the
+ * kern_row_dot fallback), then those worth repacking are counted, one block is allocated
+ * (64-byte aligned by hand: the allocator has no aligned variant) and filled, with a
+ * progress bar when that takes over a second (scalar repacking: ~1 s per GB). Repacking is
+ * single-threaded and eager; doing it lazily per matrix or on the thread team would be the
+ * next step for large models.
  */
 #include "exec/weights.h"
 
 #include "core/alloc.h"
+#include "core/progress.h"
 #include "kernels/cpu/kernels.h"
 
 #include <limits.h>
@@ -139,10 +147,109 @@ static int check_model(const struct model *m, size_t *nf, struct weld_err *e)
     return WELD_OK;
 }
 
+/* ---- matrices ------------------------------------------------------------------------ */
+
+#define N_LAYER_MATS 7
+
+/* Matrix i of the model: N_LAYER_MATS per layer in struct order, then the output. */
+static struct exec_mat *mat_at(struct exec_weights *w, int i, const struct tensor **t,
+                               bool *per_head)
+{
+    const struct model *m = w->m;
+    if (i == N_LAYER_MATS * m->cfg.n_layer) {
+        *t = &m->output, *per_head = false;
+        return &w->output;
+    }
+    const struct layer_weights *L = &m->layers[i / N_LAYER_MATS];
+    struct exec_layer_mats *M = &w->mats[i / N_LAYER_MATS];
+    const struct tensor *ts[N_LAYER_MATS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate,
+                                             &L->w_up, &L->w_down};
+    struct exec_mat *ms[N_LAYER_MATS] = {&M->wq, &M->wk, &M->wv, &M->wo, &M->gate, &M->up,
+                                         &M->down};
+    *t = ts[i % N_LAYER_MATS];
+    *per_head = i % N_LAYER_MATS < 3;
+    return ms[i % N_LAYER_MATS];
+}
+
+/* Describe every matrix; returns the bytes the repacked ones need. */
+static size_t mats_plan(struct exec_weights *w)
+{
+    const struct model_config *c = &w->m->cfg;
+    int n = N_LAYER_MATS * c->n_layer + 1;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const struct tensor *t;
+        bool per_head;
+        struct exec_mat *x = mat_at(w, i, &t, &per_head);
+        struct weld_err ignored;
+        *x = (struct exec_mat){.wtype = t->type, .data = t->data, .rows = t->ne[1],
+                               .k = t->ne[0], .row_bytes = dtype_row_bytes(t->type, t->ne[0])};
+        x->gemm = gemm_check(t->type, t->ne[0], NULL, &ignored) == WELD_OK;
+        if (!x->gemm)
+            continue;
+        bool aligned = !per_head || c->head_dim % 16 == 0;
+        x->repacked = aligned && gemm_repack_pays(w->go, t->type) &&
+                      gemm_repack_bytes(t->type, x->rows, x->k) > 0;
+        if (x->repacked)
+            total += gemm_repack_bytes(t->type, x->rows, x->k);
+    }
+    return total;
+}
+
+/* Repack the planned matrices into one aligned block and set every act_row_bytes. */
+static int mats_repack(struct exec_weights *w, size_t total, struct weld_err *e)
+{
+    const struct model_config *c = &w->m->cfg;
+    int n = N_LAYER_MATS * c->n_layer + 1;
+    uint8_t *dst = NULL;
+    if (total) {
+        if (total > SIZE_MAX - 64 || !(w->repack_raw = wmalloc(total + 64)))
+            return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for %zu bytes of repacked "
+                           "weights", model_where(w->m), total);
+        dst = (uint8_t *)w->repack_raw + (64 - (uintptr_t)w->repack_raw % 64) % 64;
+    }
+    struct progress pr;
+    progress_start(&pr, "repacking weights", total);
+    for (int i = 0; i < n; i++) {
+        const struct tensor *t;
+        bool per_head;
+        struct exec_mat *x = mat_at(w, i, &t, &per_head);
+        if (x->repacked) {
+            size_t nb = gemm_repack_bytes(t->type, x->rows, x->k);
+            x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
+            WELD_ASSERT(x->wtype >= 0);
+            x->data = dst;
+            dst += nb;
+            progress_add(&pr, nb);
+        }
+        if (x->gemm) {
+            x->act_row_bytes = (gemm_act_row_bytes(x->wtype, x->k) + 63) / 64 * 64;
+            if (x->act_row_bytes > w->max_act_row_bytes)
+                w->max_act_row_bytes = x->act_row_bytes;
+        }
+    }
+    progress_end(&pr);
+    return WELD_OK;
+}
+
+static int mats_create(struct exec_weights *w, struct weld_err *e)
+{
+    int rc = isa_init(e);
+    if (rc)
+        return rc;
+    w->go = gemm_ops_get();
+    if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
+                       model_where(w->m));
+    return mats_repack(w, mats_plan(w), e);
+}
+
 void exec_weights_free(struct exec_weights *w)
 {
     if (!w)
         return;
+    wfree(w->repack_raw);
+    wfree(w->mats);
     wfree(w->mem);
     wfree(w->layers);
     wfree(w);
@@ -180,6 +287,10 @@ int exec_weights_create(struct exec_weights **out, const struct model *m, struct
             v->k_norm = take_vec(&L->k_norm, c->head_dim, &cur);
         }
         v->ffn_norm = take_vec(&L->ffn_norm, c->dim, &cur);
+    }
+    if ((rc = mats_create(w, e))) {
+        exec_weights_free(w);
+        return rc;
     }
     *out = w;
     return WELD_OK;

@@ -9,13 +9,44 @@
  *
  * It also widens the small per-layer vectors (norm weights, biases, qk-norm weights) to
  * f32 once, so kernels never convert them per token; matrices stay where they are (mmapped
- * or caller-owned) in their own type.
+ * or caller-owned) in their own type, except Q8_0 / Q4_0 matrices on ISAs where the
+ * 16-row interleaved form runs faster (gemm_repack_pays): those are repacked once, here,
+ * into one 64-byte aligned block owned by exec_weights (same size as the original; the
+ * original stays mapped for the embedding lookup of tied models).
+ *
+ * Each matrix the ops multiply is described by a struct exec_mat: the gemm weight type
+ * (possibly a repacked id), its rows, and whether the gemm kernels run it at all (types
+ * without a gemm kernel, e.g. Q5_K, fall back to kern_row_dot in ops.c). The choice
+ * depends only on the model and the ISA picked at start (isa_init), never on the executor,
+ * so every executor over the same exec_weights computes the same numbers. A matrix is
+ * repacked only if every row range the ops hand it starts at a multiple of 16: always true
+ * for the row-split ops (program.c aligns splits to 16), and for Q/K/V only when head_dim
+ * is a multiple of 16 (one gemm per head).
  */
 #ifndef WELD_EXEC_WEIGHTS_H
 #define WELD_EXEC_WEIGHTS_H
 
 #include "core/err.h"
+#include "kernels/cpu/gemm.h"
 #include "model/model.h"
+
+/* One weight matrix as the ops multiply it: rows [0, rows) of k elements. */
+struct exec_mat {
+    int wtype;            /* gemm weight type (a GGUF type or GEMM_*_R16); the tensor's
+                             type when !gemm */
+    bool gemm;            /* false: no gemm kernel for this type, ops use kern_row_dot */
+    bool repacked;        /* data is the 16-row interleaved form (row ranges start at
+                             multiples of 16) */
+    const void *data;     /* row r at data + r * row_bytes (repacked: see gemm.h) */
+    size_t row_bytes;     /* dtype row bytes of k */
+    size_t act_row_bytes; /* quantized activation bytes per token (multiple of 64; 0 for
+                             the float path and for !gemm) */
+    int64_t rows, k;
+};
+
+struct exec_layer_mats {
+    struct exec_mat wq, wk, wv, wo, gate, up, down;
+};
 
 struct exec_layer_vecs {
     float *attn_norm, *ffn_norm; /* (dim) */
@@ -30,8 +61,14 @@ struct exec_weights {
     struct exec_layer_vecs *layers;  /* (n_layer) */
     float rope_pos_scale;            /* 1 / linear rope factor, else 1 */
     float *mem;                      /* backing of every vector above */
+    const struct gemm_ops *go;       /* kernels of the ISA picked at start */
+    struct exec_layer_mats *mats;    /* (n_layer) */
+    struct exec_mat output;          /* (n_vocab rows of dim) */
+    size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */
+    void *repack_raw;                /* allocation behind the repacked matrices, or NULL */
 };
 
+/* Fails with isa_init's message if WELD_ISA asks for an instruction set the CPU lacks. */
 int exec_weights_create(struct exec_weights **out, const struct model *m, struct weld_err *e);
 void exec_weights_free(struct exec_weights *w);
 
