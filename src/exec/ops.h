@@ -29,7 +29,9 @@ struct exec_step {
     float *logits;           /* (n_logit_rows, n_vocab) caller's output */
 };
 
-/* Floats of per-worker scratch an op needs for model config c. */
+/* Floats of per-worker scratch an op needs for model config c: f32 work buffers plus room
+   for quantized activations of any weight type the config allows, aligned by the ops
+   themselves (the scratch itself needs only float alignment). */
 size_t exec_scratch_floats(const struct model_config *c);
 
 /* Run one instruction. */

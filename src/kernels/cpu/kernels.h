@@ -6,14 +6,17 @@
  * partial sums in a fixed order and combine them in a fixed order, so a result depends
  * only on its inputs, never on how the caller split the work (rows, tokens, sequences) or
  * on what else is in the batch. That property is what makes batched, chunked and split
- * runs bit-identical to single runs; fast kernels (later, per ISA) must keep it within one
- * build or document where they do not.
+ * runs bit-identical to single runs; the per-ISA kernels (gemm.h) keep it under their own
+ * contract, exact across ISAs.
  *
  * Weights: one place, kern_row_dot(), knows how to take the dot product of a weight row of
  * any supported type with an f32 vector. F32 rows are used in place; F16/BF16 rows are
  * widened and every other type is expanded with dtype_dequantize_row() into a caller
- * scratch buffer (KERN_ROW_SCRATCH(n) floats), then dotted. Simple and correct; the fast
- * kernels of a later issue will dot quantized blocks directly.
+ * scratch buffer (KERN_ROW_SCRATCH(n) floats), then dotted. Simple and correct. The
+ * executor's matrix products and norms now run on gemm.h (quantized blocks dotted
+ * directly, activations quantized to int8); kern_row_dot remains the path for weight types
+ * gemm.h does not cover (Q4_1, Q5_*, ...) and q8_0 KV keys, and the rest of this file
+ * (rope, silu, axpy, embedding rows) is used as is.
  *
  * Nothing here allocates, fails or checks shapes: callers (exec/weights.c) validate
  * tensors once at load time.
