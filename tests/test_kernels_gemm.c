@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "format/dtype.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kernels.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -483,6 +484,46 @@ TEST(row_dot_and_rmsnorm)
     }
 }
 
+/* to_f32 widens every non-NaN f16 and bf16 bit pattern exactly as the format code does
+   (kern_to_f32), at lengths that leave every tail size; F32 is a copy. */
+TEST(to_f32)
+{
+    enum { N = 65536 };
+    uint16_t *h = malloc(sizeof(uint16_t) * N);
+    float *want = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
+    int n = 0;
+    for (int t = 0; t < 2; t++) {
+        const int type = t ? DT_BF16 : DT_F16;
+        n = 0;
+        for (uint32_t b = 0; b < N; b++) {
+            const bool nan = t ? (b & 0x7f80) == 0x7f80 && (b & 0x7f)
+                               : (b & 0x7c00) == 0x7c00 && (b & 0x3ff);
+            if (!nan)
+                h[n++] = (uint16_t)b;
+        }
+        kern_to_f32(type, h, want, n);
+        for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
+            const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+            if (!o)
+                continue;
+            for (int len = 0; len <= 33; len++) { /* every tail, from odd offsets */
+                memset(got, 0xff, sizeof(float) * 64);
+                o->to_f32(type, h + 7 * len, got, len);
+                CHECK(memcmp(got, want + 7 * len, sizeof(float) * (size_t)len) == 0);
+                CHECK(got[len] != got[len]); /* nothing past len written (still NaN) */
+            }
+            memset(got, 0, sizeof(float) * N);
+            o->to_f32(type, h, got, n);
+            CHECK(memcmp(got, want, sizeof(float) * (size_t)n) == 0);
+            o->to_f32(DT_F32, want, got, 100);
+            CHECK(memcmp(got, want, sizeof(float) * 100) == 0);
+        }
+    }
+    free(h);
+    free(want);
+    free(got);
+}
+
 TEST(check_shapes)
 {
     struct weld_err e = {0};
@@ -522,6 +563,7 @@ int main(void)
     RUN(check_shapes);
     RUN(act_quant_edges);
     RUN(row_dot_and_rmsnorm);
+    RUN(to_f32);
     RUN(float_types);
     RUN(q8_0);
     RUN(q4_0);

@@ -269,8 +269,9 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
    positions [0, n_pos) of the sequence whose block table is `table`; online softmax per
    head. q and out point at the group's first head (heads are hd apart). Scores use
    go->row_dot on the stored key (f32/f16/bf16, read in place) or, for q8_0 K, the key
-   converted once for the whole group; values are converted once per group. Every head's
-   arithmetic is the same as if it ran alone. */
+   converted once for the whole group; values are widened once per group (go->to_f32 for
+   f16/bf16, exact; f32 read in place; q8_0 dequantized). Every head's arithmetic is the
+   same as if it ran alone. */
 static void attend_group(const struct exec_step *st, int layer, const int32_t *table,
                          int kvh, int n_pos, const float *q, float *out, int group,
                          const struct scratch *sc)
@@ -290,8 +291,12 @@ static void attend_group(const struct exec_step *st, int layer, const int32_t *t
         const uint8_t *krow = kv_pos_row(kv, kv->k, layer, table, j);
         const float *k = k_in_place ? NULL : kv_read_head(kv, krow, kvh, sc->kbuf);
         const void *kh = krow + (size_t)kvh * kv->head_bytes;
-        const float *v = kv_read_head(kv, kv_pos_row(kv, kv->v, layer, table, j), kvh,
-                                      sc->vbuf);
+        const uint8_t *vrow = kv_pos_row(kv, kv->v, layer, table, j);
+        const float *v = sc->vbuf;
+        if (k_in_place && kv->type != DT_F32)
+            go->to_f32(kv->type, vrow + (size_t)kvh * kv->head_bytes, sc->vbuf, hd);
+        else
+            v = kv_read_head(kv, vrow, kvh, sc->vbuf);
         for (int g = 0; g < group; g++) {
             float *acc = sc->acc + (size_t)g * hd;
             float s = (k_in_place ? go->row_dot(kv->type, kh, q + (size_t)g * hd, hd)

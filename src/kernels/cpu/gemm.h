@@ -176,6 +176,9 @@ struct gemm_ops {
     /* A single F32/F16/BF16 row (n elements) dotted with x under the float-path contract
        (for attention over K rows of any KV type). */
     float (*row_dot)(int t, const void *row, const float *x, int64_t n);
+    /* dst[i] = row element i widened to f32, i < n, for an F32/F16/BF16 row (exact, so the
+       same on every ISA; for attention's value rows). */
+    void (*to_f32)(int t, const void *row, float *dst, int64_t n);
     /* out = x * (1 / sqrtf(ss / n + eps)) * w (w may be NULL), ss = x . x under the F32
        contract; elementwise ops in that order, so exact across ISAs. out may be x. */
     void (*rmsnorm)(const float *x, const float *w, float eps, float *out, int64_t n);

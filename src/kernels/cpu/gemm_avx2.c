@@ -403,6 +403,25 @@ static float avx2_row_dot(int t, const void *row, const float *x, int64_t n)
     return y;
 }
 
+static void avx2_to_f32(int t, const void *row, float *dst, int64_t n)
+{
+    const uint16_t *h = row;
+    if (t == DT_F32) {
+        memcpy(dst, row, (size_t)n * sizeof(float));
+        return;
+    }
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
+        __m256 f = t == DT_F16
+                       ? _mm256_cvtph_ps(v)
+                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+        _mm256_storeu_ps(dst + i, f);
+    }
+    if (i < n)
+        gemm_ops_scalar.to_f32(t, h + i, dst + i, n - i);
+}
+
 static void avx2_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
 {
     const float ss = avx2_row_dot(DT_F32, x, x, n);
@@ -424,5 +443,6 @@ const struct gemm_ops gemm_ops_avx2 = {
     .act_quant = avx2_act_quant,
     .gemm = avx2_gemm,
     .row_dot = avx2_row_dot,
+    .to_f32 = avx2_to_f32,
     .rmsnorm = avx2_rmsnorm,
 };

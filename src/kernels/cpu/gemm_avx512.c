@@ -606,6 +606,23 @@ static float avx512_row_dot(int t, const void *row, const float *x, int64_t n)
     return y;
 }
 
+static void avx512_to_f32(int t, const void *row, float *dst, int64_t n)
+{
+    const uint16_t *h = row;
+    if (t == DT_F32) {
+        memcpy(dst, row, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m256i v = _mm256_maskz_loadu_epi16(m, h + i);
+        __m512 f = t == DT_F16
+                       ? _mm512_cvtph_ps(v)
+                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+        _mm512_mask_storeu_ps(dst + i, m, f);
+    }
+}
+
 static void avx512_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
 {
     const float ss = avx512_row_dot(DT_F32, x, x, n);
@@ -625,5 +642,6 @@ const struct gemm_ops gemm_ops_avx512 = {
     .act_quant = avx512_act_quant,
     .gemm = avx512_gemm,
     .row_dot = avx512_row_dot,
+    .to_f32 = avx512_to_f32,
     .rmsnorm = avx512_rmsnorm,
 };

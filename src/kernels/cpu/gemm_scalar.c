@@ -421,6 +421,18 @@ void gemm_scalar_r16(const struct gemm_args *a)
     }
 }
 
+static void scalar_to_f32(int t, const void *row, float *dst, int64_t n)
+{
+    const uint8_t *p = row;
+    if (t == DT_F32) {
+        memcpy(dst, row, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = t == DT_F16 ? ld_f16(p + 2 * i)
+                             : bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+}
+
 static void scalar_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
 {
     const float ss = scalar_row_dot(DT_F32, x, x, n);
@@ -434,5 +446,6 @@ const struct gemm_ops gemm_ops_scalar = {
     .act_quant = scalar_act_quant,
     .gemm = scalar_gemm,
     .row_dot = scalar_row_dot,
+    .to_f32 = scalar_to_f32,
     .rmsnorm = scalar_rmsnorm,
 };
