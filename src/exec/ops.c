@@ -44,7 +44,8 @@
 #include <string.h>
 
 #define OPS_TILE 16
-#define OPS_CHUNK 64 /* rows per gemm call of the row-split ops (a multiple of 16) */
+#define OPS_CHUNK 64   /* rows per gemm call of the row-split ops (a multiple of 16) */
+#define OPS_KV_AHEAD 8 /* attention prefetches the K/V heads this many positions ahead */
 
 struct scratch {
     float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kbuf, *vbuf;
@@ -288,6 +289,15 @@ static void attend_group(const struct exec_step *st, int layer, const int32_t *t
     const bool k_in_place = kv->type != DT_Q8_0;
     const struct gemm_ops *go = st->w->go;
     for (int j = 0; j < n_pos; j++) {
+        if (j + OPS_KV_AHEAD < n_pos) { /* rows of a head are far apart: help the prefetcher */
+            const size_t off = (size_t)kvh * kv->head_bytes;
+            const uint8_t *kn = kv_pos_row(kv, kv->k, layer, table, j + OPS_KV_AHEAD) + off;
+            const uint8_t *vn = kv_pos_row(kv, kv->v, layer, table, j + OPS_KV_AHEAD) + off;
+            for (size_t b = 0; b < kv->head_bytes; b += 64) {
+                __builtin_prefetch(kn + b);
+                __builtin_prefetch(vn + b);
+            }
+        }
         const uint8_t *krow = kv_pos_row(kv, kv->k, layer, table, j);
         const float *k = k_in_place ? NULL : kv_read_head(kv, krow, kvh, sc->kbuf);
         const void *kh = krow + (size_t)kvh * kv->head_bytes;
