@@ -606,6 +606,14 @@ static float avx512_row_dot(int t, const void *row, const float *x, int64_t n)
     return y;
 }
 
+static __m512 widen16(int t, __m256i v)
+{
+    return t == DT_F16 ? _mm512_cvtph_ps(v)
+                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+/* Plain loads and stores in the body (a masked store cannot forward to the caller's next
+   loads of dst), masks only for the tail. */
 static void avx512_to_f32(int t, const void *row, float *dst, int64_t n)
 {
     const uint16_t *h = row;
@@ -613,13 +621,12 @@ static void avx512_to_f32(int t, const void *row, float *dst, int64_t n)
         memcpy(dst, row, (size_t)n * sizeof(float));
         return;
     }
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m256i v = _mm256_maskz_loadu_epi16(m, h + i);
-        __m512 f = t == DT_F16
-                       ? _mm512_cvtph_ps(v)
-                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-        _mm512_mask_storeu_ps(dst + i, m, f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, widen16(t, _mm256_loadu_si256((const __m256i *)(h + i))));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(dst + i, m, widen16(t, _mm256_maskz_loadu_epi16(m, h + i)));
     }
 }
 
