@@ -109,7 +109,8 @@ struct program {
 
 /* Build the program for model config c and the shape of batch b (which must be valid).
    n_splits >= 1: row-range ops are cut into that many slices (fewer when there are fewer
-   rows or heads than that). */
+   rows or heads than that). Matrix ops (O, FFN, DOWN, FINAL) start every slice at a
+   multiple of 16 rows, so repacked 16-row weight groups (kernels/cpu/gemm.h) are never cut. */
 int program_build(struct program **out, const struct model_config *c, const struct batch *b,
                   int n_splits, struct weld_err *e);
 void program_free(struct program *p);
