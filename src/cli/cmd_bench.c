@@ -12,6 +12,8 @@
  *   multi-turn     --num-groups conversations of num-prompts / num-groups turns; turn k+1's
  *                  prompt is turn k's prompt + its output + --input-len new tokens, sent
  *                  when turn k finishes, so later turns hit the prefix cache.
+ * (`weld bench -m MODEL` and `weld bench --bandwidth`, the kernel benchmark, live in
+ * bench_model.c; cmd_bench hands every invocation without "throughput" to it.)
  * The clock runs from the first request to the last token (model loading excluded).
  * Reported: requests, seconds, output tokens/s, total tokens/s ((prompt + output) / s),
  * prefix-cache hit rate (cached / prompt tokens), preemptions, mean TTFT; --json prints one
@@ -365,11 +367,8 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
 
 int cmd_bench(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "throughput")) {
-        fprintf(argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? stdout : stderr,
-                "usage: weld bench throughput -m MODEL [options]   (see weld bench throughput --help)\n");
-        return argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 2;
-    }
+    if (argc < 2 || strcmp(argv[1], "throughput"))
+        return cmd_bench_model(argc, argv); /* -m MODEL, --bandwidth, --help: bench_model.c */
     struct cli_engine_opts eo;
     cli_engine_opts_init(&eo);
     struct bench_opts o = {.dataset = "random", .num_prompts = 64, .input_len = 512,

@@ -1,0 +1,343 @@
+/*
+ * bench_model - `weld bench -m MODEL` (prefill and decode tokens/s of the executor and
+ * kernels, against the memory roofline) and `weld bench --bandwidth` (the probe alone).
+ *
+ * What is measured: the runner directly (runner_create_ex: one sequence, f16 KV cache,
+ * -t workers, default one per physical core), not the engine, so scheduling costs are
+ * left out, as in llama-bench. Token ids are random (seeded, non-special when the model
+ * carries a tokenizer); their values do not change the work.
+ *   warm-up   one untimed prefill of -p tokens and one decode step (llama-bench does the same)
+ *   pp        per repetition: one prefill of -p tokens from an empty sequence, timed
+ *   tg        per repetition: an untimed one-token prompt, then -n single-token decode
+ *             steps, timed together (tok/s = n / seconds)
+ *   -r        repetitions; median, min and max tok/s of each
+ * Decode bandwidth: bytes one decode step reads x tg median tok/s / 1e9. The bytes counted
+ * are every layer weight, the output norm and the output matrix once; the token embedding
+ * table is not counted when the output matrix is separate (a step reads one of its rows),
+ * and is counted once, as the output matrix, when the embeddings are tied. The share is
+ * that figure over the best pass of bw_probe run in the same invocation with the same
+ * number of threads (default 2 GiB, 5 passes; --probe-size changes it).
+ *
+ * Output: a table on stdout, or with --json exactly one JSON object on stdout:
+ *   {"model", "threads", "isa", "pp": {"tokens", "tok_s_median", "tok_s_min",
+ *    "tok_s_max"}, "tg": {same}, "bandwidth": {"gb_s", "probe_gb_s", "share"}}
+ * With --bandwidth only the probe runs; its JSON is {"threads", "isa", "bytes", "passes",
+ * "probe_gb_s", "probe_gb_s_median"}.
+ *
+ * Not here: batched decode, long-context decode, the engine (see `weld bench throughput`).
+ */
+#include "cli/cli.h"
+#include "core/alloc.h"
+#include "core/err.h"
+#include "core/json.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "core/team.h"
+#include "exec/runner.h"
+#include "kernels/cpu/bandwidth.h"
+#include "kernels/cpu/isa.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_MAX_TOKENS (1 << 20)
+#define BENCH_MAX_REPS 1000
+
+struct bm_opts {
+    const char *model;
+    int n_prompt, n_gen, reps, threads;
+    uint64_t probe_size;
+    bool json, bandwidth;
+};
+
+struct bm_stat {
+    int tokens;
+    double median, min, max;
+};
+
+struct bm_run {
+    struct model *m;
+    struct tokenizer *tok; /* NULL: every id is fair game */
+    struct runner *r;
+    struct rng g;
+    int n_vocab;
+    int32_t *ids; /* (n_prompt) */
+    float *logits; /* (n_vocab) */
+};
+
+static int32_t bm_token(struct bm_run *b)
+{
+    int32_t t = 0;
+    for (int tries = 0; tries < 1000; tries++) {
+        t = (int32_t)(rng_u64(&b->g) % (uint64_t)b->n_vocab);
+        if (!b->tok || (!tokenizer_is_special(b->tok, t) && !tokenizer_is_eog(b->tok, t)))
+            break;
+    }
+    return t;
+}
+
+/* Feed n tokens (random) at pos to sequence 0; only the last token's logits. */
+static int bm_step(struct bm_run *b, int pos, int n, struct weld_err *e)
+{
+    for (int i = 0; i < n; i++)
+        b->ids[i] = bm_token(b);
+    struct batch_seq s = {.seq_id = 0, .tokens = b->ids, .n_tokens = n, .pos = pos};
+    struct batch bt = {.seqs = &s, .n_seqs = 1};
+    return runner_forward(b->r, &bt, b->logits, e);
+}
+
+/* One timed prefill of n tokens from an empty sequence; seconds in *dt. */
+static int bm_prefill(struct bm_run *b, int n, double *dt, struct weld_err *e)
+{
+    runner_drop_seq(b->r, 0);
+    double t0 = time_now();
+    int rc = bm_step(b, 0, n, e);
+    *dt = time_now() - t0;
+    runner_drop_seq(b->r, 0);
+    return rc;
+}
+
+/* A one-token prompt (untimed), then n timed decode steps. */
+static int bm_decode(struct bm_run *b, int n, double *dt, struct weld_err *e)
+{
+    runner_drop_seq(b->r, 0);
+    int rc = bm_step(b, 0, 1, e);
+    double t0 = time_now();
+    for (int i = 0; rc == WELD_OK && i < n; i++)
+        rc = bm_step(b, 1 + i, 1, e);
+    *dt = time_now() - t0;
+    runner_drop_seq(b->r, 0);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median / min / max of v[0..n) (sorted in place). */
+static struct bm_stat bm_stats(double *v, int n, int tokens)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return (struct bm_stat){tokens, med, v[0], v[n - 1]};
+}
+
+/* Bytes one decode step reads (see the file comment). */
+static size_t bm_decode_bytes(const struct model *m)
+{
+    size_t n = model_weight_bytes(m);
+    bool untied = m->output.data && m->output.data != m->tok_embd.data;
+    if (untied && n >= m->tok_embd.nbytes)
+        n -= m->tok_embd.nbytes;
+    return n;
+}
+
+static int bm_open(struct bm_run *b, const struct bm_opts *o, struct weld_err *e)
+{
+    int rc = model_load(&b->m, o->model, e);
+    if (rc)
+        return rc;
+    b->n_vocab = b->m->cfg.n_vocab;
+    if (b->n_vocab < 1)
+        return err_set(e, WELD_ERR_FORMAT, "%s: model has no vocabulary", o->model);
+    if (b->m->gguf && tokenizer_load_gguf(&b->tok, b->m->gguf, e) != WELD_OK) {
+        b->tok = NULL; /* ids only: specials may be drawn, which costs the same */
+        err_clear(e);
+    }
+    struct backend_params p;
+    int ctx = o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1;
+    backend_params_init(&p, 1, ctx);
+    p.n_threads = o->threads;
+    rc = runner_create_ex(&b->r, b->m, &p, e);
+    if (rc)
+        return rc;
+    b->ids = wmalloc((size_t)o->n_prompt * sizeof *b->ids);
+    b->logits = wmalloc((size_t)b->n_vocab * sizeof *b->logits);
+    if (!b->ids || !b->logits)
+        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    rng_seed(&b->g, 1);
+    return WELD_OK;
+}
+
+static void bm_close(struct bm_run *b)
+{
+    runner_free(b->r);
+    tokenizer_free(b->tok);
+    model_free(b->m);
+    wfree(b->ids);
+    wfree(b->logits);
+}
+
+/* Warm-up, then -r repetitions of pp and tg. */
+static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat *pp,
+                      struct bm_stat *tg, struct weld_err *e)
+{
+    double *v = wcalloc(2 * (size_t)o->reps, sizeof *v), dt;
+    if (!v)
+        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    int rc = bm_prefill(b, o->n_prompt, &dt, e);
+    if (rc == WELD_OK)
+        rc = bm_decode(b, 1, &dt, e);
+    for (int i = 0; rc == WELD_OK && i < o->reps; i++) {
+        rc = bm_prefill(b, o->n_prompt, &dt, e);
+        v[i] = dt > 0 ? o->n_prompt / dt : 0;
+        if (rc == WELD_OK)
+            rc = bm_decode(b, o->n_gen, &dt, e);
+        v[o->reps + i] = dt > 0 ? o->n_gen / dt : 0;
+    }
+    if (rc == WELD_OK) {
+        *pp = bm_stats(v, o->reps, o->n_prompt);
+        *tg = bm_stats(v + o->reps, o->reps, o->n_gen);
+    }
+    wfree(v);
+    return rc;
+}
+
+static int bm_probe(const struct bm_opts *o, int threads, struct bw_result *bw,
+                    struct weld_err *e)
+{
+    return bw_probe((size_t)o->probe_size, threads, 5, bw, e);
+}
+
+static json_t *bm_stat_json(const struct bm_stat *s)
+{
+    return json_pack("{s:i, s:f, s:f, s:f}", "tokens", s->tokens, "tok_s_median", s->median,
+                     "tok_s_min", s->min, "tok_s_max", s->max);
+}
+
+static void bm_print_json(json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (s)
+        printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
+static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threads,
+                      const struct bm_stat *pp, const struct bm_stat *tg,
+                      const struct bw_result *bw)
+{
+    size_t bytes = bm_decode_bytes(b->m);
+    double gb_s = (double)bytes * tg->median / 1e9;
+    double share = bw->gb_s_best > 0 ? gb_s / bw->gb_s_best : 0;
+    const char *isa = isa_name(isa_active());
+    if (o->json) {
+        bm_print_json(json_pack("{s:s, s:i, s:s, s:o, s:o, s:{s:f, s:f, s:f}}", "model",
+                                o->model, "threads", threads, "isa", isa, "pp",
+                                bm_stat_json(pp), "tg", bm_stat_json(tg), "bandwidth",
+                                "gb_s", gb_s, "probe_gb_s", bw->gb_s_best, "share", share));
+        return;
+    }
+    printf("model %s\n%d threads, isa %s, %d repetitions; %s\n", o->model, threads, isa,
+           o->reps, runner_describe(b->r));
+    printf("%-8s %8s %12s %12s %12s\n", "test", "tokens", "median t/s", "min t/s", "max t/s");
+    printf("%-8s %8d %12.2f %12.2f %12.2f\n", "pp", pp->tokens, pp->median, pp->min, pp->max);
+    printf("%-8s %8d %12.2f %12.2f %12.2f\n", "tg", tg->tokens, tg->median, tg->min, tg->max);
+    printf("decode bandwidth: %.2f GB/s (%.1f MB per token) = %.1f%% of the probe's "
+           "%.2f GB/s (best of %d passes over %.2f GiB, %s read loop)\n",
+           gb_s, (double)bytes / 1e6, 100 * share, bw->gb_s_best, bw->passes,
+           (double)bw->bytes / (1024.0 * 1024 * 1024), bw->isa);
+}
+
+static int bm_run_model(const struct bm_opts *o, struct weld_err *e)
+{
+    struct bm_run b;
+    memset(&b, 0, sizeof b);
+    struct bm_stat pp = {0}, tg = {0};
+    struct bw_result bw = {0};
+    int threads = o->threads > 0 ? o->threads : team_default_size();
+    int rc = isa_init(e);
+    if (rc == WELD_OK)
+        rc = bm_open(&b, o, e);
+    if (rc == WELD_OK)
+        rc = bm_measure(&b, o, &pp, &tg, e);
+    if (rc == WELD_OK)
+        rc = bm_probe(o, threads, &bw, e);
+    if (rc == WELD_OK)
+        bm_report(o, &b, threads, &pp, &tg, &bw);
+    bm_close(&b);
+    return rc;
+}
+
+static int bm_run_bandwidth(const struct bm_opts *o, struct weld_err *e)
+{
+    struct bw_result bw;
+    int threads = o->threads > 0 ? o->threads : team_default_size();
+    int rc = bm_probe(o, threads, &bw, e);
+    if (rc)
+        return rc;
+    if (o->json)
+        bm_print_json(json_pack("{s:i, s:s, s:I, s:i, s:f, s:f}", "threads", threads, "isa",
+                                bw.isa, "bytes", (json_int_t)bw.bytes, "passes", bw.passes,
+                                "probe_gb_s", bw.gb_s_best, "probe_gb_s_median",
+                                bw.gb_s_median));
+    else
+        printf("read bandwidth: best %.2f GB/s, median %.2f GB/s (%d threads, %d passes over "
+               "%.2f GiB, %s read loop)\n",
+               bw.gb_s_best, bw.gb_s_median, threads, bw.passes,
+               (double)bw.bytes / (1024.0 * 1024 * 1024), bw.isa);
+    return WELD_OK;
+}
+
+static int bm_check(const struct bm_opts *o)
+{
+    const char *what = NULL;
+    if (!o->bandwidth && !o->model)
+        what = "-m MODEL (or --bandwidth) is required";
+    else if (o->n_prompt < 1 || o->n_prompt > BENCH_MAX_TOKENS)
+        what = "-p must be in [1, 1048576]";
+    else if (o->n_gen < 1 || o->n_gen > BENCH_MAX_TOKENS)
+        what = "-n must be in [1, 1048576]";
+    else if (o->reps < 1 || o->reps > BENCH_MAX_REPS)
+        what = "-r must be in [1, 1000]";
+    else if (o->threads < 0 || o->threads > 256)
+        what = "-t must be in [0, 256]";
+    else if (o->probe_size < (1u << 20) || o->probe_size > ((uint64_t)1 << 40))
+        what = "--probe-size must be in [1M, 1T]";
+    if (what)
+        fprintf(stderr, "weld bench: %s (see weld bench --help)\n", what);
+    return what ? 2 : 0;
+}
+
+int cmd_bench_model(int argc, char **argv)
+{
+    struct bm_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 5,
+                        .probe_size = (uint64_t)2 << 30};
+    const struct cli_opt opts[] = {
+        {"model", 'm', OPT_STR, &o.model, "MODEL", "GGUF file or HF directory to benchmark"},
+        {"n-prompt", 'p', OPT_INT, &o.n_prompt, "P", "prefill tokens (default 512)"},
+        {"n-gen", 'n', OPT_INT, &o.n_gen, "N", "decode steps (default 128)"},
+        {"repetitions", 'r', OPT_INT, &o.reps, "R", "repetitions; median/min/max over them (default 5)"},
+        {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core)"},
+        {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
+        {"probe-size", 0, OPT_SIZE, &o.probe_size, "S", "bytes the probe reads per pass (default 2G)"},
+        {"json", 0, OPT_FLAG, &o.json, NULL, "print one JSON object on stdout"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int prc = cli_parse(argc, argv, "bench -m MODEL [-p 512] [-n 128] [-r 5] [-t N] [--json]\n"
+                        "       weld bench --bandwidth [-t N] [--json]\n"
+                        "       weld bench throughput -m MODEL [options]  (see weld bench throughput --help)",
+                        "Prefill (pp) and decode (tg) tokens/s of the CPU executor and kernels on\n"
+                        "random token ids, and decode bandwidth against a read-bandwidth probe run\n"
+                        "in the same invocation.",
+                        opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
+    if (prc)
+        return prc == 1 ? 0 : 2;
+    if (bm_check(&o))
+        return 2;
+    struct weld_err e;
+    err_clear(&e);
+    int rc = o.bandwidth && !o.model ? bm_run_bandwidth(&o, &e) : bm_run_model(&o, &e);
+    if (rc) {
+        fprintf(stderr, "weld bench: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Functional checks of `weld bench -m MODEL` and `weld bench --bandwidth` on stories260K
+# (-r 1 -p 16 -n 8, a small probe): --json prints exactly one JSON object with every field
+# of issue 5's schema and sane values (positive rates, min <= median <= max, token counts
+# as asked, gb_s = share x probe_gb_s), the table names pp/tg and the bandwidth, `weld
+# bench throughput` still dispatches to its own command, and bad options fail with a
+# message. Timing values are not judged.
+# usage: cli_bench.sh WELD_BIN SHARED_DIR
+set -u
+weld=$1 shared=$2
+model="$shared/models/stories260K.gguf"
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
+
+if [ ! -f "$model" ]; then
+  echo "stories260K.gguf not found under $shared/models; skipping" >&2
+  echo "0 passed, 0 failed"
+  exit 0
+fi
+if ! command -v node >/dev/null; then
+  echo "node not found; skipping" >&2
+  echo "0 passed, 0 failed"
+  exit 0
+fi
+export WELD_NO_PROGRESS=1
+
+# The JSON report: one line, every field, sane values.
+out=$("$weld" bench -m "$model" -r 2 -p 16 -n 8 -t 1 --probe-size 64M --json 2>/dev/null)
+rc=$?
+[ $rc -eq 0 ] && ok || bad "bench --json exited $rc"
+[ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] && ok || bad "bench --json: not one line: [$out]"
+msg=$(printf '%s' "$out" | node -e '
+  const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
+  const errs = [];
+  const num = (v, k) => { if (typeof v !== "number" || !isFinite(v)) errs.push(k + " not a number"); };
+  if (typeof j.model !== "string" || !j.model.endsWith("stories260K.gguf")) errs.push("model");
+  if (j.threads !== 1) errs.push("threads " + j.threads);
+  if (!["scalar", "avx2", "avx512"].includes(j.isa)) errs.push("isa " + j.isa);
+  for (const [k, n] of [["pp", 16], ["tg", 8]]) {
+    const s = j[k];
+    if (!s) { errs.push(k + " missing"); continue; }
+    if (s.tokens !== n) errs.push(k + ".tokens " + s.tokens);
+    for (const f of ["tok_s_median", "tok_s_min", "tok_s_max"]) num(s[f], k + "." + f);
+    if (!(s.tok_s_min > 0 && s.tok_s_min <= s.tok_s_median && s.tok_s_median <= s.tok_s_max))
+      errs.push(k + ": not 0 < min <= median <= max");
+    if (Object.keys(s).length !== 4) errs.push(k + ": extra fields");
+  }
+  const b = j.bandwidth || {};
+  for (const f of ["gb_s", "probe_gb_s", "share"]) num(b[f], "bandwidth." + f);
+  if (!(b.gb_s > 0 && b.probe_gb_s > 0 && b.share > 0)) errs.push("bandwidth not positive");
+  if (Math.abs(b.share * b.probe_gb_s - b.gb_s) > 1e-6 * b.gb_s) errs.push("share != gb_s / probe_gb_s");
+  if (Object.keys(j).sort().join() !== "bandwidth,isa,model,pp,tg,threads") errs.push("top-level keys " + Object.keys(j));
+  console.log(errs.length ? errs.join("; ") : "ok");
+' 2>&1)
+[ "$msg" == "ok" ] && ok || bad "bench --json schema: $msg [$out]"
+
+# WELD_ISA=scalar is reported as such.
+out=$(WELD_ISA=scalar "$weld" bench -m "$model" -r 1 -p 4 -n 2 -t 1 --probe-size 16M --json 2>/dev/null)
+expect_contains "$out" '"isa":"scalar"' "WELD_ISA=scalar"
+
+# The table.
+out=$("$weld" bench -m "$model" -r 1 -p 16 -n 8 -t 1 --probe-size 64M 2>&1)
+expect_contains "$out" "pp             16" "table pp row"
+expect_contains "$out" "tg              8" "table tg row"
+expect_contains "$out" "decode bandwidth:" "table bandwidth line"
+
+# The probe alone.
+out=$("$weld" bench --bandwidth -t 1 --probe-size 32M --json 2>/dev/null)
+msg=$(printf '%s' "$out" | node -e '
+  const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
+  console.log(j.threads === 1 && j.passes === 5 && j.bytes > 0 && j.probe_gb_s > 0 &&
+              j.probe_gb_s >= j.probe_gb_s_median ? "ok" : "bad");' 2>&1)
+[ "$msg" == "ok" ] && ok || bad "bench --bandwidth --json: [$out]"
+
+# Dispatch and help.
+out=$("$weld" bench --help 2>&1)
+expect_contains "$out" "weld bench --bandwidth" "bench --help"
+expect_contains "$out" "bench throughput" "bench --help lists throughput"
+out=$("$weld" bench throughput --help 2>&1)
+expect_contains "$out" "--dataset" "bench throughput --help"
+
+# Bad usage: exit 2 with a message; a missing model: exit 1 naming it.
+for args in "-p 0 -m $model" "-r 0 -m $model" "-n -1 -m $model" "" "-m $model --probe-size 1K"; do
+  # shellcheck disable=SC2086
+  out=$("$weld" bench $args 2>&1)
+  rc=$?
+  [ $rc -eq 2 ] && ok || bad "bench $args: exit $rc, want 2 [$out]"
+  expect_contains "$out" "weld bench" "bench $args message"
+done
+out=$("$weld" bench -m /nonexistent.gguf -r 1 -p 4 -n 2 2>&1)
+rc=$?
+[ $rc -eq 1 ] && ok || bad "missing model: exit $rc"
+expect_contains "$out" "/nonexistent.gguf" "missing model message"
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
