@@ -2,13 +2,9 @@
  * cmd_batch - `weld batch`: offline generation for a JSONL file of requests.
  *
  * Input: one JSON object per line, either the request itself or an OpenAI batch line
- * ({"custom_id": ..., "body": {...}}). A request has "prompt" (a string, or an array of
- * token ids), "prompt_token_ids" or "messages", and sampling parameters by their
- * OpenAI / vLLM names: max_tokens (max_completion_tokens), min_tokens, temperature, top_p,
- * top_k, min_p, repetition_penalty, frequency_penalty, presence_penalty, seed, stop (string
- * or array), stop_token_ids, ignore_eos, n, logprobs (int, or true with top_logprobs),
- * priority, cache_salt, include_stop_str_in_output, skip_special_tokens,
- * add_special_tokens. Unknown keys are ignored; a key of the wrong type fails that line.
+ * ({"custom_id": ..., "body": {...}}), parsed by engine/batch_io.h (which lists the keys:
+ * "prompt", "prompt_token_ids" or "messages", and sampling parameters by their OpenAI /
+ * vLLM names). Unknown keys are ignored; a key of the wrong type fails that line.
  *
  * Output: one JSON object per input line, in input order, written as soon as every earlier
  * line is complete: {"id", "text", "finish_reason", "stop_reason", "token_ids",
@@ -25,6 +21,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "engine/batch_io.h"
 #include "engine/engine.h"
 
 #include <stdio.h>
@@ -115,164 +112,6 @@ void cli_engine_summary(const struct engine *eng, double seconds, const char *wh
             seconds > 0 ? (double)tot / seconds : 0.0, (unsigned long long)st.steps,
             (unsigned long long)st.preemptions, st.kv_blocks,
             (double)st.kv_bytes / (1024.0 * 1024.0));
-}
-
-/* ---- one input line -> request params ------------------------------------------------- */
-
-/* Storage behind a request_params parsed from JSON (the strings point into the JSON). */
-struct line_req {
-    struct request_params p;
-    int32_t *prompt_ids, *stop_ids;
-    const char **stops;
-};
-
-static void line_req_free(struct line_req *lr)
-{
-    wfree(lr->prompt_ids);
-    wfree(lr->stop_ids);
-    wfree((void *)lr->stops);
-}
-
-/* An array of token ids (json integers in [0, INT32_MAX]). */
-static int get_ids(const json_t *a, const char *key, int32_t **out, int *n, struct weld_err *e)
-{
-    if (!json_is_array(a))
-        return err_set(e, WELD_ERR_FORMAT, "field '%s': expected an array of token ids", key);
-    size_t len = json_array_size(a);
-    *out = wmalloc((len ? len : 1) * sizeof **out);
-    if (!*out)
-        return err_set(e, WELD_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < len; i++) {
-        const json_t *v = json_array_get(a, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) > INT32_MAX)
-            return err_set(e, WELD_ERR_FORMAT, "field '%s[%zu]': not a token id", key, i);
-        (*out)[i] = (int32_t)json_integer_value(v);
-    }
-    *n = (int)len;
-    return WELD_OK;
-}
-
-static int get_stop(const json_t *o, struct line_req *lr, struct weld_err *e)
-{
-    const json_t *s = json_object_get(o, "stop");
-    if (!s || json_is_null(s))
-        return WELD_OK;
-    size_t n = json_is_string(s) ? 1 : json_is_array(s) ? json_array_size(s) : 0;
-    if (!json_is_string(s) && !json_is_array(s))
-        return err_set(e, WELD_ERR_FORMAT, "field 'stop': expected a string or an array");
-    if (!(lr->stops = wcalloc(n ? n : 1, sizeof *lr->stops)))
-        return err_set(e, WELD_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        const json_t *v = json_is_string(s) ? s : json_array_get(s, i);
-        if (!json_is_string(v))
-            return err_set(e, WELD_ERR_FORMAT, "field 'stop[%zu]': expected a string", i);
-        lr->stops[i] = json_string_value(v);
-    }
-    lr->p.stop = lr->stops;
-    lr->p.n_stop = (int)n;
-    return WELD_OK;
-}
-
-static int get_sampling(const json_t *o, struct request_params *p, struct weld_err *e)
-{
-    static const char *fkeys[] = {"temperature", "top_p", "min_p", "repetition_penalty",
-                                  "frequency_penalty", "presence_penalty"};
-    float *fdst[] = {&p->sampling.temperature, &p->sampling.top_p, &p->sampling.min_p,
-                     &p->sampling.repetition_penalty, &p->sampling.frequency_penalty,
-                     &p->sampling.presence_penalty};
-    for (int i = 0; i < 6; i++) {
-        double d;
-        int rc = jget_double(o, fkeys[i], &d, "request", e);
-        if (rc == WELD_OK)
-            *fdst[i] = (float)d;
-        else if (rc != WELD_ERR_NOT_FOUND)
-            return rc;
-    }
-    static const char *ikeys[] = {"top_k", "max_tokens", "max_completion_tokens",
-                                  "min_tokens", "n", "priority"};
-    int *idst[] = {&p->sampling.top_k, &p->max_tokens, &p->max_tokens, &p->min_tokens, &p->n,
-                   &p->priority};
-    for (int i = 0; i < 6; i++) {
-        int64_t v;
-        int rc = jget_int(o, ikeys[i], &v, "request", e);
-        if (rc == WELD_OK && (v < INT32_MIN || v > INT32_MAX))
-            return err_set(e, WELD_ERR_FORMAT, "field '%s': %lld out of range", ikeys[i],
-                           (long long)v);
-        if (rc == WELD_OK)
-            *idst[i] = (int)v;
-        else if (rc != WELD_ERR_NOT_FOUND)
-            return rc;
-    }
-    int64_t seed;
-    int rc = jget_int(o, "seed", &seed, "request", e);
-    if (rc == WELD_OK) {
-        p->has_seed = true;
-        p->sampling.seed = (uint64_t)seed;
-    } else if (rc != WELD_ERR_NOT_FOUND) {
-        return rc;
-    }
-    return WELD_OK;
-}
-
-static int get_flags(const json_t *o, struct request_params *p, struct weld_err *e)
-{
-    static const char *keys[] = {"ignore_eos", "include_stop_str_in_output",
-                                 "skip_special_tokens", "add_special_tokens"};
-    bool *dst[] = {&p->ignore_eos, &p->include_stop_str_in_output, &p->skip_special_tokens,
-                   &p->add_special_tokens};
-    for (int i = 0; i < 4; i++) {
-        int rc = jget_bool(o, keys[i], dst[i], "request", e);
-        if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
-            return rc;
-    }
-    const json_t *lp = json_object_get(o, "logprobs");
-    if (json_is_integer(lp)) {
-        p->logprobs = (int)(json_integer_value(lp) > 1000 ? 1000 : json_integer_value(lp));
-    } else if (json_is_true(lp)) {
-        int64_t top = 0;
-        int rc = jget_int(o, "top_logprobs", &top, "request", e);
-        if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
-            return rc;
-        p->logprobs = (int)(top > 1000 ? 1000 : top < 0 ? -2 : top);
-    } else if (lp && !json_is_null(lp) && !json_is_false(lp)) {
-        return err_set(e, WELD_ERR_FORMAT, "field 'logprobs': expected an integer or a bool");
-    }
-    int rc = jget_str(o, "cache_salt", &p->cache_salt, "request", e);
-    return rc == WELD_ERR_NOT_FOUND ? WELD_OK : rc;
-}
-
-static int parse_request(const json_t *o, struct line_req *lr, struct weld_err *e)
-{
-    memset(lr, 0, sizeof *lr);
-    lr->p = request_params_default();
-    if (!json_is_object(o))
-        return err_set(e, WELD_ERR_FORMAT, "expected a JSON object");
-    const json_t *pr = json_object_get(o, "prompt"), *pids = json_object_get(o, "prompt_token_ids");
-    const json_t *msgs = json_object_get(o, "messages");
-    int rc;
-    if (json_is_string(pr))
-        lr->p.prompt = json_string_value(pr);
-    else if (pr && !json_is_null(pr))
-        pids = pr;
-    if (pids && !json_is_null(pids)) {
-        if ((rc = get_ids(pids, pids == pr ? "prompt" : "prompt_token_ids", &lr->prompt_ids,
-                          &lr->p.n_prompt_ids, e)))
-            return rc;
-        lr->p.prompt_ids = lr->prompt_ids;
-    }
-    if (msgs && !json_is_null(msgs))
-        lr->p.messages = msgs;
-    const json_t *sid = json_object_get(o, "stop_token_ids");
-    if (sid && !json_is_null(sid)) {
-        if ((rc = get_ids(sid, "stop_token_ids", &lr->stop_ids, &lr->p.n_stop_token_ids, e)))
-            return rc;
-        lr->p.stop_token_ids = lr->stop_ids;
-    }
-    if ((rc = get_stop(o, lr, e)) || (rc = get_sampling(o, &lr->p, e)) ||
-        (rc = get_flags(o, &lr->p, e)))
-        return rc;
-    return WELD_OK;
 }
 
 /* ---- results --------------------------------------------------------------------------- */
@@ -462,34 +301,19 @@ static void add_line(struct engine *eng, struct batch_run *br, const char *text,
 {
     struct line_out *l = &br->lines[br->n_lines];
     int idx = br->n_lines++;
-    json_error_t je;
     struct weld_err e;
-    char msg[1200];
-    json_t *root = json_loadb(text, len, 0, &je);
-    const json_t *o = root;
-    if (!root) {
-        snprintf(msg, sizeof msg, "line %d, column %d: %s", line_no, je.column, je.text);
-        l->id = json_integer(idx);
-        l->error = wstrdup(msg);
-        return;
-    }
-    const json_t *body = json_object_get(root, "body");
-    if (json_is_object(body))
-        o = body;
-    const json_t *id = json_object_get(o, "id");
-    if (!id)
-        id = json_object_get(root, "custom_id");
-    l->id = id ? json_incref((json_t *)id) : json_integer(idx);
-    struct line_req lr;
-    int rc = parse_request(o, &lr, &e);
+    struct batch_line bl;
+    int rc = batch_line_parse(text, len, line_no, &bl, &e);
+    l->id = bl.id ? json_incref(bl.id) : json_integer(idx);
     uint64_t rid = 0;
     if (rc == WELD_OK) {
         struct request_callbacks cb = {br, on_delta, on_finish};
-        rc = engine_add_request(eng, &lr.p, &cb, &rid, &e);
+        if ((rc = engine_add_request(eng, &bl.p, &cb, &rid, &e)))
+            err_prefix(&e, "line %d", line_no);
     }
     if (rc == WELD_OK) {
-        l->n = lr.p.n;
-        l->want_choices = lr.p.n > 1 || lr.p.logprobs >= 0;
+        l->n = bl.p.n;
+        l->want_choices = bl.p.n > 1 || bl.p.logprobs >= 0;
         l->seqs = wcalloc((size_t)l->n, sizeof *l->seqs);
         for (int i = 0; l->seqs && i < l->n; i++) {
             l->seqs[i].token_ids = json_array();
@@ -500,16 +324,14 @@ static void add_line(struct engine *eng, struct batch_run *br, const char *text,
         if (!l->seqs) {
             l->n = 0;
             engine_abort(eng, rid, NULL);
-            rc = err_set(&e, WELD_ERR_NOMEM, "out of memory");
+            rc = err_set(&e, WELD_ERR_NOMEM, "line %d: out of memory", line_no);
         }
     }
     if (rc != WELD_OK) {
-        snprintf(msg, sizeof msg, "line %d: %s", line_no, e.msg);
-        l->error = wstrdup(msg);
+        l->error = wstrdup(e.msg);
         l->n = 0;
     }
-    line_req_free(&lr);
-    json_decref(root);
+    batch_line_release(&bl);
 }
 
 /* Read the non-empty lines of path ("-": stdin) and queue them. */

@@ -1,0 +1,57 @@
+/*
+ * batch_io - one line of a `weld batch` JSONL input -> struct request_params.
+ *
+ * A line is one JSON object: either the request itself or an OpenAI batch line
+ * ({"custom_id": ..., "body": {...}}, the request being "body"). A request has "prompt" (a
+ * string, or an array of token ids), "prompt_token_ids" or "messages" (passed through to
+ * the chat template as given: string or list-of-parts content alike), and sampling
+ * parameters by their OpenAI / vLLM names: max_tokens (max_completion_tokens), min_tokens,
+ * temperature, top_p, top_k, min_p, repetition_penalty, frequency_penalty,
+ * presence_penalty, seed, stop (string or array), stop_token_ids, ignore_eos, n, logprobs
+ * (int, or true with top_logprobs), priority, cache_salt, include_stop_str_in_output,
+ * skip_special_tokens, add_special_tokens. Unknown keys are ignored; JSON null is "absent".
+ *
+ * Layout: struct batch_line owns a reference to the parsed JSON document; every string of
+ * its request_params (prompt, stop strings, cache_salt) and its messages point into that
+ * document, and the id / stop arrays are heap copies, so the params stay valid until
+ * batch_line_release(). The id is the request's "id", else the line's "custom_id", else
+ * NULL (the caller numbers the line).
+ *
+ * Errors start with "line N" (", column C" for bad JSON) and name the field, e.g.
+ * "line 3: field 'stop[1]': expected a string". The id is filled in whenever the line was
+ * JSON, even when a field is bad, so the caller can report the error under it.
+ *
+ * Deliberately not here: semantic checks (max_tokens >= 1, temperature >= 0, token ids
+ * below n_vocab, ...) belong to request_params_check(), which engine_add_request() runs;
+ * this layer only checks JSON types and that integers fit their C fields.
+ */
+#ifndef WELD_ENGINE_BATCH_IO_H
+#define WELD_ENGINE_BATCH_IO_H
+
+#include "core/err.h"
+#include "engine/request.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct batch_line {
+    struct request_params p;  /* valid after WELD_OK, until batch_line_release */
+    json_t *id;               /* borrowed from root: "id" / "custom_id", or NULL */
+    json_t *root;             /* owned reference to the parsed line */
+    int32_t *prompt_ids;      /* (p.n_prompt_ids) */
+    int32_t *stop_ids;        /* (p.n_stop_token_ids) */
+    const char **stops;       /* (p.n_stop) pointers into root */
+};
+
+/* Parse text[0..len) (one line, no newline needed) numbered line_no for messages. On
+   failure *out is still safe to release, and out->id is set if the line was JSON. */
+int batch_line_parse(const char *text, size_t len, int line_no, struct batch_line *out,
+                     struct weld_err *e);
+/* Parse an already-loaded request object (no "body" unwrapping, no id). */
+int batch_request_parse(const json_t *o, int line_no, struct batch_line *out,
+                        struct weld_err *e);
+/* Frees what the line owns and zeroes it; safe on a zeroed or failed line. */
+void batch_line_release(struct batch_line *l);
+
+#endif
