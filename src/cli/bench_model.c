@@ -198,6 +198,14 @@ static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat 
     return rc;
 }
 
+/* The workers the runner will have: -t, capped at the physical cores as the team caps it
+   (so the probe runs with the same count and the report names it). */
+static int bm_threads(const struct bm_opts *o)
+{
+    int cores = team_default_size();
+    return o->threads > 0 && o->threads < cores ? o->threads : cores;
+}
+
 static int bm_probe(const struct bm_opts *o, int threads, struct bw_result *bw,
                     struct weld_err *e)
 {
@@ -251,7 +259,7 @@ static int bm_run_model(const struct bm_opts *o, struct weld_err *e)
     memset(&b, 0, sizeof b);
     struct bm_stat pp = {0}, tg = {0};
     struct bw_result bw = {0};
-    int threads = o->threads > 0 ? o->threads : team_default_size();
+    int threads = bm_threads(o);
     int rc = isa_init(e);
     if (rc == WELD_OK)
         rc = bm_open(&b, o, e);
@@ -268,7 +276,7 @@ static int bm_run_model(const struct bm_opts *o, struct weld_err *e)
 static int bm_run_bandwidth(const struct bm_opts *o, struct weld_err *e)
 {
     struct bw_result bw;
-    int threads = o->threads > 0 ? o->threads : team_default_size();
+    int threads = bm_threads(o);
     int rc = bm_probe(o, threads, &bw, e);
     if (rc)
         return rc;
