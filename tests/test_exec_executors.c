@@ -25,29 +25,14 @@
 #include "exec/runner.h"
 #include "model/model.h"
 #include "test.h"
+#include "test_models.h"
 
 #include <stdint.h>
 
-#define MAX_LAYERS 3
 #define MAX_SEQS 4
-#define CTX 64
+#define CTX TM_CTX
 
-/* ---- tiny in-memory models (as in test_exec_forward) ------------------------------- */
-
-struct tmodel {
-    struct model m;
-    struct layer_weights layers[MAX_LAYERS];
-    float factors[64];
-    void *mem[64 * MAX_LAYERS];
-    int n_mem;
-};
-
-struct tspec {
-    enum model_arch arch;
-    int dim, n_layer, n_head, n_kv, head_dim, ffn, vocab, rope_dim;
-    bool neox, tied, llama3, linear;
-    float theta;
-};
+/* ---- tiny in-memory models (test_models.h) ------------------------------------------ */
 
 static const struct tspec spec_llama = {ARCH_LLAMA, 64, 3, 8, 2, 8, 96, 50, 8,
                                         false, true, true, false, 10000.0f};
@@ -57,94 +42,6 @@ static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64, 2, 4, 2, 16, 128, 45, 16
                                         true, false, false, false, 1000000.0f};
 static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 4, 2, 32, 96, 60, 32,
                                         true, false, false, false, 1000000.0f};
-
-static void *tm_alloc(struct tmodel *tm, size_t n)
-{
-    void *p = calloc(1, n);
-    tm->mem[tm->n_mem++] = p;
-    return p;
-}
-
-static void tm_free(struct tmodel *tm)
-{
-    for (int i = 0; i < tm->n_mem; i++)
-        free(tm->mem[i]);
-    free(tm);
-}
-
-static struct tensor make_tensor(struct tmodel *tm, struct rng *r, int t, int64_t ne0,
-                                 int64_t ne1, double mean, double scale)
-{
-    size_t n = (size_t)(ne0 * ne1);
-    float *f = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        f[i] = (float)(mean + scale * rng_normal(r));
-    size_t rb = dtype_row_bytes(t, ne0);
-    void *data = tm_alloc(tm, rb * (size_t)ne1);
-    for (int64_t row = 0; row < ne1; row++)
-        dtype_quantize_row(t, f + row * ne0, (uint8_t *)data + row * rb, ne0);
-    free(f);
-    struct tensor out = {.name = NULL, .type = t, .n_dims = ne1 > 1 ? 2 : 1,
-                         .ne = {ne0, ne1, 1, 1}, .data = data, .nbytes = rb * (size_t)ne1};
-    return out;
-}
-
-static void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec *s, int wtype,
-                     int l)
-{
-    const struct model_config *c = &tm->m.cfg;
-    int qd = s->n_head * s->head_dim, kd = s->n_kv * s->head_dim;
-    double sd = 1.0 / sqrt(s->dim), sq = 1.0 / sqrt(qd), sf = 1.0 / sqrt(s->ffn);
-    struct layer_weights *L = &tm->layers[l];
-    L->attn_norm = make_tensor(tm, r, DT_F32, s->dim, 1, 1, 0.1);
-    L->wq = make_tensor(tm, r, wtype, s->dim, qd, 0, sd * 2);
-    L->wk = make_tensor(tm, r, wtype, s->dim, kd, 0, sd * 2);
-    L->wv = make_tensor(tm, r, wtype, s->dim, kd, 0, sd);
-    if (c->qkv_bias) {
-        L->bq = make_tensor(tm, r, DT_F32, qd, 1, 0, 0.2);
-        L->bk = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
-        L->bv = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
-    }
-    if (c->qk_norm) {
-        L->q_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
-        L->k_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
-    }
-    L->wo = make_tensor(tm, r, wtype, qd, s->dim, 0, sq);
-    L->ffn_norm = make_tensor(tm, r, DT_F32, s->dim, 1, 1, 0.1);
-    L->w_gate = make_tensor(tm, r, wtype, s->dim, s->ffn, 0, sd);
-    L->w_up = make_tensor(tm, r, wtype, s->dim, s->ffn, 0, sd);
-    L->w_down = make_tensor(tm, r, wtype, s->ffn, s->dim, 0, sf);
-}
-
-static struct tmodel *tm_build(const struct tspec *s, int wtype, uint64_t seed)
-{
-    struct tmodel *tm = calloc(1, sizeof *tm);
-    struct rng r;
-    rng_seed(&r, seed);
-    struct model_config *c = &tm->m.cfg;
-    c->arch = s->arch;
-    c->n_vocab = s->vocab, c->dim = s->dim, c->n_layer = s->n_layer, c->n_head = s->n_head;
-    c->n_kv_head = s->n_kv, c->head_dim = s->head_dim, c->ffn_dim = s->ffn;
-    c->max_ctx = CTX, c->rope_dim = s->rope_dim, c->norm_eps = 1e-5f;
-    c->rope_theta = s->theta, c->rope_neox = s->neox, c->tied_embeddings = s->tied;
-    c->qkv_bias = s->arch == ARCH_QWEN2, c->qk_norm = s->arch == ARCH_QWEN3;
-    if (s->linear)
-        c->rope_scaling = ROPE_SCALING_LINEAR, c->rope_factor = 2.0f;
-    if (s->llama3) {
-        c->rope_scaling = ROPE_SCALING_LLAMA3;
-        for (int i = 0; i < s->rope_dim / 2; i++)
-            tm->factors[i] = 1.0f + (float)(i % 3);
-        tm->m.rope_freq_factors = tm->factors;
-    }
-    tm->m.tok_embd = make_tensor(tm, &r, wtype, s->dim, s->vocab, 0, 1.0);
-    tm->m.output_norm = make_tensor(tm, &r, DT_F32, s->dim, 1, 1, 0.1);
-    tm->m.output = s->tied ? tm->m.tok_embd
-                           : make_tensor(tm, &r, wtype, s->dim, s->vocab, 0, 1.0 / sqrt(s->dim));
-    tm->m.layers = tm->layers;
-    for (int l = 0; l < s->n_layer; l++)
-        tm_layer(tm, &r, s, wtype, l);
-    return tm;
-}
 
 /* ---- runners and schedules ---------------------------------------------------------- */
 
