@@ -856,15 +856,15 @@ TEST(seeds)
     struct hb b = {0};
     char path[4096];
     build_all_types(&b, 3);
-    snprintf(path, sizeof path, "%s/all_types_v3.gguf", dir);
+    snprintf(path, sizeof path, "%s/all_types_v3.seed", dir);
     CHECK_EQ_INT(file_write_all(path, b.p, b.n, NULL), WELD_OK);
     b.n = 0;
     build_all_types(&b, 2);
-    snprintf(path, sizeof path, "%s/all_types_v2.gguf", dir);
+    snprintf(path, sizeof path, "%s/all_types_v2.seed", dir);
     CHECK_EQ_INT(file_write_all(path, b.p, b.n, NULL), WELD_OK);
     b.n = 0;
     build_min(&b, F_NONE);
-    snprintf(path, sizeof path, "%s/min.gguf", dir);
+    snprintf(path, sizeof path, "%s/min.seed", dir);
     CHECK_EQ_INT(file_write_all(path, b.p, b.n, NULL), WELD_OK);
     free(b.p);
 }
