@@ -440,6 +440,19 @@ static int job_main_type(const struct cv_job *job, int want)
     return DT_F32;
 }
 
+/* The common end of every conversion to GGUF: file type keys, the tensors, the write. */
+static int gguf_finish(struct gguf_writer *w, struct cv_job *job,
+                       const struct convert_opts *o, const char *out, struct weld_err *e)
+{
+    int main_type = job_main_type(job, o->dtype);
+    const struct dtype_info *di = dtype_get(main_type);
+    if (gguf_writer_set_u32(w, "general.file_type", ftype_of(main_type)) ||
+        (di && di->quantized && gguf_writer_set_u32(w, "general.quantization_version", 2)))
+        return err_set(e, WELD_ERR_NOMEM, "convert: out of memory");
+    int rc = gguf_add_all(w, job, e);
+    return rc ? rc : gguf_writer_write(w, out, e);
+}
+
 static int hf_to_gguf_meta(struct gguf_writer *w, struct model_config *c, const char *in,
                            struct tokmeta **tm, struct weld_err *e)
 {
@@ -503,16 +516,7 @@ static int hf_to_gguf(const char *in, const char *out, const struct convert_opts
             goto out;
         }
     }
-    int main_type = job_main_type(&job, o->dtype);
-    const struct dtype_info *di = dtype_get(main_type);
-    if (gguf_writer_set_u32(w, "general.file_type", ftype_of(main_type)) ||
-        (di && di->quantized && gguf_writer_set_u32(w, "general.quantization_version", 2))) {
-        rc = err_set(e, WELD_ERR_NOMEM, "convert: out of memory");
-        goto out;
-    }
-    if ((rc = gguf_add_all(w, &job, e)))
-        goto out;
-    rc = gguf_writer_write(w, out, e);
+    rc = gguf_finish(w, &job, o, out, e);
 out:
     gguf_writer_free(w);
     wfree(job.t);
@@ -562,16 +566,7 @@ static int gguf_to_gguf(const char *in, const char *out, const struct convert_op
         if ((rc = cv_check(t, g->nbytes, in, e)))
             goto out;
     }
-    int main_type = job_main_type(&job, o->dtype);
-    const struct dtype_info *di = dtype_get(main_type);
-    if (gguf_writer_set_u32(w, "general.file_type", ftype_of(main_type)) ||
-        (di && di->quantized && gguf_writer_set_u32(w, "general.quantization_version", 2))) {
-        rc = err_set(e, WELD_ERR_NOMEM, "convert: out of memory");
-        goto out;
-    }
-    if ((rc = gguf_add_all(w, &job, e)))
-        goto out;
-    rc = gguf_writer_write(w, out, e);
+    rc = gguf_finish(w, &job, o, out, e);
 out:
     gguf_writer_free(w);
     wfree(job.t);
