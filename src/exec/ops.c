@@ -9,9 +9,9 @@
  * kern_row_dot-style loops (a row converted to f32 once per tile, kern_dot_f32). The gemm
  * contract makes every (row, token) result independent of the tile, of the row range and
  * of the ISA (for one weight layout), so a token's numbers still do not depend on the
- * batch, the split or the executor. Norms use go->rmsnorm and attention scores go->row_dot
- * (f32/f16/bf16 KV; q8_0 KV is converted and dotted with kern_dot_f32), both exact across
- * ISAs.
+ * batch, the split or the executor. Norms use go->rmsnorm and attention go->attn_chunk
+ * (kernels/cpu/attn.h: chunks of 16 positions widened to f32 once per tile of tokens,
+ * online softmax with a polynomial exp), both exact across ISAs.
  *
  * Row ranges: ops pass gemm whole heads (Q/K/V: r0 = head * head_dim) or chunks of
  * OPS_CHUNK rows starting at the instruction's row0; program.c starts every row-split
@@ -24,17 +24,18 @@
  *   y     (OPS_TILE, ywidth)       per-token outputs of one head, of a row chunk (proj),
  *                                  or gate then up values of a chunk (2 x OPS_TILE x CHUNK)
  *   cosv, sinv (OPS_TILE, rope_dim/2) rope angles of the tile's positions
- *   acc   (n_head, head_dim)       attention accumulators of one KV head's query group
- *   mx, sum (n_head)               their running max and sum
- *   kbuf, vbuf (head_dim)          a key / value head converted from the KV type to f32
+ *   acc   (OPS_ATT_TOK, n_head, head_dim) attention accumulators of a tile of tokens x one
+ *                                  KV head's query group
+ *   mx, sum (OPS_ATT_TOK, n_head)  their running max and sum
+ *   kc, vc (ATTN_CHUNK, head_dim)  one KV head's keys / values of a chunk, widened to f32
  *   act, act2 (OPS_TILE, act_bound) bytes, 64-byte aligned: quantized activations (act2:
  *                                  the up projection when its type differs from gate's)
  * act_bound covers every weight type and width the config allows (act_bound_bytes), so
  * the size depends on the config only; ops assert the matrices fit.
  *
  * KV: K/V heads are stored with kv_write_head (converted to the cache type right after
- * rope) and read back with kv_read_head, one (position, head) at a time, so attention
- * sees exactly the stored values whatever the type (f32 reads in place).
+ * rope) and widened back exactly (to_f32, or kv_read_head for q8_0/f32), so attention
+ * sees exactly the stored values whatever the type.
  */
 #include "exec/ops.h"
 
@@ -45,10 +46,11 @@
 
 #define OPS_TILE 16
 #define OPS_CHUNK 64   /* rows per gemm call of the row-split ops (a multiple of 16) */
-#define OPS_KV_AHEAD 8 /* attention prefetches the K/V heads this many positions ahead */
+#define OPS_ATT_TOK 8    /* tokens of one sequence whose queries share a widened K/V chunk */
+#define OPS_MAX_GROUP 1024 /* query heads per KV head (config.c caps n_head at 1024) */
 
 struct scratch {
-    float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kbuf, *vbuf;
+    float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kc, *vc;
     void *act, *act2;
     size_t act_bytes; /* of each */
 };
@@ -87,8 +89,8 @@ static size_t fixed_floats(const struct model_config *c)
 {
     return (size_t)OPS_TILE * (size_t)c->dim + (size_t)max_width(c) +
            (size_t)OPS_TILE * (size_t)y_width(c) + (size_t)OPS_TILE * (size_t)c->rope_dim +
-           (size_t)c->n_head * (size_t)c->head_dim + 2 * (size_t)c->n_head +
-           2 * (size_t)c->head_dim;
+           (size_t)OPS_ATT_TOK * (size_t)c->n_head * ((size_t)c->head_dim + 2) +
+           2 * (size_t)ATTN_CHUNK * (size_t)c->head_dim;
 }
 
 size_t exec_scratch_floats(const struct model_config *c)
@@ -106,11 +108,11 @@ static struct scratch scratch_split(const struct model_config *c, float *base)
     s.cosv = s.y + (size_t)OPS_TILE * y_width(c);
     s.sinv = s.cosv + (size_t)OPS_TILE * (c->rope_dim / 2);
     s.acc = s.sinv + (size_t)OPS_TILE * (c->rope_dim / 2);
-    s.mx = s.acc + (size_t)c->n_head * c->head_dim;
-    s.sum = s.mx + c->n_head;
-    s.kbuf = s.sum + c->n_head;
-    s.vbuf = s.kbuf + c->head_dim;
-    uintptr_t a = (uintptr_t)(s.vbuf + c->head_dim);
+    s.mx = s.acc + (size_t)OPS_ATT_TOK * c->n_head * c->head_dim;
+    s.sum = s.mx + (size_t)OPS_ATT_TOK * c->n_head;
+    s.kc = s.sum + (size_t)OPS_ATT_TOK * c->n_head;
+    s.vc = s.kc + (size_t)ATTN_CHUNK * c->head_dim;
+    uintptr_t a = (uintptr_t)(s.vc + (size_t)ATTN_CHUNK * c->head_dim);
     s.act_bytes = (size_t)OPS_TILE * act_bound_bytes(c);
     s.act = (void *)((a + 63) / 64 * 64);
     s.act2 = (uint8_t *)s.act + s.act_bytes;
@@ -266,84 +268,96 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
     }
 }
 
-/* Causal attention of the `group` query heads sharing KV head kvh, for one token, over
-   positions [0, n_pos) of the sequence whose block table is `table`; online softmax per
-   head. q and out point at the group's first head (heads are hd apart). Scores use
-   go->row_dot on the stored key (f32/f16/bf16, read in place) or, for q8_0 K, the key
-   converted once for the whole group; values are widened once per group (go->to_f32 for
-   f16/bf16, exact; f32 read in place; q8_0 dequantized). Every head's arithmetic is the
-   same as if it ran alone. */
-static void attend_group(const struct exec_step *st, int layer, const int32_t *table,
-                         int kvh, int n_pos, const float *q, float *out, int group,
-                         const struct scratch *sc)
+/* One KV head's keys and values at positions [c0, c0 + nc) widened to f32 into sc->kc and
+   sc->vc ((ATTN_CHUNK, hd)): exact for every KV type (f16/bf16 widen, q8_0 dequantizes
+   with the reference, f32 copies), so every ISA sees the same values. */
+static void attn_load_chunk(const struct exec_step *st, int layer, const int32_t *table,
+                            int kvh, int c0, int nc, const struct scratch *sc)
 {
     const struct kv_cache *kv = st->kv;
-    const int hd = st->m->cfg.head_dim;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *mx = sc->mx, *sum = sc->sum;
-    for (int g = 0; g < group; g++) {
-        mx[g] = -INFINITY, sum[g] = 0.0f;
-        for (int i = 0; i < hd; i++)
-            sc->acc[(size_t)g * hd + i] = 0.0f;
-    }
-    const bool k_in_place = kv->type != DT_Q8_0;
+    const int hd = kv->head_dim;
+    const size_t off = (size_t)kvh * kv->head_bytes;
     const struct gemm_ops *go = st->w->go;
-    for (int j = 0; j < n_pos; j++) {
-        if (j + OPS_KV_AHEAD < n_pos) { /* rows of a head are far apart: help the prefetcher */
-            const size_t off = (size_t)kvh * kv->head_bytes;
-            const uint8_t *kn = kv_pos_row(kv, kv->k, layer, table, j + OPS_KV_AHEAD) + off;
-            const uint8_t *vn = kv_pos_row(kv, kv->v, layer, table, j + OPS_KV_AHEAD) + off;
-            for (size_t b = 0; b < kv->head_bytes; b += 64) {
-                __builtin_prefetch(kn + b);
-                __builtin_prefetch(vn + b);
-            }
-        }
-        const uint8_t *krow = kv_pos_row(kv, kv->k, layer, table, j);
-        const float *k = k_in_place ? NULL : kv_read_head(kv, krow, kvh, sc->kbuf);
-        const void *kh = krow + (size_t)kvh * kv->head_bytes;
-        const uint8_t *vrow = kv_pos_row(kv, kv->v, layer, table, j);
-        const float *v = sc->vbuf;
-        if (k_in_place && kv->type != DT_F32)
-            go->to_f32(kv->type, vrow + (size_t)kvh * kv->head_bytes, sc->vbuf, hd);
-        else
-            v = kv_read_head(kv, vrow, kvh, sc->vbuf);
-        for (int g = 0; g < group; g++) {
-            float *acc = sc->acc + (size_t)g * hd;
-            float s = (k_in_place ? go->row_dot(kv->type, kh, q + (size_t)g * hd, hd)
-                            : kern_dot_f32(q + (size_t)g * hd, k, hd)) * scale;
-            if (s > mx[g]) {
-                float corr = expf(mx[g] - s); /* 0 on the first key */
-                sum[g] *= corr;
-                kern_scale(corr, acc, hd);
-                mx[g] = s;
-            }
-            float wgt = expf(s - mx[g]);
-            sum[g] += wgt;
-            kern_axpy(wgt, v, acc, hd);
+    for (int j = 0; j < nc; j++) {
+        const uint8_t *krow = kv_pos_row(kv, kv->k, layer, table, c0 + j);
+        const uint8_t *vrow = kv_pos_row(kv, kv->v, layer, table, c0 + j);
+        float *kd = sc->kc + (size_t)j * hd, *vd = sc->vc + (size_t)j * hd;
+        if (kv->type == DT_F16 || kv->type == DT_BF16) {
+            go->to_f32(kv->type, krow + off, kd, hd);
+            go->to_f32(kv->type, vrow + off, vd, hd);
+        } else {
+            const float *k = kv_read_head(kv, krow, kvh, kd);
+            const float *v = kv_read_head(kv, vrow, kvh, vd);
+            if (k != kd)
+                memcpy(kd, k, sizeof(float) * (size_t)hd);
+            if (v != vd)
+                memcpy(vd, v, sizeof(float) * (size_t)hd);
         }
     }
-    for (int g = 0; g < group; g++)
-        for (int i = 0; i < hd; i++)
-            out[(size_t)g * hd + i] = sc->acc[(size_t)g * hd + i] / sum[g];
+}
+
+/* Causal attention for the tokens [t0, t0 + nt) of one sequence (positions increasing)
+   and the `group` query heads sharing KV head kvh: keys in chunks of ATTN_CHUNK positions
+   from position 0 (gemm_ops.attn_chunk, kernels/cpu/attn.h), each chunk widened once for
+   the whole tile. A token at position p sees p + 1 keys; its numbers depend only on its
+   query, p and the cache (the contract fixes the chunks by absolute position), so batch,
+   prompt chunking and tiling change nothing. */
+static void attend_tile(const struct exec_step *st, int layer, const int32_t *table, int kvh,
+                        int t0, int nt, const float *q, float *out, const struct scratch *sc)
+{
+    const struct model_config *c = &st->m->cfg;
+    const int hd = c->head_dim, group = c->n_head / c->n_kv_head;
+    const size_t qd = (size_t)c->n_head * hd, rows = (size_t)nt * group;
+    for (size_t r = 0; r < rows; r++)
+        sc->mx[r] = -INFINITY, sc->sum[r] = 0.0f;
+    memset(sc->acc, 0, sizeof(float) * rows * (size_t)hd);
+    int n_max = 0;
+    for (int i = 0; i < nt; i++)
+        if (st->pos[t0 + i] + 1 > n_max)
+            n_max = st->pos[t0 + i] + 1;
+    int nvis[OPS_MAX_GROUP];
+    WELD_ASSERT(group <= OPS_MAX_GROUP);
+    struct attn_chunk_args a = {.kc = sc->kc, .vc = sc->vc, .hd = hd, .nq = group,
+                                .ldq = (size_t)hd, .scale = 1.0f / sqrtf((float)hd)};
+    for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
+        int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
+        attn_load_chunk(st, layer, table, kvh, c0, nc, sc);
+        for (int i = 0; i < nt; i++) {
+            int n = st->pos[t0 + i] + 1 - c0;
+            if (n <= 0)
+                continue;
+            for (int g = 0; g < group; g++)
+                nvis[g] = n < ATTN_CHUNK ? n : ATTN_CHUNK;
+            size_t r0 = (size_t)i * group;
+            a.q = q + (size_t)(t0 + i) * qd + (size_t)kvh * group * hd;
+            a.n = nvis;
+            a.m = sc->mx + r0, a.l = sc->sum + r0, a.acc = sc->acc + r0 * hd;
+            st->w->go->attn_chunk(&a);
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        for (int g = 0; g < group; g++) {
+            size_t r = (size_t)i * group + g;
+            float *o = out + (size_t)(t0 + i) * qd + ((size_t)kvh * group + g) * hd;
+            for (int k = 0; k < hd; k++)
+                o[k] = sc->acc[r * hd + k] / sc->sum[r];
+        }
 }
 
 static void op_attention(const struct exec_step *st, const struct prog_instr *in,
                          const struct scratch *sc)
 {
-    const struct model_config *c = &st->m->cfg;
     const struct program *p = st->p;
-    const int hd = c->head_dim, group = c->n_head / c->n_kv_head;
-    const size_t qd = (size_t)c->n_head * hd;
     const float *q = buf_ptr(st, in->in);
     float *att = buf_ptr(st, in->out);
     int s = in->seq;
     const int32_t *table = st->tables[s];
-    for (int t = p->seq_tok0[s]; t < p->seq_tok0[s] + p->seq_ntok[s]; t++)
-        for (int kvh = in->row0; kvh < in->row1; kvh++) {
-            size_t off = (size_t)t * qd + (size_t)kvh * group * hd;
-            attend_group(st, in->layer, table, kvh, st->pos[t] + 1, q + off, att + off, group,
-                         sc);
-        }
+    const int t_end = p->seq_tok0[s] + p->seq_ntok[s];
+    for (int t0 = p->seq_tok0[s]; t0 < t_end; t0 += OPS_ATT_TOK) {
+        int nt = t_end - t0 < OPS_ATT_TOK ? t_end - t0 : OPS_ATT_TOK;
+        for (int kvh = in->row0; kvh < in->row1; kvh++)
+            attend_tile(st, in->layer, table, kvh, t0, nt, q, att, sc);
+    }
 }
 
 /* x[t][r] += W[r] . in[t] for the instruction's rows, every token. */

@@ -57,13 +57,14 @@
  * may run disjoint row ranges of one product at once; repacked weights split at multiples
  * of 16 rows.
  *
- * Not here: attention, rope, silu (an exp that is bit-identical across ISAs would need its
- * own polynomial in every file; left to kernels.h), the thread split, types other than the
- * seven above (exec falls back to kern_row_dot for those).
+ * Attention's inner step (attn.h) rides in the same table (gemm_ops.attn_chunk) so one ISA
+ * pick covers it. Not here: rope, silu (libm expf, kernels.h), the thread split, types
+ * other than the seven above (exec falls back to kern_row_dot for those).
  */
 #ifndef WELD_KERNELS_CPU_GEMM_H
 #define WELD_KERNELS_CPU_GEMM_H
 
+#include "kernels/cpu/attn.h"
 #include "kernels/cpu/isa.h"
 
 #include "weld.h"
@@ -182,6 +183,8 @@ struct gemm_ops {
     /* out = x * (1 / sqrtf(ss / n + eps)) * w (w may be NULL), ss = x . x under the F32
        contract; elementwise ops in that order, so exact across ISAs. out may be x. */
     void (*rmsnorm)(const float *x, const float *w, float eps, float *out, int64_t n);
+    /* One chunk of attention under attn.h's contract (AVX2 runs the scalar reference). */
+    void (*attn_chunk)(const struct attn_chunk_args *a);
 };
 
 extern const struct gemm_ops gemm_ops_scalar;

@@ -651,4 +651,5 @@ const struct gemm_ops gemm_ops_avx512 = {
     .row_dot = avx512_row_dot,
     .to_f32 = avx512_to_f32,
     .rmsnorm = avx512_rmsnorm,
+    .attn_chunk = attn_chunk_avx512,
 };

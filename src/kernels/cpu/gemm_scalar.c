@@ -448,4 +448,5 @@ const struct gemm_ops gemm_ops_scalar = {
     .row_dot = scalar_row_dot,
     .to_f32 = scalar_to_f32,
     .rmsnorm = scalar_rmsnorm,
+    .attn_chunk = attn_chunk_scalar,
 };

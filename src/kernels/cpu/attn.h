@@ -1,0 +1,94 @@
+/*
+ * attn - the inner step of causal attention with an online softmax, for every
+ * instruction set, under one numeric contract (bit-identical across ISAs, like gemm.h).
+ *
+ * What: the executor (exec/ops.c) walks a sequence's keys in chunks of ATTN_CHUNK = 16
+ * consecutive positions, starting at position 0 (chunk c = positions [16c, 16c + 16)),
+ * widens one KV head's keys and values of a chunk to f32 once (kc, vc: (16, hd); rows past
+ * a row's visible count are never read), and calls attn_chunk for every query row that sees the chunk: the
+ * query heads sharing that KV head, for a tile of tokens. Each row r carries its own
+ * running state (max m[r], denominator l[r], accumulator acc[r][hd]) and its own count of
+ * visible positions n[r] in [0, 16] (causality: a token at position p sees p + 1 keys).
+ * After the last chunk, out = acc / l. Because chunks are fixed by absolute position, a
+ * row's numbers depend only on its query, its position and the cache contents: not on
+ * which tokens share the tile, how the prompt was chunked, or the ISA.
+ *
+ * The numeric contract, per row with n > 0 visible positions j < n (all f32):
+ *   dot_j  = q . kc[j] under gemm.h's float-path contract: 16 lanes, element i into lane
+ *            i % 16 with fmaf in increasing i, lanes folded pairwise (w = 8, 4, 2, 1);
+ *   s_j    = dot_j * scale;  cm = max_j s_j;  m' = max(m, cm)
+ *   corr   = attn_exp(m - m')                 (m = -inf before the first chunk: corr = 0)
+ *   p_j    = attn_exp(s_j - m') for j < n, 0 for j >= n
+ *   l'     = l * corr + fold(p)               fold: the 16 p lanes folded as above
+ *   acc'   = acc * corr, then acc' = fmaf(p_j, vc[j], acc') for j = 0 .. n-1 (per element)
+ * attn_exp is the polynomial below (not libm's expf), written with fmaf and exact
+ * operations only, so a SIMD lane computes the same bits as the scalar function.
+ *
+ * Not here: reading the paged cache (the caller converts K/V with gemm_ops.to_f32 or
+ * dequantizes q8_0, both exact), the final division, the causal bookkeeping.
+ */
+#ifndef WELD_KERNELS_CPU_ATTN_H
+#define WELD_KERNELS_CPU_ATTN_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ATTN_CHUNK 16
+
+struct attn_chunk_args {
+    const float *kc, *vc; /* (ATTN_CHUNK, hd) keys and values of the chunk, f32 */
+    int hd;               /* head dimension (any >= 1; SIMD paths want a multiple of 16) */
+    int nq;               /* query rows */
+    const float *q;       /* row r at q + r * ldq */
+    size_t ldq;
+    const int *n;         /* (nq) visible positions of each row, 0 .. ATTN_CHUNK */
+    float scale;          /* 1 / sqrt(hd) */
+    float *m, *l;         /* (nq) running max and denominator (m = -inf, l = 0 at start) */
+    float *acc;           /* row r at acc + r * hd (zero at start) */
+};
+
+/* exp(x) for the attention contract: x <= 0 in use (scores minus their running max);
+   below ATTN_EXP_MIN it returns 0 (also for -inf), above 88 it is not meant to be used.
+   Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, then a degree-6 polynomial (relative
+   error ~2e-7 against exp), scaled by 2^k through the exponent bits. Every step is an
+   exactly rounded f32 operation (fmaf, mul, add, rounding to nearest even), which is why
+   vector lanes reproduce it bit for bit. */
+#define ATTN_EXP_MIN (-86.0f)
+#define ATTN_LOG2E 1.44269504088896341f
+#define ATTN_LN2_HI 0.693145751953125f
+#define ATTN_LN2_LO 1.42860682030941723212e-6f
+#define ATTN_P6 1.3888889e-3f
+#define ATTN_P5 8.3333338e-3f
+#define ATTN_P4 4.1666668e-2f
+#define ATTN_P3 1.6666667e-1f
+#define ATTN_P2 0.5f
+
+static inline float attn_exp(float x)
+{
+    if (!(x >= ATTN_EXP_MIN))
+        return 0.0f;
+    float k = nearbyintf(x * ATTN_LOG2E);
+    float r = fmaf(-k, ATTN_LN2_HI, x);
+    r = fmaf(-k, ATTN_LN2_LO, r);
+    float p = fmaf(ATTN_P6, r, ATTN_P5);
+    p = fmaf(p, r, ATTN_P4);
+    p = fmaf(p, r, ATTN_P3);
+    p = fmaf(p, r, ATTN_P2);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    bits += (int32_t)k * (1 << 23); /* k in [-124, 0], p in [0.7, 1.5): stays normal */
+    memcpy(&p, &bits, sizeof p);
+    return p;
+}
+
+/* The scalar reference of the contract (every ISA's fallback for hd % 16 != 0). */
+void attn_chunk_scalar(const struct attn_chunk_args *a);
+#if defined(__x86_64__)
+void attn_chunk_avx512(const struct attn_chunk_args *a);
+#endif
+
+#endif

@@ -1,0 +1,114 @@
+/*
+ * attn_avx512 - attn.h's chunk step with AVX-512F, bit-identical to attn_chunk_scalar.
+ *
+ * Scores: one zmm accumulator per position (element i in lane i % 16, fmadd in increasing
+ * i, exactly the contract's lanes), then the 16 accumulators are folded together in a
+ * transposed tree (8 + 4 + 2 + 1 vector adds, each adding lane i + w to lane i of every
+ * position at once), which leaves the 16 scores in one register; a final permute puts
+ * position j in lane j. The softmax runs on that register with attn.h's exp polynomial
+ * lane by lane (same fmaf steps, same rounding), and the value rows are accumulated with
+ * broadcast fmadds. hd must be a multiple of 16 (otherwise the scalar reference runs).
+ */
+#include "kernels/cpu/attn.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+/* The contract's exp on 16 lanes (attn_exp, lane for lane). */
+static inline __m512 exp16(__m512 x)
+{
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(ATTN_LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 nk = _mm512_sub_ps(_mm512_setzero_ps(), k);
+    __m512 r = _mm512_fmadd_ps(nk, _mm512_set1_ps(ATTN_LN2_HI), x);
+    r = _mm512_fmadd_ps(nk, _mm512_set1_ps(ATTN_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(ATTN_P6), r, _mm512_set1_ps(ATTN_P5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ATTN_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ATTN_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ATTN_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    /* k is integral and in [-124, 0] wherever ok; elsewhere the lane is zeroed below. */
+    __m512i kb = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
+    p = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), kb));
+    return _mm512_maskz_mov_ps(ok, p);
+}
+
+/* Lanes i + w added to lanes i of pairs of registers, the transposed fold: see the file
+   comment. Returns the 16 folded values, position j in lane j. */
+static inline __m512 fold16x16(__m512 d[16])
+{
+    __m512 w1[8], w2[4], w3[2];
+    for (int k = 0; k < 8; k++) /* w = 8: low halves + high halves of positions 2k, 2k+1 */
+        w1[k] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0x44),
+                              _mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++) /* w = 4: quarters 0, 2 + quarters 1, 3 */
+        w2[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w1[2 * k], w1[2 * k + 1], 0x88),
+                              _mm512_shuffle_f32x4(w1[2 * k], w1[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++) /* w = 2: elements 0, 1 + elements 2, 3 of each quarter */
+        w3[k] = _mm512_add_ps(_mm512_shuffle_ps(w2[2 * k], w2[2 * k + 1], 0x44),
+                              _mm512_shuffle_ps(w2[2 * k], w2[2 * k + 1], 0xEE));
+    /* w = 1: element 0 + element 1 */
+    __m512 f = _mm512_add_ps(_mm512_shuffle_ps(w3[0], w3[1], 0x88),
+                             _mm512_shuffle_ps(w3[0], w3[1], 0xDD));
+    /* Lane 4q + k now holds position q + 4k; position p comes from lane 4 (p % 4) + p / 4. */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, f);
+}
+
+/* The contract's fold of one register's 16 lanes (w = 8, 4, 2, 1). */
+static inline float fold16(__m512 v)
+{
+    __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+    return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
+}
+
+void attn_chunk_avx512(const struct attn_chunk_args *a)
+{
+    const int hd = a->hd;
+    if (hd % 16 != 0) {
+        attn_chunk_scalar(a);
+        return;
+    }
+    const int nv = hd / 16;
+    for (int r = 0; r < a->nq; r++) {
+        const int n = a->n[r];
+        if (n <= 0)
+            continue;
+        const float *q = a->q + (size_t)r * a->ldq;
+        __m512 d[ATTN_CHUNK];
+        for (int j = 0; j < ATTN_CHUNK; j++)
+            d[j] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *k = a->kc + (size_t)j * hd;
+            __m512 acc = _mm512_setzero_ps();
+            for (int v = 0; v < nv; v++)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * v), _mm512_loadu_ps(k + 16 * v),
+                                      acc);
+            d[j] = acc;
+        }
+        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+        __m512 s = _mm512_mul_ps(fold16x16(d), _mm512_set1_ps(a->scale));
+        s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s);
+        const float cm = _mm512_reduce_max_ps(s);
+        const float m = a->m[r], mn = fmaxf(m, cm);
+        const float corr = attn_exp(m - mn);
+        const __m512 p = exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn)));
+        a->l[r] = a->l[r] * corr + fold16(p);
+        a->m[r] = mn;
+        float pj[ATTN_CHUNK];
+        _mm512_storeu_ps(pj, p);
+        float *acc = a->acc + (size_t)r * hd;
+        const __m512 vc = _mm512_set1_ps(corr);
+        for (int v = 0; v < nv; v++) {
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * v), vc);
+            for (int j = 0; j < n; j++)
+                x = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]),
+                                    _mm512_loadu_ps(a->vc + (size_t)j * hd + 16 * v), x);
+            _mm512_storeu_ps(acc + 16 * v, x);
+        }
+    }
+}

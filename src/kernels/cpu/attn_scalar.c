@@ -1,0 +1,60 @@
+/*
+ * attn_scalar - the reference of attn.h's contract, written as the contract reads: plain
+ * loops, fmaf, the 16-lane dot and fold. Every SIMD attn_chunk must match it bit for bit
+ * (tests/test_kernels_attn.c).
+ */
+#include "kernels/cpu/attn.h"
+
+#include <math.h>
+#include <string.h>
+
+/* 16 f32 lanes folded pairwise (w = 8, 4, 2, 1). */
+static float fold16(float *v)
+{
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++)
+            v[i] += v[i + w];
+    return v[0];
+}
+
+static float dot16(const float *a, const float *b, int n)
+{
+    float lane[16] = {0};
+    for (int i = 0; i < n; i++)
+        lane[i % 16] = fmaf(a[i], b[i], lane[i % 16]);
+    return fold16(lane);
+}
+
+void attn_chunk_scalar(const struct attn_chunk_args *a)
+{
+    const int hd = a->hd;
+    for (int r = 0; r < a->nq; r++) {
+        const int n = a->n[r];
+        if (n <= 0)
+            continue;
+        const float *q = a->q + (size_t)r * a->ldq;
+        float s[ATTN_CHUNK], p[ATTN_CHUNK];
+        float cm = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            s[j] = dot16(q, a->kc + (size_t)j * hd, hd) * a->scale;
+            cm = fmaxf(cm, s[j]);
+        }
+        const float m = a->m[r], mn = fmaxf(m, cm);
+        const float corr = attn_exp(m - mn);
+        for (int j = 0; j < ATTN_CHUNK; j++)
+            p[j] = j < n ? attn_exp(s[j] - mn) : 0.0f;
+        float pf[ATTN_CHUNK];
+        memcpy(pf, p, sizeof pf);
+        a->l[r] = a->l[r] * corr + fold16(pf);
+        a->m[r] = mn;
+        float *acc = a->acc + (size_t)r * hd;
+        for (int i = 0; i < hd; i++)
+            acc[i] *= corr;
+        for (int j = 0; j < n; j++) {
+            const float pj = p[j];
+            const float *v = a->vc + (size_t)j * hd;
+            for (int i = 0; i < hd; i++)
+                acc[i] = fmaf(pj, v[i], acc[i]);
+        }
+    }
+}

@@ -1,0 +1,181 @@
+/*
+ * attention's chunk step (kernels/cpu/attn.h) against references:
+ *   - attn_exp against libm's exp in double over [-86, 0] (relative error bound) and its
+ *     edges (0 at -inf, NaN and below ATTN_EXP_MIN; 1 at 0);
+ *   - a whole causal attention driven chunk by chunk through gemm_ops_scalar.attn_chunk
+ *     against a double-precision softmax attention: within 1e-5 relative;
+ *   - every ISA this CPU has against the scalar reference: m, l and acc bit-identical
+ *     after every chunk, for head dims that take the SIMD path (16, 64, 128) and ones
+ *     that fall back (8, 40), visible counts 0..16 mixed across rows, scores with large
+ *     spreads (the running max moves up and down across chunks).
+ */
+#include "core/rng.h"
+#include "kernels/cpu/attn.h"
+#include "kernels/cpu/gemm.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+TEST(exp_poly)
+{
+    double worst = 0.0;
+    for (int i = 0; i <= 860000; i++) {
+        float x = -86.0f + (float)i * 1e-4f;
+        if (x > 0.0f)
+            x = 0.0f;
+        double want = exp((double)x), got = attn_exp(x);
+        double rel = fabs(got - want) / want;
+        if (rel > worst)
+            worst = rel;
+    }
+    printf("  attn_exp worst relative error over [-86, 0]: %.3g\n", worst);
+    CHECK(worst < 4e-7);
+    CHECK(attn_exp(0.0f) == 1.0f);
+    CHECK(attn_exp(-INFINITY) == 0.0f);
+    CHECK(attn_exp(NAN) == 0.0f);
+    CHECK(attn_exp(-86.5f) == 0.0f);
+    CHECK(attn_exp(-86.0f) > 0.0f);
+}
+
+static void fill(struct rng *r, float *x, size_t n, double sd)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(rng_normal(r) * sd);
+}
+
+/* Causal attention of nq query rows at positions pos[r] over n_pos keys, chunk by chunk
+   through o->attn_chunk; out (nq, hd). */
+static void run_attn(const struct gemm_ops *o, const float *q, const float *k, const float *v,
+                     int hd, int nq, const int *pos, float *out, float *m, float *l)
+{
+    float *acc = calloc((size_t)nq * hd, sizeof(float));
+    int n_max = 0, nv[64];
+    for (int r = 0; r < nq; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+        if (pos[r] + 1 > n_max)
+            n_max = pos[r] + 1;
+    }
+    for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
+        for (int r = 0; r < nq; r++) {
+            int n = pos[r] + 1 - c0;
+            nv[r] = n < 0 ? 0 : n > ATTN_CHUNK ? ATTN_CHUNK : n;
+        }
+        struct attn_chunk_args a = {.kc = k + (size_t)c0 * hd, .vc = v + (size_t)c0 * hd,
+                                    .hd = hd, .nq = nq, .q = q, .ldq = (size_t)hd, .n = nv,
+                                    .scale = 1.0f / sqrtf((float)hd), .m = m, .l = l,
+                                    .acc = acc};
+        o->attn_chunk(&a);
+    }
+    for (int r = 0; r < nq; r++)
+        for (int i = 0; i < hd; i++)
+            out[(size_t)r * hd + i] = acc[(size_t)r * hd + i] / l[r];
+    free(acc);
+}
+
+TEST(scalar_vs_double)
+{
+    struct rng rg;
+    rng_seed(&rg, 7);
+    const int hds[] = {8, 40, 64, 128};
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+        const int hd = hds[h], nq = 5, n_pos = 203;
+        /* keys padded to whole chunks: the kernel never reads rows past a visible count */
+        size_t kn = (size_t)(n_pos + ATTN_CHUNK) * hd;
+        float *q = malloc(sizeof(float) * nq * hd), *k = calloc(kn, sizeof(float)),
+              *v = calloc(kn, sizeof(float)), *out = malloc(sizeof(float) * nq * hd);
+        float m[8], l[8];
+        fill(&rg, q, (size_t)nq * hd, 1.0);
+        fill(&rg, k, (size_t)n_pos * hd, 1.0);
+        fill(&rg, v, (size_t)n_pos * hd, 1.0);
+        const int pos[5] = {0, 15, 16, 100, 202};
+        run_attn(&gemm_ops_scalar, q, k, v, hd, nq, pos, out, m, l);
+        double worst = 0.0;
+        for (int r = 0; r < nq; r++) {
+            double *s = malloc(sizeof(double) * (pos[r] + 1)), mx = -INFINITY, sum = 0.0;
+            for (int j = 0; j <= pos[r]; j++) {
+                double d = 0.0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)q[r * hd + i] * k[(size_t)j * hd + i];
+                s[j] = d / sqrt((double)hd);
+                if (s[j] > mx)
+                    mx = s[j];
+            }
+            for (int j = 0; j <= pos[r]; j++)
+                sum += (s[j] = exp(s[j] - mx));
+            for (int i = 0; i < hd; i++) {
+                double want = 0.0;
+                for (int j = 0; j <= pos[r]; j++)
+                    want += s[j] * v[(size_t)j * hd + i];
+                want /= sum;
+                double err = fabs(want - out[r * hd + i]) / (fabs(want) + 0.05);
+                if (err > worst)
+                    worst = err;
+            }
+            free(s);
+        }
+        printf("  hd %d: worst error vs double %.3g\n", hd, worst);
+        CHECK(worst < 1e-5);
+        free(q), free(k), free(v), free(out);
+    }
+}
+
+/* Every ISA against the scalar reference, state compared after every chunk. */
+TEST(isa_bit_identical)
+{
+    struct rng rg;
+    rng_seed(&rg, 11);
+    const int hds[] = {16, 64, 128, 8, 40};
+    for (int lvl = ISA_SCALAR + 1; lvl < ISA_COUNT; lvl++) {
+        const struct gemm_ops *o = gemm_ops_for((enum isa_level)lvl);
+        if (!o)
+            continue;
+        int diffs = 0, calls = 0;
+        for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+            const int hd = hds[h], nq = 9;
+            float *q = malloc(sizeof(float) * nq * hd), *kc = malloc(sizeof(float) * 16 * hd),
+                  *vc = malloc(sizeof(float) * 16 * hd);
+            float *acc0 = calloc((size_t)nq * hd, sizeof(float)),
+                  *acc1 = calloc((size_t)nq * hd, sizeof(float));
+            float m0[9], l0[9], m1[9], l1[9];
+            for (int r = 0; r < nq; r++)
+                m0[r] = m1[r] = -INFINITY, l0[r] = l1[r] = 0.0f;
+            fill(&rg, q, (size_t)nq * hd, 1.0);
+            for (int c = 0; c < 12; c++) {
+                /* scores spread up and down across chunks */
+                double sd = (c % 3 == 0) ? 4.0 : (c % 3 == 1) ? 0.3 : 2.0;
+                fill(&rg, kc, (size_t)16 * hd, sd);
+                fill(&rg, vc, (size_t)16 * hd, 1.0);
+                int nv[9];
+                for (int r = 0; r < nq; r++)
+                    nv[r] = (int)(rng_u64(&rg) % 17);
+                nv[0] = 16;
+                struct attn_chunk_args a = {.kc = kc, .vc = vc, .hd = hd, .nq = nq, .q = q,
+                                            .ldq = (size_t)hd, .n = nv,
+                                            .scale = 1.0f / sqrtf((float)hd)};
+                a.m = m0, a.l = l0, a.acc = acc0;
+                attn_chunk_scalar(&a);
+                a.m = m1, a.l = l1, a.acc = acc1;
+                o->attn_chunk(&a);
+                calls++;
+                if (memcmp(m0, m1, sizeof m0) || memcmp(l0, l1, sizeof l0) ||
+                    memcmp(acc0, acc1, sizeof(float) * nq * hd))
+                    diffs++;
+            }
+            free(q), free(kc), free(vc), free(acc0), free(acc1);
+        }
+        printf("  isa %s: %d of %d chunk calls differ from the scalar reference\n",
+               isa_name(o->isa), diffs, calls);
+        CHECK(diffs == 0);
+    }
+}
+
+int main(void)
+{
+    RUN(exp_poly);
+    RUN(scalar_vs_double);
+    RUN(isa_bit_identical);
+    return test_summary();
+}
