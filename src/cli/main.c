@@ -20,6 +20,7 @@ static const struct command commands[] = {
     {"convert", cmd_convert, "convert between GGUF and Hugging Face directories, quantize"},
     {"mkmodel", cmd_mkmodel, "write a random-weight model at a real model's shape"},
     {"batch", cmd_batch, "run a JSONL file of requests through the engine (offline batch)"},
+    {"serve", cmd_serve, "serve a model over HTTP with the OpenAI API"},
     {"bench", cmd_bench, "benchmarks: bench throughput (continuous batching, prefix cache)"},
 };
 

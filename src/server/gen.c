@@ -1,0 +1,575 @@
+/*
+ * gen - the engine thread and the job outboxes (design in gen.h).
+ *
+ * Locking: one mutex (g->mu) guards the inbox, the abort list, every job's shared fields
+ * (state, outbox, n_done, refs, cancelled), the metrics and the stats snapshot. The engine
+ * thread holds it only to move lists and to push events, never during engine_step or
+ * engine_add_request; the engine callbacks take it per event. HTTP threads wait on their
+ * job's own condition variable; the engine thread waits on g->cv. Fields of struct
+ * server_sub and the active list belong to the engine thread alone.
+ *
+ * Accounting: a job is over for the engine when n_done reaches n_choices. Choices are
+ * counted done by on_finish (stop, length, abort, error), or in bulk when the job is
+ * refused or cancelled before its requests were added.
+ */
+#include "server/gen.h"
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/progress.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_REFUSED, JOB_DONE };
+
+struct server_sub {
+    struct server_job *job;
+    int prompt;
+    uint64_t eng_id;
+    bool added;
+    int n_open;                   /* sequences not finished yet */
+    double *t_last;               /* (n) time of each sequence's last token, 0: none */
+};
+
+struct server_job {
+    struct server_gen *g;
+    const struct request_params *p;       /* borrowed while QUEUED */
+    const struct server_prompt *prompts;  /* borrowed while QUEUED, (n_prompts) */
+    int n_prompts, n, n_choices;
+    struct server_sub *subs;              /* (n_prompts) */
+    pthread_cond_t cv;
+    enum job_state state;
+    struct server_error err;              /* JOB_REFUSED */
+    struct server_event *head, *tail;
+    int n_done, refs;
+    bool cancelled, engine_ref;
+    struct server_job *next_in, *next_abort, *prev_act, *next_act;
+};
+
+struct server_gen {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    bool thread_started;
+    struct engine_params ep;
+    struct engine *eng;
+    enum server_gen_state state;
+    char load_err[1024];
+    struct server_job *in_head, *in_tail, *abort_head;
+    struct server_job *active;            /* engine thread only */
+    bool go, closed, quit, busy;
+    struct server_metrics m;
+};
+
+static void job_free(struct server_job *j)
+{
+    while (j->head) {
+        struct server_event *n = j->head->next;
+        wfree(j->head);
+        j->head = n;
+    }
+    for (int i = 0; j->subs && i < j->n_prompts; i++)
+        wfree(j->subs[i].t_last);
+    wfree(j->subs);
+    pthread_cond_destroy(&j->cv);
+    wfree(j);
+}
+
+/* Drop one reference under g->mu; frees the job when it was the last. */
+static void job_unref_locked(struct server_job *j)
+{
+    if (--j->refs == 0)
+        job_free(j);
+}
+
+/* k more choices are over; when all are, the engine's reference goes. Under g->mu. */
+static void job_done_locked(struct server_job *j, int k)
+{
+    j->n_done += k;
+    if (j->n_done < j->n_choices)
+        return;
+    if (j->state == JOB_RUNNING)
+        j->state = JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    if (j->engine_ref) {
+        j->engine_ref = false;
+        job_unref_locked(j);
+    }
+}
+
+static void push_locked(struct server_job *j, struct server_event *ev)
+{
+    ev->next = NULL;
+    if (j->tail)
+        j->tail->next = ev;
+    else
+        j->head = ev;
+    j->tail = ev;
+    pthread_cond_broadcast(&j->cv);
+}
+
+/* ---- engine callbacks (engine thread, inside engine_step / engine_abort) ---------------- */
+
+static void on_delta(void *user, uint64_t req_id, int seq, const char *text, size_t len,
+                     const int32_t *tokens, int n_tokens, const struct request_logprob *lp)
+{
+    struct server_sub *s = user;
+    struct server_gen *g = s->job->g;
+    (void)req_id;
+    double now = time_now(), itl = -1;
+    if (n_tokens && seq >= 0 && seq < s->job->n) {
+        if (s->t_last[seq] > 0)
+            itl = now - s->t_last[seq];
+        s->t_last[seq] = now;
+    }
+    struct server_event *ev = NULL;
+    if (len || lp) {
+        ev = wcalloc(1, sizeof *ev + len + 1);
+        if (ev) {
+            ev->choice = s->prompt * s->job->n + seq;
+            ev->n_tokens = n_tokens;
+            memcpy(ev->text, text, len);
+            ev->len = len;
+            if (lp) {
+                ev->has_lp = true;
+                ev->token = lp->token;
+                ev->logprob = lp->logprob;
+                ev->n_top = lp->n_top < REQUEST_MAX_LOGPROBS ? lp->n_top : REQUEST_MAX_LOGPROBS;
+                memcpy(ev->top_ids, lp->top_ids, (size_t)ev->n_top * sizeof *ev->top_ids);
+                memcpy(ev->top_lps, lp->top_logprobs, (size_t)ev->n_top * sizeof *ev->top_lps);
+            }
+        }
+    }
+    pthread_mutex_lock(&g->mu);
+    if (itl >= 0)
+        server_hist_observe(&g->m.itl, itl);
+    if (ev)
+        push_locked(s->job, ev);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void on_finish(void *user, uint64_t req_id, int seq, const struct request_result *r)
+{
+    struct server_sub *s = user;
+    struct server_job *j = s->job;
+    struct server_gen *g = j->g;
+    (void)req_id;
+    size_t ls = r->stop_reason ? strlen(r->stop_reason) + 1 : 0;
+    size_t le = r->error ? strlen(r->error) + 1 : 0;
+    struct server_event *ev = wcalloc(1, sizeof *ev + 1 + ls + le);
+    if (ev) {
+        ev->choice = s->prompt * j->n + seq;
+        ev->finish = true;
+        ev->reason = r->finish;
+        ev->stop_token = r->stop_token;
+        ev->n_prompt = r->n_prompt_tokens;
+        ev->n_cached = r->n_cached_tokens;
+        ev->n_generated = r->n_generated_tokens;
+        if (ls)
+            ev->stop_reason = memcpy(ev->text + 1, r->stop_reason, ls);
+        if (le)
+            ev->error = memcpy(ev->text + 1 + ls, r->error, le);
+    }
+    s->n_open--;
+    pthread_mutex_lock(&g->mu);
+    if (r->finish > 0 && r->finish < 5)
+        g->m.success[r->finish]++;
+    if (seq == 0) {
+        if (r->t_first_token > 0)
+            server_hist_observe(&g->m.ttft, r->t_first_token);
+        if (r->t_queue > 0)
+            server_hist_observe(&g->m.queue, r->t_queue);
+        server_hist_observe(&g->m.e2e, r->t_total);
+    }
+    if (ev)
+        push_locked(j, ev);
+    int left = j->n_choices - j->n_done - 1;
+    if (left == 0) {
+        /* unlink from the engine thread's active list before the job can be freed */
+        if (j->prev_act)
+            j->prev_act->next_act = j->next_act;
+        else if (g->active == j)
+            g->active = j->next_act;
+        if (j->next_act)
+            j->next_act->prev_act = j->prev_act;
+        j->prev_act = j->next_act = NULL;
+    }
+    job_done_locked(j, 1);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- the engine thread ------------------------------------------------------------------ */
+
+static void refuse(struct server_gen *g, struct server_job *j, int added, int http,
+                   const char *msg)
+{
+    pthread_mutex_lock(&g->mu);
+    j->state = JOB_REFUSED;
+    server_error_set(&j->err, http, http == 400 ? "prompt" : NULL, "%s", msg);
+    job_done_locked(j, (j->n_prompts - added) * j->n);
+    pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < added; i++)
+        engine_abort(g->eng, j->subs[i].eng_id, NULL);
+}
+
+static void add_job(struct server_gen *g, struct server_job *j)
+{
+    if (j->cancelled || g->quit) {
+        refuse(g, j, 0, 503, j->cancelled ? "request cancelled" : "the server is shutting down");
+        return;
+    }
+    for (int i = 0; i < j->n_prompts; i++) {
+        struct request_params q = *j->p;
+        q.prompt_ids = j->prompts[i].ids;
+        q.n_prompt_ids = j->prompts[i].n_ids;
+        struct request_callbacks cb = {&j->subs[i], on_delta, on_finish};
+        struct weld_err we = {0};
+        j->subs[i].n_open = j->n;
+        if (engine_add_request(g->eng, &q, &cb, &j->subs[i].eng_id, &we)) {
+            char msg[1100];
+            if (j->n_prompts > 1)
+                snprintf(msg, sizeof msg, "prompt[%d]: %s", i, we.msg);
+            else
+                snprintf(msg, sizeof msg, "%s", we.msg);
+            refuse(g, j, i, we.status == WELD_ERR_NOMEM ? 500 : 400, msg);
+            return;
+        }
+        j->subs[i].added = true;
+    }
+    pthread_mutex_lock(&g->mu);
+    j->state = JOB_RUNNING;
+    j->p = NULL;
+    j->prompts = NULL;
+    j->next_act = g->active;
+    if (g->active)
+        g->active->prev_act = j;
+    g->active = j;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void abort_job(struct server_gen *g, struct server_job *j)
+{
+    for (int i = 0; i < j->n_prompts; i++)
+        if (j->subs[i].added && j->subs[i].n_open > 0)
+            engine_abort(g->eng, j->subs[i].eng_id, NULL);
+}
+
+static void publish_stats(struct server_gen *g)
+{
+    struct engine_stats st;
+    engine_stats_get(g->eng, &st);
+    pthread_mutex_lock(&g->mu);
+    g->m.st = st;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* One round: take the lists, add, abort, step. Returns false when the thread should end. */
+static bool gen_round(struct server_gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    while (!g->in_head && !g->abort_head && !engine_has_work(g->eng) && !g->quit) {
+        g->busy = false;
+        pthread_cond_wait(&g->cv, &g->mu);
+    }
+    g->busy = true;
+    struct server_job *in = g->in_head, *ab = g->abort_head;
+    g->in_head = g->in_tail = g->abort_head = NULL;
+    bool quit = g->quit;
+    pthread_mutex_unlock(&g->mu);
+    while (in) {
+        struct server_job *next = in->next_in;
+        add_job(g, in);
+        in = next;
+    }
+    while (ab) {
+        struct server_job *next = ab->next_abort;
+        abort_job(g, ab);
+        pthread_mutex_lock(&g->mu);
+        job_unref_locked(ab);
+        pthread_mutex_unlock(&g->mu);
+        ab = next;
+    }
+    if (quit)
+        while (g->active)
+            abort_job(g, g->active);
+    if (engine_has_work(g->eng)) {
+        struct weld_err we = {0};
+        if (engine_step(g->eng, &we))
+            log_error("weld serve: step failed: %s", we.msg);
+    }
+    publish_stats(g);
+    if (!quit)
+        return true;
+    pthread_mutex_lock(&g->mu);
+    bool more = g->in_head || g->abort_head || engine_has_work(g->eng);
+    if (!more)
+        g->busy = false;
+    pthread_mutex_unlock(&g->mu);
+    return more;
+}
+
+static void *gen_main(void *arg)
+{
+    struct server_gen *g = arg;
+    struct weld_err we = {0};
+    struct engine *eng = NULL;
+    pthread_mutex_lock(&g->mu);
+    while (!g->go && !g->quit)
+        pthread_cond_wait(&g->cv, &g->mu);
+    bool quit = g->quit;
+    pthread_mutex_unlock(&g->mu);
+    if (quit)
+        return NULL;
+    int rc = engine_create(&eng, &g->ep, &we);
+    pthread_mutex_lock(&g->mu);
+    if (rc) {
+        g->state = SERVER_GEN_FAILED;
+        snprintf(g->load_err, sizeof g->load_err, "%s", we.msg);
+    } else {
+        g->eng = eng;
+        g->state = SERVER_GEN_READY;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (rc)
+        return NULL;
+    publish_stats(g);
+    while (gen_round(g))
+        ;
+    return NULL;
+}
+
+/* ---- API for HTTP threads --------------------------------------------------------------- */
+
+int server_gen_start(struct server_gen **out, const struct engine_params *p, struct weld_err *e)
+{
+    struct server_gen *g = wcalloc(1, sizeof *g);
+    if (!g)
+        return err_set(e, WELD_ERR_NOMEM, "server: out of memory");
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->ep = *p;
+    g->state = SERVER_GEN_LOADING;
+    server_metrics_init(&g->m);
+    if (pthread_create(&g->thread, NULL, gen_main, g) != 0) {
+        server_gen_free(g);
+        return err_set(e, WELD_ERR_INTERNAL, "server: cannot start the engine thread");
+    }
+    g->thread_started = true;
+    *out = g;
+    return WELD_OK;
+}
+
+void server_gen_halt(struct server_gen *g)
+{
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->quit = g->closed = true;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    if (g->thread_started)
+        pthread_join(g->thread, NULL);
+    g->thread_started = false;
+}
+
+void server_gen_free(struct server_gen *g)
+{
+    if (!g)
+        return;
+    server_gen_halt(g);
+    engine_free(g->eng);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    wfree(g);
+}
+
+void server_gen_load(struct server_gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->go = true;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+enum server_gen_state server_gen_state(struct server_gen *g, char *msg, size_t cap)
+{
+    pthread_mutex_lock(&g->mu);
+    enum server_gen_state s = g->state;
+    if (msg && cap)
+        snprintf(msg, cap, "%s", g->load_err);
+    pthread_mutex_unlock(&g->mu);
+    return s;
+}
+
+const struct engine *server_gen_engine(struct server_gen *g)
+{
+    return server_gen_state(g, NULL, 0) == SERVER_GEN_READY ? g->eng : NULL;
+}
+
+struct server_job *server_gen_submit(struct server_gen *g, const struct request_params *p,
+                                     const struct server_prompt *prompts, int n_prompts,
+                                     struct server_error *e)
+{
+    struct server_job *j = wcalloc(1, sizeof *j);
+    if (!j || !(j->subs = wcalloc((size_t)n_prompts, sizeof *j->subs))) {
+        wfree(j);
+        server_error_set(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    j->g = g;
+    j->p = p;
+    j->prompts = prompts;
+    j->n_prompts = n_prompts;
+    j->n = p->n;
+    j->n_choices = n_prompts * p->n;
+    pthread_cond_init(&j->cv, NULL);
+    for (int i = 0; i < n_prompts; i++) {
+        j->subs[i].job = j;
+        j->subs[i].prompt = i;
+        if (!(j->subs[i].t_last = wcalloc((size_t)p->n, sizeof(double)))) {
+            job_free(j);
+            server_error_set(e, 500, NULL, "out of memory");
+            return NULL;
+        }
+    }
+    pthread_mutex_lock(&g->mu);
+    if (g->closed || g->state != SERVER_GEN_READY) {
+        pthread_mutex_unlock(&g->mu);
+        job_free(j);
+        server_error_set(e, 503, NULL, g->closed ? "the server is shutting down"
+                                                 : "the model is still loading");
+        return NULL;
+    }
+    j->refs = 2;
+    j->engine_ref = true;
+    if (g->in_tail)
+        g->in_tail->next_in = j;
+    else
+        g->in_head = j;
+    g->in_tail = j;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    return j;
+}
+
+int server_gen_wait_accepted(struct server_job *j, struct server_error *e)
+{
+    struct server_gen *g = j->g;
+    pthread_mutex_lock(&g->mu);
+    while (j->state == JOB_QUEUED)
+        pthread_cond_wait(&j->cv, &g->mu);
+    int rc = 0;
+    if (j->state == JOB_REFUSED) {
+        *e = j->err;
+        rc = e->http;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+int server_gen_next(struct server_job *j, int timeout_ms, struct server_event **ev)
+{
+    struct server_gen *g = j->g;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    int rc = 0;
+    bool timed_out = false;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        if (j->head) {
+            *ev = j->head;
+            j->head = j->head->next;
+            if (!j->head)
+                j->tail = NULL;
+            rc = 1;
+            break;
+        }
+        if (j->state == JOB_DONE || j->state == JOB_REFUSED) {
+            rc = -1;
+            break;
+        }
+        if (timed_out)
+            break;
+        if (pthread_cond_timedwait(&j->cv, &g->mu, &ts) == ETIMEDOUT)
+            timed_out = true;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+void server_gen_cancel(struct server_job *j)
+{
+    struct server_gen *g = j->g;
+    pthread_mutex_lock(&g->mu);
+    if (!j->cancelled && j->state != JOB_DONE && j->state != JOB_REFUSED) {
+        j->cancelled = true;
+        if (j->state == JOB_RUNNING) {
+            j->refs++;
+            j->next_abort = g->abort_head;
+            g->abort_head = j;
+            pthread_cond_signal(&g->cv);
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+void server_gen_release(struct server_job *j)
+{
+    if (!j)
+        return;
+    struct server_gen *g = j->g;
+    pthread_mutex_lock(&g->mu);
+    while (j->state == JOB_QUEUED)
+        pthread_cond_wait(&j->cv, &g->mu);
+    job_unref_locked(j);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void server_gen_metrics(struct server_gen *g, struct server_metrics *m)
+{
+    pthread_mutex_lock(&g->mu);
+    *m = g->m;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void server_gen_count_http(struct server_gen *g, int status)
+{
+    pthread_mutex_lock(&g->mu);
+    g->m.http_requests++;
+    if (status >= 400)
+        g->m.http_errors++;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void server_gen_close(struct server_gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->closed = true;
+    pthread_mutex_unlock(&g->mu);
+}
+
+bool server_gen_drain(struct server_gen *g, double timeout)
+{
+    double t_end = time_now() + timeout;
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        bool idle = g->state != SERVER_GEN_READY || (!g->busy && !g->in_head && !g->active);
+        pthread_mutex_unlock(&g->mu);
+        if (idle)
+            return true;
+        if (time_now() >= t_end)
+            return false;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}

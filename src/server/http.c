@@ -1,0 +1,393 @@
+/*
+ * http - libmicrohttpd glue for `weld serve`: the daemon, routing, auth, the body limit,
+ * plain JSON answers and the start/stop sequence of server_run().
+ *
+ * MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with its internal
+ * listening thread, poll() so descriptors above FD_SETSIZE work). The access handler
+ * collects the body (at most max_body bytes are kept; a longer body is read to its end and
+ * answered 413), then routes. Generation (routes.c) blocks the connection's own thread
+ * while the engine works, never the engine. A request that fails before it reaches the
+ * engine gets OpenAI's error object.
+ *
+ * Routes: GET /health (200 when the model is loaded and the server is not draining, 503
+ * otherwise), GET /version, GET /metrics, GET /v1/models, POST /v1/completions,
+ * POST /v1/chat/completions, POST /tokenize, POST /detokenize. With --api-key every route
+ * but /health, /version and /metrics needs "Authorization: Bearer KEY" (401 otherwise).
+ *
+ * Start: the chat template file (if any) is read, the socket bound (port 0: any free port,
+ * the bound one printed), then the engine thread starts loading the model. Stop: SIGINT or
+ * SIGTERM (blocked in every thread, taken with sigtimedwait by the caller of server_run)
+ * closes the engine to new work (503), waits up to shutdown_timeout for running requests,
+ * aborts the rest, stops the daemon (joining every connection thread) and frees the engine.
+ */
+#include "server/http.h"
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "model/model.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+struct server_opts server_opts_default(void)
+{
+    struct server_opts o;
+    memset(&o, 0, sizeof o);
+    o.engine = engine_params_default();
+    o.host = "127.0.0.1";
+    o.port = 8000;
+    o.shutdown_timeout = 30;
+    o.max_body = 8u << 20;
+    return o;
+}
+
+/* ---- answers ---------------------------------------------------------------------------- */
+
+enum MHD_Result http_send(struct server *s, struct MHD_Connection *c, int status,
+                          const char *ctype, const char *body, size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body,
+                                                             MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    server_gen_count_http(s->gen, status);
+    return rc;
+}
+
+enum MHD_Result http_send_json(struct server *s, struct MHD_Connection *c, int status, json_t *j)
+{
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!txt)
+        return http_send(s, c, 500, "application/json", "{\"error\":{\"message\":\"out of "
+                         "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}", 85);
+    enum MHD_Result rc = http_send(s, c, status, "application/json", txt, strlen(txt));
+    free(txt);
+    return rc;
+}
+
+enum MHD_Result http_send_error(struct server *s, struct MHD_Connection *c,
+                                const struct server_error *e)
+{
+    return http_send_json(s, c, e->http, server_error_json(e));
+}
+
+bool http_client_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    struct pollfd pfd = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pfd, 1, 0) <= 0)
+        return false;
+    if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+        return true;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* ---- the served model (built once the engine is ready) ---------------------------------- */
+
+bool http_model(struct server *s, struct server_model *m)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!s->have_model) {
+        const struct engine *eng = server_gen_engine(s->gen);
+        if (eng) {
+            const struct tokenizer *tok = engine_tokenizer(eng);
+            s->model.name = s->name;
+            s->model.path = s->o.engine.model_path;
+            s->model.tok = tok;
+            s->model.n_vocab = engine_model(eng)->cfg.n_vocab;
+            s->model.max_model_len = engine_sched_config(eng)->max_model_len;
+            const char *src = tok ? tokenizer_chat_template(tok) : NULL;
+            struct weld_err we = {0};
+            if (!s->tmpl && src && chat_template_parse(&s->tmpl, src, strlen(src), &we))
+                log_warn("weld serve: the model's chat template does not parse (%s); chat "
+                         "requests will be refused", we.msg);
+            s->model.tmpl = s->tmpl;
+            s->have_model = true;
+        }
+    }
+    *m = s->model;
+    bool ok = s->have_model;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+/* ---- small routes ----------------------------------------------------------------------- */
+
+static enum MHD_Result route_models(struct server *s, struct MHD_Connection *c)
+{
+    struct server_model m;
+    bool ready = http_model(s, &m);
+    json_t *card = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n}", "id", s->name, "object", "model",
+                             "created", (json_int_t)s->t_start, "owned_by", "weld", "root",
+                             s->o.engine.model_path, "parent");
+    if (ready)
+        json_object_set_new(card, "max_model_len", json_integer(m.max_model_len));
+    return http_send_json(s, c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", card));
+}
+
+static enum MHD_Result route_metrics(struct server *s, struct MHD_Connection *c)
+{
+    struct server_metrics m;
+    server_gen_metrics(s->gen, &m);
+    char *txt = server_metrics_text(&m, s->name);
+    if (!txt)
+        return http_send(s, c, 500, "text/plain", "out of memory\n", 14);
+    enum MHD_Result rc = http_send(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", txt,
+                                   strlen(txt));
+    wfree(txt);
+    return rc;
+}
+
+static bool authorized(struct server *s, struct MHD_Connection *c)
+{
+    if (!s->o.api_key)
+        return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    return h && !strncmp(h, "Bearer ", 7) && !strcmp(h + 7, s->o.api_key);
+}
+
+static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct http_conn *hc,
+                             const char *url, const char *method)
+{
+    struct server_error e;
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    bool post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health") && get) {
+        bool ok = server_gen_state(s->gen, NULL, 0) == SERVER_GEN_READY && !s->draining;
+        return http_send(s, c, ok ? 200 : 503, "text/plain", "", 0);
+    }
+    if (!strcmp(url, "/version") && get)
+        return http_send_json(s, c, 200, json_pack("{s:s}", "version", weld_version()));
+    if (!strcmp(url, "/metrics") && get)
+        return route_metrics(s, c);
+    if (!authorized(s, c)) {
+        server_error_set(&e, 401, NULL, "Incorrect or missing API key: send the header "
+                         "'Authorization: Bearer KEY'");
+        return http_send_error(s, c, &e);
+    }
+    if (!strcmp(url, "/v1/models") && get)
+        return route_models(s, c);
+    enum http_post which;
+    if (!strcmp(url, "/v1/completions"))
+        which = HTTP_POST_COMPLETIONS;
+    else if (!strcmp(url, "/v1/chat/completions"))
+        which = HTTP_POST_CHAT;
+    else if (!strcmp(url, "/tokenize"))
+        which = HTTP_POST_TOKENIZE;
+    else if (!strcmp(url, "/detokenize"))
+        which = HTTP_POST_DETOKENIZE;
+    else {
+        server_error_set(&e, 404, NULL, "no route %s %s", method, url);
+        e.code = NULL;
+        return http_send_error(s, c, &e);
+    }
+    if (!post) {
+        server_error_set(&e, 405, NULL, "%s needs POST", url);
+        return http_send_error(s, c, &e);
+    }
+    if (hc->too_big) {
+        server_error_set(&e, 413, NULL, "request body of %zu bytes is over the limit of %zu "
+                         "bytes", hc->body_len, s->o.max_body);
+        return http_send_error(s, c, &e);
+    }
+    json_error_t je;
+    json_t *body = json_loadb(hc->body ? hc->body : "", hc->body_len, JSON_REJECT_DUPLICATES, &je);
+    if (!body) {
+        server_error_set(&e, 400, NULL, "malformed JSON body: line %d, column %d: %s", je.line,
+                         je.column, je.text);
+        return http_send_error(s, c, &e);
+    }
+    enum MHD_Result rc = http_post(s, c, which, body);
+    json_decref(body);
+    return rc;
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
+                                 const char *method, const char *version, const char *upload,
+                                 size_t *upload_size, void **con_cls)
+{
+    struct server *s = cls;
+    struct http_conn *hc = *con_cls;
+    (void)version;
+    if (!hc) {
+        if (!(hc = wcalloc(1, sizeof *hc)))
+            return MHD_NO;
+        *con_cls = hc;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (hc->too_big || hc->body_len + n > s->o.max_body) {
+            hc->too_big = true;
+            hc->body_len += n;
+            return MHD_YES;
+        }
+        if (hc->body_len + n + 1 > hc->cap) {
+            size_t cap = hc->cap ? hc->cap : 4096;
+            while (cap < hc->body_len + n + 1)
+                cap *= 2;
+            char *nb = wrealloc(hc->body, cap);
+            if (!nb)
+                return MHD_NO;
+            hc->body = nb;
+            hc->cap = cap;
+        }
+        memcpy(hc->body + hc->body_len, upload, n);
+        hc->body_len += n;
+        return MHD_YES;
+    }
+    return route(s, c, hc, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct http_conn *hc = *con_cls;
+    (void)cls, (void)c, (void)toe;
+    if (hc) {
+        wfree(hc->body);
+        wfree(hc);
+    }
+    *con_cls = NULL;
+}
+
+/* ---- start and stop --------------------------------------------------------------------- */
+
+static int read_template(struct server *s, struct weld_err *e)
+{
+    if (!s->o.chat_template)
+        return WELD_OK;
+    FILE *f = fopen(s->o.chat_template, "rb");
+    if (!f)
+        return err_set(e, WELD_ERR_IO, "%s: %s", s->o.chat_template, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    int rc = WELD_OK;
+    for (;;) {
+        if (len + 4096 > cap) {
+            char *nb = wrealloc(buf, cap = cap * 2 + 8192);
+            if (!nb) {
+                rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory", s->o.chat_template);
+                break;
+            }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    fclose(f);
+    if (!rc && (rc = chat_template_parse(&s->tmpl, buf ? buf : "", len, e)))
+        err_prefix(e, "%s", s->o.chat_template);
+    wfree(buf);
+    return rc;
+}
+
+static int start_daemon(struct server *s, struct weld_err *e)
+{
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)s->o.port);
+    const char *host = !strcmp(s->o.host, "localhost") ? "127.0.0.1" : s->o.host;
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--host '%s': expected an IPv4 address",
+                       s->o.host);
+    if (s->o.port < 0 || s->o.port > 65535)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--port %d: expected 0..65535", s->o.port);
+    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                            MHD_USE_POLL, (uint16_t)s->o.port, NULL, NULL, on_access, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_END);
+    if (!s->d)
+        return err_set(e, WELD_ERR_IO, "cannot listen on %s:%d (%s)", s->o.host, s->o.port,
+                       errno ? strerror(errno) : "address in use?");
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->o.port;
+    return WELD_OK;
+}
+
+/* Wait for SIGINT/SIGTERM (or a failed model load). */
+static int wait_signal(struct server *s, const sigset_t *set, struct weld_err *e)
+{
+    bool announced = false;
+    for (;;) {
+        struct timespec ts = {0, 200 * 1000000L};
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (sig == SIGINT || sig == SIGTERM) {
+            log_info("weld serve: %s: draining (up to %.0f s), then stopping",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM", s->o.shutdown_timeout);
+            return WELD_OK;
+        }
+        char msg[1024];
+        enum server_gen_state st = server_gen_state(s->gen, msg, sizeof msg);
+        if (st == SERVER_GEN_FAILED)
+            return err_set(e, WELD_ERR_FORMAT, "loading the model failed: %s", msg);
+        if (st == SERVER_GEN_READY && !announced) {
+            struct server_model m;
+            http_model(s, &m);
+            log_info("weld serve: model '%s' ready (max_model_len %d%s)", s->name,
+                     m.max_model_len, m.tmpl ? ", chat template" : ", no chat template");
+            announced = true;
+        }
+    }
+}
+
+int server_run(const struct server_opts *o, struct weld_err *e)
+{
+    struct server s;
+    memset(&s, 0, sizeof s);
+    s.o = *o;
+    s.name = o->served_model_name ? o->served_model_name : o->engine.model_path;
+    s.t_start = (long)time(NULL);
+    pthread_mutex_init(&s.mu, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int rc = read_template(&s, e);
+    if (!rc)
+        rc = server_gen_start(&s.gen, &o->engine, e);
+    if (!rc && (rc = start_daemon(&s, e)) == WELD_OK) {
+        fprintf(stderr, "weld serve: listening on http://%s:%d\n", o->host, s.port);
+        fflush(stderr);
+        server_gen_load(s.gen);
+        rc = wait_signal(&s, &set, e);
+        s.draining = true;
+        server_gen_close(s.gen);
+        if (!server_gen_drain(s.gen, o->shutdown_timeout))
+            log_warn("weld serve: grace period over; aborting the requests still running");
+    }
+    server_gen_halt(s.gen);
+    if (s.d)
+        MHD_stop_daemon(s.d);
+    server_gen_free(s.gen);
+    chat_template_free(s.tmpl);
+    pthread_mutex_destroy(&s.mu);
+    return rc;
+}

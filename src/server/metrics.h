@@ -1,0 +1,44 @@
+/*
+ * metrics - what GET /metrics reports, in the Prometheus text format with vLLM's metric
+ * names under the "weld:" prefix.
+ *
+ * struct server_metrics is plain data: the engine thread updates it (under the server's
+ * mutex) as requests finish and tokens arrive, and /metrics renders a copy. Counters are
+ * monotonic and carry the _total suffix as vLLM's do; gauges come from the engine's own
+ * stats (engine_stats_get) taken after every step. kv_cache_usage_perc counts blocks in
+ * use by running sequences only: blocks kept in the prefix cache with no user are free.
+ * Histograms use vLLM's bucket bounds (cumulative _bucket{le}, _sum, _count).
+ *
+ * request_success_total counts finished choices (one per sequence: n > 1 counts n) by
+ * finished_reason: stop, length, abort, error.
+ */
+#ifndef WELD_SERVER_METRICS_H
+#define WELD_SERVER_METRICS_H
+
+#include "engine/engine.h"
+
+#include <stdint.h>
+
+#define SERVER_HIST_MAX 24
+
+struct server_hist {
+    const double *le;              /* (n_le) upper bounds, ascending; +Inf is implicit */
+    int n_le;
+    uint64_t counts[SERVER_HIST_MAX]; /* (n_le + 1) per bucket, not cumulative */
+    double sum;
+    uint64_t n;
+};
+
+struct server_metrics {
+    struct server_hist ttft, itl, e2e, queue;
+    uint64_t success[5];           /* by enum request_finish (index 0 unused) */
+    struct engine_stats st;        /* the engine's last snapshot */
+    uint64_t http_requests, http_errors; /* every HTTP request / those answered >= 400 */
+};
+
+void server_metrics_init(struct server_metrics *m);
+void server_hist_observe(struct server_hist *h, double v);
+/* The whole exposition text (wmalloc'd), or NULL on out of memory. */
+char *server_metrics_text(const struct server_metrics *m, const char *model_name);
+
+#endif

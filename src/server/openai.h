@@ -1,0 +1,137 @@
+/*
+ * openai - the OpenAI request and response shapes of `weld serve`.
+ *
+ * Requests: server_req_parse() turns the JSON body of POST /v1/completions or
+ * /v1/chat/completions into a struct server_req: every prompt tokenized (a string, a list
+ * of strings, token ids or a list of token-id lists; chat messages rendered with the chat
+ * template, add_generation_prompt, and tokenized with no second BOS when the template
+ * already wrote one), the sampling parameters read by engine/batch_io.h (so `weld batch`
+ * and the server accept the same fields) and checked by request_params_check(), and the
+ * prompt-length limit applied. Unknown fields are ignored. A failure fills struct
+ * server_error: HTTP status, OpenAI error type, the offending parameter and a message
+ * naming the field and the limit.
+ *
+ * vLLM semantics: max_tokens (or max_completion_tokens) defaults to 16 for completions and
+ * to what is left of max_model_len for chat; prompt + max_tokens above max_model_len is a
+ * 400 naming both. Completions take logprobs as an integer; chat takes logprobs as a bool
+ * with top_logprobs. Choices are numbered prompt * n + i.
+ *
+ * Responses (openai_resp.c): completion and chat bodies, their streaming chunks, usage,
+ * and logprobs in the completions shape (tokens / token_logprobs / top_logprobs /
+ * text_offset) or the chat shape (content: [{token, logprob, bytes, top_logprobs}]).
+ *
+ * Not supported (answered with 400 naming them, never silently ignored): logit_bias with
+ * entries, tools that the template cannot render, non-text content parts. Echo returns the
+ * prompt text but no prompt logprobs.
+ */
+#ifndef WELD_SERVER_OPENAI_H
+#define WELD_SERVER_OPENAI_H
+
+#include "engine/batch_io.h"
+#include "engine/request.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct tokenizer;
+struct chat_template;
+
+#define SERVER_MAX_CHOICES 1024  /* prompts * n of one request */
+
+enum server_api { SERVER_API_COMPLETIONS, SERVER_API_CHAT };
+
+/* What parsing needs to know about the served model. */
+struct server_model {
+    const char *name;                  /* served model name */
+    const char *path;                  /* model path (also accepted as the model name) */
+    const struct tokenizer *tok;       /* may be NULL: token-id prompts only */
+    const struct chat_template *tmpl;  /* NULL: chat is refused */
+    int n_vocab;
+    int max_model_len;
+};
+
+struct server_error {
+    int http;                  /* 400, 401, 404, 413, 500, 503 */
+    const char *type;          /* "invalid_request_error", ... */
+    const char *code;          /* NULL or e.g. "model_not_found" */
+    char param[64];            /* "" or the offending parameter */
+    char msg[1024];
+};
+
+struct server_prompt {
+    int32_t *ids;              /* (n_ids) */
+    int n_ids;
+    char *text;                /* the prompt text (for echo), NUL-terminated */
+    size_t text_len;
+};
+
+struct server_req {
+    enum server_api api;
+    json_t *fields;            /* the body without prompt/messages; bl's strings point in */
+    struct batch_line bl;      /* sampling parameters (bl.p; prompt fields unset) */
+    struct server_prompt *prompts; /* (n_prompts) */
+    int n_prompts;
+    bool stream, include_usage, echo;
+    int logprobs;              /* -1 off, else top-N (0: the sampled token only) */
+    char model[256];           /* the model name to report */
+};
+
+/* Fill e and return its http status. param may be NULL. */
+int server_error_set(struct server_error *e, int http, const char *param, const char *fmt,
+                     ...) WELD_PRINTF(4, 5);
+/* {"error": {"message", "type", "param", "code"}} (new reference). */
+json_t *server_error_json(const struct server_error *e);
+
+/* 0 on success; else e is filled and its http status returned. */
+int server_req_parse(const json_t *body, enum server_api api, const struct server_model *m,
+                     struct server_req *out, struct server_error *e);
+void server_req_release(struct server_req *r);
+
+/* Render chat messages (validated and normalized: text parts joined with "\n") with the
+   template; extra: NULL or the request body (add_generation_prompt, tools,
+   chat_template_kwargs). *out is wmalloc'd. */
+int server_chat_render(const struct server_model *m, const json_t *messages,
+                       const json_t *extra, char **out, struct server_error *e);
+/* Tokenize rendered chat text: special tokens on unless it already starts with BOS. */
+int server_chat_encode(const struct server_model *m, const char *text, int32_t **ids,
+                       int *n_ids, struct server_error *e);
+
+/* ---- responses (openai_resp.c) ---- */
+
+/* One finished choice, accumulated from the engine's deltas. */
+struct server_choice {
+    char *text;
+    size_t len, cap;
+    json_t *lp;                /* logprobs being built (shape per api), or NULL */
+    enum request_finish finish;
+    char *stop_reason;         /* matched stop string or NULL */
+    int32_t stop_token;        /* -1 or the stop token id */
+    int n_generated;
+    size_t text_offset;        /* completions logprobs: bytes of text so far */
+    bool done, started;
+};
+
+/* Token text for logprobs: the token decoded alone (special tokens kept). */
+char *server_token_str(const struct tokenizer *tok, int32_t id, size_t *len);
+/* One token's logprobs entry in the api's shape, appended to *lp (created on first use);
+   for completions text_offset is the byte offset of the token's text. */
+void server_lp_append(enum server_api api, const struct tokenizer *tok, json_t **lp,
+                      int32_t token, float logprob, int n_top, const int32_t *top_ids,
+                      const float *top_lps, size_t text_offset);
+json_t *server_usage_json(int prompt_tokens, int completion_tokens, int cached_tokens);
+/* The whole non-streaming body. */
+json_t *server_resp_json(const struct server_req *r, const char *id, long created,
+                         const struct server_choice *choices, int n_choices,
+                         int prompt_tokens, int cached_tokens);
+/* One streaming chunk for choice `index`: text delta (may be empty), optional logprobs
+   (stolen), finish (NONE while running), role: the chat opening chunk. */
+json_t *server_chunk_json(const struct server_req *r, const char *id, long created, int index,
+                          const char *text, size_t len, json_t *lp, enum request_finish fin,
+                          const char *stop_reason, int32_t stop_token, bool role);
+/* The final usage chunk (choices: []). */
+json_t *server_usage_chunk_json(const struct server_req *r, const char *id, long created,
+                                json_t *usage);
+const char *server_finish_str(enum request_finish f);
+
+#endif

@@ -1,0 +1,429 @@
+/*
+ * routes - the POST routes of `weld serve`: /v1/completions, /v1/chat/completions,
+ * /tokenize and /detokenize.
+ *
+ * A generation request: parse (openai_req.c; errors are answered at once), submit a job to
+ * the engine thread (gen.h), wait until the engine took it (a prompt the KV pool can never
+ * hold is refused there: 400), then
+ *   - non-streaming: collect every choice's events in this connection's thread, waking at
+ *     least every 100 ms to see whether the client went away (then the job is cancelled,
+ *     which aborts its engine requests and returns their KV blocks, and the connection is
+ *     closed without an answer), and answer with the whole body;
+ *   - streaming: answer 200 text/event-stream at once with a callback body; the callback
+ *     turns events into "data: {chunk}\n\n" lines (chat opens each choice with a role
+ *     chunk; echo opens each completion choice with its prompt), then the usage chunk when
+ *     stream_options.include_usage, then "data: [DONE]\n\n". A client gone between chunks
+ *     ends the body with an error and cancels the job; so does a failed write, which MHD
+ *     reports through the free callback.
+ * Usage: prompt_tokens sums the prompts (each once, whatever n is); cached_tokens is what
+ * the prefix cache served of them; completion_tokens sums every choice's tokens.
+ */
+#include "server/http.h"
+
+#include "core/alloc.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+struct gen_ctx {
+    struct server *s;
+    struct MHD_Connection *c;
+    struct server_req r;
+    struct server_job *job;
+    struct server_choice *ch;      /* (n_choices) */
+    int n_choices, prompt_tokens, cached_tokens;
+    char id[64];
+    long created;
+    /* streaming */
+    char *pend;                    /* bytes not yet handed to MHD: [off, len) */
+    size_t len, off, cap;
+    bool finished, failed;
+};
+
+static void ctx_free(struct gen_ctx *g)
+{
+    if (!g)
+        return;
+    if (g->job) {
+        if (!g->finished)
+            server_gen_cancel(g->job);
+        server_gen_release(g->job);
+    }
+    for (int i = 0; g->ch && i < g->n_choices; i++) {
+        wfree(g->ch[i].text);
+        wfree(g->ch[i].stop_reason);
+        json_decref(g->ch[i].lp);
+    }
+    wfree(g->ch);
+    server_req_release(&g->r);
+    wfree(g->pend);
+    wfree(g);
+}
+
+static bool text_add(char **buf, size_t *len, size_t *cap, const char *t, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *nb = wrealloc(*buf, c);
+        if (!nb)
+            return false;
+        *buf = nb;
+        *cap = c;
+    }
+    memcpy(*buf + *len, t, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return true;
+}
+
+/* Fold one event into its choice (non-streaming) and the usage counts. */
+static void apply_event(struct gen_ctx *g, const struct server_event *ev)
+{
+    if (ev->choice < 0 || ev->choice >= g->n_choices)
+        return;
+    struct server_choice *c = &g->ch[ev->choice];
+    if (ev->finish) {
+        c->done = true;
+        c->finish = ev->reason;
+        c->stop_token = ev->stop_token;
+        c->n_generated = ev->n_generated;
+        if (ev->stop_reason)
+            c->stop_reason = wstrdup(ev->stop_reason);
+        if (ev->error && !c->stop_reason)
+            c->stop_reason = wstrdup(ev->error);
+        if (ev->choice % g->r.bl.p.n == 0) {
+            g->prompt_tokens += ev->n_prompt;
+            g->cached_tokens += ev->n_cached;
+        }
+        return;
+    }
+    if (ev->has_lp)
+        server_lp_append(g->r.api, g->s->model.tok, &c->lp, ev->token, ev->logprob, ev->n_top,
+                         ev->top_ids, ev->top_lps, c->len);
+    text_add(&c->text, &c->len, &c->cap, ev->text, ev->len);
+}
+
+static int start_job(struct gen_ctx *g, enum server_api api, const json_t *body,
+                     struct server_error *e)
+{
+    struct server_model m;
+    if (!http_model(g->s, &m))
+        return server_error_set(e, 503, NULL, "the model is still loading");
+    int rc = server_req_parse(body, api, &m, &g->r, e);
+    if (rc)
+        return rc;
+    g->n_choices = g->r.n_prompts * g->r.bl.p.n;
+    if (!(g->ch = wcalloc((size_t)g->n_choices, sizeof *g->ch)))
+        return server_error_set(e, 500, NULL, "out of memory");
+    for (int i = 0; i < g->n_choices; i++) {
+        g->ch[i].stop_token = -1;
+        const struct server_prompt *p = &g->r.prompts[i / g->r.bl.p.n];
+        if (g->r.echo && !g->r.stream)
+            text_add(&g->ch[i].text, &g->ch[i].len, &g->ch[i].cap, p->text, p->text_len);
+    }
+    unsigned long id = __atomic_add_fetch(&g->s->next_id, 1, __ATOMIC_RELAXED);
+    snprintf(g->id, sizeof g->id, "%s-%lx%08lx", api == SERVER_API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long)g->s->t_start, id);
+    g->created = (long)time(NULL);
+    g->job = server_gen_submit(g->s->gen, &g->r.bl.p, g->r.prompts, g->r.n_prompts, e);
+    if (!g->job)
+        return e->http;
+    return server_gen_wait_accepted(g->job, e);
+}
+
+static enum MHD_Result answer_whole(struct gen_ctx *g)
+{
+    for (;;) {
+        struct server_event *ev = NULL;
+        int rc = server_gen_next(g->job, 100, &ev);
+        if (rc == 1) {
+            apply_event(g, ev);
+            wfree(ev);
+        } else if (rc < 0) {
+            break;
+        } else if (http_client_gone(g->c)) {
+            ctx_free(g);
+            return MHD_NO;
+        }
+    }
+    g->finished = true;
+    struct server_error e;
+    for (int i = 0; i < g->n_choices; i++)
+        if (g->ch[i].finish == REQUEST_FINISH_ERROR || !g->ch[i].done) {
+            server_error_set(&e, 500, NULL, "generation failed: %s",
+                             g->ch[i].stop_reason ? g->ch[i].stop_reason : "no result");
+            enum MHD_Result r = http_send_error(g->s, g->c, &e);
+            ctx_free(g);
+            return r;
+        }
+    json_t *body = server_resp_json(&g->r, g->id, g->created, g->ch, g->n_choices,
+                                    g->prompt_tokens, g->cached_tokens);
+    enum MHD_Result r = http_send_json(g->s, g->c, 200, body);
+    ctx_free(g);
+    return r;
+}
+
+/* ---- streaming -------------------------------------------------------------------------- */
+
+static void sse(struct gen_ctx *g, json_t *chunk)
+{
+    char *txt = chunk ? json_dumps(chunk, JSON_COMPACT) : NULL;
+    json_decref(chunk);
+    if (!txt) {
+        g->failed = true;
+        return;
+    }
+    if (!text_add(&g->pend, &g->len, &g->cap, "data: ", 6) ||
+        !text_add(&g->pend, &g->len, &g->cap, txt, strlen(txt)) ||
+        !text_add(&g->pend, &g->len, &g->cap, "\n\n", 2))
+        g->failed = true;
+    free(txt);
+}
+
+static void stream_event(struct gen_ctx *g, const struct server_event *ev)
+{
+    if (ev->choice < 0 || ev->choice >= g->n_choices)
+        return;
+    struct server_choice *c = &g->ch[ev->choice];
+    if (ev->finish) {
+        apply_event(g, ev);
+        sse(g, server_chunk_json(&g->r, g->id, g->created, ev->choice, "", 0, NULL, ev->reason,
+                                 ev->stop_reason, ev->stop_token, false));
+        return;
+    }
+    json_t *lp = NULL;
+    if (ev->has_lp)
+        server_lp_append(g->r.api, g->s->model.tok, &lp, ev->token, ev->logprob, ev->n_top,
+                         ev->top_ids, ev->top_lps, c->text_offset);
+    c->text_offset += ev->len;
+    if (ev->len || lp)
+        sse(g, server_chunk_json(&g->r, g->id, g->created, ev->choice, ev->text, ev->len, lp,
+                                 REQUEST_FINISH_NONE, NULL, -1, false));
+}
+
+static void stream_open(struct gen_ctx *g)
+{
+    for (int i = 0; i < g->n_choices; i++) {
+        const struct server_prompt *p = &g->r.prompts[i / g->r.bl.p.n];
+        if (g->r.api == SERVER_API_CHAT)
+            sse(g, server_chunk_json(&g->r, g->id, g->created, i, "", 0, NULL,
+                                     REQUEST_FINISH_NONE, NULL, -1, true));
+        else if (g->r.echo) {
+            sse(g, server_chunk_json(&g->r, g->id, g->created, i, p->text, p->text_len, NULL,
+                                     REQUEST_FINISH_NONE, NULL, -1, false));
+            g->ch[i].text_offset = p->text_len;
+        }
+    }
+}
+
+static void stream_close(struct gen_ctx *g)
+{
+    if (g->r.include_usage) {
+        int completion = 0;
+        for (int i = 0; i < g->n_choices; i++)
+            completion += g->ch[i].n_generated;
+        sse(g, server_usage_chunk_json(&g->r, g->id, g->created,
+                                       server_usage_json(g->prompt_tokens, completion,
+                                                         g->cached_tokens)));
+    }
+    text_add(&g->pend, &g->len, &g->cap, "data: [DONE]\n\n", 14);
+    g->finished = true;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct gen_ctx *g = cls;
+    (void)pos;
+    for (;;) {
+        if (g->failed)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (g->off < g->len) {
+            size_t n = g->len - g->off < max ? g->len - g->off : max;
+            memcpy(buf, g->pend + g->off, n);
+            g->off += n;
+            if (g->off == g->len)
+                g->off = g->len = 0;
+            return (ssize_t)n;
+        }
+        if (g->finished)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        struct server_event *ev = NULL;
+        int rc = server_gen_next(g->job, 100, &ev);
+        if (rc == 1) {
+            stream_event(g, ev);
+            wfree(ev);
+        } else if (rc < 0) {
+            stream_close(g);
+        } else if (http_client_gone(g->c)) {
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void stream_free(void *cls)
+{
+    ctx_free(cls);
+}
+
+static enum MHD_Result answer_stream(struct gen_ctx *g)
+{
+    stream_open(g);
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
+                                                                  stream_read, g, stream_free);
+    if (!resp) {
+        ctx_free(g);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    enum MHD_Result rc = MHD_queue_response(g->c, 200, resp);
+    MHD_destroy_response(resp);
+    server_gen_count_http(g->s->gen, 200);
+    return rc;
+}
+
+static enum MHD_Result generate(struct server *s, struct MHD_Connection *c, enum server_api api,
+                                const json_t *body)
+{
+    struct server_error e;
+    struct gen_ctx *g = wcalloc(1, sizeof *g);
+    if (!g) {
+        server_error_set(&e, 500, NULL, "out of memory");
+        return http_send_error(s, c, &e);
+    }
+    g->s = s;
+    g->c = c;
+    if (start_job(g, api, body, &e)) {
+        g->finished = true;
+        enum MHD_Result r = http_send_error(s, c, &e);
+        ctx_free(g);
+        return r;
+    }
+    return g->r.stream ? answer_stream(g) : answer_whole(g);
+}
+
+/* ---- tokenize / detokenize (vLLM's shapes) ---------------------------------------------- */
+
+static int tokenize_body(const json_t *body, const struct server_model *m, int32_t **ids,
+                         int *n, struct server_error *e)
+{
+    const json_t *pr = json_object_get(body, "prompt");
+    const json_t *msgs = json_object_get(body, "messages");
+    const json_t *mv = json_object_get(body, "model");
+    if (json_is_string(mv) && strcmp(json_string_value(mv), m->name) &&
+        !(m->path && !strcmp(json_string_value(mv), m->path)))
+        return server_error_set(e, 404, "model", "The model `%s` does not exist.",
+                                json_string_value(mv));
+    if (!m->tok)
+        return server_error_set(e, 400, NULL, "this model has no tokenizer");
+    if (msgs) {
+        char *text = NULL;
+        int rc = server_chat_render(m, msgs, body, &text, e);
+        if (!rc)
+            rc = server_chat_encode(m, text, ids, n, e);
+        wfree(text);
+        return rc;
+    }
+    if (!json_is_string(pr))
+        return server_error_set(e, 400, "prompt", "field 'prompt' (a string) or 'messages' "
+                                "required");
+    const json_t *as = json_object_get(body, "add_special_tokens");
+    if (as && !json_is_boolean(as))
+        return server_error_set(e, 400, "add_special_tokens",
+                                "field 'add_special_tokens': expected a boolean");
+    size_t cnt = 0;
+    struct weld_err we = {0};
+    if (tokenizer_encode(m->tok, json_string_value(pr), json_string_length(pr),
+                         !as || json_is_true(as), true, ids, &cnt, &we))
+        return server_error_set(e, 400, "prompt", "prompt: %s", we.msg);
+    *n = (int)cnt;
+    return 0;
+}
+
+static enum MHD_Result tokenize(struct server *s, struct MHD_Connection *c, const json_t *body)
+{
+    struct server_error e;
+    struct server_model m;
+    if (!http_model(s, &m)) {
+        server_error_set(&e, 503, NULL, "the model is still loading");
+        return http_send_error(s, c, &e);
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!json_is_object(body) || tokenize_body(body, &m, &ids, &n, &e)) {
+        if (!json_is_object(body))
+            server_error_set(&e, 400, NULL, "the request body must be a JSON object");
+        wfree(ids);
+        return http_send_error(s, c, &e);
+    }
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(arr, json_integer(ids[i]));
+    wfree(ids);
+    return http_send_json(s, c, 200, json_pack("{s:i, s:i, s:o, s:n}", "count", n,
+                                               "max_model_len", m.max_model_len, "tokens", arr,
+                                               "token_strs"));
+}
+
+static enum MHD_Result detokenize(struct server *s, struct MHD_Connection *c,
+                                  const json_t *body)
+{
+    struct server_error e;
+    struct server_model m;
+    if (!http_model(s, &m)) {
+        server_error_set(&e, 503, NULL, "the model is still loading");
+        return http_send_error(s, c, &e);
+    }
+    const json_t *t = json_is_object(body) ? json_object_get(body, "tokens") : NULL;
+    if (!json_is_array(t)) {
+        server_error_set(&e, 400, "tokens", "field 'tokens': expected an array of token ids");
+        return http_send_error(s, c, &e);
+    }
+    size_t n = json_array_size(t);
+    int32_t *ids = wmalloc((n ? n : 1) * sizeof *ids);
+    if (!ids || !m.tok) {
+        wfree(ids);
+        server_error_set(&e, ids ? 400 : 500, NULL, ids ? "this model has no tokenizer"
+                                                        : "out of memory");
+        return http_send_error(s, c, &e);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(t, i);
+        json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (x < 0 || x >= m.n_vocab) {
+            wfree(ids);
+            server_error_set(&e, 400, "tokens", "tokens[%zu]: not a token id in [0, %d)", i,
+                             m.n_vocab);
+            return http_send_error(s, c, &e);
+        }
+        ids[i] = (int32_t)x;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    struct weld_err we = {0};
+    int rc = tokenizer_decode(m.tok, ids, n, false, &text, &len, &we);
+    wfree(ids);
+    if (rc) {
+        server_error_set(&e, 400, "tokens", "%s", we.msg);
+        return http_send_error(s, c, &e);
+    }
+    json_t *js = json_stringn(text, len);
+    wfree(text);
+    return http_send_json(s, c, 200, json_pack("{s:o}", "prompt", js ? js : json_string("")));
+}
+
+enum MHD_Result http_post(struct server *s, struct MHD_Connection *c, enum http_post which,
+                          const json_t *body)
+{
+    switch (which) {
+    case HTTP_POST_COMPLETIONS: return generate(s, c, SERVER_API_COMPLETIONS, body);
+    case HTTP_POST_CHAT: return generate(s, c, SERVER_API_CHAT, body);
+    case HTTP_POST_TOKENIZE: return tokenize(s, c, body);
+    case HTTP_POST_DETOKENIZE: return detokenize(s, c, body);
+    }
+    return MHD_NO;
+}
