@@ -367,6 +367,8 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
 
 int cmd_bench(int argc, char **argv)
 {
+    if (argc >= 2 && !strcmp(argv[1], "serve"))
+        return cmd_bench_serve(argc, argv); /* load generator over HTTP: bench_serve.c */
     if (argc < 2 || strcmp(argv[1], "throughput"))
         return cmd_bench_model(argc, argv); /* -m MODEL, --bandwidth, --help: bench_model.c */
     struct cli_engine_opts eo;

@@ -1,0 +1,341 @@
+/*
+ * bench_serve - `weld bench serve`: load-test an OpenAI-compatible server (weld serve,
+ * llama.cpp's llama-server, vLLM) over HTTP, in the shape of `vllm bench serve`.
+ *
+ *   weld bench serve --base-url URL --dataset random|shared-prefix|chat --num-prompts N
+ *        --request-rate R|inf --max-concurrency C [--model NAME] [--input-len I]
+ *        [--output-len O] [--prefix-len P] [--num-groups G] [--seed S] [--api-key KEY]
+ *        [--endpoint /v1/completions|/v1/chat/completions] [--tokenizer PATH]
+ *        [--goodput ttft:MS tpot:MS e2el:MS] [--save-result FILE] [--json]
+ *
+ * Flow: build the dataset (before the clock; src/server/loadgen_data.c), ask the server
+ * for its model name if --model is absent (GET /v1/models, data[0].id, as vLLM does), run
+ * the requests (loadgen_run: one thread, curl multi), summarise, then print vLLM's
+ * "Serving Benchmark Result" table on stdout, or with --json the result object on stdout
+ * and the table on stderr. --save-result writes the same object, pretty-printed, with the
+ * per-request arrays. The first few failures are listed on stderr; the exit status is 1
+ * when no request succeeded.
+ *
+ * --goodput takes vLLM's form, several KEY:MS words after one flag (the argv is rewritten
+ * to one "--goodput=..." before the table-driven parser sees it); commas work too.
+ */
+#include "cli/cli.h"
+
+#include "core/alloc.h"
+#include "core/err.h"
+#include "core/json.h"
+#include "format/gguf.h"
+#include "server/loadgen.h"
+#include "tokenizer/tokenizer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+struct serve_opts {
+    const char *base_url, *endpoint, *dataset, *model, *api_key, *tokenizer;
+    const char *request_rate, *goodput, *save_result;
+    int num_prompts, max_concurrency, input_len, output_len, prefix_len, num_groups;
+    int64_t seed;
+    float burstiness, timeout;
+    bool json;
+};
+
+static int load_tokenizer(const char *path, struct tokenizer **t, struct weld_err *e)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return err_set(e, WELD_ERR_IO, "--tokenizer %s: no such file or directory", path);
+    size_t n = strlen(path);
+    if (S_ISDIR(st.st_mode) || n < 5 || strcmp(path + n - 5, ".gguf"))
+        return tokenizer_load_hf(t, path, e);
+    struct gguf_file *f = NULL;
+    int rc = gguf_open(&f, path, e);
+    if (rc == WELD_OK)
+        rc = tokenizer_load_gguf(t, f, e);
+    gguf_close(f);
+    return rc;
+}
+
+/* "inf" (or <= 0 meaning no pacing) or a positive rate. */
+static int parse_rate(const char *s, double *out)
+{
+    if (!strcmp(s, "inf") || !strcmp(s, "Inf") || !strcmp(s, "infinity")) {
+        *out = INFINITY;
+        return 0;
+    }
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v > 0) || isinf(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Copy argv, folding "--goodput A B C" (words with ':' after the flag) into
+   "--goodput=A B C". *joined owns the folded string. */
+static char **fold_goodput(int argc, char **argv, int *out_argc, char **joined)
+{
+    char **v = wcalloc((size_t)argc + 1, sizeof *v);
+    if (!v)
+        return NULL;
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--goodput") || *joined) {
+            v[n++] = argv[i];
+            continue;
+        }
+        size_t len = strlen("--goodput=") + 1;
+        int k = i + 1;
+        while (k < argc && strncmp(argv[k], "--", 2) && strchr(argv[k], ':'))
+            len += strlen(argv[k++]) + 1;
+        if (k == i + 1) { /* nothing to fold: let the parser report it */
+            v[n++] = argv[i];
+            continue;
+        }
+        char *s = wmalloc(len);
+        if (!s) {
+            wfree(v);
+            return NULL;
+        }
+        strcpy(s, "--goodput=");
+        for (int j = i + 1; j < k; j++) {
+            if (j > i + 1)
+                strcat(s, " ");
+            strcat(s, argv[j]);
+        }
+        *joined = s;
+        v[n++] = s;
+        i = k - 1;
+    }
+    *out_argc = n;
+    return v;
+}
+
+static void print_failures(const struct loadgen_result *r, int n)
+{
+    int shown = 0, failed = 0;
+    for (int i = 0; i < n; i++) {
+        if (r[i].success)
+            continue;
+        failed++;
+        if (shown < 5) {
+            fprintf(stderr, "weld bench serve: request %d failed: %s\n", i,
+                    r[i].error ? r[i].error : "(no message: out of memory)");
+            shown++;
+        }
+    }
+    if (failed > shown)
+        fprintf(stderr, "weld bench serve: ... %d more failed requests\n", failed - shown);
+}
+
+/* The result object: configuration, then the summary and per-request arrays. */
+static json_t *result_json(const struct serve_opts *o, const struct loadgen_config *c,
+                           const struct loadgen_summary *s, const struct loadgen_slo *slo,
+                           const struct loadgen_result *r, int n)
+{
+    json_t *j = loadgen_summary_json(s, slo, r, n);
+    if (!j)
+        return NULL;
+    char date[32] = "";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm))
+        strftime(date, sizeof date, "%Y%m%d-%H%M%S", &tm);
+    json_t *cfg = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:f}",
+                            "date", date, "backend", strstr(c->endpoint, "chat") ? "openai-chat"
+                                                                                 : "openai",
+                            "base_url", c->base_url, "endpoint", c->endpoint, "model_id",
+                            c->model, "dataset", o->dataset, "num_prompts", o->num_prompts,
+                            "input_len", o->input_len, "output_len", o->output_len,
+                            "prefix_len", o->prefix_len, "num_groups", o->num_groups, "seed",
+                            (json_int_t)o->seed, "burstiness", (double)c->burstiness);
+    int bad = !cfg || json_object_update(j, cfg);
+    json_decref(cfg);
+    bad |= json_object_set_new(j, "request_rate", isinf(c->request_rate)
+                                                      ? json_string("inf")
+                                                      : json_real(c->request_rate));
+    bad |= json_object_set_new(j, "max_concurrency", c->max_concurrency > 0
+                                                         ? json_integer(c->max_concurrency)
+                                                         : json_null());
+    bad |= json_object_set_new(j, "tokenizer", o->tokenizer ? json_string(o->tokenizer)
+                                                            : json_null());
+    if (bad) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+static int check_opts(const struct serve_opts *o)
+{
+    const char *bad = NULL;
+    if (o->num_prompts < 1)
+        bad = "--num-prompts must be >= 1";
+    else if (o->input_len < 1 || o->output_len < 1)
+        bad = "--input-len and --output-len must be >= 1";
+    else if (o->prefix_len < 0)
+        bad = "--prefix-len must be >= 0";
+    else if (o->num_groups < 1)
+        bad = "--num-groups must be >= 1";
+    else if (o->max_concurrency < 0)
+        bad = "--max-concurrency must be >= 0 (0: no limit)";
+    else if (!(o->burstiness > 0))
+        bad = "--burstiness must be > 0";
+    if (bad)
+        fprintf(stderr, "weld bench serve: %s\n", bad);
+    return bad ? 2 : 0;
+}
+
+/* Report: table (stdout, or stderr with --json), JSON, --save-result. */
+static int report(const struct serve_opts *o, const struct loadgen_config *c,
+                  const struct loadgen_slo *slo, const struct loadgen_result *r, int n,
+                  double duration, struct weld_err *e)
+{
+    struct loadgen_summary s;
+    int rc = loadgen_summarize(r, n, duration, slo, &s, e);
+    if (rc)
+        return rc;
+    print_failures(r, n);
+    loadgen_summary_print(o->json ? stderr : stdout, &s, slo, "Serving Benchmark Result");
+    if (!o->json && !o->save_result)
+        return s.completed > 0 ? WELD_OK
+                               : err_set(e, WELD_ERR_IO, "no request succeeded (see above)");
+    json_t *j = result_json(o, c, &s, slo, r, n);
+    if (!j)
+        return err_set(e, WELD_ERR_NOMEM, "result JSON: out of memory");
+    if (o->save_result && (rc = jsave_file(j, o->save_result, e)) == WELD_OK)
+        fprintf(stderr, "weld bench serve: results saved to %s\n", o->save_result);
+    if (rc == WELD_OK && o->json) {
+        char *txt = json_dumps(j, JSON_COMPACT);
+        if (!txt)
+            rc = err_set(e, WELD_ERR_NOMEM, "result JSON: out of memory");
+        else
+            printf("%s\n", txt);
+        free(txt);
+    }
+    json_decref(j);
+    if (rc == WELD_OK && s.completed == 0)
+        rc = err_set(e, WELD_ERR_IO, "no request succeeded (see above)");
+    return rc;
+}
+
+static int bench_serve(const struct serve_opts *o, struct loadgen_config *c,
+                       const struct loadgen_slo *slo, struct weld_err *e)
+{
+    struct loadgen_dataset_params dp = {.num_prompts = o->num_prompts,
+                                        .input_len = o->input_len,
+                                        .output_len = o->output_len,
+                                        .prefix_len = o->prefix_len,
+                                        .num_groups = o->num_groups,
+                                        .seed = (uint64_t)o->seed};
+    if (loadgen_dataset_kind_parse(o->dataset, &dp.kind))
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--dataset '%s': expected random, shared-prefix or chat", o->dataset);
+    struct tokenizer *tok = NULL;
+    struct loadgen_dataset *d = NULL;
+    struct loadgen_result *r = NULL;
+    char *model = NULL;
+    double duration = 0;
+    int rc = WELD_OK;
+    if (o->tokenizer && (rc = load_tokenizer(o->tokenizer, &tok, e)))
+        goto done;
+    dp.tok = tok;
+    if ((rc = loadgen_dataset_build(&dp, &d, e)))
+        goto done;
+    if (!c->model) {
+        if ((rc = loadgen_fetch_model(c->base_url, c->api_key, c->timeout_s, &model, e)))
+            goto done;
+        c->model = model;
+    }
+    fprintf(stderr, "weld bench serve: %d %s requests to %s%s (model %s), rate %s, at most %d "
+                    "in flight\n", d->n, o->dataset, c->base_url, c->endpoint, c->model,
+            o->request_rate, c->max_concurrency);
+    if ((rc = loadgen_run(c, d, &r, &duration, e)))
+        goto done;
+    rc = report(o, c, slo, r, d->n, duration, e);
+done:
+    loadgen_results_free(r, d ? d->n : 0);
+    loadgen_dataset_free(d);
+    tokenizer_free(tok);
+    wfree(model);
+    return rc;
+}
+
+static int parse_serve_opts(int argc, char **argv, struct serve_opts *o)
+{
+    const struct cli_opt opts[] = {
+        {"base-url", 0, OPT_STR, &o->base_url, "URL", "server to load (default http://127.0.0.1:8000)"},
+        {"endpoint", 0, OPT_STR, &o->endpoint, "PATH", "/v1/completions (default; chat dataset: /v1/chat/completions)"},
+        {"dataset", 0, OPT_STR, &o->dataset, "D", "random (default), shared-prefix or chat"},
+        {"num-prompts", 'n', OPT_INT, &o->num_prompts, "N", "requests (default 100)"},
+        {"request-rate", 0, OPT_STR, &o->request_rate, "R", "requests/s, Poisson arrivals, or inf: all at once (default inf)"},
+        {"burstiness", 0, OPT_FLOAT, &o->burstiness, "B", "gamma shape of the arrival gaps; 1 = Poisson (default 1)"},
+        {"max-concurrency", 'c', OPT_INT, &o->max_concurrency, "C", "at most C requests in flight (default 0: no limit)"},
+        {"model", 0, OPT_STR, &o->model, "NAME", "model name sent (default: the server's first in /v1/models)"},
+        {"input-len", 0, OPT_INT, &o->input_len, "I", "prompt tokens (shared-prefix: after the prefix; chat: all turns) (default 512)"},
+        {"output-len", 0, OPT_INT, &o->output_len, "O", "tokens generated per request (max_tokens, ignore_eos) (default 128)"},
+        {"prefix-len", 0, OPT_INT, &o->prefix_len, "P", "shared-prefix: tokens shared per group; chat: system prompt (default 256)"},
+        {"num-groups", 0, OPT_INT, &o->num_groups, "G", "shared-prefix / chat groups (default 8)"},
+        {"tokenizer", 0, OPT_STR, &o->tokenizer, "PATH", "tokenizer.json or GGUF: prompts of exact token lengths (default: word text, ~lengths)"},
+        {"seed", 's', OPT_I64, &o->seed, "S", "seed of prompts and arrivals (default 0)"},
+        {"api-key", 0, OPT_STR, &o->api_key, "KEY", "sent as Authorization: Bearer KEY"},
+        {"goodput", 0, OPT_STR, &o->goodput, "SLOs", "ttft:MS tpot:MS e2el:MS: report requests/s meeting all"},
+        {"timeout", 0, OPT_FLOAT, &o->timeout, "S", "per-request timeout in seconds (default 3600)"},
+        {"save-result", 0, OPT_STR, &o->save_result, "FILE", "write the result JSON (with per-request arrays)"},
+        {"json", 0, OPT_FLAG, &o->json, NULL, "print the result JSON on stdout (the table goes to stderr)"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int prc = cli_parse(argc, argv, "bench serve --base-url URL [options]",
+                        "Load-test an OpenAI-compatible server (weld serve, llama-server, vLLM)\n"
+                        "with streaming requests; report TTFT, TPOT, ITL, end-to-end latency,\n"
+                        "throughput and goodput like vLLM's `vllm bench serve`.",
+                        opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
+    return prc == 1 ? 1 : prc ? 2 : 0;
+}
+
+int cmd_bench_serve(int argc, char **argv)
+{
+    struct serve_opts o = {.base_url = "http://127.0.0.1:8000", .dataset = "random",
+                           .request_rate = "inf", .num_prompts = 100, .input_len = 512,
+                           .output_len = 128, .prefix_len = 256, .num_groups = 8,
+                           .burstiness = 1.0f, .timeout = 3600};
+    char *joined = NULL;
+    int nargc = 0;
+    char **nargv = fold_goodput(argc - 1, argv + 1, &nargc, &joined);
+    if (!nargv) {
+        fprintf(stderr, "weld bench serve: out of memory\n");
+        return 1;
+    }
+    int prc = parse_serve_opts(nargc, nargv, &o);
+    int status = prc == 1 ? 0 : prc ? 2 : check_opts(&o);
+    struct loadgen_config c = {.base_url = o.base_url, .model = o.model, .api_key = o.api_key,
+                               .burstiness = o.burstiness, .max_concurrency = o.max_concurrency,
+                               .timeout_s = o.timeout, .seed = (uint64_t)o.seed,
+                               .progress = !o.json};
+    c.endpoint = o.endpoint ? o.endpoint
+                 : !strcmp(o.dataset, "chat") ? "/v1/chat/completions" : "/v1/completions";
+    struct loadgen_slo slo = {0};
+    struct weld_err e;
+    err_clear(&e);
+    if (!prc && !status && parse_rate(o.request_rate, &c.request_rate)) {
+        fprintf(stderr, "weld bench serve: --request-rate '%s': expected a rate > 0 or inf\n",
+                o.request_rate);
+        status = 2;
+    }
+    if (!prc && !status && o.goodput && loadgen_slo_parse(o.goodput, &slo, &e)) {
+        fprintf(stderr, "weld bench serve: --goodput: %s\n", e.msg);
+        status = 2;
+    }
+    if (!prc && !status && bench_serve(&o, &c, &slo, &e)) {
+        fprintf(stderr, "weld bench serve: %s\n", e.msg);
+        status = 1;
+    }
+    wfree(joined);
+    wfree(nargv);
+    return status;
+}
