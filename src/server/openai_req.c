@@ -75,9 +75,12 @@ static int from_weld_err(struct server_error *e, const struct weld_err *we)
             n++;
     } else {
         f = m;
+        bool smp = !strncmp(f, "sampler: ", 9); /* "sampler: top_p 0 must be ..." */
+        if (smp)
+            f += 9;
         while (f[n] && (isalnum((unsigned char)f[n]) || f[n] == '_') && n < sizeof param - 1)
             n++;
-        if (f[n] != ':' && f[n] != '[')
+        if (f[n] != ':' && f[n] != '[' && !(smp && f[n] == ' '))
             n = 0;
     }
     memcpy(param, f, n);
