@@ -173,7 +173,10 @@ static json_t *result_json(const struct serve_opts *o, const struct loadgen_conf
 static int check_opts(const struct serve_opts *o)
 {
     const char *bad = NULL;
-    if (o->num_prompts < 1)
+    enum loadgen_dataset_kind k;
+    if (loadgen_dataset_kind_parse(o->dataset, &k))
+        bad = "--dataset: expected random, shared-prefix or chat";
+    else if (o->num_prompts < 1)
         bad = "--num-prompts must be >= 1";
     else if (o->input_len < 1 || o->output_len < 1)
         bad = "--input-len and --output-len must be >= 1";
@@ -251,9 +254,12 @@ static int bench_serve(const struct serve_opts *o, struct loadgen_config *c,
             goto done;
         c->model = model;
     }
-    fprintf(stderr, "weld bench serve: %d %s requests to %s%s (model %s), rate %s, at most %d "
-                    "in flight\n", d->n, o->dataset, c->base_url, c->endpoint, c->model,
-            o->request_rate, c->max_concurrency);
+    char conc[32] = "no limit on requests";
+    if (c->max_concurrency > 0)
+        snprintf(conc, sizeof conc, "at most %d", c->max_concurrency);
+    fprintf(stderr, "weld bench serve: %d %s requests to %s%s (model %s), rate %s, %s in "
+                    "flight\n", d->n, o->dataset, c->base_url, c->endpoint, c->model,
+            o->request_rate, conc);
     if ((rc = loadgen_run(c, d, &r, &duration, e)))
         goto done;
     rc = report(o, c, slo, r, d->n, duration, e);
