@@ -46,7 +46,7 @@ struct server_job {
     struct server_event *head, *tail;
     int n_done, refs;
     bool cancelled, engine_ref;
-    struct server_job *next_in, *next_abort, *prev_act, *next_act;
+    struct server_job *next_in, *next_abort, *prev_act, *next_act, *next_fin;
 };
 
 struct server_gen {
@@ -60,6 +60,7 @@ struct server_gen {
     char load_err[1024];
     struct server_job *in_head, *in_tail, *abort_head;
     struct server_job *active;            /* engine thread only */
+    struct server_job *finished;          /* all choices over, not yet marked done */
     bool go, closed, quit, busy;
     struct server_metrics m;
 };
@@ -85,18 +86,32 @@ static void job_unref_locked(struct server_job *j)
         job_free(j);
 }
 
-/* k more choices are over; when all are, the engine's reference goes. Under g->mu. */
+/* k more choices are over. When all are, the job goes on the finished list: it is marked
+   done (and the engine's reference dropped) at the end of the round, after the stats were
+   published, so a client that got its answer sees /metrics without it. Under g->mu. */
 static void job_done_locked(struct server_job *j, int k)
 {
     j->n_done += k;
     if (j->n_done < j->n_choices)
         return;
-    if (j->state == JOB_RUNNING)
-        j->state = JOB_DONE;
-    pthread_cond_broadcast(&j->cv);
-    if (j->engine_ref) {
-        j->engine_ref = false;
-        job_unref_locked(j);
+    struct server_gen *g = j->g;
+    j->next_fin = g->finished;
+    g->finished = j;
+}
+
+/* Mark the finished list done. Under g->mu. */
+static void finish_jobs_locked(struct server_gen *g)
+{
+    while (g->finished) {
+        struct server_job *j = g->finished;
+        g->finished = j->next_fin;
+        if (j->state == JOB_RUNNING)
+            j->state = JOB_DONE;
+        pthread_cond_broadcast(&j->cv);
+        if (j->engine_ref) {
+            j->engine_ref = false;
+            job_unref_locked(j);
+        }
     }
 }
 
@@ -264,6 +279,7 @@ static void publish_stats(struct server_gen *g)
     engine_stats_get(g->eng, &st);
     pthread_mutex_lock(&g->mu);
     g->m.st = st;
+    finish_jobs_locked(g);
     pthread_mutex_unlock(&g->mu);
 }
 

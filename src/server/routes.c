@@ -8,7 +8,7 @@
  *   - non-streaming: collect every choice's events in this connection's thread, waking at
  *     least every 100 ms to see whether the client went away (then the job is cancelled,
  *     which aborts its engine requests and returns their KV blocks, and the connection is
- *     closed without an answer), and answer with the whole body;
+ *     closed without an answer), and answer with the whole body (the socket is checked every 50 ms even while tokens keep coming);
  *   - streaming: answer 200 text/event-stream at once with a callback body; the callback
  *     turns events into "data: {chunk}\n\n" lines (chat opens each choice with a role
  *     chunk; echo opens each completion choice with its prompt), then the usage chunk when
@@ -21,6 +21,7 @@
 #include "server/http.h"
 
 #include "core/alloc.h"
+#include "core/progress.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
@@ -36,6 +37,7 @@ struct gen_ctx {
     int n_choices, prompt_tokens, cached_tokens;
     char id[64];
     long created;
+    double t_check;                /* last disconnect check (time_now) */
     /* streaming */
     char *pend;                    /* bytes not yet handed to MHD: [off, len) */
     size_t len, off, cap;
@@ -135,6 +137,16 @@ static int start_job(struct gen_ctx *g, enum server_api api, const json_t *body,
     return server_gen_wait_accepted(g->job, e);
 }
 
+/* The client went away? Checked at most every 50 ms (a poll() on its socket). */
+static bool gone_check(struct gen_ctx *g)
+{
+    double now = time_now();
+    if (now - g->t_check < 0.05)
+        return false;
+    g->t_check = now;
+    return http_client_gone(g->c);
+}
+
 static enum MHD_Result answer_whole(struct gen_ctx *g)
 {
     for (;;) {
@@ -145,7 +157,8 @@ static enum MHD_Result answer_whole(struct gen_ctx *g)
             wfree(ev);
         } else if (rc < 0) {
             break;
-        } else if (http_client_gone(g->c)) {
+        }
+        if (gone_check(g)) {
             ctx_free(g);
             return MHD_NO;
         }
@@ -258,9 +271,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             wfree(ev);
         } else if (rc < 0) {
             stream_close(g);
-        } else if (http_client_gone(g->c)) {
-            return MHD_CONTENT_READER_END_WITH_ERROR;
         }
+        if (!g->finished && gone_check(g))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
