@@ -265,7 +265,9 @@ async function serverB() {
     temperature: 0, ignore_eos: true, stream: true }, { signal: ac.signal });
   let got = 0;
   try {
-    for await (const ch of stream) { if (ch.choices[0]?.delta?.content && ++got === 3) ac.abort(); }
+    for await (const ch of stream) {
+      if (ch.choices[0]?.delta?.content && ++got === 3) { ac.abort(); break; }
+    }
   } catch (e) { /* the abort */ }
   t.eq(got, 3, 'read 3 chunks before disconnecting');
   let m1;
