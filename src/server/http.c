@@ -171,7 +171,7 @@ static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct 
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     bool post = !strcmp(method, "POST");
     if (!strcmp(url, "/health") && get) {
-        bool ok = server_gen_state(s->gen, NULL, 0) == SERVER_GEN_READY && !s->draining;
+        bool ok = server_gen_state(s->gen, NULL, 0) == SERVER_GEN_READY && !__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE);
         return http_send(s, c, ok ? 200 : 503, "text/plain", "", 0);
     }
     if (!strcmp(url, "/version") && get)
@@ -378,7 +378,7 @@ int server_run(const struct server_opts *o, struct weld_err *e)
         fflush(stderr);
         server_gen_load(s.gen);
         rc = wait_signal(&s, &set, e);
-        s.draining = true;
+        __atomic_store_n(&s.draining, true, __ATOMIC_RELEASE);
         server_gen_close(s.gen);
         if (!server_gen_drain(s.gen, o->shutdown_timeout))
             log_warn("weld serve: grace period over; aborting the requests still running");

@@ -29,7 +29,7 @@ struct server {
     pthread_mutex_t mu;
     bool have_model;
     struct server_model model;
-    volatile bool draining;        /* set once by the main thread; read by /health */
+    bool draining;                 /* __atomic: set once by the main thread, read by /health */
     unsigned long next_id;         /* response ids (atomic increments) */
 };
 

@@ -112,7 +112,8 @@ struct server_choice {
     bool done, started;
 };
 
-/* Token text for logprobs: the token decoded alone (special tokens kept). */
+/* Token text for logprobs: the token's text as it reads after BOS (leading space kept;
+   special tokens kept). */
 char *server_token_str(const struct tokenizer *tok, int32_t id, size_t *len);
 /* One token's logprobs entry in the api's shape, appended to *lp (created on first use);
    for completions text_offset is the byte offset of the token's text. */

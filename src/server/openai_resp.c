@@ -23,10 +23,27 @@ const char *server_finish_str(enum request_finish f)
     return s ? s : "stop";
 }
 
+/* A token's text as it reads inside a sequence: decoded after the BOS token and with the
+   BOS text cut off, so SentencePiece tokens keep their leading space (decoding a token
+   alone drops it, as Hugging Face's decode does at the start of a text). */
 char *server_token_str(const struct tokenizer *tok, int32_t id, size_t *len)
 {
-    char *s = NULL;
+    char *s = NULL, *b = NULL;
+    size_t lb = 0;
     *len = 0;
+    int32_t bos = tok ? tokenizer_bos(tok) : -1;
+    int32_t pair[2] = {bos, id};
+    if (bos >= 0 && tokenizer_decode(tok, pair, 2, false, &s, len, NULL) == WELD_OK &&
+        tokenizer_decode(tok, pair, 1, false, &b, &lb, NULL) == WELD_OK && lb <= *len &&
+        !memcmp(s, b, lb)) {
+        memmove(s, s + lb, *len - lb + 1);
+        *len -= lb;
+        wfree(b);
+        return s;
+    }
+    wfree(s);
+    wfree(b);
+    s = NULL;
     if (tok && tokenizer_decode(tok, &id, 1, false, &s, len, NULL) == WELD_OK && s)
         return s;
     wfree(s);
