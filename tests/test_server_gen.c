@@ -1,0 +1,217 @@
+/*
+ * test_server_gen - the engine thread of `weld serve` (server/gen.h) without HTTP: jobs in,
+ * events out, on stories260K.
+ *
+ * Checks: a greedy job's text equals the golden continuation (the one cli_batch.sh and the
+ * generate test hold weld to); prompts x n choices each finish exactly once, with usage
+ * counts; a cancelled job ends and gives its blocks back; a prompt the engine refuses
+ * comes back as a 400 naming the limit; halting with a job running aborts it and the HTTP
+ * side still drains its outbox; the metrics and stats snapshot end idle with no KV block
+ * used.
+ */
+#include "test.h"
+
+#include "core/alloc.h"
+#include "server/gen.h"
+
+#include <time.h>
+
+static const char *golden = ", there was a little girl named Lily. She loved to play outside "
+                            "in the park. One day, she saw";
+static int32_t once[] = {1, 403, 407, 261, 378};
+static const char *g_model;
+
+struct result {
+    char text[8][512];
+    int finishes[8];
+    enum request_finish reason[8];
+    int n_events, n_prompt, n_generated;
+};
+
+/* Drain a job's outbox until it is over. */
+static void drain(struct server_job *j, struct result *r)
+{
+    memset(r, 0, sizeof *r);
+    struct server_event *ev;
+    int rc;
+    while ((rc = server_gen_next(j, 1000, &ev)) >= 0) {
+        if (rc == 0)
+            continue;
+        r->n_events++;
+        if (ev->choice >= 0 && ev->choice < 8) {
+            if (ev->finish) {
+                r->finishes[ev->choice]++;
+                r->reason[ev->choice] = ev->reason;
+                r->n_prompt += ev->n_prompt;
+                r->n_generated += ev->n_generated;
+            } else {
+                strncat(r->text[ev->choice], ev->text,
+                        sizeof r->text[0] - strlen(r->text[ev->choice]) - 1);
+            }
+        }
+        wfree(ev);
+    }
+}
+
+static struct server_gen *start(int max_model_len)
+{
+    struct engine_params ep = engine_params_default();
+    ep.model_path = g_model;
+    ep.quiet = true;
+    ep.max_model_len = max_model_len;
+    struct server_gen *g = NULL;
+    struct weld_err e = {0};
+    if (server_gen_start(&g, &ep, &e))
+        return NULL;
+    server_gen_load(g);
+    for (int i = 0; i < 2000 && server_gen_state(g, NULL, 0) == SERVER_GEN_LOADING; i++) {
+        struct timespec ts = {0, 5000000L};
+        nanosleep(&ts, NULL);
+    }
+    return g;
+}
+
+static struct server_prompt prompt_once(void)
+{
+    return (struct server_prompt){once, 5, "Once upon a time", 16};
+}
+
+TEST(greedy_and_choices)
+{
+    struct server_gen *g = start(0);
+    REQUIRE(g && server_gen_state(g, NULL, 0) == SERVER_GEN_READY);
+    struct request_params p = request_params_default();
+    p.sampling.temperature = 0;
+    p.max_tokens = 32;
+    struct server_prompt pr[2] = {prompt_once(), prompt_once()};
+    struct server_error e;
+    struct server_job *j = server_gen_submit(g, &p, pr, 1, &e);
+    REQUIRE(j);
+    CHECK_EQ_INT(server_gen_wait_accepted(j, &e), 0);
+    struct result r;
+    drain(j, &r);
+    server_gen_release(j);
+    CHECK_EQ_STR(r.text[0], golden);
+    CHECK_EQ_INT(r.finishes[0], 1);
+    CHECK_EQ_INT(r.reason[0], REQUEST_FINISH_LENGTH);
+    CHECK_EQ_INT(r.n_generated, 32);
+
+    /* 2 prompts x n = 3: six choices, each finishing once, greedy so all equal */
+    p.n = 3;
+    p.max_tokens = 8;
+    j = server_gen_submit(g, &p, pr, 2, &e);
+    REQUIRE(j);
+    CHECK_EQ_INT(server_gen_wait_accepted(j, &e), 0);
+    drain(j, &r);
+    server_gen_release(j);
+    for (int i = 0; i < 6; i++) {
+        CHECK_EQ_INT(r.finishes[i], 1);
+        CHECK(!strncmp(r.text[i], golden, strlen(r.text[i])) && strlen(r.text[i]) > 10);
+    }
+    CHECK_EQ_INT(r.n_generated, 48);
+    CHECK_EQ_INT(r.n_prompt, 30);
+
+    struct server_metrics m;
+    server_gen_metrics(g, &m);
+    CHECK_EQ_INT(m.success[REQUEST_FINISH_LENGTH], 7);
+    CHECK_EQ_INT(m.st.running, 0);
+    CHECK_EQ_INT(m.st.kv_blocks_used, 0);
+    CHECK_EQ_INT(m.ttft.n, 3); /* one per engine request: 1 + 2 prompts */
+    CHECK(m.itl.n >= 31);
+    server_gen_halt(g);
+    server_gen_free(g);
+}
+
+TEST(cancel_refuse_halt)
+{
+    struct server_gen *g = start(64);
+    REQUIRE(g && server_gen_state(g, NULL, 0) == SERVER_GEN_READY);
+    struct request_params p = request_params_default();
+    p.max_tokens = 50;
+    p.ignore_eos = true;
+    struct server_prompt pr = prompt_once();
+    struct server_error e;
+
+    /* cancelled at once: it ends (aborted, or refused before it was added) */
+    for (int k = 0; k < 20; k++) {
+        struct server_job *j = server_gen_submit(g, &p, &pr, 1, &e);
+        REQUIRE(j);
+        server_gen_cancel(j);
+        struct result r;
+        drain(j, &r);
+        CHECK(r.finishes[0] == 0 || r.reason[0] == REQUEST_FINISH_ABORT ||
+              r.reason[0] == REQUEST_FINISH_LENGTH);
+        server_gen_release(j);
+    }
+    /* a prompt longer than max_model_len: refused by the engine, 400 naming the limit */
+    int32_t big[100];
+    for (int i = 0; i < 100; i++)
+        big[i] = 403;
+    struct server_prompt bp = {big, 100, "", 0};
+    struct server_job *j = server_gen_submit(g, &p, &bp, 1, &e);
+    REQUIRE(j);
+    CHECK_EQ_INT(server_gen_wait_accepted(j, &e), 400);
+    CHECK(strstr(e.msg, "max_model_len") != NULL);
+    struct result r;
+    drain(j, &r);
+    CHECK_EQ_INT(r.n_events, 0);
+    server_gen_release(j);
+
+    /* halted with jobs running: they end (abort, or length if they were quick) */
+    struct server_job *run[4];
+    for (int i = 0; i < 4; i++)
+        REQUIRE((run[i] = server_gen_submit(g, &p, &pr, 1, &e)));
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(server_gen_wait_accepted(run[i], &e), 0);
+    server_gen_close(g);
+    CHECK(server_gen_submit(g, &p, &pr, 1, &e) == NULL && e.http == 503);
+    server_gen_halt(g);
+    for (int i = 0; i < 4; i++) {
+        drain(run[i], &r);
+        CHECK_EQ_INT(r.finishes[0], 1);
+        server_gen_release(run[i]);
+    }
+    struct server_metrics m;
+    server_gen_metrics(g, &m);
+    CHECK_EQ_INT(m.st.running + m.st.waiting, 0);
+    CHECK_EQ_INT(m.st.kv_blocks_used, 0);
+    server_gen_free(g);
+}
+
+TEST(load_failure)
+{
+    struct engine_params ep = engine_params_default();
+    ep.model_path = "/nonexistent/model.gguf";
+    ep.quiet = true;
+    struct server_gen *g = NULL;
+    struct weld_err e = {0};
+    REQUIRE(server_gen_start(&g, &ep, &e) == WELD_OK);
+    struct server_error se;
+    CHECK(server_gen_submit(g, &(struct request_params){.n = 1}, NULL, 0, &se) == NULL);
+    CHECK_EQ_INT(se.http, 503);
+    server_gen_load(g);
+    char msg[1024];
+    for (int i = 0; i < 2000 && server_gen_state(g, msg, sizeof msg) == SERVER_GEN_LOADING; i++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    CHECK_EQ_INT(server_gen_state(g, msg, sizeof msg), SERVER_GEN_FAILED);
+    CHECK(strstr(msg, "nonexistent") != NULL);
+    server_gen_free(g);
+    /* freed without ever loading */
+    REQUIRE(server_gen_start(&g, &ep, &e) == WELD_OK);
+    server_gen_free(g);
+}
+
+int main(void)
+{
+    g_model = test_shared_path("models/stories260K.gguf");
+    if (!g_model) {
+        fprintf(stderr, "stories260K.gguf not found; skipping\n");
+        return test_summary();
+    }
+    RUN(greedy_and_choices);
+    RUN(cancel_refuse_halt);
+    RUN(load_failure);
+    return test_summary();
+}
