@@ -8,8 +8,9 @@
  * a socket is ready, curl's own timer fires, or the next arrival is due, whichever is
  * first. No thread per request and no busy wait.
  *
- * Per transfer (struct xfer): the easy handle, its JSON body, the stream state that parses
- * SSE as bytes arrive (timestamped in the write callback, the moment curl hands them
+ * Per transfer (struct xfer, allocated when the request starts and freed when it ends, so
+ * memory follows the requests in flight, not the dataset): the easy handle, its JSON body,
+ * the stream state that parses SSE as bytes arrive (timestamped in the write callback, the moment curl hands them
  * over), and the first KiB of the body when the status is not 200 (the error text). The
  * clock of every result is seconds since t0, the moment the loop starts; a request's
  * latencies run from its own send time (after any wait for a slot), as in vLLM.
@@ -51,7 +52,7 @@ struct run {
     const struct loadgen_dataset *d;
     struct loadgen_result *res; /* (d->n) */
     double *arrival;            /* (d->n) */
-    struct xfer *x;             /* (d->n) */
+    struct xfer **x;            /* (d->n) the transfers in flight (NULL when not) */
     char *url;
     struct curl_slist *hdr;
     CURLM *m;
@@ -137,13 +138,34 @@ static void easy_common(CURL *h, const char *url, struct curl_slist *hdr, double
         curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)fmin(timeout_s * 1e3, 2e9));
 }
 
+static void xfer_free(struct run *r, struct xfer *x)
+{
+    if (!x)
+        return;
+    if (x->h) {
+        curl_multi_remove_handle(r->m, x->h);
+        curl_easy_cleanup(x->h);
+    }
+    loadgen_stream_release(&x->st);
+    wfree(x->body);
+    wfree(x);
+}
+
 /* Start request i now; a request that cannot start is finished as failed. */
 static void start_request(struct run *r, int i)
 {
-    struct xfer *x = &r->x[i];
     struct loadgen_result *res = &r->res[i];
+    struct xfer *x = wcalloc(1, sizeof *x);
     struct weld_err e;
     err_clear(&e);
+    if (!x) {
+        res->t_send = time_now() - r->t0;
+        loadgen_result_fail(res, "out of memory starting the request");
+        r->done++;
+        progress_add(&r->prog, 1);
+        return;
+    }
+    r->x[i] = x;
     x->run = r;
     x->res = res;
     res->t_send = time_now() - r->t0;
@@ -172,11 +194,10 @@ static void start_request(struct run *r, int i)
     return;
 failed:
     loadgen_stream_end(&x->st, time_now() - r->t0);
-    loadgen_stream_release(&x->st);
     curl_easy_cleanup(x->h);
     x->h = NULL;
-    wfree(x->body);
-    x->body = NULL;
+    xfer_free(r, x);
+    r->x[i] = NULL;
     r->done++;
     progress_add(&r->prog, 1);
 }
@@ -197,12 +218,8 @@ static void finish_request(struct run *r, struct xfer *x, CURLcode cc)
         loadgen_result_fail(res, "HTTP %ld: %s", status, x->raw_len ? x->raw : "(empty body)");
     }
     loadgen_stream_end(&x->st, now);
-    loadgen_stream_release(&x->st);
-    curl_multi_remove_handle(r->m, x->h);
-    curl_easy_cleanup(x->h);
-    x->h = NULL;
-    wfree(x->body);
-    x->body = NULL;
+    r->x[res - r->res] = NULL;
+    xfer_free(r, x);
     r->in_flight--;
     r->done++;
     progress_add(&r->prog, 1);
@@ -243,9 +260,9 @@ static int run_loop(struct run *r, struct weld_err *e)
         while ((msg = curl_multi_info_read(r->m, &q))) {
             if (msg->msg != CURLMSG_DONE)
                 continue;
-            struct xfer *x = NULL;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&x);
-            finish_request(r, x, msg->data.result);
+            char *priv = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
+            finish_request(r, (struct xfer *)priv, msg->data.result);
             finished++;
         }
         if (finished || r->done >= n)
@@ -275,14 +292,8 @@ static int check_config(const struct loadgen_config *c, const struct loadgen_dat
 
 static void run_free(struct run *r)
 {
-    for (int i = 0; r->x && i < r->d->n; i++) {
-        if (r->x[i].h) {
-            curl_multi_remove_handle(r->m, r->x[i].h);
-            curl_easy_cleanup(r->x[i].h);
-            loadgen_stream_release(&r->x[i].st);
-        }
-        wfree(r->x[i].body);
-    }
+    for (int i = 0; r->x && i < r->d->n; i++)
+        xfer_free(r, r->x[i]);
     if (r->m)
         curl_multi_cleanup(r->m);
     curl_slist_free_all(r->hdr);
