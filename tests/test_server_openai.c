@@ -350,6 +350,76 @@ TEST(metrics_text)
     wfree(t);
 }
 
+
+/* Random bodies built from the known keys with values of every JSON type and edge values:
+   every answer is a success that the engine would accept, or a 400 / 404 with a message
+   and never a crash (this runs under ASan/UBSan in the sanitizer build). */
+TEST(random_bodies)
+{
+    static const char *const keys[] = {
+        "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+        "top_p", "top_k", "min_p", "n", "stop", "stop_token_ids", "seed", "presence_penalty",
+        "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
+        "ignore_eos", "echo", "stream", "stream_options", "min_tokens", "add_generation_prompt",
+        "chat_template_kwargs", "tools", "skip_special_tokens", "add_special_tokens"};
+    static const char *const vals[] = {
+        "null", "true", "false", "0", "1", "-1", "2", "7", "127", "128", "2147483648",
+        "-9223372036854775808", "9223372036854775807", "0.5", "-0.0", "1e308", "-1e308",
+        "1e-300", "\"\"", "\"Once upon a time\"", "\"m\"", "\"\\u00ff\\ud83d\\ude00\"",
+        "[]", "[1, 2, 3]", "[0]", "[-5]", "[\"a\", \"b\"]", "[[1, 403], [407]]", "[[]]",
+        "[\"\"]", "{}", "{\"include_usage\": true}", "{\"5\": 1}", "{\"a\": []}",
+        "[{\"role\": \"user\", \"content\": \"hi\"}]",
+        "[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"x\"}]}]",
+        "[{\"role\": \"user\"}]", "[{\"role\": 5, \"content\": null}]",
+        "[{\"role\": \"assistant\", \"content\": [{\"type\": \"text\"}]}]", "[null]"};
+    const int nk = (int)(sizeof keys / sizeof keys[0]), nv = (int)(sizeof vals / sizeof vals[0]);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    int ok = 0, bad = 0;
+    g_m.tmpl = g_bos_tmpl;
+    for (int it = 0; it < 4000; it++) {
+        char body[4096];
+        /* half the bodies start from a valid prompt and messages (later keys override) */
+        size_t w = (size_t)snprintf(body, sizeof body, "{%s", (x >> 3) & 1 ? "\"prompt\": "
+                                    "\"Once\", \"messages\": [{\"role\": \"user\", "
+                                    "\"content\": \"hi\"}], " : "");
+        int n = 1 + (int)((x >> 7) % 4);
+        for (int k = 0; k < n; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            const char *key = keys[x % (uint64_t)nk];
+            const char *val = vals[(x >> 20) % (uint64_t)nv];
+            w += (size_t)snprintf(body + w, sizeof body - w, "%s\"%s\": %s", k ? ", " : "", key, val);
+        }
+        snprintf(body + w, sizeof body - w, "}");
+        json_t *b = json_loads(body, 0, NULL);
+        if (!b)
+            continue; /* duplicate keys etc. */
+        for (int api = 0; api < 2; api++) {
+            struct server_req r;
+            struct server_error e;
+            memset(&e, 0, sizeof e);
+            int rc = server_req_parse(b, api ? SERVER_API_CHAT : SERVER_API_COMPLETIONS, &g_m, &r, &e);
+            if (rc == 0) {
+                ok++;
+                CHECK(r.n_prompts >= 1);
+                for (int i = 0; i < r.n_prompts; i++)
+                    CHECK(r.prompts[i].n_ids >= 1 &&
+                          r.prompts[i].n_ids + r.bl.p.max_tokens <= g_m.max_model_len);
+                CHECK(request_params_check(&r.bl.p, g_m.n_vocab, NULL) == WELD_OK);
+            } else {
+                bad++;
+                if (!(rc == 400 || rc == 404) || !e.msg[0])
+                    fprintf(stderr, "  body %s -> %d '%s'\n", body, rc, e.msg);
+                CHECK((rc == 400 || rc == 404) && e.msg[0]);
+            }
+            server_req_release(&r);
+        }
+        json_decref(b);
+    }
+    g_m.tmpl = NULL;
+    printf("random bodies: %d accepted, %d refused\n", ok, bad);
+    CHECK(ok > 100 && bad > 100);
+}
+
 int main(void)
 {
     struct weld_err e = {0};
@@ -375,6 +445,7 @@ int main(void)
     RUN(error_object);
     RUN(response_shapes);
     RUN(metrics_text);
+    RUN(random_bodies);
     chat_template_free(g_bos_tmpl);
     tokenizer_free(g_tok);
     gguf_close(g_gguf);
