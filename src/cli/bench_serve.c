@@ -317,6 +317,7 @@ int cmd_bench_serve(int argc, char **argv)
         fprintf(stderr, "weld bench serve: out of memory\n");
         return 1;
     }
+    nargv[0] = "bench serve"; /* errors read "weld bench serve: ..." */
     int prc = parse_serve_opts(nargc, nargv, &o);
     int status = prc == 1 ? 0 : prc ? 2 : check_opts(&o);
     struct loadgen_config c = {.base_url = o.base_url, .model = o.model, .api_key = o.api_key,
