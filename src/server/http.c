@@ -70,9 +70,10 @@ enum MHD_Result http_send_json(struct server *s, struct MHD_Connection *c, int s
 {
     char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                              "\"server_error\",\"param\":null,\"code\":null}}";
     if (!txt)
-        return http_send(s, c, 500, "application/json", "{\"error\":{\"message\":\"out of "
-                         "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}", 85);
+        return http_send(s, c, 500, "application/json", oom, sizeof oom - 1);
     enum MHD_Result rc = http_send(s, c, status, "application/json", txt, strlen(txt));
     free(txt);
     return rc;

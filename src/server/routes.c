@@ -5,10 +5,11 @@
  * A generation request: parse (openai_req.c; errors are answered at once), submit a job to
  * the engine thread (gen.h), wait until the engine took it (a prompt the KV pool can never
  * hold is refused there: 400), then
- *   - non-streaming: collect every choice's events in this connection's thread, waking at
- *     least every 100 ms to see whether the client went away (then the job is cancelled,
- *     which aborts its engine requests and returns their KV blocks, and the connection is
- *     closed without an answer), and answer with the whole body (the socket is checked every 50 ms even while tokens keep coming);
+ *   - non-streaming: collect every choice's events in this connection's thread; every
+ *     50 ms (also while tokens keep coming) a poll() on the socket checks whether the
+ *     client went away: then the job is cancelled, which aborts its engine requests and
+ *     returns their KV blocks, and the connection is closed without an answer; else the
+ *     whole body is the answer (500 if a choice failed in the engine);
  *   - streaming: answer 200 text/event-stream at once with a callback body; the callback
  *     turns events into "data: {chunk}\n\n" lines (chat opens each choice with a role
  *     chunk; echo opens each completion choice with its prompt), then the usage chunk when
