@@ -4,7 +4,7 @@
  *
  * Checks: a greedy job's text equals the golden continuation (the one cli_batch.sh and the
  * generate test hold weld to); prompts x n choices each finish exactly once, with usage
- * counts; a cancelled job ends and gives its blocks back; a prompt the engine refuses
+ * counts; logit_bias forces (+100) or forbids (-100) a token; a cancelled job ends and gives its blocks back; a prompt the engine refuses
  * comes back as a 400 naming the limit; halting with a job running aborts it and the HTTP
  * side still drains its outbox; the metrics and stats snapshot end idle with no KV block
  * used.
@@ -111,12 +111,49 @@ TEST(greedy_and_choices)
     CHECK_EQ_INT(r.n_generated, 48);
     CHECK_EQ_INT(r.n_prompt, 30);
 
+    /* logit_bias: +100 forces a token; -100 on the greedy first token (432, ",") moves
+       the first token elsewhere */
+    int32_t bias_ids[2] = {403, 432};
+    float bias[2] = {100, 0};
+    p.n = 1;
+    p.max_tokens = 6;
+    p.logprobs = 0;
+    p.logit_bias_ids = bias_ids;
+    p.logit_bias = bias;
+    p.n_logit_bias = 1;
+    j = server_gen_submit(g, &p, pr, 1, &e);
+    REQUIRE(j);
+    CHECK_EQ_INT(server_gen_wait_accepted(j, &e), 0);
+    int n_forced = 0, first = -1;
+    struct server_event *ev;
+    int rc;
+    while ((rc = server_gen_next(j, 1000, &ev)) >= 0) {
+        if (rc == 1 && !ev->finish && ev->has_lp)
+            n_forced += ev->token == 403;
+        wfree(ev);
+    }
+    server_gen_release(j);
+    CHECK_EQ_INT(n_forced, 6);
+    bias[1] = -100;
+    p.logit_bias_ids = bias_ids + 1;
+    p.logit_bias = bias + 1;
+    j = server_gen_submit(g, &p, pr, 1, &e);
+    REQUIRE(j);
+    CHECK_EQ_INT(server_gen_wait_accepted(j, &e), 0);
+    while ((rc = server_gen_next(j, 1000, &ev)) >= 0) {
+        if (rc == 1 && !ev->finish && ev->has_lp && first < 0)
+            first = ev->token;
+        wfree(ev);
+    }
+    server_gen_release(j);
+    CHECK(first >= 0 && first != 432);
+
     struct server_metrics m;
     server_gen_metrics(g, &m);
-    CHECK_EQ_INT(m.success[REQUEST_FINISH_LENGTH], 7);
+    CHECK_EQ_INT(m.success[REQUEST_FINISH_LENGTH], 9);
     CHECK_EQ_INT(m.st.running, 0);
     CHECK_EQ_INT(m.st.kv_blocks_used, 0);
-    CHECK_EQ_INT(m.ttft.n, 3); /* one per engine request: 1 + 2 prompts */
+    CHECK_EQ_INT(m.ttft.n, 5); /* one per engine request: 1 + 2 prompts + 2 */
     CHECK(m.itl.n >= 31);
     server_gen_halt(g);
     server_gen_free(g);

@@ -131,6 +131,13 @@ TEST(sampling_fields)
     CHECK(p->ignore_eos);
     CHECK_EQ_INT(r.logprobs, 3);
     CHECK(r.stream && r.include_usage);
+    CHECK_EQ_INT(p->n_logit_bias, 0);
+    server_req_release(&r);
+    REQUIRE(parse("{\"prompt\": \"Once\", \"logit_bias\": {\"5\": 3, \"403\": -100}}",
+                  SERVER_API_COMPLETIONS, &r, &e) == 0);
+    REQUIRE(r.bl.p.n_logit_bias == 2);
+    CHECK(r.bl.p.logit_bias_ids[0] == 5 && r.bl.p.logit_bias[0] == 3.0f);
+    CHECK(r.bl.p.logit_bias_ids[1] == 403 && r.bl.p.logit_bias[1] == -100.0f);
     server_req_release(&r);
     REQUIRE(parse("{\"prompt\": \"Once\", \"stop\": \"x\"}", SERVER_API_COMPLETIONS, &r, &e) == 0);
     CHECK(r.bl.p.n_stop == 1 && !strcmp(r.bl.p.stop[0], "x"));
@@ -152,8 +159,6 @@ TEST(invalid_values)
     CHECK(expect_error("{\"prompt\": \"a\", \"logprobs\": true}", C, 400, "logprobs", "integer"));
     CHECK(expect_error("{\"prompt\": \"a\", \"stream\": 1}", C, 400, "stream", NULL));
     CHECK(expect_error("{\"prompt\": \"a\", \"stream_options\": 1}", C, 400, "stream_options", NULL));
-    CHECK(expect_error("{\"prompt\": \"a\", \"logit_bias\": {\"5\": 3}}", C, 400, "logit_bias",
-                       "not supported"));
     CHECK(expect_error("{\"prompt\": \"a\", \"logit_bias\": {\"x\": 3}}", C, 400, "logit_bias",
                        "not a token id"));
     CHECK(expect_error("{\"prompt\": \"a\", \"logit_bias\": {\"5\": 300}}", C, 400, "logit_bias",

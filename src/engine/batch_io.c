@@ -14,7 +14,10 @@
 #include "core/alloc.h"
 #include "core/json.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* An array of token ids (JSON integers in [0, INT32_MAX]). */
@@ -59,6 +62,43 @@ static int get_stop(const json_t *o, struct batch_line *l, struct weld_err *e)
     }
     l->p.stop = l->stops;
     l->p.n_stop = (int)n;
+    return WELD_OK;
+}
+
+/* logit_bias: {"<token id>": number}; ids are decimal integers in [0, INT32_MAX]. */
+static int get_logit_bias(const json_t *o, struct batch_line *l, struct weld_err *e)
+{
+    const json_t *lb = json_object_get(o, "logit_bias");
+    if (!lb || json_is_null(lb))
+        return WELD_OK;
+    if (!json_is_object(lb))
+        return err_set(e, WELD_ERR_FORMAT, "field 'logit_bias': expected an object of "
+                       "token id -> bias");
+    size_t n = json_object_size(lb);
+    if (n > INT_MAX)
+        return err_set(e, WELD_ERR_FORMAT, "field 'logit_bias': %zu entries is too many", n);
+    if (!(l->bias_ids = wmalloc((n ? n : 1) * sizeof *l->bias_ids)) ||
+        !(l->bias = wmalloc((n ? n : 1) * sizeof *l->bias)))
+        return err_set(e, WELD_ERR_NOMEM, "field 'logit_bias': out of memory");
+    const char *k;
+    const json_t *v;
+    size_t i = 0;
+    json_object_foreach((json_t *)lb, k, v) {
+        char *end;
+        errno = 0;
+        long long id = strtoll(k, &end, 10);
+        if (end == k || *end || errno || id < 0 || id > INT32_MAX)
+            return err_set(e, WELD_ERR_FORMAT, "field 'logit_bias': key '%s' is not a token id",
+                           k);
+        double b = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!(b >= -3.0e38 && b <= 3.0e38))
+            return err_set(e, WELD_ERR_FORMAT, "field 'logit_bias[%s]': expected a number", k);
+        l->bias_ids[i] = (int32_t)id;
+        l->bias[i++] = (float)b;
+    }
+    l->p.logit_bias_ids = l->bias_ids;
+    l->p.logit_bias = l->bias;
+    l->p.n_logit_bias = (int)n;
     return WELD_OK;
 }
 
@@ -218,7 +258,8 @@ static int parse_object(const json_t *o, struct batch_line *l, struct weld_err *
         if (!rc)
             l->p.stop_token_ids = l->stop_ids;
     }
-    if (!rc && !(rc = get_stop(o, l, e)) && !(rc = get_floats(o, &l->p, e)) &&
+    if (!rc && !(rc = get_stop(o, l, e)) && !(rc = get_logit_bias(o, l, e)) &&
+        !(rc = get_floats(o, &l->p, e)) &&
         !(rc = get_ints(o, &l->p, e)))
         rc = get_flags(o, &l->p, e);
     return rc;
@@ -265,6 +306,8 @@ void batch_line_release(struct batch_line *l)
     wfree(l->prompt_ids);
     wfree(l->stop_ids);
     wfree((void *)l->stops);
+    wfree(l->bias_ids);
+    wfree(l->bias);
     json_decref(l->root);
     memset(l, 0, sizeof *l);
     l->p = request_params_default();

@@ -7,13 +7,14 @@
  * the chat template as given: string or list-of-parts content alike), and sampling
  * parameters by their OpenAI / vLLM names: max_tokens (max_completion_tokens), min_tokens,
  * temperature, top_p, top_k, min_p, repetition_penalty, frequency_penalty,
- * presence_penalty, seed, stop (string or array), stop_token_ids, ignore_eos, n, logprobs
+ * presence_penalty, seed, stop (string or array), stop_token_ids, logit_bias (an object
+ * {"token id": bias}), ignore_eos, n, logprobs
  * (int, or true with top_logprobs), priority, cache_salt, include_stop_str_in_output,
  * skip_special_tokens, add_special_tokens. Unknown keys are ignored; JSON null is "absent".
  *
  * Layout: struct batch_line owns a reference to the parsed JSON document; every string of
  * its request_params (prompt, stop strings, cache_salt) and its messages point into that
- * document, and the id / stop arrays are heap copies, so the params stay valid until
+ * document, and the id / stop / logit_bias arrays are heap copies, so the params stay valid until
  * batch_line_release(). The id is the request's "id", else the line's "custom_id", else
  * NULL (the caller numbers the line).
  *
@@ -42,6 +43,8 @@ struct batch_line {
     int32_t *prompt_ids;      /* (p.n_prompt_ids) */
     int32_t *stop_ids;        /* (p.n_stop_token_ids) */
     const char **stops;       /* (p.n_stop) pointers into root */
+    int32_t *bias_ids;        /* (p.n_logit_bias) */
+    float *bias;              /* (p.n_logit_bias) */
 };
 
 /* Parse text[0..len) (one line, no newline needed) numbered line_no for messages. On

@@ -63,6 +63,8 @@ static int check_counts(const struct request_params *p, struct weld_err *e)
     if (p->n_stop_token_ids < 0 || (p->n_stop_token_ids && !p->stop_token_ids))
         return err_set(e, WELD_ERR_INVALID_ARG, "stop_token_ids: bad count %d",
                        p->n_stop_token_ids);
+    if (p->n_logit_bias < 0 || (p->n_logit_bias && (!p->logit_bias_ids || !p->logit_bias)))
+        return err_set(e, WELD_ERR_INVALID_ARG, "logit_bias: bad count %d", p->n_logit_bias);
     return WELD_OK;
 }
 
@@ -91,6 +93,13 @@ int request_params_check(const struct request_params *p, int n_vocab, struct wel
             return err_set(e, WELD_ERR_INVALID_ARG,
                            "stop_token_ids[%d]: %d outside the vocabulary [0, %d)", i,
                            (int)p->stop_token_ids[i], n_vocab);
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if ((n_vocab > 0 && (p->logit_bias_ids[i] < 0 || p->logit_bias_ids[i] >= n_vocab)) ||
+            !isfinite(p->logit_bias[i]))
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "logit_bias[%d]: token %d (bias %g) outside the vocabulary [0, %d) "
+                           "or not finite", i, (int)p->logit_bias_ids[i],
+                           (double)p->logit_bias[i], n_vocab);
     for (int i = 0; n_vocab > 0 && p->prompt_ids && i < p->n_prompt_ids; i++)
         if (p->prompt_ids[i] < 0 || p->prompt_ids[i] >= n_vocab)
             return err_set(e, WELD_ERR_INVALID_ARG,
@@ -190,6 +199,8 @@ void request_free(struct request *r)
     wfree((void *)r->p.stop);
     wfree((void *)r->p.stop_token_ids);
     wfree((void *)r->p.cache_salt);
+    wfree((void *)r->p.logit_bias_ids);
+    wfree((void *)r->p.logit_bias);
     wfree(r->prompt);
     wfree(r->scratch);
     wfree(r->top_ids);
@@ -211,6 +222,18 @@ static bool copy_params(struct request *r, const struct request_params *p)
     r->p.n_stop = 0;
     r->p.stop_token_ids = NULL;
     r->p.cache_salt = NULL;
+    r->p.logit_bias_ids = NULL;
+    r->p.logit_bias = NULL;
+    if (p->n_logit_bias) {
+        int32_t *ids = wmalloc((size_t)p->n_logit_bias * sizeof *ids);
+        float *b = wmalloc((size_t)p->n_logit_bias * sizeof *b);
+        r->p.logit_bias_ids = ids;
+        r->p.logit_bias = b;
+        if (!ids || !b)
+            return false;
+        memcpy(ids, p->logit_bias_ids, (size_t)p->n_logit_bias * sizeof *ids);
+        memcpy(b, p->logit_bias, (size_t)p->n_logit_bias * sizeof *b);
+    }
     if (p->n_stop) {
         char **s = wcalloc((size_t)p->n_stop, sizeof *s);
         if (!s)
@@ -384,17 +407,20 @@ static bool is_stop_token(const struct request *r, int32_t t)
 }
 
 /* Logits to sample from: the raw row, or a copy with eog / stop ids masked while
-   min_tokens is not reached. */
+   min_tokens is not reached and logit_bias added. */
 static const float *masked_logits(struct request *r, const struct request_seq *s,
                                   const float *logits)
 {
-    if (s->n_tokens >= r->p.min_tokens || (!r->n_eog && !r->p.n_stop_token_ids))
+    bool mask = s->n_tokens < r->p.min_tokens && (r->n_eog || r->p.n_stop_token_ids);
+    if (!mask && !r->p.n_logit_bias)
         return logits;
     memcpy(r->scratch, logits, (size_t)r->n_vocab * sizeof *logits);
-    for (int k = 0; k < r->n_eog; k++)
+    for (int k = 0; mask && k < r->n_eog; k++)
         r->scratch[r->eog_ids[k]] = -INFINITY;
-    for (int k = 0; k < r->p.n_stop_token_ids; k++)
+    for (int k = 0; mask && k < r->p.n_stop_token_ids; k++)
         r->scratch[r->p.stop_token_ids[k]] = -INFINITY;
+    for (int k = 0; k < r->p.n_logit_bias; k++)
+        r->scratch[r->p.logit_bias_ids[k]] += r->p.logit_bias[k];
     return r->scratch;
 }
 

@@ -26,6 +26,9 @@
  * Each step calls on_delta once per sampled token (text may be empty while held back), and
  * on_finish once per sequence, after its last delta.
  *
+ * logit_bias (OpenAI's): each listed token's logit gets its bias added before sampling
+ * (after min_tokens masking, before penalties and temperature); a repeated id adds twice.
+ *
  * Logprobs are of the raw logits row (before min_tokens masking, penalties, temperature),
  * as vLLM reports them by default: the sampled token's and the top-N alternatives.
  *
@@ -76,6 +79,9 @@ struct request_params {
     int n_stop;
     const int32_t *stop_token_ids;   /* (n_stop_token_ids) */
     int n_stop_token_ids;
+    const int32_t *logit_bias_ids;   /* (n_logit_bias) token ids, each in [0, n_vocab) */
+    const float *logit_bias;         /* (n_logit_bias) added to those logits before sampling */
+    int n_logit_bias;
     bool ignore_eos;
     bool include_stop_str_in_output;
     bool skip_special_tokens;        /* default true */

@@ -230,10 +230,15 @@ static void refuse(struct server_gen *g, struct server_job *j, int added, int ht
         engine_abort(g->eng, j->subs[i].eng_id, NULL);
 }
 
-static void add_job(struct server_gen *g, struct server_job *j)
+static void abort_job(struct server_gen *g, struct server_job *j);
+
+static void add_job(struct server_gen *g, struct server_job *j, bool quit)
 {
-    if (j->cancelled || g->quit) {
-        refuse(g, j, 0, 503, j->cancelled ? "request cancelled" : "the server is shutting down");
+    pthread_mutex_lock(&g->mu);
+    bool cancelled = j->cancelled;
+    pthread_mutex_unlock(&g->mu);
+    if (cancelled || quit) {
+        refuse(g, j, 0, 503, cancelled ? "request cancelled" : "the server is shutting down");
         return;
     }
     for (int i = 0; i < j->n_prompts; i++) {
@@ -262,8 +267,11 @@ static void add_job(struct server_gen *g, struct server_job *j)
     if (g->active)
         g->active->prev_act = j;
     g->active = j;
+    cancelled = j->cancelled; /* cancelled while its requests were being added */
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&g->mu);
+    if (cancelled)
+        abort_job(g, j);
 }
 
 static void abort_job(struct server_gen *g, struct server_job *j)
@@ -298,7 +306,7 @@ static bool gen_round(struct server_gen *g)
     pthread_mutex_unlock(&g->mu);
     while (in) {
         struct server_job *next = in->next_in;
-        add_job(g, in);
+        add_job(g, in, quit);
         in = next;
     }
     while (ab) {

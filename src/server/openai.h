@@ -20,9 +20,9 @@
  * and logprobs in the completions shape (tokens / token_logprobs / top_logprobs /
  * text_offset) or the chat shape (content: [{token, logprob, bytes, top_logprobs}]).
  *
- * Not supported (answered with 400 naming them, never silently ignored): logit_bias with
- * entries, tools that the template cannot render, non-text content parts. Echo returns the
- * prompt text but no prompt logprobs.
+ * Not supported (answered with 400 naming them, never silently ignored): non-text content
+ * parts, tools that the template cannot render. Echo returns the prompt text but no prompt
+ * logprobs.
  */
 #ifndef WELD_SERVER_OPENAI_H
 #define WELD_SERVER_OPENAI_H

@@ -4,7 +4,8 @@
  *
  * Order of work: the body must be an object; "model" must name the served model (404
  * otherwise, OpenAI's model_not_found); the api-specific types (logprobs int vs bool,
- * stream_options, logit_bias, echo) are checked here; the remaining sampling fields go
+ * stream_options, echo) and logit_bias's OpenAI ranges (ids in the vocabulary, biases in
+ * [-100, 100]) are checked here; the remaining sampling fields go
  * through batch_request_parse() on a shallow copy of the body without "prompt" and
  * "messages" (that copy, server_req.fields, keeps the strings bl points into alive). Then
  * the prompts: completions accept a string, a list of strings, a list of token ids or a
@@ -137,9 +138,6 @@ static int check_logit_bias(const json_t *body, int n_vocab, struct server_error
             return server_error_set(e, 400, "logit_bias", "field 'logit_bias[%s]': expected "
                                     "a number in [-100, 100]", k);
     }
-    if (json_object_size(lb))
-        return server_error_set(e, 400, "logit_bias", "field 'logit_bias': biasing tokens "
-                                "is not supported by this server yet");
     return 0;
 }
 

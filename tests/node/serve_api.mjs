@@ -161,8 +161,19 @@ async function serverA() {
                      (e) => t.check(/5 in the prompt, 124 in the completion/.test(e.message),
                                     'both lengths named', e));
   await expectStatus(client.completions.create({ model, prompt: [1, 99999] }), 400, 'bad token id');
-  await expectStatus(client.completions.create({ model, prompt: PROMPT, logit_bias: { 5: 1 } }),
-                     400, 'logit_bias refused, not ignored');
+  const forced = await client.completions.create({ model, prompt: PROMPT, max_tokens: 5,
+    temperature: 0, logprobs: 0, logit_bias: { 403: 100 } });
+  const ft = forced.choices[0].logprobs.tokens;
+  // (the engine's detokenizer drops the first generated token's leading space, hence trim)
+  t.check(ft.length === 5 && ft.every((x) => x === ' Once') &&
+          forced.choices[0].text.trimStart() === ft.join('').trimStart(),
+          'logit_bias +100 forces the token', forced.choices[0]);
+  const banned = await client.completions.create({ model, prompt: PROMPT, max_tokens: 5,
+    temperature: 0, logit_bias: { 432: -100 } });
+  t.check(!banned.choices[0].text.startsWith(','), 'logit_bias -100 bans the greedy token',
+          banned.choices[0].text);
+  await expectStatus(client.completions.create({ model, prompt: PROMPT, logit_bias: { 5: 101 } }),
+                     400, 'logit_bias out of range', (e) => t.eq(e.param, 'logit_bias', 'logit_bias param'));
   await expectStatus(client.chat.completions.create({ model, messages: [{ role: 'user', content: 'hi' }] }),
                      400, 'chat without a template',
                      (e) => t.check(/no chat template/.test(e.message), 'no template message', e));
