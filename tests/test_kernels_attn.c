@@ -5,10 +5,11 @@
  *   - a whole causal attention driven chunk by chunk through gemm_ops_scalar.attn_chunk
  *     against a double-precision softmax attention: within 1e-5 relative;
  *   - every ISA this CPU has against the scalar reference: m, l and acc bit-identical
- *     after every chunk, for head dims that take the SIMD path (16, 64, 128) and ones
+ *     after every chunk, for f32, f16 and bf16 rows read in place, head dims that take the SIMD path (16, 64, 128) and ones
  *     that fall back (8, 40), visible counts 0..16 mixed across rows, scores with large
  *     spreads (the running max moves up and down across chunks).
  */
+#include "core/fp16.h"
 #include "core/rng.h"
 #include "kernels/cpu/attn.h"
 #include "kernels/cpu/gemm.h"
@@ -63,10 +64,14 @@ static void run_attn(const struct gemm_ops *o, const float *q, const float *k, c
             int n = pos[r] + 1 - c0;
             nv[r] = n < 0 ? 0 : n > ATTN_CHUNK ? ATTN_CHUNK : n;
         }
-        struct attn_chunk_args a = {.kc = k + (size_t)c0 * hd, .vc = v + (size_t)c0 * hd,
-                                    .hd = hd, .nq = nq, .q = q, .ldq = (size_t)hd, .n = nv,
+        struct attn_chunk_args a = {.kv_type = DT_F32, .hd = hd, .nq = nq, .q = q,
+                                    .ldq = (size_t)hd, .n = nv,
                                     .scale = 1.0f / sqrtf((float)hd), .m = m, .l = l,
                                     .acc = acc};
+        for (int j = 0; j < ATTN_CHUNK && c0 + j < n_max; j++) {
+            a.k[j] = (const uint8_t *)(k + (size_t)(c0 + j) * hd);
+            a.v[j] = (const uint8_t *)(v + (size_t)(c0 + j) * hd);
+        }
         o->attn_chunk(&a);
     }
     for (int r = 0; r < nq; r++)
@@ -122,50 +127,74 @@ TEST(scalar_vs_double)
     }
 }
 
-/* Every ISA against the scalar reference, state compared after every chunk. */
+/* n floats stored as type t (f32 as is, f16/bf16 rounded to nearest even) into dst. */
+static void store_rows(int t, const float *x, size_t n, uint8_t *dst)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (t == DT_F32) {
+            memcpy(dst + 4 * i, &x[i], 4);
+            continue;
+        }
+        uint16_t h = t == DT_F16 ? fp16_from_f32(x[i]) : bf16_from_f32(x[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
+/* Every ISA against the scalar reference for every KV row type, state compared after
+   every chunk. */
 TEST(isa_bit_identical)
 {
     struct rng rg;
     rng_seed(&rg, 11);
     const int hds[] = {16, 64, 128, 8, 40};
+    const int types[] = {DT_F32, DT_F16, DT_BF16};
     for (int lvl = ISA_SCALAR + 1; lvl < ISA_COUNT; lvl++) {
         const struct gemm_ops *o = gemm_ops_for((enum isa_level)lvl);
         if (!o)
             continue;
         int diffs = 0, calls = 0;
-        for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
-            const int hd = hds[h], nq = 9;
-            float *q = malloc(sizeof(float) * nq * hd), *kc = malloc(sizeof(float) * 16 * hd),
-                  *vc = malloc(sizeof(float) * 16 * hd);
-            float *acc0 = calloc((size_t)nq * hd, sizeof(float)),
-                  *acc1 = calloc((size_t)nq * hd, sizeof(float));
-            float m0[9], l0[9], m1[9], l1[9];
-            for (int r = 0; r < nq; r++)
-                m0[r] = m1[r] = -INFINITY, l0[r] = l1[r] = 0.0f;
-            fill(&rg, q, (size_t)nq * hd, 1.0);
-            for (int c = 0; c < 12; c++) {
-                /* scores spread up and down across chunks */
-                double sd = (c % 3 == 0) ? 4.0 : (c % 3 == 1) ? 0.3 : 2.0;
-                fill(&rg, kc, (size_t)16 * hd, sd);
-                fill(&rg, vc, (size_t)16 * hd, 1.0);
-                int nv[9];
+        for (size_t ti = 0; ti < 3; ti++)
+            for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+                const int t = types[ti], hd = hds[h], nq = 9;
+                float *q = malloc(sizeof(float) * nq * hd), *kf = malloc(sizeof(float) * 16 * hd),
+                      *vf = malloc(sizeof(float) * 16 * hd);
+                uint8_t *kb = malloc(4 * 16 * (size_t)hd), *vb = malloc(4 * 16 * (size_t)hd);
+                float *acc0 = calloc((size_t)nq * hd, sizeof(float)),
+                      *acc1 = calloc((size_t)nq * hd, sizeof(float));
+                float m0[9], l0[9], m1[9], l1[9];
                 for (int r = 0; r < nq; r++)
-                    nv[r] = (int)(rng_u64(&rg) % 17);
-                nv[0] = 16;
-                struct attn_chunk_args a = {.kc = kc, .vc = vc, .hd = hd, .nq = nq, .q = q,
-                                            .ldq = (size_t)hd, .n = nv,
-                                            .scale = 1.0f / sqrtf((float)hd)};
-                a.m = m0, a.l = l0, a.acc = acc0;
-                attn_chunk_scalar(&a);
-                a.m = m1, a.l = l1, a.acc = acc1;
-                o->attn_chunk(&a);
-                calls++;
-                if (memcmp(m0, m1, sizeof m0) || memcmp(l0, l1, sizeof l0) ||
-                    memcmp(acc0, acc1, sizeof(float) * nq * hd))
-                    diffs++;
+                    m0[r] = m1[r] = -INFINITY, l0[r] = l1[r] = 0.0f;
+                fill(&rg, q, (size_t)nq * hd, 1.0);
+                const size_t esz = t == DT_F32 ? 4 : 2;
+                for (int c = 0; c < 12; c++) {
+                    /* scores spread up and down across chunks */
+                    double sd = (c % 3 == 0) ? 4.0 : (c % 3 == 1) ? 0.3 : 2.0;
+                    fill(&rg, kf, (size_t)16 * hd, sd);
+                    fill(&rg, vf, (size_t)16 * hd, 1.0);
+                    store_rows(t, kf, (size_t)16 * hd, kb);
+                    store_rows(t, vf, (size_t)16 * hd, vb);
+                    int nv[9];
+                    for (int r = 0; r < nq; r++)
+                        nv[r] = (int)(rng_u64(&rg) % 17);
+                    nv[0] = 16;
+                    struct attn_chunk_args a = {.kv_type = t, .hd = hd, .nq = nq, .q = q,
+                                                .ldq = (size_t)hd, .n = nv,
+                                                .scale = 1.0f / sqrtf((float)hd)};
+                    for (int j = 0; j < 16; j++) { /* rows in reverse: any addresses work */
+                        a.k[j] = kb + (size_t)(15 - j) * hd * esz;
+                        a.v[j] = vb + (size_t)(15 - j) * hd * esz;
+                    }
+                    a.m = m0, a.l = l0, a.acc = acc0;
+                    attn_chunk_scalar(&a);
+                    a.m = m1, a.l = l1, a.acc = acc1;
+                    o->attn_chunk(&a);
+                    calls++;
+                    if (memcmp(m0, m1, sizeof m0) || memcmp(l0, l1, sizeof l0) ||
+                        memcmp(acc0, acc1, sizeof(float) * nq * hd))
+                        diffs++;
+                }
+                free(q), free(kf), free(vf), free(kb), free(vb), free(acc0), free(acc1);
             }
-            free(q), free(kc), free(vc), free(acc0), free(acc1);
-        }
         printf("  isa %s: %d of %d chunk calls differ from the scalar reference\n",
                isa_name(o->isa), diffs, calls);
         CHECK(diffs == 0);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static long fail_countdown; /* 0: off; else fail when it reaches 1 */
 static long fail_count;
@@ -75,4 +76,45 @@ char *wstrdup(const char *s)
 void wfree(void *p)
 {
     free(p);
+}
+
+#define HUGE_ALIGN ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)64 << 20)
+
+void *wmap_huge(size_t n)
+{
+    if (should_fail())
+        return NULL;
+    if (n == 0)
+        n = 1;
+    if (n > SIZE_MAX - 2 * HUGE_ALIGN)
+        return NULL;
+    if (n < HUGE_MIN) { /* small pools: plain pages, no 2 MiB rounding of what RSS sees */
+        void *q = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return q == MAP_FAILED ? NULL : q;
+    }
+    size_t len = (n + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN, map = len + HUGE_ALIGN;
+    uint8_t *raw = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    /* Keep the 2 MiB-aligned len bytes inside, give back the edges. */
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN);
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    size_t tail = (size_t)(raw + map - (p + len));
+    if (tail)
+        munmap(p + len, tail);
+#ifdef MADV_HUGEPAGE
+    madvise(p, len, MADV_HUGEPAGE); /* advice only: without THP the pool still works */
+#endif
+    return p;
+}
+
+void wunmap(void *p, size_t n)
+{
+    if (!p)
+        return;
+    if (n == 0)
+        n = 1;
+    munmap(p, n < HUGE_MIN ? n : (n + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN);
 }

@@ -19,6 +19,14 @@ char *wstrdup(const char *s);
 char *wstrndup(const char *s, size_t n);  /* copies at most n bytes, always NUL-terminates */
 void wfree(void *p);
 
+/* A zeroed region of n bytes in its own anonymous mapping; from 64 MiB up, 2 MiB aligned
+   with transparent huge pages requested (MADV_HUGEPAGE), for big pools read in scattered
+   stripes (the KV cache: 4 KiB pages there cost a TLB miss per stripe). Pages are
+   committed on first touch. Free with wunmap(p, n); wunmap(NULL, n) is a no-op. Counts as
+   one allocation for alloc_fail_at. */
+void *wmap_huge(size_t n);
+void wunmap(void *p, size_t n);
+
 /* Make the n-th allocation from now fail (1 = the next one); 0 disables. */
 void alloc_fail_at(long n);
 /* Number of allocations that were made to fail since the last alloc_fail_at(). */

@@ -101,8 +101,9 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     kv->row_bytes = row;
     kv->head_bytes = dtype_row_bytes(cfg->type, hd);
     size_t nbs = nb ? (size_t)nb : 1;
-    kv->k = wcalloc(plane ? plane : 1, 1);
-    kv->v = wcalloc(plane ? plane : 1, 1);
+    kv->plane_bytes = plane;
+    kv->k = wmap_huge(plane);
+    kv->v = wmap_huge(plane);
     kv->free_ids = wcalloc(nbs, sizeof(int32_t));
     kv->table_mem = wcalloc((size_t)cfg->max_seqs * (size_t)per_seq, sizeof(int32_t));
     kv->seqs = wcalloc((size_t)cfg->max_seqs, sizeof *kv->seqs);
@@ -129,8 +130,8 @@ void kv_free(struct kv_cache *kv)
 {
     if (!kv)
         return;
-    wfree(kv->k);
-    wfree(kv->v);
+    wunmap(kv->k, kv->plane_bytes);
+    wunmap(kv->v, kv->plane_bytes);
     wfree(kv->free_ids);
     wfree(kv->table_mem);
     wfree(kv->seqs);

@@ -71,7 +71,8 @@ struct kv_cache {
     enum weld_dtype type;
     size_t row_bytes;   /* bytes of one kv_dim row */
     size_t head_bytes;  /* bytes of one head_dim slice of a row */
-    uint8_t *k, *v;     /* (n_layer, n_blocks, block_size, row_bytes) */
+    uint8_t *k, *v;     /* (n_layer, n_blocks, block_size, row_bytes), wmap_huge mappings */
+    size_t plane_bytes; /* bytes of each */
     int32_t *free_ids;  /* (n_blocks) stack; first n_free are free */
     int n_free;
     int32_t *table_mem; /* (max_seqs, max_blocks_per_seq) backing for seqs[].blocks */

@@ -10,8 +10,9 @@
  * contract makes every (row, token) result independent of the tile, of the row range and
  * of the ISA (for one weight layout), so a token's numbers still do not depend on the
  * batch, the split or the executor. Norms use go->rmsnorm and attention go->attn_chunk
- * (kernels/cpu/attn.h: chunks of 16 positions widened to f32 once per tile of tokens,
- * online softmax with a polynomial exp), both exact across ISAs.
+ * (kernels/cpu/attn.h: chunks of 16 positions read in place, a tile of up to OPS_ATT_TOK
+ * tokens per pass over the cache, online softmax with a polynomial exp), both exact
+ * across ISAs.
  *
  * Row ranges: ops pass gemm whole heads (Q/K/V: r0 = head * head_dim) or chunks of
  * OPS_CHUNK rows starting at the instruction's row0; program.c starts every row-split
@@ -27,15 +28,15 @@
  *   acc   (OPS_ATT_TOK, n_head, head_dim) attention accumulators of a tile of tokens x one
  *                                  KV head's query group
  *   mx, sum (OPS_ATT_TOK, n_head)  their running max and sum
- *   kc, vc (ATTN_CHUNK, head_dim)  one KV head's keys / values of a chunk, widened to f32
+ *   kc, vc (ATTN_CHUNK, head_dim)  a q8_0 cache's keys / values of a chunk, dequantized
  *   act, act2 (OPS_TILE, act_bound) bytes, 64-byte aligned: quantized activations (act2:
  *                                  the up projection when its type differs from gate's)
  * act_bound covers every weight type and width the config allows (act_bound_bytes), so
  * the size depends on the config only; ops assert the matrices fit.
  *
  * KV: K/V heads are stored with kv_write_head (converted to the cache type right after
- * rope) and widened back exactly (to_f32, or kv_read_head for q8_0/f32), so attention
- * sees exactly the stored values whatever the type.
+ * rope) and read back in place by the attention kernel (f16/bf16/f32, widened exactly) or
+ * dequantized (q8_0, kv_read_head), so attention sees exactly the stored values.
  */
 #include "exec/ops.h"
 
@@ -268,46 +269,43 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
     }
 }
 
-/* One KV head's keys and values at positions [c0, c0 + nc) widened to f32 into sc->kc and
-   sc->vc ((ATTN_CHUNK, hd)): exact for every KV type (f16/bf16 widen, q8_0 dequantizes
-   with the reference, f32 copies), so every ISA sees the same values. */
-static void attn_load_chunk(const struct exec_step *st, int layer, const int32_t *table,
-                            int kvh, int c0, int nc, const struct scratch *sc)
+/* The key and value rows of KV head h for the chunk's positions [c0, c0 + nc) into
+   a->k / a->v: in place for f16/bf16/f32 caches; a q8_0 cache is dequantized (the reference
+   dequantizer, exact on every ISA) into sc->kc / sc->vc ((ATTN_CHUNK, hd) f32 each). */
+static void attn_rows(const struct exec_step *st, int layer, const int32_t *table, int h,
+                      int c0, int nc, struct attn_chunk_args *a, const struct scratch *sc)
 {
     const struct kv_cache *kv = st->kv;
-    const int hd = kv->head_dim;
-    const size_t off = (size_t)kvh * kv->head_bytes;
-    const struct gemm_ops *go = st->w->go;
+    const size_t off = (size_t)h * kv->head_bytes;
+    const bool in_place = kv->type != DT_Q8_0;
+    a->kv_type = in_place ? kv->type : DT_F32;
     for (int j = 0; j < nc; j++) {
-        const uint8_t *krow = kv_pos_row(kv, kv->k, layer, table, c0 + j);
-        const uint8_t *vrow = kv_pos_row(kv, kv->v, layer, table, c0 + j);
-        float *kd = sc->kc + (size_t)j * hd, *vd = sc->vc + (size_t)j * hd;
-        if (kv->type == DT_F16 || kv->type == DT_BF16) {
-            go->to_f32(kv->type, krow + off, kd, hd);
-            go->to_f32(kv->type, vrow + off, vd, hd);
-        } else {
-            const float *k = kv_read_head(kv, krow, kvh, kd);
-            const float *v = kv_read_head(kv, vrow, kvh, vd);
-            if (k != kd)
-                memcpy(kd, k, sizeof(float) * (size_t)hd);
-            if (v != vd)
-                memcpy(vd, v, sizeof(float) * (size_t)hd);
+        const uint8_t *kr = kv_pos_row(kv, kv->k, layer, table, c0 + j);
+        const uint8_t *vr = kv_pos_row(kv, kv->v, layer, table, c0 + j);
+        if (in_place) {
+            a->k[j] = kr + off, a->v[j] = vr + off;
+            continue;
         }
+        float *kd = sc->kc + (size_t)j * kv->head_dim, *vd = sc->vc + (size_t)j * kv->head_dim;
+        a->k[j] = (const uint8_t *)kv_read_head(kv, kr, h, kd);
+        a->v[j] = (const uint8_t *)kv_read_head(kv, vr, h, vd);
     }
 }
 
 /* Causal attention for the tokens [t0, t0 + nt) of one sequence (positions increasing)
-   and the `group` query heads sharing KV head kvh: keys in chunks of ATTN_CHUNK positions
-   from position 0 (gemm_ops.attn_chunk, kernels/cpu/attn.h), each chunk widened once for
-   the whole tile. A token at position p sees p + 1 keys; its numbers depend only on its
+   and the query heads of KV heads [h0, h1): keys in chunks of ATTN_CHUNK positions from
+   position 0 (gemm_ops.attn_chunk, kernels/cpu/attn.h), each chunk widened once for the
+   whole tile. A token at position p sees p + 1 keys; its numbers depend only on its
    query, p and the cache (the contract fixes the chunks by absolute position), so batch,
-   prompt chunking and tiling change nothing. */
-static void attend_tile(const struct exec_step *st, int layer, const int32_t *table, int kvh,
-                        int t0, int nt, const float *q, float *out, const struct scratch *sc)
+   prompt chunking, tiling and head ranges change nothing. */
+static void attend_tile(const struct exec_step *st, int layer, const int32_t *table, int h0,
+                        int h1, int t0, int nt, const float *q, float *out,
+                        const struct scratch *sc)
 {
     const struct model_config *c = &st->m->cfg;
     const int hd = c->head_dim, group = c->n_head / c->n_kv_head;
-    const size_t qd = (size_t)c->n_head * hd, rows = (size_t)nt * group;
+    const size_t qd = (size_t)c->n_head * hd;
+    const size_t rows_tok = (size_t)(h1 - h0) * group, rows = (size_t)nt * rows_tok;
     for (size_t r = 0; r < rows; r++)
         sc->mx[r] = -INFINITY, sc->sum[r] = 0.0f;
     memset(sc->acc, 0, sizeof(float) * rows * (size_t)hd);
@@ -317,28 +315,29 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
             n_max = st->pos[t0 + i] + 1;
     int nvis[OPS_MAX_GROUP];
     WELD_ASSERT(group <= OPS_MAX_GROUP);
-    struct attn_chunk_args a = {.kc = sc->kc, .vc = sc->vc, .hd = hd, .nq = group,
-                                .ldq = (size_t)hd, .scale = 1.0f / sqrtf((float)hd)};
+    struct attn_chunk_args a = {.hd = hd, .nq = group, .ldq = (size_t)hd, .n = nvis,
+                                .scale = 1.0f / sqrtf((float)hd)};
     for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
-        int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
-        attn_load_chunk(st, layer, table, kvh, c0, nc, sc);
-        for (int i = 0; i < nt; i++) {
-            int n = st->pos[t0 + i] + 1 - c0;
-            if (n <= 0)
-                continue;
-            for (int g = 0; g < group; g++)
-                nvis[g] = n < ATTN_CHUNK ? n : ATTN_CHUNK;
-            size_t r0 = (size_t)i * group;
-            a.q = q + (size_t)(t0 + i) * qd + (size_t)kvh * group * hd;
-            a.n = nvis;
-            a.m = sc->mx + r0, a.l = sc->sum + r0, a.acc = sc->acc + r0 * hd;
-            st->w->go->attn_chunk(&a);
+        const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
+        for (int h = h0; h < h1; h++) {
+            attn_rows(st, layer, table, h, c0, nc, &a, sc);
+            for (int i = 0; i < nt; i++) {
+                const int n = st->pos[t0 + i] + 1 - c0;
+                if (n <= 0)
+                    continue;
+                for (int g = 0; g < group; g++)
+                    nvis[g] = n < ATTN_CHUNK ? n : ATTN_CHUNK;
+                const size_t r0 = (size_t)i * rows_tok + (size_t)(h - h0) * group;
+                a.q = q + (size_t)(t0 + i) * qd + (size_t)h * group * hd;
+                a.m = sc->mx + r0, a.l = sc->sum + r0, a.acc = sc->acc + r0 * hd;
+                st->w->go->attn_chunk(&a);
+            }
         }
     }
     for (int i = 0; i < nt; i++)
-        for (int g = 0; g < group; g++) {
-            size_t r = (size_t)i * group + g;
-            float *o = out + (size_t)(t0 + i) * qd + ((size_t)kvh * group + g) * hd;
+        for (size_t g = 0; g < rows_tok; g++) {
+            const size_t r = (size_t)i * rows_tok + g;
+            float *o = out + (size_t)(t0 + i) * qd + ((size_t)h0 * group + g) * hd;
             for (int k = 0; k < hd; k++)
                 o[k] = sc->acc[r * hd + k] / sc->sum[r];
         }
@@ -355,8 +354,7 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
     const int t_end = p->seq_tok0[s] + p->seq_ntok[s];
     for (int t0 = p->seq_tok0[s]; t0 < t_end; t0 += OPS_ATT_TOK) {
         int nt = t_end - t0 < OPS_ATT_TOK ? t_end - t0 : OPS_ATT_TOK;
-        for (int kvh = in->row0; kvh < in->row1; kvh++)
-            attend_tile(st, in->layer, table, kvh, t0, nt, q, att, sc);
+        attend_tile(st, in->layer, table, in->row0, in->row1, t0, nt, q, att, sc);
     }
 }
 

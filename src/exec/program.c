@@ -23,12 +23,14 @@
  *                  converted to the cache's element type (kv_write_head).
  *                  in X, out Q (and the KV cache).
  *
- * ATTENTION        layer l; seq s; rows = KV heads. For every token t of s and every query
- *                  head hq with hq / (n_head / n_kv) in rows: causal attention over cache
- *                  positions 0..pos(t) of tab(s) (keys/values read back as f32 with
- *                  kv_read_head; positions below the sequence's pos may sit in blocks another
- *                  sequence computed) with scores q.k / sqrt(hd), softmax computed online
- *                  (running max, rescaled sum) in position order; att[t][hq*hd..].
+ * ATTENTION        layer l; seq s; rows = a range of KV heads (attn_pieces: all of them
+ *                  for decode sequences when there are enough, narrower ranges for prefill
+ *                  chunks). For every token t of s and every query head hq with
+ *                  hq / (n_head / n_kv) in rows: causal attention over cache positions
+ *                  0..pos(t) of tab(s) (keys/values widened to f32 exactly; positions below
+ *                  the sequence's pos may sit in blocks another sequence computed) with
+ *                  scores q.k / sqrt(hd), softmax computed online in chunks of 16 positions
+ *                  (kernels/cpu/attn.h); att[t][hq*hd..].
  *                  Waits for all QKV instructions: the batch's own keys are in the cache.
  *                  in Q, out ATT.
  *
@@ -208,6 +210,17 @@ static int add_buf(struct program *p, enum prog_buf_kind kind, int layer, size_t
     return p->n_bufs++;
 }
 
+/* How many KV-head ranges sequence s's attention is cut into. Fewer, wider ranges read
+   each cached row in longer contiguous runs (a range of heads is one stretch of the row),
+   so decode sequences, plentiful in a batch, take all heads in one instruction once there
+   are enough of them to share among the splits; a prefill chunk, whose attention is most
+   of its stage, is cut into up to n_splits ranges so every worker gets a part of it. */
+static int attn_pieces(const struct program *p, const struct model_config *c, int s)
+{
+    int per = p->seq_ntok[s] > 1 ? p->n_splits : (p->n_splits + p->n_seqs - 1) / p->n_seqs;
+    return per < 1 ? 1 : per > c->n_kv_head ? c->n_kv_head : per;
+}
+
 static void emit_layer(struct builder *bd, const struct model_config *c, int l)
 {
     struct program *p = bd->p;
@@ -217,9 +230,12 @@ static void emit_layer(struct builder *bd, const struct model_config *c, int l)
     int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
     emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
     stage_begin(bd);
-    for (int s = 0; s < p->n_seqs; s++)
-        for (int h = 0; h < c->n_kv_head; h++)
-            emit(bd, OP_ATTENTION, l, s, h, h + 1, q, att);
+    for (int s = 0; s < p->n_seqs; s++) {
+        int per = attn_pieces(p, c, s);
+        for (int k = 0; k < per; k++)
+            emit(bd, OP_ATTENTION, l, s, k * c->n_kv_head / per, (k + 1) * c->n_kv_head / per,
+                 q, att);
+    }
     stage_end(bd);
     emit_split(bd, OP_O_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, att, p->buf_x);
     emit_split(bd, OP_FFN_NORM_GATE_UP_SILU, l, c->ffn_dim, PROG_ROW_ALIGN, p->buf_x, hid);

@@ -4,8 +4,9 @@
  *
  * What: the executor (exec/ops.c) walks a sequence's keys in chunks of ATTN_CHUNK = 16
  * consecutive positions, starting at position 0 (chunk c = positions [16c, 16c + 16)),
- * widens one KV head's keys and values of a chunk to f32 once (kc, vc: (16, hd); rows past
- * a row's visible count are never read), and calls attn_chunk for every query row that sees the chunk: the
+ * and calls attn_chunk with one KV head's key and value rows of the chunk, read in place
+ * from the paged cache (f16/bf16/f32, widened to f32 exactly inside the kernel; q8_0 is
+ * dequantized by the caller into f32 rows), for every query row that sees the chunk: the
  * query heads sharing that KV head, for a tile of tokens. Each row r carries its own
  * running state (max m[r], denominator l[r], accumulator acc[r][hd]) and its own count of
  * visible positions n[r] in [0, 16] (causality: a token at position p sees p + 1 keys).
@@ -14,21 +15,26 @@
  * which tokens share the tile, how the prompt was chunked, or the ISA.
  *
  * The numeric contract, per row with n > 0 visible positions j < n (all f32):
- *   dot_j  = q . kc[j] under gemm.h's float-path contract: 16 lanes, element i into lane
+ *   k_j, v_j = row j widened to f32 (exact)
+ *   dot_j  = q . k_j under gemm.h's float-path contract: 16 lanes, element i into lane
  *            i % 16 with fmaf in increasing i, lanes folded pairwise (w = 8, 4, 2, 1);
  *   s_j    = dot_j * scale;  cm = max_j s_j;  m' = max(m, cm)
  *   corr   = attn_exp(m - m')                 (m = -inf before the first chunk: corr = 0)
  *   p_j    = attn_exp(s_j - m') for j < n, 0 for j >= n
  *   l'     = l * corr + fold(p)               fold: the 16 p lanes folded as above
- *   acc'   = acc * corr, then acc' = fmaf(p_j, vc[j], acc') for j = 0 .. n-1 (per element)
+ *   acc'   = acc * corr, then acc' = fmaf(p_j, v_j, acc') for j = 0 .. n-1 (per element)
  * attn_exp is the polynomial below (not libm's expf), written with fmaf and exact
  * operations only, so a SIMD lane computes the same bits as the scalar function.
  *
- * Not here: reading the paged cache (the caller converts K/V with gemm_ops.to_f32 or
- * dequantizes q8_0, both exact), the final division, the causal bookkeeping.
+ * Reading the rows in place (no widened copy) matters at long contexts: a batch of decode
+ * sequences reads more KV bytes per step than weights, and a copy doubled that traffic.
+ * Not here: finding the rows in the block tables, q8_0, the final division, the causal
+ * bookkeeping.
  */
 #ifndef WELD_KERNELS_CPU_ATTN_H
 #define WELD_KERNELS_CPU_ATTN_H
+
+#include "format/dtype.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -38,7 +44,10 @@
 #define ATTN_CHUNK 16
 
 struct attn_chunk_args {
-    const float *kc, *vc; /* (ATTN_CHUNK, hd) keys and values of the chunk, f32 */
+    int kv_type;          /* DT_F32, DT_F16 or DT_BF16: the element type of the rows below */
+    const uint8_t *k[ATTN_CHUNK], *v[ATTN_CHUNK]; /* the chunk's key / value rows of one KV
+                                                     head (hd elements each); entries past
+                                                     the largest n[] are not read */
     int hd;               /* head dimension (any >= 1; SIMD paths want a multiple of 16) */
     int nq;               /* query rows */
     const float *q;       /* row r at q + r * ldq */

@@ -66,14 +66,21 @@ static inline float fold16(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
 }
 
-void attn_chunk_avx512(const struct attn_chunk_args *a)
+/* 16 elements of a row of type t from element i, widened to f32 (exact). */
+static inline __m512 load16(int t, const uint8_t *row, int i)
 {
-    const int hd = a->hd;
-    if (hd % 16 != 0) {
-        attn_chunk_scalar(a);
-        return;
-    }
-    const int nv = hd / 16;
+    if (t == DT_F32)
+        return _mm512_loadu_ps(row + 4 * (size_t)i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i));
+    return t == DT_F16 ? _mm512_cvtph_ps(h)
+                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The chunk for one KV type: t is a constant in each caller, so the widening folds away. */
+static inline __attribute__((always_inline)) void chunk_typed(const struct attn_chunk_args *a,
+                                                              const int t)
+{
+    const int hd = a->hd, nv = hd / 16;
     for (int r = 0; r < a->nq; r++) {
         const int n = a->n[r];
         if (n <= 0)
@@ -83,10 +90,9 @@ void attn_chunk_avx512(const struct attn_chunk_args *a)
         for (int j = 0; j < ATTN_CHUNK; j++)
             d[j] = _mm512_setzero_ps();
         for (int j = 0; j < n; j++) {
-            const float *k = a->kc + (size_t)j * hd;
             __m512 acc = _mm512_setzero_ps();
             for (int v = 0; v < nv; v++)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * v), _mm512_loadu_ps(k + 16 * v),
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * v), load16(t, a->k[j], 16 * v),
                                       acc);
             d[j] = acc;
         }
@@ -106,9 +112,20 @@ void attn_chunk_avx512(const struct attn_chunk_args *a)
         for (int v = 0; v < nv; v++) {
             __m512 x = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * v), vc);
             for (int j = 0; j < n; j++)
-                x = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]),
-                                    _mm512_loadu_ps(a->vc + (size_t)j * hd + 16 * v), x);
+                x = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), load16(t, a->v[j], 16 * v), x);
             _mm512_storeu_ps(acc + 16 * v, x);
         }
     }
+}
+
+void attn_chunk_avx512(const struct attn_chunk_args *a)
+{
+    if (a->hd % 16 != 0)
+        attn_chunk_scalar(a);
+    else if (a->kv_type == DT_F16)
+        chunk_typed(a, DT_F16);
+    else if (a->kv_type == DT_BF16)
+        chunk_typed(a, DT_BF16);
+    else
+        chunk_typed(a, DT_F32);
 }

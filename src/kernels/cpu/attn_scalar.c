@@ -4,6 +4,7 @@
  * (tests/test_kernels_attn.c).
  */
 #include "kernels/cpu/attn.h"
+#include "core/fp16.h"
 
 #include <math.h>
 #include <string.h>
@@ -17,11 +18,23 @@ static float fold16(float *v)
     return v[0];
 }
 
-static float dot16(const float *a, const float *b, int n)
+/* Element i of a row of type t widened to f32 (exact). */
+static float elem(int t, const uint8_t *row, int i)
+{
+    if (t == DT_F32) {
+        float f;
+        memcpy(&f, row + 4 * (size_t)i, sizeof f);
+        return f;
+    }
+    uint16_t h = (uint16_t)(row[2 * (size_t)i] | row[2 * (size_t)i + 1] << 8);
+    return t == DT_F16 ? fp16_to_f32(h) : bf16_to_f32(h);
+}
+
+static float dot16(const float *q, int t, const uint8_t *row, int n)
 {
     float lane[16] = {0};
     for (int i = 0; i < n; i++)
-        lane[i % 16] = fmaf(a[i], b[i], lane[i % 16]);
+        lane[i % 16] = fmaf(q[i], elem(t, row, i), lane[i % 16]);
     return fold16(lane);
 }
 
@@ -36,7 +49,7 @@ void attn_chunk_scalar(const struct attn_chunk_args *a)
         float s[ATTN_CHUNK], p[ATTN_CHUNK];
         float cm = -INFINITY;
         for (int j = 0; j < n; j++) {
-            s[j] = dot16(q, a->kc + (size_t)j * hd, hd) * a->scale;
+            s[j] = dot16(q, a->kv_type, a->k[j], hd) * a->scale;
             cm = fmaxf(cm, s[j]);
         }
         const float m = a->m[r], mn = fmaxf(m, cm);
@@ -50,11 +63,8 @@ void attn_chunk_scalar(const struct attn_chunk_args *a)
         float *acc = a->acc + (size_t)r * hd;
         for (int i = 0; i < hd; i++)
             acc[i] *= corr;
-        for (int j = 0; j < n; j++) {
-            const float pj = p[j];
-            const float *v = a->vc + (size_t)j * hd;
+        for (int j = 0; j < n; j++)
             for (int i = 0; i < hd; i++)
-                acc[i] = fmaf(pj, v[i], acc[i]);
-        }
+                acc[i] = fmaf(p[j], elem(a->kv_type, a->v[j], i), acc[i]);
     }
 }
