@@ -72,11 +72,33 @@ struct bench_result {
     uint64_t peak_rss, weight_bytes, kv_bytes; /* process peak resident set; budget parts */
 };
 
-/* Peak resident set size of this process so far, in bytes. */
+/* Peak resident set size of this process since the last peak_rss_reset (VmHWM), in
+   bytes; without /proc, getrusage's peak over the whole process. */
 static uint64_t peak_rss_bytes(void)
 {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    if (kb)
+        return (uint64_t)kb * 1024;
     struct rusage ru;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_maxrss * 1024 : 0;
+}
+
+/* Start a new peak (Linux: "5" to clear_refs resets VmHWM), so a --compare run reports its
+   own peak rather than the first run's. Best effort. */
+static void peak_rss_reset(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
 }
 
 static int32_t random_token(struct bench_run *br)
@@ -244,6 +266,7 @@ static int bench_with(const struct bench_opts *o, const struct engine_params *p,
     memset(&br, 0, sizeof br);
     br.o = o;
     rng_seed(&br.g, (uint64_t)o->seed);
+    peak_rss_reset();
     int rc = engine_create(&br.eng, p, e);
     if (rc == WELD_OK) {
         br.n_vocab = engine_model(br.eng)->cfg.n_vocab;

@@ -122,3 +122,16 @@ int file_write_all(const char *path, const void *data, size_t n, struct weld_err
     }
     return WELD_OK;
 }
+
+int mfile_release(const struct mfile *m, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    if (!m || !m->owned || !m->data || !b || b < m->data || n > m->size ||
+        (size_t)(b - m->data) > m->size - n)
+        return 0;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)b + page - 1) / page * page, hi = ((uintptr_t)b + n) / page * page;
+    if (hi <= lo)
+        return 0;
+    return madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0;
+}

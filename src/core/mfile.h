@@ -22,6 +22,12 @@ struct mfile {
 int mfile_open(struct mfile *m, const char *path, struct weld_err *e);
 void mfile_wrap(struct mfile *m, const void *data, size_t size);
 void mfile_close(struct mfile *m); /* safe on a zeroed or closed mfile */
+/* Tell the kernel the whole pages inside [p, p + n) will not be read again for a while:
+   they leave this process's resident set (MADV_DONTNEED) and come back from the file if
+   touched. Only for a file mmapped by mfile_open (a wrapped buffer would be lost, so it
+   is left alone) and only where the range lies inside it; returns 1 if pages were
+   released. Used after weights were repacked into a copy. */
+int mfile_release(const struct mfile *m, const void *p, size_t n);
 
 /* Read a whole (small) file into a NUL-terminated heap buffer; *len gets its size. */
 int file_read_all(const char *path, char **out, size_t *len, struct weld_err *e);

@@ -9,7 +9,9 @@
  * Matrices (struct exec_mat) are set up after the checks: each gets its gemm type (or the
  * kern_row_dot fallback), then those worth repacking are counted, one block is allocated
  * (64-byte aligned by hand: the allocator has no aligned variant) and filled, with a
- * progress bar when that takes over a second (scalar repacking: ~1 s per GB). Repacking is
+ * progress bar when that takes over a second (scalar repacking: ~1 s per GB); the source
+ * pages of a repacked matrix are then dropped from the resident set (model_release_pages),
+ * so resident memory stays at about one copy of the weights. Repacking is
  * single-threaded and eager; doing it lazily per matrix or on the thread team would be the
  * next step for large models.
  */
@@ -218,6 +220,9 @@ static int mats_repack(struct exec_weights *w, size_t total, struct weld_err *e)
             size_t nb = gemm_repack_bytes(t->type, x->rows, x->k);
             x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
             WELD_ASSERT(x->wtype >= 0);
+            /* the original stays mapped (a tied embedding still reads rows of it) but
+               leaves the resident set: otherwise a repacked model costs twice its size */
+            model_release_pages(w->m, t->data, t->nbytes);
             x->data = dst;
             dst += nb;
             progress_add(&pr, nb);

@@ -453,3 +453,13 @@ size_t model_weight_bytes(const struct model *m)
         n += layer_bytes(&m->layers[l]);
     return n;
 }
+
+int model_release_pages(const struct model *m, const void *p, size_t n)
+{
+    if (m->source == MODEL_SRC_GGUF)
+        return m->gguf ? mfile_release(&m->gguf->map, p, n) : 0;
+    for (int i = 0; m->st && i < m->st->n_files; i++)
+        if (mfile_release(&m->st->maps[i], p, n))
+            return 1;
+    return 0;
+}

@@ -66,5 +66,9 @@ int model_load(struct model **out, const char *path, struct weld_err *e);
 void model_free(struct model *m);
 /* Bytes of all weight tensors (what decoding one token reads). */
 size_t model_weight_bytes(const struct model *m);
+/* Drop the mmapped pages of [p, p + n) (a tensor's bytes) from the resident set: for a
+   tensor the executor copied (repacked) and will not read in place. They come back from
+   the file if read. No-op (0) for models in caller memory. */
+int model_release_pages(const struct model *m, const void *p, size_t n);
 
 #endif
