@@ -168,7 +168,7 @@ static void start_request(struct run *r, int i)
     r->x[i] = x;
     x->run = r;
     x->res = res;
-    res->t_send = time_now() - r->t0;
+    res->t_send = time_now() - r->t0; /* again below, once the body is built */
     loadgen_stream_init(&x->st, res);
     bool chat = strstr(r->c->endpoint, "chat") != NULL;
     x->body = loadgen_request_body(&r->d->p[i], r->c->model, chat, &e);
@@ -186,6 +186,7 @@ static void start_request(struct run *r, int i)
     curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
+    res->t_send = time_now() - r->t0;
     if (curl_multi_add_handle(r->m, x->h) != CURLM_OK) {
         loadgen_result_fail(res, "curl_multi_add_handle failed");
         goto failed;
