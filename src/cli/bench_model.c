@@ -10,6 +10,8 @@
  *   pp        per repetition: one prefill of -p tokens from an empty sequence, timed
  *   tg        per repetition: an untimed one-token prompt, then -n single-token decode
  *             steps, timed together (tok/s = n / seconds)
+ *   -d D      llama-bench's depth: pp and tg start after an untimed prefill of D tokens
+ *             (the tg prompt is those D tokens), so attention reads D earlier positions
  *   -r        repetitions; median, min and max tok/s of each
  * Decode bandwidth: bytes one decode step reads x tg median tok/s / 1e9. The bytes counted
  * are every layer weight, the output norm and the output matrix once; the token embedding
@@ -24,7 +26,7 @@
  * With --bandwidth only the probe runs; its JSON is {"threads", "isa", "bytes", "passes",
  * "probe_gb_s", "probe_gb_s_median"}.
  *
- * Not here: batched decode, long-context decode, the engine (see `weld bench throughput`).
+ * Not here: batched decode, the engine (see `weld bench throughput`).
  */
 #include "cli/cli.h"
 #include "core/alloc.h"
@@ -48,7 +50,7 @@
 
 struct bm_opts {
     const char *model;
-    int n_prompt, n_gen, reps, threads;
+    int n_prompt, n_gen, reps, threads, depth;
     uint64_t probe_size;
     bool json, bandwidth;
 };
@@ -89,25 +91,30 @@ static int bm_step(struct bm_run *b, int pos, int n, struct weld_err *e)
     return runner_forward(b->r, &bt, b->logits, e);
 }
 
-/* One timed prefill of n tokens from an empty sequence; seconds in *dt. */
-static int bm_prefill(struct bm_run *b, int n, double *dt, struct weld_err *e)
+/* An untimed context of `depth` tokens (none for 0), then one timed prefill of n tokens;
+   seconds in *dt. */
+static int bm_prefill(struct bm_run *b, int depth, int n, double *dt, struct weld_err *e)
 {
     runner_drop_seq(b->r, 0);
+    int rc = depth > 0 ? bm_step(b, 0, depth, e) : WELD_OK;
+    if (rc)
+        return rc;
     double t0 = time_now();
-    int rc = bm_step(b, 0, n, e);
+    rc = bm_step(b, depth, n, e);
     *dt = time_now() - t0;
     runner_drop_seq(b->r, 0);
     return rc;
 }
 
-/* A one-token prompt (untimed), then n timed decode steps. */
-static int bm_decode(struct bm_run *b, int n, double *dt, struct weld_err *e)
+/* An untimed prompt of max(depth, 1) tokens, then n timed decode steps. */
+static int bm_decode(struct bm_run *b, int depth, int n, double *dt, struct weld_err *e)
 {
     runner_drop_seq(b->r, 0);
-    int rc = bm_step(b, 0, 1, e);
+    const int ctx = depth > 1 ? depth : 1;
+    int rc = bm_step(b, 0, ctx, e);
     double t0 = time_now();
     for (int i = 0; rc == WELD_OK && i < n; i++)
-        rc = bm_step(b, 1 + i, 1, e);
+        rc = bm_step(b, ctx + i, 1, e);
     *dt = time_now() - t0;
     runner_drop_seq(b->r, 0);
     return rc;
@@ -150,13 +157,14 @@ static int bm_open(struct bm_run *b, const struct bm_opts *o, struct weld_err *e
         err_clear(e);
     }
     struct backend_params p;
-    int ctx = o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1;
+    int ctx = o->depth + (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1);
     backend_params_init(&p, 1, ctx);
     p.n_threads = o->threads;
     rc = runner_create_ex(&b->r, b->m, &p, e);
     if (rc)
         return rc;
-    b->ids = wmalloc((size_t)o->n_prompt * sizeof *b->ids);
+    b->ids = wmalloc((size_t)(o->n_prompt > o->depth ? o->n_prompt : o->depth) *
+                     sizeof *b->ids);
     b->logits = wmalloc((size_t)b->n_vocab * sizeof *b->logits);
     if (!b->ids || !b->logits)
         return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
@@ -180,14 +188,14 @@ static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat 
     double *v = wcalloc(2 * (size_t)o->reps, sizeof *v), dt;
     if (!v)
         return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
-    int rc = bm_prefill(b, o->n_prompt, &dt, e);
+    int rc = bm_prefill(b, 0, o->n_prompt, &dt, e);
     if (rc == WELD_OK)
-        rc = bm_decode(b, 1, &dt, e);
+        rc = bm_decode(b, 0, 1, &dt, e);
     for (int i = 0; rc == WELD_OK && i < o->reps; i++) {
-        rc = bm_prefill(b, o->n_prompt, &dt, e);
+        rc = bm_prefill(b, o->depth, o->n_prompt, &dt, e);
         v[i] = dt > 0 ? o->n_prompt / dt : 0;
         if (rc == WELD_OK)
-            rc = bm_decode(b, o->n_gen, &dt, e);
+            rc = bm_decode(b, o->depth, o->n_gen, &dt, e);
         v[o->reps + i] = dt > 0 ? o->n_gen / dt : 0;
     }
     if (rc == WELD_OK) {
@@ -302,6 +310,8 @@ static int bm_check(const struct bm_opts *o)
         what = "-p must be in [1, 1048576]";
     else if (o->n_gen < 1 || o->n_gen > BENCH_MAX_TOKENS)
         what = "-n must be in [1, 1048576]";
+    else if (o->depth < 0 || o->depth > BENCH_MAX_TOKENS)
+        what = "-d must be in [0, 1048576]";
     else if (o->reps < 1 || o->reps > BENCH_MAX_REPS)
         what = "-r must be in [1, 1000]";
     else if (o->threads < 0 || o->threads > 256)
@@ -321,6 +331,7 @@ int cmd_bench_model(int argc, char **argv)
         {"model", 'm', OPT_STR, &o.model, "MODEL", "GGUF file or HF directory to benchmark"},
         {"n-prompt", 'p', OPT_INT, &o.n_prompt, "P", "prefill tokens (default 512)"},
         {"n-gen", 'n', OPT_INT, &o.n_gen, "N", "decode steps (default 128)"},
+        {"n-depth", 'd', OPT_INT, &o.depth, "D", "tokens already in the context before pp and tg (default 0; as llama-bench -d)"},
         {"repetitions", 'r', OPT_INT, &o.reps, "R", "repetitions; median/min/max over them (default 5)"},
         {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core)"},
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
