@@ -462,21 +462,28 @@ TEST(kv_rows_per_head)
         struct weld_err e;
         REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
         CHECK(kv->row_bytes == dtype_row_bytes(kv_types[k], KD));
-        uint8_t *row = kv_slot(kv, kv->v, 1, 2, 3), *whole = malloc(kv->row_bytes);
+        uint8_t *whole = malloc(kv->row_bytes);
         for (int h = NH - 1; h >= 0; h--) /* any order: heads share no quantization block */
-            kv_write_head(kv, row, h, src + h * HD);
+            kv_write_head(kv, kv_slot_head(kv, kv->v, 1, 2, 3, h), src + h * HD);
         dtype_quantize_row(kv_types[k], src, whole, KD);
-        CHECK(memcmp(row, whole, kv->row_bytes) == 0);
         dtype_dequantize_row(kv_types[k], whole, want, KD);
         for (int h = 0; h < NH; h++) {
-            const float *got = kv_read_head(kv, row, h, back);
+            uint8_t *at = kv_slot_head(kv, kv->v, 1, 2, 3, h);
+            /* each head's bytes equal that head's slice of the whole row quantized at once */
+            CHECK(memcmp(at, whole + h * kv->head_bytes, kv->head_bytes) == 0);
+            const float *got = kv_read_head(kv, at, back);
             CHECK(memcmp(got, want + h * HD, sizeof(float) * HD) == 0);
             CHECK((got == back) == (kv_types[k] != DT_F32)); /* f32 is read in place */
+            /* head-major layout: (layer 1, block 2, head h, slot 3) of V, nowhere in K */
+            CHECK(at == kv->v + (((size_t)(1 * 3 + 2) * NH + h) * 4 + 3) * kv->head_bytes);
         }
-        /* the row sits at (layer 1, block 2, slot 3) of V, nowhere in K */
-        CHECK(row == kv->v + ((size_t)(1 * 3 + 2) * 4 + 3) * kv->row_bytes);
+        /* one head's positions of a block are contiguous */
+        CHECK(kv_slot_head(kv, kv->v, 1, 2, 1, 1) + kv->head_bytes ==
+              kv_slot_head(kv, kv->v, 1, 2, 2, 1));
         kv_copy_block(kv, 2, 0);
-        CHECK(memcmp(kv_slot(kv, kv->v, 1, 0, 3), whole, kv->row_bytes) == 0);
+        for (int h = 0; h < NH; h++)
+            CHECK(memcmp(kv_slot_head(kv, kv->v, 1, 0, 3, h), whole + h * kv->head_bytes,
+                         kv->head_bytes) == 0);
         free(whole);
         kv_free(kv);
     }

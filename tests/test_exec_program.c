@@ -205,12 +205,13 @@ TEST(kv_blocks)
     CHECK_EQ_INT(kv_seq_prepare(kv, 0, 0, 11, &e), WELD_ERR_LIMIT);     /* past max_ctx */
     CHECK_EQ_INT(kv_seq_prepare(kv, 3, 0, 1, &e), WELD_ERR_INVALID_ARG);
     /* rows are distinct per (layer, seq, pos) and stable across table growth */
-    float *r0 = kv_k_row(kv, 1, 0, 4);
+    float *r0 = (float *)kv_pos_head(kv, kv->k, 1, kv->seqs[0].blocks, 4, 0);
     r0[0] = 42;
-    CHECK(kv_k_row(kv, 0, 0, 4) != r0 && kv_v_row(kv, 1, 0, 4) != r0);
-    CHECK(kv_k_row(kv, 1, 1, 4) != r0);
+    CHECK((float *)kv_pos_head(kv, kv->k, 0, kv->seqs[0].blocks, 4, 0) != r0 &&
+          (float *)kv_pos_head(kv, kv->v, 1, kv->seqs[0].blocks, 4, 0) != r0);
+    CHECK((float *)kv_pos_head(kv, kv->k, 1, kv->seqs[1].blocks, 4, 0) != r0);
     CHECK_EQ_INT(kv_seq_prepare(kv, 0, 5, 3, &e), WELD_OK);
-    CHECK(((float *)kv_k_row(kv, 1, 0, 4))[0] == 42);
+    CHECK(((float *)kv_pos_head(kv, kv->k, 1, kv->seqs[0].blocks, 4, 0))[0] == 42);
     /* truncating to a block boundary frees the blocks after it */
     kv_seq_truncate(kv, 1, 4);
     CHECK_EQ_INT(kv_seq_len(kv, 1), 4);

@@ -100,6 +100,7 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     kv->type = cfg->type;
     kv->row_bytes = row;
     kv->head_bytes = dtype_row_bytes(cfg->type, hd);
+    kv->n_kv_head = cfg->kv_dim / hd;
     size_t nbs = nb ? (size_t)nb : 1;
     kv->plane_bytes = plane;
     kv->k = wmap_huge(plane);
@@ -214,23 +215,24 @@ int kv_seq_prepare(struct kv_cache *kv, int seq, int pos, int n, struct weld_err
 
 /* ---- rows ------------------------------------------------------------------------------ */
 
-void kv_write_head(const struct kv_cache *kv, uint8_t *row, int head, const float *src)
+void kv_write_head(const struct kv_cache *kv, uint8_t *dst, const float *src)
 {
-    dtype_quantize_row(kv->type, src, row + (size_t)head * kv->head_bytes, kv->head_dim);
+    dtype_quantize_row(kv->type, src, dst, kv->head_dim);
 }
 
-const float *kv_read_head(const struct kv_cache *kv, const uint8_t *row, int head,
-                          float *buf)
+const float *kv_read_head(const struct kv_cache *kv, const uint8_t *src, float *buf)
 {
-    return kern_row_f32(kv->type, row + (size_t)head * kv->head_bytes, kv->head_dim, buf);
+    return kern_row_f32(kv->type, src, kv->head_dim, buf);
 }
 
 void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
 {
     size_t tile = (size_t)kv->block_size * kv->row_bytes;
     for (int l = 0; l < kv->n_layer; l++) {
-        memcpy(kv_slot(kv, kv->k, l, dst, 0), kv_slot(kv, kv->k, l, src, 0), tile);
-        memcpy(kv_slot(kv, kv->v, l, dst, 0), kv_slot(kv, kv->v, l, src, 0), tile);
+        memcpy(kv_slot_head(kv, kv->k, l, dst, 0, 0), kv_slot_head(kv, kv->k, l, src, 0, 0),
+               tile);
+        memcpy(kv_slot_head(kv, kv->v, l, dst, 0, 0), kv_slot_head(kv, kv->v, l, src, 0, 0),
+               tile);
     }
 }
 

@@ -2,19 +2,22 @@
  * kv - the paged key/value cache: a pool of physical blocks, and who places sequences in it.
  *
  * Storage: a pool of n_blocks fixed-size blocks (block_size token slots, 16 by default),
- * indexed by physical block id in [0, n_blocks); each layer has its own K and V plane:
- *     k, v: (n_layer, n_blocks, block_size, row_bytes)  row_bytes = bytes of kv_dim elements
- * so one block of one layer is a contiguous (block_size, kv_dim) tile and a block id means
- * the same slots in every layer. kv_dim = n_kv_head * head_dim; a row is the keys (values)
- * of every KV head for one position, head h at elements [h * head_dim, (h + 1) * head_dim).
+ * indexed by physical block id in [0, n_blocks); each layer has its own K and V plane,
+ * head-major inside a block:
+ *     k, v: (n_layer, n_blocks, n_kv_head, block_size, head_bytes)
+ * so one block of one layer is a contiguous tile of row_bytes * block_size bytes (what a
+ * copy-on-write block copy moves), and inside it one KV head's keys (values) for the
+ * block's 16 positions are one contiguous run of block_size * head_bytes bytes: attention,
+ * which walks one head over many positions, streams memory instead of striding across
+ * rows of every head (vLLM's paged layout does the same). A block id means the same slots
+ * in every layer. kv_dim = n_kv_head * head_dim; row_bytes = bytes of kv_dim elements.
  *
- * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Rows are
- * written one head at a time by kv_write_head() with the dtype converters/quantizers
- * (format/dtype.h, round to nearest even for f16/bf16, llama.cpp's reference q8_0), and
- * read one head at a time by kv_read_head() into f32 (in place for f32). q8_0 uses ggml's
- * block layout (32 elements: f16 scale + 32 int8) along kv_dim and needs head_dim to be a
- * multiple of 32, so a quantization block never straddles two heads and heads can be
- * written independently. A position's stored bytes depend only on its own f32 values, so
+ * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Entries are
+ * written one (position, head) at a time by kv_write_head() with the dtype
+ * converters/quantizers (format/dtype.h, round to nearest even for f16/bf16, llama.cpp's
+ * reference q8_0), and read by kv_read_head() into f32 (in place for f32) or in place by
+ * the attention kernel. q8_0 uses ggml's block layout (32 elements: f16 scale + 32 int8)
+ * along the head and needs head_dim to be a multiple of 32. A position's stored bytes depend only on its own f32 values, so
  * every KV type keeps the batch invariants (kernels/cpu/kernels.h).
  *
  * Placement, two modes (one per cache at a time; kv_reset returns to neither):
@@ -27,7 +30,7 @@
  *     [0, max_seqs) has a table kept here, filled from a free-list stack by
  *     kv_seq_prepare(), which is all-or-nothing: WELD_ERR_LIMIT, changing nothing, when the
  *     pool is too small, so running out is a caller decision, never a crash.
- * Executors see only tables (kv_slot()), never how they were chosen.
+ * Executors see only tables (kv_pos_head()), never how they were chosen.
  *
  * Invariants (internal mode): every block is either on the free list or in exactly one
  * seq table; seq->n_blocks == ceil(seq->n_pos / block_size).
@@ -71,7 +74,9 @@ struct kv_cache {
     enum weld_dtype type;
     size_t row_bytes;   /* bytes of one kv_dim row */
     size_t head_bytes;  /* bytes of one head_dim slice of a row */
-    uint8_t *k, *v;     /* (n_layer, n_blocks, block_size, row_bytes), wmap_huge mappings */
+    int n_kv_head;      /* kv_dim / head_dim */
+    uint8_t *k, *v;     /* (n_layer, n_blocks, n_kv_head, block_size, head_bytes),
+                           wmap_huge mappings */
     size_t plane_bytes; /* bytes of each */
     int32_t *free_ids;  /* (n_blocks) stack; first n_free are free */
     int n_free;
@@ -125,34 +130,27 @@ int kv_n_free_blocks(const struct kv_cache *kv);
 
 /* ---- rows ------------------------------------------------------------------------------ */
 
-/* Start of the row (row_bytes bytes) of (layer, physical block, slot) in plane k or v. */
-static inline uint8_t *kv_slot(const struct kv_cache *kv, uint8_t *plane, int layer,
-                               int32_t block, int slot)
+/* Start of head `head` (head_bytes bytes) of (layer, physical block, slot) in plane k
+   or v. */
+static inline uint8_t *kv_slot_head(const struct kv_cache *kv, uint8_t *plane, int layer,
+                                    int32_t block, int slot, int head)
 {
-    size_t idx = ((size_t)layer * (size_t)kv->n_blocks + (size_t)block) *
-                     (size_t)kv->block_size + (size_t)slot;
-    return plane + idx * kv->row_bytes;
+    size_t idx = (((size_t)layer * (size_t)kv->n_blocks + (size_t)block) *
+                      (size_t)kv->n_kv_head + (size_t)head) * (size_t)kv->block_size +
+                 (size_t)slot;
+    return plane + idx * kv->head_bytes;
 }
-/* The row of position pos of a sequence whose block table is `table`. */
-static inline uint8_t *kv_pos_row(const struct kv_cache *kv, uint8_t *plane, int layer,
-                                  const int32_t *table, int pos)
+/* Head `head` of position pos of a sequence whose block table is `table`. */
+static inline uint8_t *kv_pos_head(const struct kv_cache *kv, uint8_t *plane, int layer,
+                                   const int32_t *table, int pos, int head)
 {
-    return kv_slot(kv, plane, layer, table[pos / kv->block_size], pos % kv->block_size);
+    return kv_slot_head(kv, plane, layer, table[pos / kv->block_size], pos % kv->block_size,
+                        head);
 }
-/* Store head `head` (head_dim f32 values) into a row, converting to the cache type. */
-void kv_write_head(const struct kv_cache *kv, uint8_t *row, int head, const float *src);
-/* Head `head` of a row as f32: in place for f32, else converted into buf (head_dim). */
-const float *kv_read_head(const struct kv_cache *kv, const uint8_t *row, int head,
-                          float *buf);
-
-/* Internal-allocator rows of seq at pos (pos < kv_seq_len(seq)), as raw bytes. */
-static inline void *kv_k_row(const struct kv_cache *kv, int layer, int seq, int pos)
-{
-    return kv_pos_row(kv, kv->k, layer, kv->seqs[seq].blocks, pos);
-}
-static inline void *kv_v_row(const struct kv_cache *kv, int layer, int seq, int pos)
-{
-    return kv_pos_row(kv, kv->v, layer, kv->seqs[seq].blocks, pos);
-}
+/* Store head_dim f32 values at dst (from kv_pos_head), converting to the cache type. */
+void kv_write_head(const struct kv_cache *kv, uint8_t *dst, const float *src);
+/* The head_dim values at src (from kv_pos_head) as f32: in place for f32, else converted
+   into buf (head_dim). */
+const float *kv_read_head(const struct kv_cache *kv, const uint8_t *src, float *buf);
 
 #endif

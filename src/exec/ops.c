@@ -231,8 +231,8 @@ static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int n
             memcpy(qbuf + (size_t)t * c->n_head * hd + (size_t)q.head * hd, y,
                    sizeof(float) * (size_t)hd);
         else
-            kv_write_head(st->kv, kv_pos_row(st->kv, q.kind == 1 ? st->kv->k : st->kv->v,
-                                             layer, table, pos), q.head, y);
+            kv_write_head(st->kv, kv_pos_head(st->kv, q.kind == 1 ? st->kv->k : st->kv->v,
+                                              layer, table, pos, q.head), y);
     }
 }
 
@@ -276,19 +276,18 @@ static void attn_rows(const struct exec_step *st, int layer, const int32_t *tabl
                       int c0, int nc, struct attn_chunk_args *a, const struct scratch *sc)
 {
     const struct kv_cache *kv = st->kv;
-    const size_t off = (size_t)h * kv->head_bytes;
     const bool in_place = kv->type != DT_Q8_0;
     a->kv_type = in_place ? kv->type : DT_F32;
     for (int j = 0; j < nc; j++) {
-        const uint8_t *kr = kv_pos_row(kv, kv->k, layer, table, c0 + j);
-        const uint8_t *vr = kv_pos_row(kv, kv->v, layer, table, c0 + j);
+        const uint8_t *kr = kv_pos_head(kv, kv->k, layer, table, c0 + j, h);
+        const uint8_t *vr = kv_pos_head(kv, kv->v, layer, table, c0 + j, h);
         if (in_place) {
-            a->k[j] = kr + off, a->v[j] = vr + off;
+            a->k[j] = kr, a->v[j] = vr;
             continue;
         }
         float *kd = sc->kc + (size_t)j * kv->head_dim, *vd = sc->vc + (size_t)j * kv->head_dim;
-        a->k[j] = (const uint8_t *)kv_read_head(kv, kr, h, kd);
-        a->v[j] = (const uint8_t *)kv_read_head(kv, vr, h, vd);
+        a->k[j] = (const uint8_t *)kv_read_head(kv, kr, kd);
+        a->v[j] = (const uint8_t *)kv_read_head(kv, vr, vd);
     }
 }
 
