@@ -268,12 +268,21 @@ TEST(single_request_equals_runner)
     CHECK_EQ_INT(c.seqs[0].res.finish, REQUEST_FINISH_LENGTH);
     CHECK_EQ_INT(c.seqs[0].res.n_prompt_tokens, n);
     CHECK_EQ_INT(c.seqs[0].n_finish, 1);
-    /* the text is the decode of the tokens */
-    char *txt;
-    size_t tl;
-    REQUIRE(tokenizer_decode(g_tok, want, 40, true, &txt, &tl, &e) == WELD_OK);
-    CHECK(c.seqs[0].len == tl && !memcmp(c.seqs[0].text, txt, tl));
+    /* the text is what the tokens add to the prompt's text (as vLLM's detokenizer: a
+       continuation, so a first word piece keeps its leading space) */
+    char *txt, *ptxt;
+    size_t tl, pl;
+    int32_t *all = malloc(sizeof(int32_t) * (size_t)(n + 40));
+    memcpy(all, ids, sizeof(int32_t) * (size_t)n);
+    memcpy(all + n, want, sizeof(int32_t) * 40);
+    REQUIRE(tokenizer_decode(g_tok, all, (size_t)n + 40, true, &txt, &tl, &e) == WELD_OK);
+    REQUIRE(tokenizer_decode(g_tok, ids, (size_t)n, true, &ptxt, &pl, &e) == WELD_OK);
+    CHECK(tl > pl && !memcmp(txt, ptxt, pl));
+    CHECK(c.seqs[0].len == tl - pl && !memcmp(c.seqs[0].text, txt + pl, tl - pl));
+    CHECK(c.seqs[0].len > 0 && c.seqs[0].text[0] == ' '); /* " Once upon ..." style */
     wfree(txt);
+    wfree(ptxt);
+    free(all);
     wfree(ids);
     CHECK(all_blocks_free(eng));
     wfree(c.seqs);

@@ -439,6 +439,57 @@ TEST(stream_holds_partial_chars)
     tokenizer_free(NULL);
 }
 
+/* A primed stream decodes a continuation: for prompt + generated ids, the text is
+   decode(all) minus decode(prompt) (a SentencePiece word keeps its space), and a prompt
+   ending inside a character does not leak its bytes or stall the stream. */
+TEST(stream_primed_continuation)
+{
+    struct weld_err e = {0};
+    struct tokenizer *t = NULL;
+    REQUIRE(tokenizer_load_hf(&t, model_dir("llama2"), &e) == WELD_OK);
+    const char *texts[] = {"Once upon a time there was", "Hello", "a b c d e f g h i j k l m"};
+    for (int i = 0; i < 3; i++) {
+        int32_t *ids;
+        size_t n;
+        REQUIRE(tokenizer_encode(t, texts[i], strlen(texts[i]), true, false, &ids, &n, &e) ==
+                WELD_OK);
+        for (size_t cut = 1; cut < n; cut++) {
+            char *all, *pre;
+            size_t la, lp;
+            REQUIRE(tokenizer_decode(t, ids, n, true, &all, &la, &e) == WELD_OK);
+            REQUIRE(tokenizer_decode(t, ids, cut, true, &pre, &lp, &e) == WELD_OK);
+            struct detok *d = detok_create(t, true);
+            REQUIRE(d);
+            detok_prime(d, ids, cut);
+            char out[256], buf[64];
+            size_t o = 0;
+            for (size_t j = cut; j < n; j++)
+                o += detok_push(d, ids[j], out + o, sizeof out - o);
+            for (size_t k; (k = detok_flush(d, buf, sizeof buf)) > 0; o += k)
+                memcpy(out + o, buf, k);
+            CHECK(o == la - lp && memcmp(out, all + lp, o) == 0);
+            detok_free(d);
+            wfree(all);
+            wfree(pre);
+        }
+        wfree(ids);
+    }
+    /* a prompt ending in <0xC3>: the continuation <0xA9> "▁x" yields text, never stalls */
+    int32_t c3 = tokenizer_token_id(t, "<0xC3>", 6), a9 = tokenizer_token_id(t, "<0xA9>", 6);
+    int32_t x = tokenizer_token_id(t, "\xE2\x96\x81x", 4), h = tokenizer_token_id(t, "\xE2\x96\x81H", 4);
+    REQUIRE(c3 >= 0 && a9 >= 0 && x >= 0 && h >= 0);
+    int32_t prompt[2] = {h, c3};
+    struct detok *d = detok_create(t, true);
+    REQUIRE(d);
+    detok_prime(d, prompt, 2);
+    char buf[32];
+    CHECK_EQ_INT(detok_push(d, a9, buf, sizeof buf), 0);
+    size_t k = detok_push(d, x, buf, sizeof buf);
+    CHECK(k > 0 && memcmp(buf + k - 2, " x", 2) == 0);
+    detok_free(d);
+    tokenizer_free(t);
+}
+
 static void expect_error(const char *json, int status, const char *needle1, const char *needle2)
 {
     struct weld_err e = {0};
@@ -715,6 +766,7 @@ int main(void)
     RUN(hf_dir_configs);
     RUN(tiny_bpe);
     RUN(stream_holds_partial_chars);
+    RUN(stream_primed_continuation);
     RUN(bad_tokenizer_json);
     RUN(bad_gguf);
     RUN(alloc_failures);

@@ -294,6 +294,8 @@ static int seq_init(struct request *r, int i, struct weld_err *e)
     stop_arm(s->stop, r->p.min_tokens == 0);
     if (r->tok && !(s->dt = detok_create(r->tok, r->p.skip_special_tokens)))
         return err_set(e, WELD_ERR_NOMEM, "request: out of memory");
+    if (s->dt)
+        detok_prime(s->dt, r->prompt, (size_t)r->n_prompt);
     return WELD_OK;
 }
 

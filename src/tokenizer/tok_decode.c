@@ -282,6 +282,8 @@ int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bo
 
 /* ---- streaming ---- */
 
+#define DETOK_PRIME_IDS 6 /* context ids detok_prime keeps, as vLLM's prefix offset */
+
 struct detok {
     const struct tokenizer *t;
     bool skip_special;
@@ -379,6 +381,38 @@ size_t detok_push(struct detok *d, int32_t id, char *out, size_t cap)
             step(d, false);
     }
     return drain(d, out, cap);
+}
+
+void detok_prime(struct detok *d, const int32_t *ids, size_t n)
+{
+    if (d->failed || d->ids.n)
+        return;
+    size_t from = n > DETOK_PRIME_IDS ? n - DETOK_PRIME_IDS : 0, to = n;
+    /* The window becomes the context's last ids, already "emitted": prefix = their text.
+       A context ending inside a character (a partial byte run) is cut before that run, or
+       the prefix would never match a later decode that completes the character. */
+    for (; to > from; to--) {
+        if (d->byte_runs && is_byte_token(d->t, ids[to - 1]))
+            continue;
+        d->prefix.n = 0;
+        if (decode_into(d->t, ids + from, to - from, d->skip_special, &d->prefix)) {
+            d->failed = true;
+            return;
+        }
+        size_t m = d->prefix.n;
+        if (m < 3 || memcmp(d->prefix.p + m - 3, "\xEF\xBF\xBD", 3) != 0)
+            break;
+    }
+    if (to == from) {
+        d->prefix.n = 0;
+        return;
+    }
+    for (size_t i = from; i < to; i++)
+        if (tok_ids_push(&d->ids, ids[i])) {
+            d->failed = true;
+            return;
+        }
+    d->prefix_index = to - from;
 }
 
 size_t detok_flush(struct detok *d, char *out, size_t cap)

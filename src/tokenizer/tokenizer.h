@@ -78,6 +78,10 @@ struct detok *detok_create(const struct tokenizer *t, bool skip_special);
    cap bytes and only whole characters, and returns the number of bytes written. Text that
    did not fit stays pending and comes out of the next push or flush. */
 size_t detok_push(struct detok *d, int32_t id, char *out, size_t cap);
+/* Seed a fresh stream with the ids before the ones to decode (a prompt; only its last few
+   matter): their text is not output, and pushed ids decode as a continuation of them, as
+   vLLM's incremental detokenizer does (" Once" after a prompt, not "Once"). */
+void detok_prime(struct detok *d, const int32_t *ids, size_t n);
 /* Write what is still held back (a trailing partial character becomes U+FFFD, as in
    decode), at most cap bytes; returns the bytes written. Call again while it returns > 0. */
 size_t detok_flush(struct detok *d, char *out, size_t cap);
