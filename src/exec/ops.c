@@ -270,13 +270,18 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
 }
 
 /* The key and value rows of KV head h for the chunk's positions [c0, c0 + nc) into
-   a->k / a->v: in place for f16/bf16/f32 caches; a q8_0 cache is dequantized (the reference
-   dequantizer, exact on every ISA) into sc->kc / sc->vc ((ATTN_CHUNK, hd) f32 each). */
+   a->k / a->v. In place (f16/bf16/f32) when one query row reads them; when several do
+   (a tile of prefill tokens, or a GQA group), f16/bf16 rows are widened once into
+   sc->kc / sc->vc ((ATTN_CHUNK, hd) f32 each) so the kernel does not widen them per row
+   (exact either way, so the numbers are the same); a q8_0 cache is always dequantized
+   there (the reference dequantizer). */
 static void attn_rows(const struct exec_step *st, int layer, const int32_t *table, int h,
-                      int c0, int nc, struct attn_chunk_args *a, const struct scratch *sc)
+                      int c0, int nc, bool shared, struct attn_chunk_args *a,
+                      const struct scratch *sc)
 {
     const struct kv_cache *kv = st->kv;
-    const bool in_place = kv->type != DT_Q8_0;
+    const int hd = kv->head_dim;
+    const bool in_place = kv->type == DT_F32 || (!shared && kv->type != DT_Q8_0);
     a->kv_type = in_place ? kv->type : DT_F32;
     for (int j = 0; j < nc; j++) {
         const uint8_t *kr = kv_pos_head(kv, kv->k, layer, table, c0 + j, h);
@@ -285,9 +290,15 @@ static void attn_rows(const struct exec_step *st, int layer, const int32_t *tabl
             a->k[j] = kr, a->v[j] = vr;
             continue;
         }
-        float *kd = sc->kc + (size_t)j * kv->head_dim, *vd = sc->vc + (size_t)j * kv->head_dim;
-        a->k[j] = (const uint8_t *)kv_read_head(kv, kr, kd);
-        a->v[j] = (const uint8_t *)kv_read_head(kv, vr, vd);
+        float *kd = sc->kc + (size_t)j * hd, *vd = sc->vc + (size_t)j * hd;
+        if (kv->type == DT_Q8_0) {
+            kv_read_head(kv, kr, kd);
+            kv_read_head(kv, vr, vd);
+        } else {
+            st->w->go->to_f32(kv->type, kr, kd, hd);
+            st->w->go->to_f32(kv->type, vr, vd, hd);
+        }
+        a->k[j] = (const uint8_t *)kd, a->v[j] = (const uint8_t *)vd;
     }
 }
 
@@ -319,7 +330,7 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
     for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
         const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
         for (int h = h0; h < h1; h++) {
-            attn_rows(st, layer, table, h, c0, nc, &a, sc);
+            attn_rows(st, layer, table, h, c0, nc, nt * group > 1, &a, sc);
             for (int i = 0; i < nt; i++) {
                 const int n = st->pos[t0 + i] + 1 - c0;
                 if (n <= 0)
