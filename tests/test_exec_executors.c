@@ -1,7 +1,9 @@
 /*
- * Executor equivalence: the `ops` executor (thread team, barrier per stage) must give
- * logits bit-identical (memcmp) to the single-threaded `ref` executor, the oracle that
- * test_exec_forward checks against a naive double-precision forward pass.
+ * Executor equivalence: the `mega` executor (per-worker queues, dependency counters) and
+ * the `ops` executor (thread team, barrier per stage) must give logits bit-identical
+ * (memcmp) to the single-threaded `ref` executor, the oracle that test_exec_forward
+ * checks against a naive double-precision forward pass. ref also runs the head-grouped
+ * (PROG_HEAD_DEPS) programs mega asks for, and ops runs them too.
  *
  * Models: tiny random ones built in memory for every architecture variant (llama with
  * GQA + llama3 factors + tied embeddings; llama neox + partial rope + linear scaling;
@@ -14,9 +16,10 @@
  * team sizes.
  *
  * Also: stories260K's golden greedy tokens (llama.cpp's, as in test_exec_golden) with
- * ops; thousands of steps of random batch shapes run in lockstep on ref and ops (no
- * deadlock, no drift: every step's logits equal); ops refuses a program that is not
- * stage-by-stage; the WELD_EXEC default and list.
+ * ops and mega; thousands of steps of random batch shapes run in lockstep on ref and
+ * ops / mega (no deadlock, no drift: every step's logits equal); ops refuses a program
+ * that is not stage-by-stage; the WELD_EXEC default and list. Mega-only behaviour (plans,
+ * stats, trace, idle CPU) is in test_exec_mega.c.
  */
 #include "core/alloc.h"
 #include "core/rng.h"
@@ -148,6 +151,9 @@ static void check_equivalent(const struct tspec *sp, int wtype, int kv_type, uin
         {"ops", 8, 0, kv_type}, {"ops", 2, 5, kv_type}, {"ops", 3, 1, kv_type},
         {"ops", 8, 5, kv_type},
         {"ref", 1, 3, kv_type},
+        {"mega", 1, 0, kv_type}, {"mega", 2, 0, kv_type}, {"mega", 3, 0, kv_type},
+        {"mega", 8, 0, kv_type}, {"mega", 2, 5, kv_type}, {"mega", 3, 1, kv_type},
+        {"mega", 8, 5, kv_type}, {"mega", 8, 1, kv_type},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0] && n_want > 0; i++) {
         r = make_runner(&tm->m, &cfgs[i]);
@@ -170,14 +176,16 @@ TEST(llama_neox_linear_f16_kv_f16) { check_equivalent(&spec_llama_neox, DT_F16, 
 TEST(qwen2_bias_q8_0) { check_equivalent(&spec_qwen2, DT_Q8_0, DT_F16, 103); }
 TEST(qwen3_qknorm_f32_kv_q8_0) { check_equivalent(&spec_qwen3, DT_F32, DT_Q8_0, 104); }
 
-/* Batch of one: a 9-token prompt then 20 decode steps, ref vs ops with 2 and 3 workers. */
+/* Batch of one: a 9-token prompt then 20 decode steps, ref vs ops and mega with 2 and 3
+   workers. */
 TEST(batch_of_one)
 {
     struct tmodel *tm = tm_build(&spec_qwen3, DT_F16, 105);
     const int V = spec_qwen3.vocab;
-    const struct exec_cfg cfgs[] = {{"ref", 1, 0, -1}, {"ops", 2, 0, -1}, {"ops", 3, 0, -1}};
-    float *out[3];
-    for (int c = 0; c < 3; c++) {
+    const struct exec_cfg cfgs[] = {{"ref", 1, 0, -1}, {"ops", 2, 0, -1}, {"ops", 3, 0, -1},
+                                    {"mega", 2, 0, -1}, {"mega", 3, 0, -1}};
+    float *out[5];
+    for (int c = 0; c < 5; c++) {
         struct runner *r = make_runner(&tm->m, &cfgs[c]);
         REQUIRE(r != NULL);
         out[c] = calloc(21 * (size_t)V, sizeof(float));
@@ -199,9 +207,9 @@ TEST(batch_of_one)
         }
         runner_free(r);
     }
-    CHECK(memcmp(out[0], out[1], 21 * (size_t)V * sizeof(float)) == 0);
-    CHECK(memcmp(out[0], out[2], 21 * (size_t)V * sizeof(float)) == 0);
-    for (int c = 0; c < 3; c++)
+    for (int c = 1; c < 5; c++)
+        CHECK(memcmp(out[0], out[c], 21 * (size_t)V * sizeof(float)) == 0);
+    for (int c = 0; c < 5; c++)
         free(out[c]);
     tm_free(tm);
 }
@@ -213,10 +221,10 @@ static const int32_t golden[32] = {432, 383, 286, 261, 376, 298, 315, 421, 395, 
                                    338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322,
                                    265, 282, 295, 433, 426, 385, 328, 432, 358, 394};
 
-static void golden_with(const struct model *m, int n_threads)
+static void golden_with(const struct model *m, const char *exec, int n_threads)
 {
     const int V = m->cfg.n_vocab;
-    struct exec_cfg x = {"ops", n_threads, 0, -1};
+    struct exec_cfg x = {exec, n_threads, 0, -1};
     struct runner *r = make_runner(m, &x);
     REQUIRE(r != NULL);
     float *lg = malloc(sizeof(float) * (size_t)V);
@@ -233,8 +241,8 @@ static void golden_with(const struct model *m, int n_threads)
         for (int i = 1; i < V; i++)
             best = lg[i] > lg[best] ? i : best;
         if (best != golden[step])
-            fprintf(stderr, "  ops %d threads: step %d token %d, want %d\n", n_threads, step,
-                    best, golden[step]);
+            fprintf(stderr, "  %s %d threads: step %d token %d, want %d\n", exec, n_threads,
+                    step, best, golden[step]);
         ok = ok && best == golden[step];
         toks[n++] = best;
     }
@@ -243,27 +251,29 @@ static void golden_with(const struct model *m, int n_threads)
     runner_free(r);
 }
 
-TEST(stories260k_golden_ops)
+TEST(stories260k_golden_ops_mega)
 {
     const char *path = test_shared_path("models/stories260K.gguf");
     REQUIRE(path != NULL);
     struct model *m = NULL;
     struct weld_err e;
     REQUIRE(model_load(&m, path, &e) == WELD_OK);
-    golden_with(m, 1);
-    golden_with(m, 2);
-    golden_with(m, 3);
+    const char *ex[2] = {"ops", "mega"};
+    for (int i = 0; i < 2; i++)
+        for (int n = 1; n <= 3; n++)
+            golden_with(m, ex[i], n);
     model_free(m);
 }
 
 /* ---- lockstep stress ---------------------------------------------------------------- */
 
-/* Random shapes step after step on ref and ops side by side: every step's logits equal. */
-static void lockstep(int n_threads, int steps, uint64_t seed)
+/* Random shapes step after step on ref and ops or mega side by side: every step's logits
+   equal. */
+static void lockstep(const char *exec, int n_threads, int steps, uint64_t seed)
 {
     struct tmodel *tm = tm_build(&spec_llama, DT_Q8_0, seed);
     const int V = spec_llama.vocab;
-    struct exec_cfg xr = {"ref", 1, 0, -1}, xo = {"ops", n_threads, 0, -1};
+    struct exec_cfg xr = {"ref", 1, 0, -1}, xo = {exec, n_threads, 0, -1};
     struct runner *ref = make_runner(&tm->m, &xr), *ops = make_runner(&tm->m, &xo);
     REQUIRE(ref && ops);
     struct sched s;
@@ -294,8 +304,11 @@ static void lockstep(int n_threads, int steps, uint64_t seed)
 
 TEST(thousands_of_random_steps)
 {
-    lockstep(2, 2000, 201);
-    lockstep(3, 500, 202);
+    lockstep("ops", 2, 2000, 201);
+    lockstep("ops", 3, 500, 202);
+    lockstep("mega", 2, 3000, 203);
+    lockstep("mega", 3, 500, 204);
+    lockstep("mega", 8, 300, 205);
 }
 
 /* ---- errors and selection ----------------------------------------------------------- */
@@ -338,7 +351,7 @@ TEST(selection)
     REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "ref");
     REQUIRE(executor_from_env(&x, 2, &e) == WELD_OK);
-    CHECK_EQ_STR(x->name, "ops");
+    CHECK_EQ_STR(x->name, "mega");
     setenv("WELD_EXEC", "ref", 1);
     REQUIRE(executor_from_env(&x, 4, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "ref");
@@ -346,8 +359,11 @@ TEST(selection)
     REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "ops");
     setenv("WELD_EXEC", "mega", 1);
+    REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
+    CHECK_EQ_STR(x->name, "mega");
+    setenv("WELD_EXEC", "megakernel", 1);
     CHECK_EQ_INT(executor_from_env(&x, 2, &e), WELD_ERR_NOT_FOUND);
-    CHECK_EQ_STR(e.msg, "WELD_EXEC=mega: unknown executor; available: ref, ops");
+    CHECK_EQ_STR(e.msg, "WELD_EXEC=megakernel: unknown executor; available: ref, ops, mega");
     unsetenv("WELD_EXEC");
     /* the runner describes the executor and its threads */
     struct tmodel *tm = tm_build(&spec_qwen2, DT_F32, 302);
@@ -366,7 +382,7 @@ int main(void)
     RUN(qwen2_bias_q8_0);
     RUN(qwen3_qknorm_f32_kv_q8_0);
     RUN(batch_of_one);
-    RUN(stories260k_golden_ops);
+    RUN(stories260k_golden_ops_mega);
     RUN(thousands_of_random_steps);
     RUN(ops_refuses_non_stage_program);
     RUN(selection);

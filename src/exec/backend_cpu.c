@@ -149,7 +149,8 @@ static int get_program(struct cpu_ctx *c, const struct batch *b, struct program 
             return WELD_OK;
         }
     struct program *p;
-    int rc = program_build(&p, &c->m->cfg, b, c->params.n_splits, e);
+    unsigned flags = c->ex->prog_flags ? c->ex->prog_flags(c->ex_state) : 0;
+    int rc = program_build_ex(&p, &c->m->cfg, b, c->params.n_splits, flags, e);
     if (rc)
         return rc;
     program_free(c->progs[c->prog_next]);
@@ -219,6 +220,16 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
         for (int s = 0; s < b->n_seqs; s++)
             kv_seq_truncate(c->kv, b->seqs[s].seq_id, b->seqs[s].pos);
     return rc;
+}
+
+int backend_cpu_exec_stats(void *ctx, struct exec_stats *out, bool reset, struct weld_err *e)
+{
+    struct cpu_ctx *c = ctx;
+    memset(out, 0, sizeof *out);
+    if (!c->ex->stats)
+        return err_set(e, WELD_ERR_UNSUPPORTED, "the %s executor keeps no stats", c->ex->name);
+    c->ex->stats(c->ex_state, out, reset);
+    return WELD_OK;
 }
 
 static void cpu_drop_seq(void *ctx, int seq_id)

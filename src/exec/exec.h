@@ -1,21 +1,31 @@
 /*
  * exec - executors: strategies for running a program's instruction list.
  *
- * An executor owns its run-time state (worker scratch, dependency counters, later a
- * pinned thread team) and runs one step's program with exec_op_run() for every
- * instruction. All executors give bit-identical results; they differ in scheduling only.
+ * An executor owns its run-time state (worker scratch, dependency counters, a pinned
+ * thread team) and runs one step's program with exec_op_run() for every instruction. All
+ * executors give bit-identical results; they differ in scheduling only.
  *
- *   ref   single thread, list order, checks every instruction's wait is already met
- *         (the correctness oracle, and a check that the program's order is a valid
- *         schedule)
+ *   mega  the megakernel (exec_mega.c): a persistent pinned team where every worker runs
+ *         its own queue of instructions, fixed once per program by a cost model (weight
+ *         bytes + FLOPs, longest-processing-time first, balanced per stage), and waits
+ *         only on the counters its next instruction names (each on its own cache line,
+ *         waited to expected * epoch so they are never reset), prefetching that
+ *         instruction's first weight lines while it spins; no barriers. Asks for
+ *         PROG_HEAD_DEPS programs (attention waits on its own heads' projections only).
+ *         Spins then sleeps between steps (core/team.c): an idle engine uses ~0% CPU.
+ *         Records stats (bubble, syncs) and, with WELD_TRACE=FILE, a Chrome trace of the
+ *         first WELD_TRACE_STEPS (4) steps (trace.h).
  *   ops   a persistent pinned thread team (core/team.h); every worker walks the stages
  *         in order, claims instructions of the current stage until none are left and
  *         meets the others at a barrier after every stage (llama.cpp's way of running a
  *         graph); exec_ops.c
+ *   ref   single thread, list order, checks every instruction's waits are already met
+ *         (the correctness oracle, and a check that the program's order is a valid
+ *         schedule)
  *
- * Chosen at run time by WELD_EXEC; when unset or empty: "ops" when more than one thread
- * is asked for, else "ref". An unknown name is an error listing the available ones. The
- * megakernel ("mega") executor of a later issue registers here.
+ * Any executor runs any program (default or PROG_HEAD_DEPS). Chosen at run time by
+ * WELD_EXEC; when unset or empty: "mega" when more than one thread is asked for, else
+ * "ref". An unknown name is an error listing the available ones.
  */
 #ifndef WELD_EXEC_EXEC_H
 #define WELD_EXEC_EXEC_H
@@ -26,6 +36,17 @@
 struct exec_params {
     int n_threads;        /* workers; <= 0: one per physical core (team_default_size) */
     unsigned team_flags;  /* enum team_flags: TEAM_OVERSUBSCRIBE for tests */
+};
+
+/* What an executor measured over the steps since its creation or the last reset. The
+   bubble is wait_s / (n_workers * step_s): the share of worker time spent waiting on
+   dependency counters. */
+struct exec_stats {
+    long long steps, tokens; /* steps run and the tokens they carried */
+    long long syncs;         /* counter waits checked (summed over workers) */
+    double wait_s;           /* worker time spent spinning on unmet counters (summed) */
+    double step_s;           /* wall time of the steps, from run start to end */
+    int n_workers;
 };
 
 struct executor_impl {
@@ -41,14 +62,23 @@ struct executor_impl {
     int (*n_workers)(const void *state);
     /* Row slices per stage its programs should be built with (backend n_splits 0). */
     int (*n_splits)(const void *state);
+    /* optional: enum prog_flags its programs should be built with (NULL: 0) */
+    unsigned (*prog_flags)(const void *state);
+    /* optional: stats since creation or the last reset (reset: start again from zero) */
+    void (*stats)(void *state, struct exec_stats *out, bool reset);
 };
 
 extern const struct executor_impl exec_ref_impl;
 extern const struct executor_impl exec_ops_impl;
+extern const struct executor_impl exec_mega_impl;
 
 /* Look up an executor by name; WELD_ERR_NOT_FOUND names the available ones. */
 int executor_find(const struct executor_impl **out, const char *name, struct weld_err *e);
-/* The executor WELD_EXEC names; when unset or empty, "ops" if n_threads > 1 else "ref". */
+/* The executor WELD_EXEC names; when unset or empty, "mega" if n_threads > 1 else "ref". */
 int executor_from_env(const struct executor_impl **out, int n_threads, struct weld_err *e);
+
+/* The cpu backend context's executor stats (backend_cpu.c; WELD_ERR_UNSUPPORTED when its
+   executor keeps none). ctx is a backend_cpu context. */
+int backend_cpu_exec_stats(void *ctx, struct exec_stats *out, bool reset, struct weld_err *e);
 
 #endif

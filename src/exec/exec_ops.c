@@ -28,8 +28,9 @@
  *
  * The counters in the instructions are not used at run time: the barrier subsumes them.
  * The run checks once per step that the program has the shape the barrier relies on
- * (each stage's instructions signal its counter and wait for the whole previous stage);
- * a program that does not is a builder bug (WELD_ERR_INTERNAL naming the instruction).
+ * (every counter an instruction waits on is signalled, wait_count times, only by earlier
+ * stages; true of the default programs and of PROG_HEAD_DEPS ones); a program that is
+ * not is a builder bug (WELD_ERR_INTERNAL naming the instruction).
  *
  * Deliberately not here: cost-model assignment, overlapping stages (that is the
  * megakernel's job), trace recording.
@@ -46,6 +47,7 @@
 struct ops_state {
     struct team *team;
     atomic_int *claims;         /* (cap_claims) next unclaimed instruction of each stage */
+    int *check;                 /* (cap_claims) check_stages' tables */
     int cap_claims;
     float *scratch;             /* (n_workers, stride) */
     size_t stride;              /* floats per worker, a multiple of 16 (64 bytes) */
@@ -59,6 +61,7 @@ static void ops_free(void *state)
         return;
     team_free(s->team);
     wfree(s->claims);
+    wfree(s->check);
     wfree(s->scratch);
     wfree(s);
 }
@@ -100,25 +103,41 @@ static int ops_n_splits(const void *state)
     return n > 1 ? OPS_SPLITS_PER_WORKER * n : 1;
 }
 
-/* The program shape the barrier schedule relies on. */
-static int check_stages(const struct program *p, struct weld_err *e)
+/* The program shape the barrier schedule relies on: stages are non-empty runs of the list,
+   and every counter an instruction waits on is signalled only by earlier stages, exactly
+   wait_count times (so the barriers before its stage have already met the wait). */
+static int check_stages(const struct program *p, int *sig_stage, int *sig_count,
+                        struct weld_err *e)
 {
-    if (!p->stage_first || p->stage_first[0] != 0 || p->stage_first[p->n_counters] != p->n_instr)
+    if (!p->stage_first || p->stage_first[0] != 0 || p->stage_first[p->n_stages] != p->n_instr)
         return err_set(e, WELD_ERR_INTERNAL, "exec ops: program has no valid stage table");
-    for (int k = 0; k < p->n_counters; k++) {
+    for (int c = 0; c < p->n_counters; c++)
+        sig_stage[c] = -1, sig_count[c] = 0;
+    for (int k = 0; k < p->n_stages; k++) {
         int first = p->stage_first[k], end = p->stage_first[k + 1];
-        int prev = k ? first - p->stage_first[k - 1] : 0;
         if (end <= first)
             return err_set(e, WELD_ERR_INTERNAL, "exec ops: stage %d is empty", k);
         for (int i = first; i < end; i++) {
             const struct prog_instr *in = &p->instrs[i];
-            bool ok = in->signal == k && (k ? in->wait == k - 1 && in->wait_count == prev
-                                            : in->wait == -1);
+            bool ok = in->stage == k && in->signal >= 0 && in->signal < p->n_counters &&
+                      (in->wait < 0 || (in->n_wait >= 1 &&
+                                        in->n_wait <= p->n_counters - in->wait));
+            for (int c = in->wait; ok && in->wait >= 0 && c < in->wait + in->n_wait; c++)
+                ok = sig_stage[c] >= 0 && sig_stage[c] < k && sig_count[c] == in->wait_count;
             if (!ok)
                 return err_set(e, WELD_ERR_INTERNAL, "exec ops: instruction %d (%s, layer "
-                               "%d) in stage %d signals %d and waits on %d for %d: not a "
-                               "stage-by-stage program", i, prog_op_name(in->op),
-                               in->layer, k, in->signal, in->wait, in->wait_count);
+                               "%d) in stage %d signals %d and waits on %d (+%d) for %d: not "
+                               "a stage-by-stage program", i, prog_op_name(in->op),
+                               in->layer, k, in->signal, in->wait, in->n_wait,
+                               in->wait_count);
+        }
+        for (int i = first; i < end; i++) {
+            const struct prog_instr *in = &p->instrs[i];
+            if (sig_stage[in->signal] >= 0 && sig_stage[in->signal] != k)
+                return err_set(e, WELD_ERR_INTERNAL, "exec ops: counter %d is signalled "
+                               "by stages %d and %d", in->signal, sig_stage[in->signal], k);
+            sig_stage[in->signal] = k;
+            sig_count[in->signal]++;
         }
     }
     return WELD_OK;
@@ -130,7 +149,7 @@ static void ops_worker(void *ctx, int w, int n)
     const struct exec_step *st = s->st;
     const struct program *p = st->p;
     float *scratch = s->scratch + (size_t)w * s->stride;
-    for (int k = 0; k < p->n_counters; k++) {
+    for (int k = 0; k < p->n_stages; k++) {
         int first = p->stage_first[k], count = p->stage_first[k + 1] - first;
         if (count == 1 && w == 0) {
             exec_op_run(st, &p->instrs[first], scratch); /* no claim needed */
@@ -140,27 +159,37 @@ static void ops_worker(void *ctx, int w, int n)
                                                   memory_order_relaxed)) < count)
                 exec_op_run(st, &p->instrs[first + j], scratch);
         }
-        if (k + 1 < p->n_counters)
+        if (k + 1 < p->n_stages)
             team_barrier(s->team);
     }
+}
+
+/* Grow the claim counters (one per stage) and the check's tables (two per counter). */
+static int ops_grow(struct ops_state *s, const struct program *p, struct weld_err *e)
+{
+    int need = p->n_stages > 2 * p->n_counters ? p->n_stages : 2 * p->n_counters;
+    if (need <= s->cap_claims)
+        return WELD_OK;
+    atomic_int *c = wrealloc(s->claims, (size_t)need * sizeof *c);
+    int *t = wrealloc(s->check, (size_t)need * sizeof *t);
+    if (c)
+        s->claims = c;
+    if (t)
+        s->check = t;
+    if (!c || !t)
+        return err_set(e, WELD_ERR_NOMEM, "exec ops: out of memory for %d stages", need);
+    s->cap_claims = need;
+    return WELD_OK;
 }
 
 static int ops_run(void *state, const struct exec_step *st, struct weld_err *e)
 {
     struct ops_state *s = state;
     const struct program *p = st->p;
-    int rc = check_stages(p, e);
-    if (rc)
+    int rc = ops_grow(s, p, e);
+    if (rc || (rc = check_stages(p, s->check, s->check + p->n_counters, e)))
         return rc;
-    if (p->n_counters > s->cap_claims) {
-        atomic_int *c = wrealloc(s->claims, (size_t)p->n_counters * sizeof *c);
-        if (!c)
-            return err_set(e, WELD_ERR_NOMEM, "exec ops: out of memory for %d stage claims",
-                           p->n_counters);
-        s->claims = c;
-        s->cap_claims = p->n_counters;
-    }
-    for (int k = 0; k < p->n_counters; k++)
+    for (int k = 0; k < p->n_stages; k++)
         atomic_store_explicit(&s->claims[k], 0, memory_order_relaxed);
     s->st = st;
     team_run(s->team, ops_worker, s);

@@ -1,7 +1,7 @@
 /*
  * exec_ref - the single-threaded reference executor, and the executor registry.
  *
- * Walks the instruction list in order. Before each instruction it checks that the counter
+ * Walks the instruction list in order. Before each instruction it checks that every counter
  * the instruction waits on has reached wait_count (a program whose list order is not a
  * valid schedule is a builder bug: WELD_ERR_INTERNAL naming the instruction); after it, it
  * bumps the instruction's signal counter. Counters are reset at the start of each step:
@@ -60,13 +60,15 @@ static int ref_run(void *state, const struct exec_step *st, struct weld_err *e)
     memset(s->counters, 0, (size_t)p->n_counters * sizeof(int));
     for (int i = 0; i < p->n_instr; i++) {
         const struct prog_instr *in = &p->instrs[i];
-        if (in->wait >= 0 && (in->wait >= p->n_counters ||
-                              s->counters[in->wait] < in->wait_count))
-            return err_set(e, WELD_ERR_INTERNAL,
-                           "exec ref: instruction %d (%s, layer %d) waits on counter %d for "
-                           "%d but it is %d: program order is not a valid schedule", i,
-                           prog_op_name(in->op), in->layer, in->wait, in->wait_count,
-                           in->wait < p->n_counters ? s->counters[in->wait] : -1);
+        for (int k = 0; in->wait >= 0 && k < in->n_wait; k++) {
+            int c = in->wait + k;
+            if (c >= p->n_counters || s->counters[c] < in->wait_count)
+                return err_set(e, WELD_ERR_INTERNAL,
+                               "exec ref: instruction %d (%s, layer %d) waits on counter %d "
+                               "for %d but it is %d: program order is not a valid schedule",
+                               i, prog_op_name(in->op), in->layer, c, in->wait_count,
+                               c < p->n_counters ? s->counters[c] : -1);
+        }
         exec_op_run(st, in, s->scratch);
         if (in->signal >= 0 && in->signal < p->n_counters)
             s->counters[in->signal]++;
@@ -86,7 +88,8 @@ const struct executor_impl exec_ref_impl = {
     .n_splits = ref_n_workers,
 };
 
-static const struct executor_impl *const executors[] = {&exec_ref_impl, &exec_ops_impl};
+static const struct executor_impl *const executors[] = {&exec_ref_impl, &exec_ops_impl,
+                                                         &exec_mega_impl};
 #define N_EXECUTORS (sizeof executors / sizeof executors[0])
 
 int executor_find(const struct executor_impl **out, const char *name, struct weld_err *e)
@@ -110,6 +113,6 @@ int executor_from_env(const struct executor_impl **out, int n_threads, struct we
 {
     const char *name = getenv("WELD_EXEC");
     if (!name || !*name)
-        name = n_threads > 1 ? "ops" : "ref";
+        name = n_threads > 1 ? "mega" : "ref";
     return executor_find(out, name, e);
 }

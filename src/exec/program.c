@@ -65,6 +65,7 @@
 #include "core/alloc.h"
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,20 +141,41 @@ static int fill_shape(struct program *p, const struct batch *b)
 struct builder {
     struct program *p;
     int cap;
-    int stage_first;   /* first instruction of the current stage */
-    int prev_count;    /* instruction count of the previous stage (0: none) */
+    int wait, n_wait, wait_count; /* what the current stage's instructions wait on */
+    int stage_counter;            /* counter the current stage signals (single-counter) */
+    int stage_first;              /* first instruction of the current stage */
 };
 
-static void stage_begin(struct builder *bd) { bd->stage_first = bd->p->n_instr; }
-
-static void stage_end(struct builder *bd)
+/* A stage whose instructions all signal one new counter. */
+static void stage_begin(struct builder *bd)
 {
-    bd->prev_count = bd->p->n_instr - bd->stage_first;
-    bd->p->n_counters++;
+    bd->stage_first = bd->p->n_instr;
+    bd->stage_counter = bd->p->n_counters++;
 }
 
-static void emit(struct builder *bd, int op, int layer, int seq, int row0, int row1, int in,
-                 int out)
+/* The next stage waits for every instruction of this one. */
+static void stage_end(struct builder *bd)
+{
+    bd->wait = bd->stage_counter;
+    bd->n_wait = 1;
+    bd->wait_count = bd->p->n_instr - bd->stage_first;
+    bd->p->n_stages++;
+}
+
+static void note_buf(struct program *p, int bi)
+{
+    if (bi < 0)
+        return;
+    struct prog_buf *buf = &p->bufs[bi];
+    if (buf->first < 0)
+        buf->first = p->n_instr;
+    if (buf->last < p->n_instr)
+        buf->last = p->n_instr;
+}
+
+/* Append an instruction of the current stage signalling `signal`, waiting as bd says. */
+static struct prog_instr *emit_to(struct builder *bd, int op, int layer, int seq, int row0,
+                                  int row1, int in, int out, int signal)
 {
     struct program *p = bd->p;
     WELD_ASSERT(p->n_instr < bd->cap);
@@ -165,20 +187,21 @@ static void emit(struct builder *bd, int op, int layer, int seq, int row0, int r
     ins->row1 = row1;
     ins->in = in;
     ins->out = out;
-    ins->signal = p->n_counters;
-    ins->wait = bd->prev_count ? p->n_counters - 1 : -1;
-    ins->wait_count = bd->prev_count;
-    for (int id = 0; id < 2; id++) {
-        int bi = id ? out : in;
-        if (bi < 0)
-            continue;
-        struct prog_buf *buf = &p->bufs[bi];
-        if (buf->first < 0)
-            buf->first = p->n_instr;
-        if (buf->last < p->n_instr)
-            buf->last = p->n_instr;
-    }
+    ins->signal = signal;
+    ins->stage = p->n_stages;
+    ins->wait = bd->n_wait ? bd->wait : -1;
+    ins->n_wait = bd->n_wait;
+    ins->wait_count = bd->n_wait ? bd->wait_count : 0;
+    note_buf(p, in);
+    note_buf(p, out);
     p->n_instr++;
+    return ins;
+}
+
+static void emit(struct builder *bd, int op, int layer, int seq, int row0, int row1, int in,
+                 int out)
+{
+    emit_to(bd, op, layer, seq, row0, row1, in, out, bd->stage_counter);
 }
 
 /* One stage of a row-range op over `total` units cut into n_splits slices. With align > 1
@@ -221,6 +244,53 @@ static int attn_pieces(const struct program *p, const struct model_config *c, in
     return per < 1 ? 1 : per > c->n_kv_head ? c->n_kv_head : per;
 }
 
+/* PROG_HEAD_DEPS: KV-head group g of G holds KV heads [g * n_kv / G, (g + 1) * n_kv / G). */
+static int group_head0(int g, int n_groups, int n_kv)
+{
+    return (int)((long long)g * n_kv / n_groups);
+}
+
+static int group_of_head(int h, int n_groups, int n_kv)
+{
+    int g = (int)((long long)h * n_groups / n_kv);
+    while (g + 1 < n_groups && group_head0(g + 1, n_groups, n_kv) <= h)
+        g++;
+    while (g > 0 && group_head0(g, n_groups, n_kv) > h)
+        g--;
+    return g;
+}
+
+/* The QKV stage cut by KV-head groups (min(n_splits, n_kv) of them): per group, q_pieces
+   ranges of its query heads, then its K heads, then its V heads, all signalling the
+   group's own counter (from *counter0 on). Returns the instructions per group. */
+static int emit_qkv_groups(struct builder *bd, const struct model_config *c, int l, int q,
+                           int *counter0, int *n_groups)
+{
+    struct program *p = bd->p;
+    int nkv = c->n_kv_head, grp = c->n_head / nkv;
+    int G = p->n_splits < nkv ? p->n_splits : nkv;
+    int min_q = nkv / G * grp;
+    int qp = p->n_splits / G;
+    qp = qp < 1 ? 1 : qp > min_q ? min_q : qp;
+    int base = p->n_counters;
+    p->n_counters += G;
+    bd->stage_first = p->n_instr;
+    for (int g = 0; g < G; g++) {
+        int h0 = group_head0(g, G, nkv), h1 = group_head0(g + 1, G, nkv);
+        for (int k = 0; k < qp; k++)
+            emit_to(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, h0 * grp + (h1 - h0) * grp * k / qp,
+                    h0 * grp + (h1 - h0) * grp * (k + 1) / qp, p->buf_x, q, base + g);
+        emit_to(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, c->n_head + h0, c->n_head + h1, p->buf_x,
+                q, base + g);
+        emit_to(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, c->n_head + nkv + h0, c->n_head + nkv + h1,
+                p->buf_x, q, base + g);
+    }
+    p->n_stages++;
+    *counter0 = base;
+    *n_groups = G;
+    return qp + 2;
+}
+
 static void emit_layer(struct builder *bd, const struct model_config *c, int l)
 {
     struct program *p = bd->p;
@@ -228,13 +298,25 @@ static void emit_layer(struct builder *bd, const struct model_config *c, int l)
     int q = add_buf(p, PROG_BUF_Q, l, nt, qd);
     int att = add_buf(p, PROG_BUF_ATT, l, nt, qd);
     int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
-    emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
+    bool heads = p->flags & PROG_HEAD_DEPS;
+    int counter0 = 0, n_groups = 1, per_group = 0;
+    if (heads)
+        per_group = emit_qkv_groups(bd, c, l, q, &counter0, &n_groups);
+    else
+        emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
     stage_begin(bd);
     for (int s = 0; s < p->n_seqs; s++) {
         int per = attn_pieces(p, c, s);
-        for (int k = 0; k < per; k++)
-            emit(bd, OP_ATTENTION, l, s, k * c->n_kv_head / per, (k + 1) * c->n_kv_head / per,
-                 q, att);
+        for (int k = 0; k < per; k++) {
+            int h0 = k * c->n_kv_head / per, h1 = (k + 1) * c->n_kv_head / per;
+            if (heads) {
+                int g0 = group_of_head(h0, n_groups, c->n_kv_head);
+                bd->wait = counter0 + g0;
+                bd->n_wait = group_of_head(h1 - 1, n_groups, c->n_kv_head) - g0 + 1;
+                bd->wait_count = per_group;
+            }
+            emit(bd, OP_ATTENTION, l, s, h0, h1, q, att);
+        }
     }
     stage_end(bd);
     emit_split(bd, OP_O_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, att, p->buf_x);
@@ -283,26 +365,27 @@ static size_t place_one(const struct program *p, const int *placed, int n_placed
 
 /* Instructions of one stage may run at the same time, so a buffer is alive from the first
    instruction of the stage that first writes it to the last of the stage that last reads
-   it (the stage of instruction i is its signal counter). */
+   it. (With PROG_HEAD_DEPS an ATTENTION instruction may also overlap the QKV stage before
+   it, but the only buffer last read there is X, which lives the whole program.) */
 static int widen_to_stages(struct program *p)
 {
-    int *lo = wcalloc((size_t)p->n_counters, sizeof(int));
-    int *hi = wcalloc((size_t)p->n_counters, sizeof(int));
+    int *lo = wcalloc((size_t)p->n_stages, sizeof(int));
+    int *hi = wcalloc((size_t)p->n_stages, sizeof(int));
     if (!lo || !hi) {
         wfree(lo);
         wfree(hi);
         return WELD_ERR_NOMEM;
     }
     for (int i = p->n_instr - 1; i >= 0; i--)
-        lo[p->instrs[i].signal] = i;
+        lo[p->instrs[i].stage] = i;
     for (int i = 0; i < p->n_instr; i++)
-        hi[p->instrs[i].signal] = i;
+        hi[p->instrs[i].stage] = i;
     for (int b = 0; b < p->n_bufs; b++) {
         struct prog_buf *buf = &p->bufs[b];
         if (buf->first < 0)
             continue;
-        buf->first = lo[p->instrs[buf->first].signal];
-        buf->last = hi[p->instrs[buf->last].signal];
+        buf->first = lo[p->instrs[buf->first].stage];
+        buf->last = hi[p->instrs[buf->last].stage];
     }
     wfree(lo);
     wfree(hi);
@@ -334,22 +417,22 @@ static int plan_buffers(struct program *p)
     return WELD_OK;
 }
 
-/* Stage boundaries: instructions signal their stage's counter, stages in list order. */
+/* Stage boundaries (stages are runs of the list, in order). */
 static int fill_stages(struct program *p)
 {
-    p->stage_first = wcalloc((size_t)p->n_counters + 1, sizeof(int));
+    p->stage_first = wcalloc((size_t)p->n_stages + 1, sizeof(int));
     if (!p->stage_first)
         return WELD_ERR_NOMEM;
     for (int i = p->n_instr - 1; i >= 0; i--)
-        p->stage_first[p->instrs[i].signal] = i;
-    p->stage_first[p->n_counters] = p->n_instr;
+        p->stage_first[p->instrs[i].stage] = i;
+    p->stage_first[p->n_stages] = p->n_instr;
     return WELD_OK;
 }
 
 /* ---- entry point ------------------------------------------------------------------- */
 
 static int check_sizes(const struct model_config *c, const struct program *p, int n_splits,
-                       long long *max_instr, struct weld_err *e)
+                       unsigned flags, long long *max_instr, struct weld_err *e)
 {
     if (c->n_layer < 1 || c->n_layer > INT16_MAX || c->n_head < 1 || c->n_kv_head < 1 ||
         c->head_dim < 1 || c->dim < 1 || c->ffn_dim < 1 || c->n_vocab < 1)
@@ -360,7 +443,11 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
     if (n_splits < 1 || n_splits > PROG_MAX_SPLITS)
         return err_set(e, WELD_ERR_INVALID_ARG, "program: n_splits %d not in [1, %d]",
                        n_splits, PROG_MAX_SPLITS);
-    long long per_layer = 4LL * n_splits + (long long)p->n_seqs * c->n_kv_head;
+    if ((flags & PROG_HEAD_DEPS) && c->n_head % c->n_kv_head)
+        return err_set(e, WELD_ERR_INVALID_ARG, "program: n_head %d is not a multiple of "
+                       "n_kv_head %d", c->n_head, c->n_kv_head);
+    /* QKV: at most 3 * n_splits (head groups), O / FFN / DOWN n_splits each */
+    long long per_layer = 6LL * n_splits + (long long)p->n_seqs * c->n_kv_head;
     *max_instr = 2LL * n_splits + per_layer * c->n_layer;
     if (*max_instr > INT_MAX / 2)
         return err_set(e, WELD_ERR_LIMIT, "program: %lld instructions is too many", *max_instr);
@@ -375,20 +462,32 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
     return WELD_OK;
 }
 
+static _Atomic uint64_t next_program_id = 1;
+
+uint64_t program_id(const struct program *p) { return p->id; }
+
 int program_build(struct program **out, const struct model_config *c, const struct batch *b,
                   int n_splits, struct weld_err *e)
+{
+    return program_build_ex(out, c, b, n_splits, 0, e);
+}
+
+int program_build_ex(struct program **out, const struct model_config *c,
+                     const struct batch *b, int n_splits, unsigned flags, struct weld_err *e)
 {
     *out = NULL;
     struct program *p = wcalloc(1, sizeof *p);
     if (!p || fill_shape(p, b))
         goto nomem;
     long long max_instr = 0;
-    int rc = check_sizes(c, p, n_splits, &max_instr, e);
+    int rc = check_sizes(c, p, n_splits, flags, &max_instr, e);
     if (rc) {
         program_free(p);
         return rc;
     }
     p->n_splits = n_splits;
+    p->flags = flags;
+    p->id = atomic_fetch_add_explicit(&next_program_id, 1, memory_order_relaxed);
     p->instrs = wcalloc((size_t)max_instr, sizeof *p->instrs);
     p->bufs = wcalloc(3 * (size_t)c->n_layer + 2, sizeof *p->bufs);
     if (!p->instrs || !p->bufs)
@@ -420,8 +519,9 @@ static const char *buf_kind_name(enum prog_buf_kind k)
 void program_dump(const struct program *p, FILE *f)
 {
     fprintf(f, "program: %d seqs, %d tokens, %d logit rows, %d splits, %d instructions, "
-            "%d counters, arena %zu floats\n", p->n_seqs, p->n_tokens, p->n_logit_rows,
-            p->n_splits, p->n_instr, p->n_counters, p->arena_floats);
+            "%d stages, %d counters, arena %zu floats\n", p->n_seqs, p->n_tokens,
+            p->n_logit_rows, p->n_splits, p->n_instr, p->n_stages, p->n_counters,
+            p->arena_floats);
     for (int i = 0; i < p->n_bufs; i++) {
         const struct prog_buf *b = &p->bufs[i];
         fprintf(f, "  buf %d %s layer %d: %zu floats at %zu%s, live [%d, %d]\n", i,
@@ -430,8 +530,9 @@ void program_dump(const struct program *p, FILE *f)
     }
     for (int i = 0; i < p->n_instr; i++) {
         const struct prog_instr *in = &p->instrs[i];
-        fprintf(f, "  %4d %-22s layer %3d seq %3d rows [%d, %d) in %d out %d wait %d>=%d "
-                "signal %d\n", i, prog_op_name(in->op), in->layer, in->seq, in->row0,
-                in->row1, in->in, in->out, in->wait, in->wait_count, in->signal);
+        fprintf(f, "  %4d %-22s layer %3d seq %3d rows [%d, %d) in %d out %d wait %d+%d>=%d "
+                "signal %d stage %d\n", i, prog_op_name(in->op), in->layer, in->seq,
+                in->row0, in->row1, in->in, in->out, in->wait, in->n_wait, in->wait_count,
+                in->signal, in->stage);
     }
 }

@@ -15,11 +15,17 @@
  * it (a steady decode step reuses one program forever).
  *
  * Dependencies: instructions are grouped in stages (EMBED; per layer QKV, ATTENTION,
- * O_PROJ, FFN, DOWN; FINAL). Stage k owns counter k; each of its instructions signals
- * counter k once when done and waits until counter k-1 has reached the previous stage's
- * instruction count (wait_count). A megakernel with per-step epochs waits for
- * wait_count * epoch, so counters never need resetting. The list order is a valid serial
- * schedule; exec_ref checks every wait is met when it reaches an instruction.
+ * O_PROJ, FFN, DOWN; FINAL). In the default program stage k owns counter k; each of its
+ * instructions signals counter k once when done and waits until counter k-1 has reached
+ * the previous stage's instruction count (wait_count). With PROG_HEAD_DEPS (what the
+ * megakernel asks for) the QKV stage is cut by KV-head groups instead: group g's Q, K and
+ * V instructions signal a counter of their own, and an ATTENTION instruction waits only on
+ * the counters of the groups holding its KV heads ([wait, wait + n_wait), each to
+ * wait_count), so attention of one group starts while other groups' projections still
+ * run. Every other stage waits for the whole previous stage (a product needs its whole
+ * input). A megakernel with per-step epochs waits for wait_count * epoch, so counters
+ * never need resetting. The list order is a valid serial schedule; exec_ref checks every
+ * wait is met when it reaches an instruction.
  *
  * Buffers: activations live in one arena of planned buffers (PROG_BUF_*), placed once per
  * program by liveness (first writer to last reader in list order) so that buffers whose
@@ -70,9 +76,17 @@ struct prog_instr {
     int32_t seq;        /* batch sequence index (ATTENTION), else -1 */
     int32_t row0, row1; /* work range [row0, row1); unit depends on op (see program.c) */
     int32_t in, out;    /* buffer ids (index into program.bufs), -1 if none */
-    int32_t wait;       /* counter waited on, -1: none */
-    int32_t wait_count; /* value (per epoch) the wait counter must reach */
+    int32_t wait;       /* first counter waited on, -1: none */
+    int32_t n_wait;     /* counters waited on: [wait, wait + n_wait) (0 when wait is -1) */
+    int32_t wait_count; /* value (per epoch) each waited counter must reach */
     int32_t signal;     /* counter incremented by one when this instruction is done */
+    int32_t stage;      /* stage index (program.stage_first) */
+};
+
+/* program_build_ex flags */
+enum prog_flags {
+    PROG_HEAD_DEPS = 1, /* QKV cut by KV-head groups, one counter each; ATTENTION waits
+                           only on its own groups (see above) */
 };
 
 struct prog_buf {
@@ -93,18 +107,22 @@ struct program {
     int *tok_seq;        /* (n_tokens) batch sequence of each token */
     int *logit_tok;      /* (n_logit_rows) token index of each logit row */
     int n_splits;
+    unsigned flags;      /* enum prog_flags it was built with */
     /* instructions */
     struct prog_instr *instrs; /* (n_instr) */
     int n_instr;
-    int n_counters;      /* == number of stages */
-    int *stage_first;    /* (n_counters + 1) first instruction of each stage; stage k is
-                            instructions [stage_first[k], stage_first[k + 1]) and they all
-                            signal counter k (the op-by-op executor's unit of work) */
+    int n_counters;      /* counters signalled (== n_stages without PROG_HEAD_DEPS) */
+    int n_stages;
+    int *stage_first;    /* (n_stages + 1) first instruction of each stage; stage k is
+                            instructions [stage_first[k], stage_first[k + 1]) (the op-by-op
+                            executor's unit of work); without PROG_HEAD_DEPS they all
+                            signal counter k */
     /* buffers */
     struct prog_buf *bufs; /* (n_bufs) */
     int n_bufs;
     int buf_x, buf_logits;     /* ids of the two program-wide buffers */
     size_t arena_floats;       /* arena size the executor must provide */
+    uint64_t id;               /* program_id */
 };
 
 /* Build the program for model config c and the shape of batch b (which must be valid).
@@ -113,10 +131,17 @@ struct program {
    multiple of 16 rows, so repacked 16-row weight groups (kernels/cpu/gemm.h) are never cut. */
 int program_build(struct program **out, const struct model_config *c, const struct batch *b,
                   int n_splits, struct weld_err *e);
+/* The same with enum prog_flags. */
+int program_build_ex(struct program **out, const struct model_config *c,
+                     const struct batch *b, int n_splits, unsigned flags, struct weld_err *e);
 void program_free(struct program *p);
 
 /* True if p was built for the same shape as b (so it can run b). */
 bool program_matches(const struct program *p, const struct batch *b);
+
+/* A number no other program built in this process has (executors key per-program plans
+   by it: a freed program's address may come back, its id never does). */
+uint64_t program_id(const struct program *p);
 
 const char *prog_op_name(int op);
 

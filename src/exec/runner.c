@@ -8,6 +8,8 @@
 
 #include "core/alloc.h"
 
+#include <string.h>
+
 struct runner {
     const struct model *m;
     const struct backend_iface *be;
@@ -80,4 +82,16 @@ int runner_seq_len(const struct runner *r, int seq_id)
 const char *runner_describe(const struct runner *r)
 {
     return r->be->describe ? r->be->describe(r->ctx) : r->be->name;
+}
+
+int runner_exec_stats(struct runner *r, struct exec_stats *out, bool reset,
+                      struct weld_err *e)
+{
+    /* only the cpu backend has executors; a backend_iface member would generalise this */
+    if (r->be != &backend_cpu) {
+        memset(out, 0, sizeof *out);
+        return err_set(e, WELD_ERR_UNSUPPORTED, "backend %s keeps no executor stats",
+                       r->be->name);
+    }
+    return backend_cpu_exec_stats(r->ctx, out, reset, e);
 }

@@ -19,6 +19,7 @@
 
 #include "exec/backend.h"
 #include "exec/batch.h"
+#include "exec/exec.h"
 
 struct runner;
 
@@ -41,5 +42,10 @@ int runner_max_ctx(const struct runner *r);
 int runner_seq_len(const struct runner *r, int seq_id);
 /* "cpu: ref executor, ..." */
 const char *runner_describe(const struct runner *r);
+/* The executor's stats since creation or the last reset (exec.h: bubble, syncs); with
+   reset, counting starts again. WELD_ERR_UNSUPPORTED when the backend or executor keeps
+   none (out zeroed). */
+int runner_exec_stats(struct runner *r, struct exec_stats *out, bool reset,
+                      struct weld_err *e);
 
 #endif

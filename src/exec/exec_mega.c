@@ -1,0 +1,699 @@
+/*
+ * exec_mega - the megakernel executor: per-worker queues, dependency counters, no barriers.
+ *
+ * A step runs one program (PROG_HEAD_DEPS: attention waits only on the projections of its
+ * own KV heads) on a persistent pinned team (core/team.h). Every worker runs its own
+ * queue of instructions in list order; before an instruction it waits until each counter
+ * the instruction names has reached wait_count * epoch, runs it (exec_op_run), and adds
+ * one to its signal counter with release. No worker ever waits for a straggler it does
+ * not depend on, and no stage-wide barrier exists.
+ *
+ * Plans (struct mega_plan), made once per program and cached by program_id (MEGA_PLANS,
+ * least recently used out), hold what does not change from step to step:
+ * - owner of each instruction, by a cost model: bytes of weights (or KV cache) read plus
+ *   MEGA_FLOP_COST per FLOP (instr_cost). Each stage is assigned on its own, longest
+ *   first, to the worker with the least work in that stage (ties: least work so far in
+ *   the program), so every stage is balanced. The units of a stage are its instructions,
+ *   or, where a stage signals several counters (the QKV stage cut by KV-head groups),
+ *   the group of instructions behind each counter, so one worker makes a head group's Q,
+ *   K and V. An ATTENTION instruction goes to the worker that made its heads when that
+ *   keeps the stage within MEGA_AFFINITY_SLACK of balanced: its wait is then on its own
+ *   earlier work and disappears.
+ * - the queues: each worker's instructions in list order. The list order is a valid
+ *   serial schedule and every dependency points to an earlier instruction, so the
+ *   lowest-numbered unfinished instruction always heads its queue with its inputs done:
+ *   no assignment can deadlock.
+ * - which waits need a check at all: none where every signaller of the counter is an
+ *   earlier instruction of the same queue, or where the same worker already checked that
+ *   counter this step (counters only grow).
+ * - the counters, one per 64-byte line, and the epoch (steps this plan has run). Counters
+ *   are never reset: after e runs counter c holds (signallers of c) * e, so the e-th run
+ *   waits for wait_count * e. uint64: no wrap in any realistic lifetime.
+ *
+ * Memory ordering: an instruction's writes happen-before its release fetch_add; a waiter's
+ * acquire load that reads a value >= the target reads from the release sequence of every
+ * signaller (all increments are read-modify-writes), so it sees every input. team_run
+ * orders the step's inputs before and the outputs after (core/team.c). Each worker has its
+ * own scratch and stats line.
+ *
+ * Waiting: spin with pause, prefetching the waiting instruction's first weight lines (one
+ * line per spin, MEGA_PREFETCH_LINES per matrix), then sched_yield after MEGA_SPINS
+ * pauses (16 with TEAM_OVERSUBSCRIBE, so more workers than cores still progress).
+ * Between steps the team's workers spin ~2 ms and then sleep on a condition variable, so
+ * an idle engine uses ~0% CPU.
+ *
+ * Stats: a clock is read only when a wait is not met at once (wait time), and once per
+ * step (step time); every counter check counts as one sync. With WELD_TRACE=FILE the first
+ * WELD_TRACE_STEPS (4) steps record start / dependency met / end of every instruction
+ * (trace.h).
+ *
+ * Bit-identical to ref: same instructions through exec_op_run, whose per-(row, token)
+ * arithmetic does not depend on the worker, the split or the order (ops.h).
+ *
+ * Deliberately not here: work stealing (queues are static; a descheduled worker holds up
+ * its dependants), sleeping inside a step, instruction fusion across layers.
+ */
+#include "exec/exec.h"
+
+#include "core/alloc.h"
+#include "core/team.h"
+#include "exec/trace.h"
+
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define mega_pause() _mm_pause()
+#elif defined(__aarch64__)
+#define mega_pause() __asm__ __volatile__("yield")
+#else
+#define mega_pause() ((void)0)
+#endif
+
+#define MEGA_SPLITS_PER_WORKER 1
+#define MEGA_PLANS 8
+#define MEGA_SPINS 20000          /* pauses before a wait starts yielding */
+#define MEGA_SPINS_OVER 16        /* the same with more workers than cores */
+#define MEGA_PREFETCH_LINES 16    /* lines of each matrix prefetched while waiting */
+#define MEGA_FLOP_COST 0.25       /* cost of one FLOP in bytes-read units */
+#define MEGA_NOMINAL_CTX 256      /* cached positions assumed for attention costs */
+#define MEGA_AFFINITY_SLACK 1.10  /* attention may go to its heads' worker up to this */
+#define MEGA_TRACE_STEPS 4
+
+struct mega_counter {
+    alignas(64) _Atomic uint64_t v;
+};
+
+struct mega_worker {
+    alignas(64) uint64_t wait_ns; /* time in unmet waits */
+    uint64_t syncs;               /* counter checks */
+};
+
+struct mega_plan {
+    uint64_t prog_id, last_used;
+    uint64_t epoch;          /* completed runs; the current run waits for count * (epoch+1) */
+    int n_instr, n_counters;
+    int *owner;              /* (n_instr) worker of each instruction */
+    int *queue;              /* (n_instr) every worker's queue, worker 0 first */
+    int *queue_first;        /* (n_workers + 1) */
+    uint8_t *check;          /* (n_instr) 1: its waits must be checked at run time */
+    struct mega_counter *counters; /* (n_counters), 64-byte aligned */
+    void *counters_raw;
+};
+
+struct mega_state {
+    struct team *team;
+    int n_workers, spins;
+    float *scratch;          /* (n_workers, stride) */
+    size_t stride;
+    struct mega_worker *workers; /* (n_workers), 64-byte aligned */
+    void *workers_raw;
+    struct mega_plan *plans[MEGA_PLANS];
+    uint64_t clock;          /* plan use counter (LRU) */
+    struct exec_stats stats;
+    struct trace *trace;
+    /* the step being run (set before team_run) */
+    const struct exec_step *st;
+    struct mega_plan *cur;
+    bool tracing;
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---- plans --------------------------------------------------------------------------- */
+
+static void plan_free(struct mega_plan *pl)
+{
+    if (!pl)
+        return;
+    wfree(pl->owner);
+    wfree(pl->queue);
+    wfree(pl->queue_first);
+    wfree(pl->check);
+    wfree(pl->counters_raw);
+    wfree(pl);
+}
+
+static double mat_bytes(const struct exec_mat *m, int rows)
+{
+    return (double)rows * (double)m->row_bytes;
+}
+
+/* Estimated cost of one instruction: bytes read from memory plus weighted FLOPs. */
+static double instr_cost(const struct exec_step *st, const struct prog_instr *in)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct program *p = st->p;
+    double rows = in->row1 - in->row0, nt = p->n_tokens, bytes = 0, flops = 0;
+    const struct exec_layer_mats *lm = in->layer >= 0 ? &st->w->mats[in->layer] : NULL;
+    switch (in->op) {
+    case OP_EMBED:
+        bytes = rows * c->dim * 4.0;
+        break;
+    case OP_ATTN_NORM_QKV_ROPE:
+        for (int u = in->row0; u < in->row1; u++) {
+            const struct exec_mat *m = u < c->n_head ? &lm->wq
+                                     : u < c->n_head + c->n_kv_head ? &lm->wk : &lm->wv;
+            bytes += mat_bytes(m, c->head_dim);
+        }
+        flops = 2.0 * rows * c->head_dim * c->dim * nt + nt * c->dim * 4.0;
+        break;
+    case OP_ATTENTION: {
+        double ntok = in->seq >= 0 && in->seq < p->n_seqs ? p->seq_ntok[in->seq] : 1;
+        double ctx = MEGA_NOMINAL_CTX + ntok, group = (double)c->n_head / c->n_kv_head;
+        bytes = rows * ctx * c->head_dim * 2.0 * 2.0;
+        flops = 4.0 * ntok * group * rows * ctx * c->head_dim;
+        break;
+    }
+    case OP_O_PROJ_RESIDUAL:
+        bytes = mat_bytes(&lm->wo, (int)rows);
+        flops = 2.0 * rows * (double)lm->wo.k * nt;
+        break;
+    case OP_FFN_NORM_GATE_UP_SILU:
+        bytes = mat_bytes(&lm->gate, (int)rows) + mat_bytes(&lm->up, (int)rows);
+        flops = 4.0 * rows * c->dim * nt;
+        break;
+    case OP_DOWN_PROJ_RESIDUAL:
+        bytes = mat_bytes(&lm->down, (int)rows);
+        flops = 2.0 * rows * (double)lm->down.k * nt;
+        break;
+    case OP_FINAL_NORM_LOGITS:
+        bytes = mat_bytes(&st->w->output, (int)rows);
+        flops = 2.0 * rows * c->dim * p->n_logit_rows;
+        break;
+    default:
+        break;
+    }
+    return bytes + MEGA_FLOP_COST * flops + 1.0;
+}
+
+/* Scratch of plan_assign: per instruction cost and unit order, per worker loads. */
+struct assign_tmp {
+    double *cost;     /* (n_instr) cost of each unit, indexed by its first instruction */
+    int *order;       /* (n_instr) unit heads of the current stage */
+    int *unit_next;   /* (n_instr) next instruction of the same unit, -1 at the end */
+    int *sig_owner;   /* (n_counters) worker of every signaller, -1 none, -2 several */
+    double *load;     /* (n_workers) this stage */
+    double *total;    /* (n_workers) so far */
+};
+
+static int cmp_cost_desc(const void *a, const void *b, void *ctx)
+{
+    const double *cost = ctx;
+    int i = *(const int *)a, j = *(const int *)b;
+    if (cost[i] != cost[j])
+        return cost[i] < cost[j] ? 1 : -1;
+    return i - j;
+}
+
+/* The worker whose queue already signals every counter instruction i waits on, or -1. */
+static int affinity(const struct program *p, const struct assign_tmp *t, int i)
+{
+    const struct prog_instr *in = &p->instrs[i];
+    int w = -1;
+    for (int c = in->wait; in->wait >= 0 && c < in->wait + in->n_wait; c++) {
+        int o = t->sig_owner[c];
+        if (o < 0 || (w >= 0 && o != w))
+            return -1;
+        w = o;
+    }
+    return w;
+}
+
+static int least_loaded(const struct assign_tmp *t, int n_workers)
+{
+    int best = 0;
+    for (int w = 1; w < n_workers; w++)
+        if (t->load[w] < t->load[best] ||
+            (t->load[w] == t->load[best] && t->total[w] < t->total[best]))
+            best = w;
+    return best;
+}
+
+/* Group stage k's instructions into units (one per signal counter when the stage signals
+   several, else one per instruction); returns the number of unit heads put in order. */
+static int stage_units(const struct program *p, struct assign_tmp *t, int k)
+{
+    int first = p->stage_first[k], end = p->stage_first[k + 1], n = 0;
+    bool several = p->instrs[first].signal != p->instrs[end - 1].signal;
+    for (int i = first; i < end; i++) {
+        t->unit_next[i] = -1;
+        int head = i;
+        if (several)
+            for (int j = first; j < i; j++)
+                if (p->instrs[j].signal == p->instrs[i].signal) {
+                    head = j;
+                    break;
+                }
+        if (head == i) {
+            t->order[n++] = i;
+        } else {
+            int j = head;
+            while (t->unit_next[j] >= 0)
+                j = t->unit_next[j];
+            t->unit_next[j] = i;
+            t->cost[head] += t->cost[i];
+        }
+    }
+    qsort_r(t->order, (size_t)n, sizeof(int), cmp_cost_desc, t->cost);
+    return n;
+}
+
+/* Owners of stage k's instructions: longest unit first to the least loaded worker. */
+static void assign_stage(const struct program *p, struct assign_tmp *t, int *owner, int k,
+                         int n_workers)
+{
+    int n = stage_units(p, t, k);
+    double sum = 0;
+    for (int u = 0; u < n; u++)
+        sum += t->cost[t->order[u]];
+    for (int w = 0; w < n_workers; w++)
+        t->load[w] = 0;
+    double fair = sum / n_workers * MEGA_AFFINITY_SLACK;
+    for (int u = 0; u < n; u++) {
+        int i = t->order[u], w = least_loaded(t, n_workers);
+        int a = affinity(p, t, i);
+        if (a >= 0 && a != w && t->load[a] + t->cost[i] <= fair)
+            w = a;
+        t->load[w] += t->cost[i];
+        t->total[w] += t->cost[i];
+        for (int j = i; j >= 0; j = t->unit_next[j])
+            owner[j] = w;
+    }
+    for (int i = p->stage_first[k]; i < p->stage_first[k + 1]; i++) {
+        int c = p->instrs[i].signal;
+        t->sig_owner[c] = t->sig_owner[c] == -1 || t->sig_owner[c] == owner[i] ? owner[i] : -2;
+    }
+}
+
+static bool plan_assign(struct mega_plan *pl, const struct exec_step *st, int n_workers)
+{
+    const struct program *p = st->p;
+    struct assign_tmp t = {
+        .cost = wcalloc((size_t)p->n_instr, sizeof(double)),
+        .order = wcalloc((size_t)p->n_instr, sizeof(int)),
+        .unit_next = wcalloc((size_t)p->n_instr, sizeof(int)),
+        .sig_owner = wcalloc((size_t)p->n_counters, sizeof(int)),
+        .load = wcalloc((size_t)n_workers, sizeof(double)),
+        .total = wcalloc((size_t)n_workers, sizeof(double)),
+    };
+    bool ok = t.cost && t.order && t.unit_next && t.sig_owner && t.load && t.total;
+    if (ok) {
+        for (int i = 0; i < p->n_instr; i++)
+            t.cost[i] = instr_cost(st, &p->instrs[i]);
+        for (int c = 0; c < p->n_counters; c++)
+            t.sig_owner[c] = -1;
+        for (int k = 0; k < p->n_stages; k++)
+            assign_stage(p, &t, pl->owner, k, n_workers);
+    }
+    wfree(t.cost), wfree(t.order), wfree(t.unit_next), wfree(t.sig_owner);
+    wfree(t.load), wfree(t.total);
+    return ok;
+}
+
+/* Queues in list order, and which waits need a run-time check (see the file comment). */
+static bool plan_queues(struct mega_plan *pl, const struct program *p, int n_workers)
+{
+    int *sig_owner = wcalloc((size_t)p->n_counters, sizeof(int));
+    int *checked = wcalloc((size_t)p->n_counters * (size_t)n_workers, sizeof(int));
+    if (!sig_owner || !checked) {
+        wfree(sig_owner), wfree(checked);
+        return false;
+    }
+    for (int c = 0; c < p->n_counters; c++)
+        sig_owner[c] = -1;
+    for (int i = 0; i < p->n_instr; i++) {
+        int c = p->instrs[i].signal, o = pl->owner[i];
+        sig_owner[c] = sig_owner[c] == -1 || sig_owner[c] == o ? o : -2;
+    }
+    for (int w = 0; w <= n_workers; w++)
+        pl->queue_first[w] = 0;
+    for (int i = 0; i < p->n_instr; i++)
+        pl->queue_first[pl->owner[i] + 1]++;
+    for (int w = 0; w < n_workers; w++)
+        pl->queue_first[w + 1] += pl->queue_first[w];
+    int *fill = checked; /* reuse the first n_workers ints as fill cursors, then clear */
+    for (int w = 0; w < n_workers; w++)
+        fill[w] = pl->queue_first[w];
+    for (int i = 0; i < p->n_instr; i++)
+        pl->queue[fill[pl->owner[i]]++] = i;
+    memset(checked, 0, (size_t)p->n_counters * (size_t)n_workers * sizeof(int));
+    for (int i = 0; i < p->n_instr; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        int w = pl->owner[i];
+        pl->check[i] = 0;
+        for (int c = in->wait; in->wait >= 0 && c < in->wait + in->n_wait; c++) {
+            int *seen = &checked[(size_t)w * (size_t)p->n_counters + (size_t)c];
+            if (sig_owner[c] != w && !*seen)
+                pl->check[i] = 1;
+            *seen = 1;
+        }
+    }
+    wfree(sig_owner), wfree(checked);
+    return true;
+}
+
+static int plan_create(struct mega_plan **out, const struct exec_step *st, int n_workers,
+                       struct weld_err *e)
+{
+    const struct program *p = st->p;
+    struct mega_plan *pl = wcalloc(1, sizeof *pl);
+    if (!pl)
+        goto nomem;
+    pl->prog_id = program_id(p);
+    pl->n_instr = p->n_instr;
+    pl->n_counters = p->n_counters;
+    pl->owner = wcalloc((size_t)p->n_instr, sizeof(int));
+    pl->queue = wcalloc((size_t)p->n_instr, sizeof(int));
+    pl->queue_first = wcalloc((size_t)n_workers + 1, sizeof(int));
+    pl->check = wcalloc((size_t)p->n_instr, 1);
+    pl->counters_raw = wcalloc((size_t)p->n_counters + 1, sizeof(struct mega_counter));
+    if (!pl->owner || !pl->queue || !pl->queue_first || !pl->check || !pl->counters_raw)
+        goto nomem;
+    pl->counters = (struct mega_counter *)(((uintptr_t)pl->counters_raw + 63) &
+                                           ~(uintptr_t)63);
+    for (int c = 0; c < p->n_counters; c++)
+        atomic_init(&pl->counters[c].v, 0);
+    if (!plan_assign(pl, st, n_workers) || !plan_queues(pl, p, n_workers))
+        goto nomem;
+    *out = pl;
+    return WELD_OK;
+nomem:
+    plan_free(pl);
+    return err_set(e, WELD_ERR_NOMEM, "exec mega: out of memory planning %d instructions "
+                   "for %d workers", p->n_instr, n_workers);
+}
+
+/* Every wait names counters signalled only by earlier instructions, wait_count times. */
+static int check_program(const struct program *p, struct weld_err *e)
+{
+    int *count = wcalloc((size_t)p->n_counters + 1, sizeof(int));
+    if (!count)
+        return err_set(e, WELD_ERR_NOMEM, "exec mega: out of memory");
+    int *last = wcalloc((size_t)p->n_counters + 1, sizeof(int));
+    if (!last) {
+        wfree(count);
+        return err_set(e, WELD_ERR_NOMEM, "exec mega: out of memory");
+    }
+    int rc = WELD_OK;
+    for (int i = 0; i < p->n_instr && !rc; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        if (in->signal < 0 || in->signal >= p->n_counters)
+            rc = err_set(e, WELD_ERR_INTERNAL, "exec mega: instruction %d (%s) signals "
+                         "counter %d of %d", i, prog_op_name(in->op), in->signal,
+                         p->n_counters);
+        else
+            count[in->signal]++, last[in->signal] = i;
+    }
+    for (int i = 0; i < p->n_instr && !rc; i++) {
+        const struct prog_instr *in = &p->instrs[i];
+        if (in->wait < 0)
+            continue;
+        bool ok = in->n_wait >= 1 && in->n_wait <= p->n_counters - in->wait;
+        for (int c = in->wait; ok && c < in->wait + in->n_wait; c++)
+            ok = count[c] == in->wait_count && last[c] < i;
+        if (!ok)
+            rc = err_set(e, WELD_ERR_INTERNAL, "exec mega: instruction %d (%s, layer %d) "
+                         "waits on counters %d (+%d) for %d, which later or other "
+                         "instructions signal", i, prog_op_name(in->op), in->layer,
+                         in->wait, in->n_wait, in->wait_count);
+    }
+    wfree(count), wfree(last);
+    return rc;
+}
+
+/* The plan for st->p: cached, or made (and checked) now, evicting the least recent. */
+static int get_plan(struct mega_state *s, const struct exec_step *st, struct mega_plan **out,
+                    struct weld_err *e)
+{
+    uint64_t id = program_id(st->p);
+    int victim = 0;
+    for (int i = 0; i < MEGA_PLANS; i++) {
+        struct mega_plan *pl = s->plans[i];
+        if (pl && pl->prog_id == id) {
+            pl->last_used = ++s->clock;
+            *out = pl;
+            return WELD_OK;
+        }
+        if (!pl || (s->plans[victim] && pl->last_used < s->plans[victim]->last_used))
+            victim = i;
+    }
+    int rc = check_program(st->p, e);
+    struct mega_plan *pl = NULL;
+    if (rc || (rc = plan_create(&pl, st, s->n_workers, e)))
+        return rc;
+    plan_free(s->plans[victim]);
+    s->plans[victim] = pl;
+    pl->last_used = ++s->clock;
+    *out = pl;
+    return WELD_OK;
+}
+
+/* ---- running ------------------------------------------------------------------------- */
+
+/* Address of the first weight row instruction `in` reads (for prefetching), or NULL. */
+static const char *first_weights(const struct exec_step *st, const struct prog_instr *in,
+                                 const char **second)
+{
+    const struct model_config *c = &st->m->cfg;
+    *second = NULL;
+    if (in->layer < 0)
+        return in->op == OP_FINAL_NORM_LOGITS
+               ? (const char *)st->w->output.data + (size_t)in->row0 * st->w->output.row_bytes
+               : NULL;
+    const struct exec_layer_mats *lm = &st->w->mats[in->layer];
+    const struct exec_mat *m = NULL;
+    size_t row = (size_t)in->row0;
+    switch (in->op) {
+    case OP_ATTN_NORM_QKV_ROPE: {
+        int u = in->row0, nh = c->n_head, nkv = c->n_kv_head;
+        m = u < nh ? &lm->wq : u < nh + nkv ? &lm->wk : &lm->wv;
+        row = (size_t)(u < nh ? u : u < nh + nkv ? u - nh : u - nh - nkv) * (size_t)c->head_dim;
+        break;
+    }
+    case OP_O_PROJ_RESIDUAL: m = &lm->wo; break;
+    case OP_FFN_NORM_GATE_UP_SILU:
+        m = &lm->gate;
+        *second = (const char *)lm->up.data + row * lm->up.row_bytes;
+        break;
+    case OP_DOWN_PROJ_RESIDUAL: m = &lm->down; break;
+    default: return NULL;
+    }
+    return (const char *)m->data + row * m->row_bytes;
+}
+
+/* Spin until counter c reaches target; prefetch the instruction's weights meanwhile. */
+static void wait_counter(const struct mega_state *s, struct mega_worker *mw,
+                         _Atomic uint64_t *c, uint64_t target, const struct exec_step *st,
+                         const struct prog_instr *in)
+{
+    mw->syncs++;
+    if (atomic_load_explicit(c, memory_order_acquire) >= target)
+        return;
+    int64_t t0 = now_ns();
+    const char *w2, *w1 = first_weights(st, in, &w2);
+    int i = 0;
+    while (atomic_load_explicit(c, memory_order_acquire) < target) {
+        if (i < MEGA_PREFETCH_LINES) {
+            if (w1)
+                __builtin_prefetch(w1 + 64 * i, 0, 3);
+            if (w2)
+                __builtin_prefetch(w2 + 64 * i, 0, 3);
+        }
+        if (i < s->spins) {
+            i++;
+            mega_pause();
+        } else {
+            sched_yield();
+        }
+    }
+    mw->wait_ns += (uint64_t)(now_ns() - t0);
+}
+
+static void mega_worker_run(void *ctx, int w, int n)
+{
+    (void)n;
+    struct mega_state *s = ctx;
+    const struct exec_step *st = s->st;
+    const struct program *p = st->p;
+    struct mega_plan *pl = s->cur;
+    struct mega_worker *mw = &s->workers[w];
+    float *scratch = s->scratch + (size_t)w * s->stride;
+    uint64_t epoch = pl->epoch + 1;
+    for (int q = pl->queue_first[w]; q < pl->queue_first[w + 1]; q++) {
+        int i = pl->queue[q];
+        const struct prog_instr *in = &p->instrs[i];
+        int64_t t_start = s->tracing ? now_ns() : 0;
+        if (pl->check[i]) {
+            uint64_t target = (uint64_t)in->wait_count * epoch;
+            for (int c = in->wait; c < in->wait + in->n_wait; c++)
+                wait_counter(s, mw, &pl->counters[c].v, target, st, in);
+        }
+        int64_t t_met = s->tracing ? now_ns() : 0;
+        exec_op_run(st, in, scratch);
+        atomic_fetch_add_explicit(&pl->counters[in->signal].v, 1, memory_order_release);
+        if (s->tracing) {
+            struct trace_event ev = {
+                .t_start = t_start, .t_met = t_met, .t_end = now_ns(),
+                .step = s->trace->step, .instr = i, .row0 = in->row0, .row1 = in->row1,
+                .seq = in->seq, .layer = in->layer, .op = in->op,
+            };
+            trace_add(s->trace, w, &ev);
+        }
+    }
+}
+
+static int trace_prepare(struct mega_state *s, const struct mega_plan *pl, struct weld_err *e)
+{
+    for (int w = 0; w < s->n_workers; w++) {
+        int rc = trace_reserve(s->trace, w, pl->queue_first[w + 1] - pl->queue_first[w], e);
+        if (rc)
+            return rc;
+    }
+    return WELD_OK;
+}
+
+static int mega_run(void *state, const struct exec_step *st, struct weld_err *e)
+{
+    struct mega_state *s = state;
+    struct mega_plan *pl;
+    int rc = get_plan(s, st, &pl, e);
+    if (rc)
+        return rc;
+    s->tracing = trace_active(s->trace);
+    if (s->tracing && (rc = trace_prepare(s, pl, e)))
+        return rc;
+    s->st = st;
+    s->cur = pl;
+    int64_t t0 = now_ns();
+    team_run(s->team, mega_worker_run, s);
+    s->stats.step_s += (double)(now_ns() - t0) * 1e-9;
+    s->stats.steps++;
+    s->stats.tokens += st->p->n_tokens;
+    pl->epoch++;
+    s->st = NULL;
+    s->cur = NULL;
+    return s->tracing ? trace_step_done(s->trace, e) : WELD_OK;
+}
+
+/* ---- lifetime and queries ------------------------------------------------------------ */
+
+static void mega_free(void *state)
+{
+    struct mega_state *s = state;
+    if (!s)
+        return;
+    team_free(s->team);
+    for (int i = 0; i < MEGA_PLANS; i++)
+        plan_free(s->plans[i]);
+    trace_free(s->trace);
+    wfree(s->scratch);
+    wfree(s->workers_raw);
+    wfree(s);
+}
+
+static int trace_from_env(struct mega_state *s, struct weld_err *e)
+{
+    const char *path = getenv("WELD_TRACE");
+    if (!path || !*path)
+        return WELD_OK;
+    int steps = MEGA_TRACE_STEPS;
+    const char *v = getenv("WELD_TRACE_STEPS");
+    if (v && *v) {
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > 1000000)
+            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_TRACE_STEPS=%s: not a step count "
+                           "in [1, 1000000]", v);
+        steps = (int)n;
+    }
+    return trace_create(&s->trace, path, s->n_workers, steps, e);
+}
+
+static int mega_create(void **out, const struct model_config *c, const struct exec_params *xp,
+                       struct weld_err *e)
+{
+    *out = NULL;
+    struct mega_state *s = wcalloc(1, sizeof *s);
+    if (!s)
+        return err_set(e, WELD_ERR_NOMEM, "exec mega: out of memory");
+    int rc = team_create(&s->team, xp ? xp->n_threads : 0, xp ? xp->team_flags : 0, e);
+    if (rc)
+        goto fail;
+    s->n_workers = team_size(s->team);
+    s->spins = s->n_workers > team_physical_cores() ? MEGA_SPINS_OVER : MEGA_SPINS;
+    s->stats.n_workers = s->n_workers;
+    /* the scratch base is only 16-byte aligned, so pad one line between workers */
+    s->stride = (exec_scratch_floats(c) + 15) / 16 * 16 + 16;
+    s->scratch = wcalloc((size_t)s->n_workers, s->stride * sizeof(float));
+    s->workers_raw = wcalloc((size_t)s->n_workers + 1, sizeof(struct mega_worker));
+    if (!s->scratch || !s->workers_raw) {
+        rc = err_set(e, WELD_ERR_NOMEM, "exec mega: out of memory for %d workers",
+                     s->n_workers);
+        goto fail;
+    }
+    s->workers = (struct mega_worker *)(((uintptr_t)s->workers_raw + 63) & ~(uintptr_t)63);
+    if ((rc = trace_from_env(s, e)))
+        goto fail;
+    *out = s;
+    return WELD_OK;
+fail:
+    mega_free(s);
+    return rc;
+}
+
+static int mega_n_workers(const void *state)
+{
+    const struct mega_state *s = state;
+    return s->n_workers;
+}
+
+static int mega_n_splits(const void *state)
+{
+    int n = mega_n_workers(state);
+    return n > 1 ? MEGA_SPLITS_PER_WORKER * n : 1;
+}
+
+static unsigned mega_prog_flags(const void *state)
+{
+    (void)state;
+    return PROG_HEAD_DEPS;
+}
+
+static void mega_stats(void *state, struct exec_stats *out, bool reset)
+{
+    struct mega_state *s = state;
+    *out = s->stats;
+    for (int w = 0; w < s->n_workers; w++) {
+        out->syncs += (long long)s->workers[w].syncs;
+        out->wait_s += (double)s->workers[w].wait_ns * 1e-9;
+    }
+    if (reset) {
+        memset(&s->stats, 0, sizeof s->stats);
+        s->stats.n_workers = s->n_workers;
+        for (int w = 0; w < s->n_workers; w++)
+            s->workers[w].syncs = s->workers[w].wait_ns = 0;
+    }
+}
+
+const struct executor_impl exec_mega_impl = {
+    .name = "mega",
+    .desc = "megakernel: per-worker queues, dependency counters, no barriers",
+    .create = mega_create,
+    .free = mega_free,
+    .run = mega_run,
+    .n_workers = mega_n_workers,
+    .n_splits = mega_n_splits,
+    .prog_flags = mega_prog_flags,
+    .stats = mega_stats,
+};
