@@ -22,7 +22,13 @@
  *
  * Output: a table on stdout, or with --json exactly one JSON object on stdout:
  *   {"model", "threads", "isa", "pp": {"tokens", "tok_s_median", "tok_s_min",
- *    "tok_s_max"}, "tg": {same}, "bandwidth": {"gb_s", "probe_gb_s", "share"}}
+ *    "tok_s_max"}, "tg": {same}, "bandwidth": {"gb_s", "probe_gb_s", "share"},
+ *    "executor", "bubble", "syncs_per_token"}
+ * The last three describe the timed decode steps (batch 1): the executor's name, the
+ * share of worker time spent waiting on dependency counters or barriers, and those waits
+ * per token summed over workers (exec.h exec_stats); null when the executor keeps no
+ * stats (ref). The table prints them as "executor mega: bubble X% (batch 1), N
+ * syncs/token".
  * With --bandwidth only the probe runs; its JSON is {"threads", "isa", "bytes", "passes",
  * "probe_gb_s", "probe_gb_s_median"}.
  *
@@ -68,6 +74,8 @@ struct bm_run {
     int n_vocab;
     int32_t *ids; /* (n_prompt) */
     float *logits; /* (n_vocab) */
+    struct exec_stats tg_stats; /* summed over the timed decode steps */
+    bool have_stats;            /* the executor keeps stats */
 };
 
 static int32_t bm_token(struct bm_run *b)
@@ -106,16 +114,39 @@ static int bm_prefill(struct bm_run *b, int depth, int n, double *dt, struct wel
     return rc;
 }
 
-/* An untimed prompt of max(depth, 1) tokens, then n timed decode steps. */
-static int bm_decode(struct bm_run *b, int depth, int n, double *dt, struct weld_err *e)
+/* Add the executor stats of the steps since the last reset to b->tg_stats. */
+static void bm_add_stats(struct bm_run *b)
 {
+    struct exec_stats s;
+    struct weld_err e;
+    b->have_stats = runner_exec_stats(b->r, &s, true, &e) == WELD_OK;
+    if (!b->have_stats)
+        return;
+    b->tg_stats.executor = s.executor;
+    b->tg_stats.n_workers = s.n_workers;
+    b->tg_stats.steps += s.steps;
+    b->tg_stats.tokens += s.tokens;
+    b->tg_stats.syncs += s.syncs;
+    b->tg_stats.wait_s += s.wait_s;
+    b->tg_stats.step_s += s.step_s;
+}
+
+/* An untimed prompt of max(depth, 1) tokens, then n timed decode steps (whose executor
+   stats go to b->tg_stats when `stats`). */
+static int bm_decode(struct bm_run *b, int depth, int n, bool stats, double *dt,
+                     struct weld_err *e)
+{
+    struct exec_stats skip;
     runner_drop_seq(b->r, 0);
     const int ctx = depth > 1 ? depth : 1;
     int rc = bm_step(b, 0, ctx, e);
+    (void)runner_exec_stats(b->r, &skip, true, e); /* the prompt's step is not counted */
     double t0 = time_now();
     for (int i = 0; rc == WELD_OK && i < n; i++)
         rc = bm_step(b, ctx + i, 1, e);
     *dt = time_now() - t0;
+    if (stats && rc == WELD_OK)
+        bm_add_stats(b);
     runner_drop_seq(b->r, 0);
     return rc;
 }
@@ -190,12 +221,12 @@ static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat 
         return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
     int rc = bm_prefill(b, 0, o->n_prompt, &dt, e);
     if (rc == WELD_OK)
-        rc = bm_decode(b, 0, 1, &dt, e);
+        rc = bm_decode(b, 0, 1, false, &dt, e);
     for (int i = 0; rc == WELD_OK && i < o->reps; i++) {
         rc = bm_prefill(b, o->depth, o->n_prompt, &dt, e);
         v[i] = dt > 0 ? o->n_prompt / dt : 0;
         if (rc == WELD_OK)
-            rc = bm_decode(b, o->depth, o->n_gen, &dt, e);
+            rc = bm_decode(b, o->depth, o->n_gen, true, &dt, e);
         v[o->reps + i] = dt > 0 ? o->n_gen / dt : 0;
     }
     if (rc == WELD_OK) {
@@ -235,6 +266,18 @@ static void bm_print_json(json_t *j)
     json_decref(j);
 }
 
+/* The executor's bubble (share of worker time waiting) and syncs per token over the
+   timed decode steps; false when it keeps no stats. */
+static bool bm_exec_figures(const struct bm_run *b, double *bubble, double *syncs_per_token)
+{
+    const struct exec_stats *s = &b->tg_stats;
+    if (!b->have_stats || s->tokens < 1 || s->step_s <= 0 || s->n_workers < 1)
+        return false;
+    *bubble = s->wait_s / (s->step_s * s->n_workers);
+    *syncs_per_token = (double)s->syncs / (double)s->tokens;
+    return true;
+}
+
 static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threads,
                       const struct bm_stat *pp, const struct bm_stat *tg,
                       const struct bw_result *bw)
@@ -243,11 +286,23 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
     double gb_s = (double)bytes * tg->median / 1e9;
     double share = bw->gb_s_best > 0 ? gb_s / bw->gb_s_best : 0;
     const char *isa = isa_name(isa_active());
+    double bubble = 0, syncs = 0;
+    bool ex = bm_exec_figures(b, &bubble, &syncs);
     if (o->json) {
-        bm_print_json(json_pack("{s:s, s:i, s:s, s:o, s:o, s:{s:f, s:f, s:f}}", "model",
-                                o->model, "threads", threads, "isa", isa, "pp",
-                                bm_stat_json(pp), "tg", bm_stat_json(tg), "bandwidth",
-                                "gb_s", gb_s, "probe_gb_s", bw->gb_s_best, "share", share));
+        json_t *j = json_pack("{s:s, s:i, s:s, s:o, s:o, s:{s:f, s:f, s:f}}", "model",
+                              o->model, "threads", threads, "isa", isa, "pp",
+                              bm_stat_json(pp), "tg", bm_stat_json(tg), "bandwidth",
+                              "gb_s", gb_s, "probe_gb_s", bw->gb_s_best, "share", share);
+        if (j && ex) {
+            json_object_set_new(j, "executor", json_string(b->tg_stats.executor));
+            json_object_set_new(j, "bubble", json_real(bubble));
+            json_object_set_new(j, "syncs_per_token", json_real(syncs));
+        } else if (j) {
+            json_object_set_new(j, "executor", json_null());
+            json_object_set_new(j, "bubble", json_null());
+            json_object_set_new(j, "syncs_per_token", json_null());
+        }
+        bm_print_json(j);
         return;
     }
     printf("model %s\n%d threads, isa %s, %d repetitions; %s\n", o->model, threads, isa,
@@ -259,6 +314,9 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
            "%.2f GB/s (best of %d passes over %.2f GiB, %s read loop)\n",
            gb_s, (double)bytes / 1e6, 100 * share, bw->gb_s_best, bw->passes,
            (double)bw->bytes / (1024.0 * 1024 * 1024), bw->isa);
+    if (ex)
+        printf("executor %s: bubble %.1f%% (batch 1), %.1f syncs/token\n",
+               b->tg_stats.executor, 100 * bubble, syncs);
 }
 
 static int bm_run_model(const struct bm_opts *o, struct weld_err *e)

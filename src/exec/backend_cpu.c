@@ -229,6 +229,7 @@ int backend_cpu_exec_stats(void *ctx, struct exec_stats *out, bool reset, struct
     if (!c->ex->stats)
         return err_set(e, WELD_ERR_UNSUPPORTED, "the %s executor keeps no stats", c->ex->name);
     c->ex->stats(c->ex_state, out, reset);
+    out->executor = c->ex->name;
     return WELD_OK;
 }
 

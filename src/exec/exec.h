@@ -42,9 +42,11 @@ struct exec_params {
    bubble is wait_s / (n_workers * step_s): the share of worker time spent waiting on
    dependency counters. */
 struct exec_stats {
+    const char *executor;    /* its name */
     long long steps, tokens; /* steps run and the tokens they carried */
-    long long syncs;         /* counter waits checked (summed over workers) */
-    double wait_s;           /* worker time spent spinning on unmet counters (summed) */
+    long long syncs;         /* waits: counter checks (mega), barrier arrivals (ops);
+                                summed over workers */
+    double wait_s;           /* worker time spent in those waits (summed) */
     double step_s;           /* wall time of the steps, from run start to end */
     int n_workers;
 };

@@ -77,7 +77,7 @@
 
 #define MEGA_SPLITS_PER_WORKER 1
 #define MEGA_PLANS 8
-#define MEGA_SPINS 20000          /* pauses before a wait starts yielding */
+#define MEGA_SPINS 4096           /* pauses before a wait starts yielding */
 #define MEGA_SPINS_OVER 16        /* the same with more workers than cores */
 #define MEGA_PREFETCH_LINES 16    /* lines of each matrix prefetched while waiting */
 #define MEGA_FLOP_COST 0.25       /* cost of one FLOP in bytes-read units */
@@ -533,13 +533,13 @@ static void mega_worker_run(void *ctx, int w, int n)
     for (int q = pl->queue_first[w]; q < pl->queue_first[w + 1]; q++) {
         int i = pl->queue[q];
         const struct prog_instr *in = &p->instrs[i];
-        int64_t t_start = s->tracing ? now_ns() : 0;
+        int64_t t_start = s->tracing ? now_ns() : 0, t_met = t_start;
         if (pl->check[i]) {
             uint64_t target = (uint64_t)in->wait_count * epoch;
             for (int c = in->wait; c < in->wait + in->n_wait; c++)
                 wait_counter(s, mw, &pl->counters[c].v, target, st, in);
+            t_met = s->tracing ? now_ns() : 0;
         }
-        int64_t t_met = s->tracing ? now_ns() : 0;
         exec_op_run(st, in, scratch);
         atomic_fetch_add_explicit(&pl->counters[in->signal].v, 1, memory_order_release);
         if (s->tracing) {

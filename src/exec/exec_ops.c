@@ -32,6 +32,9 @@
  * stages; true of the default programs and of PROG_HEAD_DEPS ones); a program that is
  * not is a builder bug (WELD_ERR_INTERNAL naming the instruction).
  *
+ * Stats (exec.h): barrier arrivals count as syncs and the time in team_barrier as wait,
+ * two clock reads per barrier per worker, so the bubble compares with mega's.
+ *
  * Deliberately not here: cost-model assignment, overlapping stages (that is the
  * megakernel's job), trace recording.
  */
@@ -40,9 +43,18 @@
 #include "core/alloc.h"
 #include "core/team.h"
 
+#include <stdalign.h>
 #include <stdatomic.h>
+#include <string.h>
+#include <time.h>
 
 #define OPS_SPLITS_PER_WORKER 4
+
+/* Per-worker stats, each on its own line. */
+struct ops_worker_stats {
+    alignas(64) uint64_t wait_ns; /* time in barriers */
+    uint64_t syncs;               /* barrier arrivals */
+};
 
 struct ops_state {
     struct team *team;
@@ -52,7 +64,17 @@ struct ops_state {
     float *scratch;             /* (n_workers, stride) */
     size_t stride;              /* floats per worker, a multiple of 16 (64 bytes) */
     const struct exec_step *st; /* the step being run (set before team_run) */
+    struct ops_worker_stats *ws; /* (n_workers), 64-byte aligned */
+    void *ws_raw;
+    struct exec_stats stats;
 };
+
+static int64_t ops_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 static void ops_free(void *state)
 {
@@ -63,6 +85,7 @@ static void ops_free(void *state)
     wfree(s->claims);
     wfree(s->check);
     wfree(s->scratch);
+    wfree(s->ws_raw);
     wfree(s);
 }
 
@@ -82,7 +105,11 @@ static int ops_create(void **out, const struct model_config *c, const struct exe
     /* the scratch base is only 16-byte aligned, so pad one line between workers */
     s->stride += 16;
     int n = team_size(s->team);
-    if (!(s->scratch = wcalloc((size_t)n, s->stride * sizeof(float)))) {
+    s->stats.n_workers = n;
+    s->ws_raw = wcalloc((size_t)n + 1, sizeof(struct ops_worker_stats));
+    if (s->ws_raw)
+        s->ws = (struct ops_worker_stats *)(((uintptr_t)s->ws_raw + 63) & ~(uintptr_t)63);
+    if (!s->ws_raw || !(s->scratch = wcalloc((size_t)n, s->stride * sizeof(float)))) {
         ops_free(s);
         return err_set(e, WELD_ERR_NOMEM, "exec ops: out of memory for %d workers' scratch",
                        n);
@@ -159,8 +186,12 @@ static void ops_worker(void *ctx, int w, int n)
                                                   memory_order_relaxed)) < count)
                 exec_op_run(st, &p->instrs[first + j], scratch);
         }
-        if (k + 1 < p->n_stages)
+        if (k + 1 < p->n_stages) {
+            int64_t t0 = ops_now_ns();
             team_barrier(s->team);
+            s->ws[w].wait_ns += (uint64_t)(ops_now_ns() - t0);
+            s->ws[w].syncs++;
+        }
     }
 }
 
@@ -192,9 +223,30 @@ static int ops_run(void *state, const struct exec_step *st, struct weld_err *e)
     for (int k = 0; k < p->n_stages; k++)
         atomic_store_explicit(&s->claims[k], 0, memory_order_relaxed);
     s->st = st;
+    int64_t t0 = ops_now_ns();
     team_run(s->team, ops_worker, s);
+    s->stats.step_s += (double)(ops_now_ns() - t0) * 1e-9;
+    s->stats.steps++;
+    s->stats.tokens += p->n_tokens;
     s->st = NULL;
     return WELD_OK;
+}
+
+static void ops_stats(void *state, struct exec_stats *out, bool reset)
+{
+    struct ops_state *s = state;
+    *out = s->stats;
+    for (int w = 0; w < s->stats.n_workers; w++) {
+        out->syncs += (long long)s->ws[w].syncs;
+        out->wait_s += (double)s->ws[w].wait_ns * 1e-9;
+    }
+    if (reset) {
+        int n = s->stats.n_workers;
+        memset(&s->stats, 0, sizeof s->stats);
+        s->stats.n_workers = n;
+        for (int w = 0; w < n; w++)
+            s->ws[w].wait_ns = s->ws[w].syncs = 0;
+    }
 }
 
 const struct executor_impl exec_ops_impl = {
@@ -205,4 +257,5 @@ const struct executor_impl exec_ops_impl = {
     .run = ops_run,
     .n_workers = ops_n_workers,
     .n_splits = ops_n_splits,
+    .stats = ops_stats,
 };

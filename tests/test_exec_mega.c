@@ -1,0 +1,411 @@
+/*
+ * The megakernel executor beyond plain equivalence (test_exec_executors covers that):
+ *
+ * - PROG_HEAD_DEPS programs: every ATTENTION instruction waits on exactly the QKV
+ *   instructions that make its heads (computed independently from the unit ranges), and
+ *   ref, ops and mega all run them to the same logits as ref on the default program.
+ * - Stats: steps and tokens counted; at batch 1 mega checks fewer counters per step than
+ *   a barrier executor has arrivals (workers x (stages - 1)); the bubble is a share;
+ *   reset starts from zero; the ref executor reports "no stats".
+ * - WELD_TRACE: the file parses as Chrome trace JSON with one instruction event per
+ *   instruction of each of the WELD_TRACE_STEPS first steps, on workers [0, n), with
+ *   start <= dependency met <= end; bad WELD_TRACE_STEPS is refused.
+ * - An idle engine uses ~0% CPU: /proc/self/stat utime + stime over 1 s without steps.
+ * - A program whose waits point at later or miscounted counters is refused.
+ */
+#include "core/alloc.h"
+#include "core/json.h"
+#include "core/team.h"
+#include "exec/exec.h"
+#include "exec/runner.h"
+#include "exec/weights.h"
+#include "model/model.h"
+#include "test.h"
+#include "test_models.h"
+
+#include <stdint.h>
+#include <time.h>
+
+static const struct tspec spec_gqa = {ARCH_LLAMA, 64, 3, 8, 2, 8, 96, 50, 8,
+                                      false, true, true, false, 10000.0f};
+static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 6, 3, 16, 96, 60, 16,
+                                        true, false, false, false, 1000000.0f};
+
+static struct runner *make_runner(const struct model *m, const char *exec, int n_threads)
+{
+    struct backend_params bp;
+    backend_params_init(&bp, 4, TM_CTX);
+    bp.n_threads = n_threads;
+    bp.oversubscribe = true;
+    setenv("WELD_EXEC", exec, 1);
+    struct runner *r = NULL;
+    struct weld_err e;
+    if (runner_create_ex(&r, m, &bp, &e))
+        fprintf(stderr, "runner_create_ex: %s\n", e.msg);
+    unsetenv("WELD_EXEC");
+    return r;
+}
+
+/* ---- head-grouped programs --------------------------------------------------------- */
+
+/* Does QKV unit range [u0, u1) hold a Q, K or V head of KV heads [h0, h1)? */
+static bool makes_heads(const struct model_config *c, int u0, int u1, int h0, int h1)
+{
+    int grp = c->n_head / c->n_kv_head;
+    for (int u = u0; u < u1; u++) {
+        int kv = u < c->n_head ? u / grp : u < c->n_head + c->n_kv_head ? u - c->n_head
+                                                                         : u - c->n_head - c->n_kv_head;
+        if (kv >= h0 && kv < h1)
+            return true;
+    }
+    return false;
+}
+
+/* Every ATTENTION waits on exactly the QKV instructions of its heads (same layer). */
+static void check_head_waits(const struct model_config *c, const struct program *p)
+{
+    int bad = 0, n_att = 0;
+    for (int i = 0; i < p->n_instr; i++) {
+        const struct prog_instr *a = &p->instrs[i];
+        if (a->op != OP_ATTENTION)
+            continue;
+        n_att++;
+        int count = 0;
+        for (int j = 0; j < i; j++) {
+            const struct prog_instr *q = &p->instrs[j];
+            bool waited = q->signal >= a->wait && q->signal < a->wait + a->n_wait;
+            bool needed = q->op == OP_ATTN_NORM_QKV_ROPE && q->layer == a->layer &&
+                          makes_heads(c, q->row0, q->row1, a->row0, a->row1);
+            bad += waited && q->op != OP_ATTN_NORM_QKV_ROPE;
+            bad += needed && !waited;
+            count += waited;
+        }
+        bad += count != a->wait_count * a->n_wait;
+    }
+    CHECK(n_att > 0);
+    CHECK_EQ_INT(bad, 0);
+}
+
+struct fixture {
+    struct tmodel *tm;
+    struct exec_weights *w;
+    struct kv_cache *kv;
+    int32_t toks[9];
+    int pos[9];
+    struct batch_seq seqs[2];
+    struct batch b;
+    const int32_t *tables[2];
+};
+
+/* Two sequences, prefill chunks of 5 and 4 tokens, the second with every logit row. */
+static bool fixture_init(struct fixture *f, const struct tspec *sp, uint64_t seed)
+{
+    struct weld_err e;
+    memset(f, 0, sizeof *f);
+    f->tm = tm_build(sp, DT_F32, seed);
+    for (int i = 0; i < 9; i++)
+        f->toks[i] = (int32_t)((i * 7 + 1) % sp->vocab), f->pos[i] = i < 5 ? i : i - 5;
+    f->seqs[0] = (struct batch_seq){0, f->toks, 5, 0, false, NULL, 0};
+    f->seqs[1] = (struct batch_seq){1, f->toks + 5, 4, 0, true, NULL, 0};
+    f->b = (struct batch){.seqs = f->seqs, .n_seqs = 2};
+    struct kv_config kc = {.n_layer = sp->n_layer, .kv_dim = sp->n_kv * sp->head_dim,
+                           .head_dim = sp->head_dim, .max_seqs = 2, .max_ctx = 16,
+                           .type = DT_F32};
+    if (exec_weights_create(&f->w, &f->tm->m, &e) || kv_create(&f->kv, &kc, &e) ||
+        kv_seq_prepare(f->kv, 0, 0, 5, &e) || kv_seq_prepare(f->kv, 1, 0, 4, &e)) {
+        fprintf(stderr, "fixture: %s\n", e.msg);
+        return false;
+    }
+    f->tables[0] = f->kv->seqs[0].blocks;
+    f->tables[1] = f->kv->seqs[1].blocks;
+    return true;
+}
+
+static void fixture_free(struct fixture *f)
+{
+    kv_free(f->kv);
+    exec_weights_free(f->w);
+    tm_free(f->tm);
+}
+
+/* Run program p on executor x (n workers); logits into out (n_logit_rows x vocab). */
+static int run_on(struct fixture *f, const struct executor_impl *x, int n,
+                  const struct program *p, float *out)
+{
+    struct weld_err e;
+    void *state = NULL;
+    struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE};
+    int rc = x->create(&state, &f->tm->m.cfg, &xp, &e);
+    float *arena = calloc(p->arena_floats + 1, sizeof(float));
+    struct exec_step st = {.m = &f->tm->m, .w = f->w, .p = p, .kv = f->kv, .tokens = f->toks,
+                           .pos = f->pos, .tables = f->tables, .arena = arena, .logits = out};
+    for (int rep = 0; rc == WELD_OK && rep < 3; rep++) /* plans are reused across runs */
+        rc = x->run(state, &st, &e);
+    if (rc)
+        fprintf(stderr, "%s, %d workers: %s\n", x->name, n, e.msg);
+    free(arena);
+    x->free(state);
+    return rc;
+}
+
+static void head_deps_with(const struct tspec *sp, uint64_t seed)
+{
+    struct fixture f;
+    REQUIRE(fixture_init(&f, sp, seed));
+    const struct model_config *c = &f.tm->m.cfg;
+    struct weld_err e;
+    struct program *p0 = NULL;
+    REQUIRE(program_build(&p0, c, &f.b, 1, &e) == WELD_OK);
+    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
+    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
+    REQUIRE(run_on(&f, &exec_ref_impl, 1, p0, want) == WELD_OK);
+    const int splits[] = {1, 2, 3, 4, 7};
+    const struct {
+        const struct executor_impl *x;
+        int n;
+    } runs[] = {{&exec_ref_impl, 1}, {&exec_ops_impl, 2}, {&exec_ops_impl, 3},
+                {&exec_mega_impl, 1}, {&exec_mega_impl, 2}, {&exec_mega_impl, 3},
+                {&exec_mega_impl, 8}};
+    for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+        struct program *p = NULL;
+        REQUIRE(program_build_ex(&p, c, &f.b, splits[k], PROG_HEAD_DEPS, &e) == WELD_OK);
+        CHECK(p->n_counters > p->n_stages || splits[k] == 1);
+        check_head_waits(c, p);
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            memset(got, 0, nf * sizeof(float));
+            CHECK_EQ_INT(run_on(&f, runs[r].x, runs[r].n, p, got), WELD_OK);
+            if (memcmp(got, want, nf * sizeof(float)) != 0) {
+                fprintf(stderr, "  %s %d workers, %d splits: logits differ\n",
+                        runs[r].x->name, runs[r].n, splits[k]);
+                CHECK(!"bit-identical");
+            }
+        }
+        program_free(p);
+    }
+    free(want), free(got);
+    program_free(p0);
+    fixture_free(&f);
+}
+
+TEST(head_deps_programs_gqa) { head_deps_with(&spec_gqa, 11); }
+TEST(head_deps_programs_qwen3) { head_deps_with(&spec_qwen3, 12); }
+
+/* A program whose attention waits on a counter signalled later, or for the wrong count. */
+TEST(bad_program_refused)
+{
+    struct fixture f;
+    REQUIRE(fixture_init(&f, &spec_gqa, 13));
+    struct weld_err e;
+    struct program *p = NULL;
+    REQUIRE(program_build_ex(&p, &f.tm->m.cfg, &f.b, 2, PROG_HEAD_DEPS, &e) == WELD_OK);
+    int a = 0;
+    while (p->instrs[a].op != OP_ATTENTION)
+        a++;
+    void *state = NULL;
+    struct exec_params xp = {.n_threads = 2, .team_flags = TEAM_OVERSUBSCRIBE};
+    REQUIRE(exec_mega_impl.create(&state, &f.tm->m.cfg, &xp, &e) == WELD_OK);
+    float *arena = calloc(p->arena_floats, sizeof(float));
+    float *lg = calloc((size_t)p->n_logit_rows * 50, sizeof(float));
+    struct exec_step st = {.m = &f.tm->m, .w = f.w, .p = p, .kv = f.kv, .tokens = f.toks,
+                           .pos = f.pos, .tables = f.tables, .arena = arena, .logits = lg};
+    p->instrs[a].wait = p->instrs[a].signal; /* its own stage's counter: would deadlock */
+    p->instrs[a].n_wait = 1;
+    CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_ERR_INTERNAL);
+    CHECK(strstr(e.msg, "(ATTENTION, layer 0) waits on counters") != NULL);
+    program_free(p);
+    REQUIRE(program_build_ex(&p, &f.tm->m.cfg, &f.b, 2, PROG_HEAD_DEPS, &e) == WELD_OK);
+    st.p = p;
+    p->instrs[a].wait_count++; /* more than are ever signalled: would spin forever */
+    CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_ERR_INTERNAL);
+    p->instrs[a].wait_count--;
+    CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_OK); /* a fresh program is fine */
+    exec_mega_impl.free(state);
+    exec_mega_impl.free(NULL);
+    free(arena), free(lg);
+    program_free(p);
+    fixture_free(&f);
+}
+
+/* ---- stats ------------------------------------------------------------------------- */
+
+/* A 6-token prompt then `decodes` single-token steps on sequence 0. */
+static bool run_decodes(struct runner *r, int vocab, int decodes)
+{
+    int32_t toks[64];
+    float *lg = malloc(sizeof(float) * (size_t)vocab);
+    struct weld_err e;
+    bool ok = true;
+    for (int i = 0; i < 6; i++)
+        toks[i] = (int32_t)(i * 5 % vocab);
+    runner_drop_seq(r, 0);
+    for (int step = 0; ok && step <= decodes && 6 + step < TM_CTX; step++) {
+        struct batch_seq bs = {0, step ? toks + 5 + step : toks, step ? 1 : 6,
+                               step ? 5 + step : 0, false, NULL, 0};
+        struct batch b = {.seqs = &bs, .n_seqs = 1};
+        ok = runner_forward(r, &b, lg, &e) == WELD_OK;
+        toks[6 + step] = (int32_t)(step % vocab);
+    }
+    free(lg);
+    return ok;
+}
+
+TEST(stats)
+{
+    struct tmodel *tm = tm_build(&spec_gqa, DT_F32, 21);
+    struct runner *r = make_runner(&tm->m, "mega", 2);
+    REQUIRE(r != NULL);
+    struct exec_stats s;
+    struct weld_err e;
+    REQUIRE(run_decodes(r, spec_gqa.vocab, 1));
+    REQUIRE(runner_exec_stats(r, &s, true, &e) == WELD_OK);
+    CHECK_EQ_INT((int)s.steps, 2);
+    CHECK_EQ_INT((int)s.tokens, 7);
+    CHECK_EQ_INT(s.n_workers, 2);
+    REQUIRE(runner_exec_stats(r, &s, false, &e) == WELD_OK);
+    CHECK_EQ_INT((int)s.steps, 0);
+    CHECK_EQ_INT((int)s.syncs, 0);
+    REQUIRE(run_decodes(r, spec_gqa.vocab, 20));
+    REQUIRE(runner_exec_stats(r, &s, true, &e) == WELD_OK);
+    CHECK_EQ_INT((int)s.steps, 21);
+    /* the stages of a decode step's program, as the backend builds it for mega */
+    struct program *p = NULL;
+    int32_t t = 1;
+    struct batch_seq bs = {0, &t, 1, 6, false, NULL, 0};
+    struct batch b = {.seqs = &bs, .n_seqs = 1};
+    REQUIRE(program_build_ex(&p, &tm->m.cfg, &b, 2, PROG_HEAD_DEPS, &e) == WELD_OK);
+    long long barrier_arrivals = 2LL * (p->n_stages - 1) * 20;
+    long long syncs_decode = s.syncs; /* prompt step included: compare loosely */
+    CHECK(syncs_decode > 0);
+    CHECK(syncs_decode < barrier_arrivals);
+    CHECK(s.wait_s >= 0 && s.step_s > 0 && s.wait_s <= 2 * s.step_s);
+    program_free(p);
+    runner_free(r);
+    /* executors without stats say so */
+    r = make_runner(&tm->m, "ref", 1);
+    REQUIRE(r != NULL);
+    CHECK_EQ_INT(runner_exec_stats(r, &s, false, &e), WELD_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "ref executor keeps no stats") != NULL);
+    runner_free(r);
+    tm_free(tm);
+}
+
+/* ---- trace ------------------------------------------------------------------------- */
+
+TEST(trace_file)
+{
+    struct tmodel *tm = tm_build(&spec_gqa, DT_F32, 31);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trace.json", test_tmpdir());
+    setenv("WELD_TRACE", path, 1);
+    setenv("WELD_TRACE_STEPS", "3", 1);
+    struct runner *r = make_runner(&tm->m, "mega", 3);
+    unsetenv("WELD_TRACE");
+    REQUIRE(r != NULL);
+    REQUIRE(run_decodes(r, spec_gqa.vocab, 4)); /* 5 steps, the first 3 traced */
+    runner_free(r);
+    unsetenv("WELD_TRACE_STEPS");
+    /* instructions of the 3 traced steps: the prompt's program, then two decodes */
+    int32_t t[6] = {0};
+    struct batch_seq bs = {0, t, 6, 0, false, NULL, 0};
+    struct batch b = {.seqs = &bs, .n_seqs = 1};
+    struct program *p = NULL;
+    struct weld_err e;
+    REQUIRE(program_build_ex(&p, &tm->m.cfg, &b, 3, PROG_HEAD_DEPS, &e) == WELD_OK);
+    int want = p->n_instr;
+    program_free(p);
+    bs.n_tokens = 1, bs.pos = 6;
+    REQUIRE(program_build_ex(&p, &tm->m.cfg, &b, 3, PROG_HEAD_DEPS, &e) == WELD_OK);
+    want += 2 * p->n_instr;
+    program_free(p);
+    json_t *j = jload_file(path, &e);
+    REQUIRE(j != NULL);
+    json_t *evs = json_object_get(j, "traceEvents");
+    REQUIRE(json_is_array(evs));
+    int n_instr = 0, bad = 0, steps_seen = 0;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        const char *cat = json_string_value(json_object_get(ev, "cat"));
+        if (!cat || strcmp(cat, "instr") != 0)
+            continue;
+        n_instr++;
+        json_t *args = json_object_get(ev, "args");
+        int tid = (int)json_integer_value(json_object_get(ev, "tid"));
+        int step = (int)json_integer_value(json_object_get(args, "step"));
+        double ts = json_number_value(json_object_get(ev, "ts"));
+        double dur = json_number_value(json_object_get(ev, "dur"));
+        double wait = json_number_value(json_object_get(args, "wait_us"));
+        bad += tid < 0 || tid >= 3 || step < 0 || step >= 3 || ts < 0 || dur < 0 || wait < 0;
+        bad += !json_is_string(json_object_get(args, "rows")) ||
+               !json_is_integer(json_object_get(args, "layer"));
+        steps_seen |= 1 << (step & 7);
+    }
+    CHECK_EQ_INT(n_instr, want);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(steps_seen, 7);
+    json_decref(j);
+    /* a bad step count is refused when the executor is made */
+    setenv("WELD_TRACE", path, 1);
+    setenv("WELD_TRACE_STEPS", "0", 1);
+    struct backend_params bp;
+    backend_params_init(&bp, 1, TM_CTX);
+    bp.n_threads = 2, bp.oversubscribe = true;
+    setenv("WELD_EXEC", "mega", 1);
+    CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "WELD_TRACE_STEPS=0") != NULL);
+    unsetenv("WELD_EXEC");
+    unsetenv("WELD_TRACE");
+    unsetenv("WELD_TRACE_STEPS");
+    tm_free(tm);
+}
+
+/* ---- idle CPU ---------------------------------------------------------------------- */
+
+/* utime + stime of this process in clock ticks (/proc/self/stat fields 14 and 15). */
+static long cpu_ticks(void)
+{
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f)
+        return -1;
+    char buf[2048];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (long)(ut + st);
+}
+
+TEST(idle_uses_no_cpu)
+{
+    struct tmodel *tm = tm_build(&spec_gqa, DT_F32, 41);
+    struct runner *r = make_runner(&tm->m, "mega", 2);
+    REQUIRE(r != NULL);
+    REQUIRE(run_decodes(r, spec_gqa.vocab, 10));
+    struct timespec nap = {0, 50 * 1000 * 1000}; /* let the workers fall asleep */
+    nanosleep(&nap, NULL);
+    long t0 = cpu_ticks();
+    struct timespec sec = {1, 0};
+    nanosleep(&sec, NULL);
+    long t1 = cpu_ticks();
+    REQUIRE(t0 >= 0 && t1 >= 0);
+    long hz = sysconf(_SC_CLK_TCK);
+    fprintf(stderr, "  idle 1 s: %ld ticks of %ld\n", t1 - t0, hz);
+    CHECK(t1 - t0 <= hz / 50); /* at most 2% of one CPU */
+    REQUIRE(run_decodes(r, spec_gqa.vocab, 3)); /* and it wakes up again */
+    runner_free(r);
+    tm_free(tm);
+}
+
+int main(void)
+{
+    RUN(head_deps_programs_gqa);
+    RUN(head_deps_programs_qwen3);
+    RUN(bad_program_refused);
+    RUN(stats);
+    RUN(trace_file);
+    RUN(idle_uses_no_cpu);
+    return test_summary();
+}
