@@ -47,6 +47,7 @@ struct exec_stats {
     long long syncs;         /* waits: counter checks (mega), barrier arrivals (ops);
                                 summed over workers */
     double wait_s;           /* worker time spent in those waits (summed) */
+    long long steals;        /* mega: instructions a waiting worker ran for a late owner */
     double step_s;           /* wall time of the steps, from run start to end */
     int n_workers;
 };

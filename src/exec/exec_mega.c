@@ -77,9 +77,10 @@
 
 #define MEGA_SPLITS_PER_WORKER 1
 #define MEGA_PLANS 8
-#define MEGA_SPINS 4096           /* pauses before a wait starts yielding */
+#define MEGA_SPINS 256            /* pauses (~10 us) before a wait starts yielding */
 #define MEGA_SPINS_OVER 16        /* the same with more workers than cores */
 #define MEGA_PREFETCH_LINES 16    /* lines of each matrix prefetched while waiting */
+#define MEGA_STEAL_SPINS 64       /* pauses before a waiting worker helps late signallers */
 #define MEGA_FLOP_COST 0.25       /* cost of one FLOP in bytes-read units */
 #define MEGA_NOMINAL_CTX 256      /* cached positions assumed for attention costs */
 #define MEGA_AFFINITY_SLACK 1.10  /* attention may go to its heads' worker up to this */
@@ -92,6 +93,7 @@ struct mega_counter {
 struct mega_worker {
     alignas(64) uint64_t wait_ns; /* time in unmet waits */
     uint64_t syncs;               /* counter checks */
+    uint64_t steals;              /* instructions run for another worker */
 };
 
 struct mega_plan {
@@ -102,6 +104,10 @@ struct mega_plan {
     int *queue;              /* (n_instr) every worker's queue, worker 0 first */
     int *queue_first;        /* (n_workers + 1) */
     uint8_t *check;          /* (n_instr) 1: its waits must be checked at run time */
+    int *pos;                /* (n_instr) queue position of each instruction */
+    int *sig_first;          /* (n_counters + 1) counter c's signallers are instructions
+                                [sig_first[c], sig_first[c + 1]) (check_program) */
+    _Atomic uint64_t *claims; /* (n_instr) by queue position: last epoch it was claimed */
     struct mega_counter *counters; /* (n_counters), 64-byte aligned */
     void *counters_raw;
 };
@@ -140,6 +146,9 @@ static void plan_free(struct mega_plan *pl)
     wfree(pl->queue);
     wfree(pl->queue_first);
     wfree(pl->check);
+    wfree(pl->pos);
+    wfree(pl->sig_first);
+    wfree(pl->claims);
     wfree(pl->counters_raw);
     wfree(pl);
 }
@@ -345,8 +354,15 @@ static bool plan_queues(struct mega_plan *pl, const struct program *p, int n_wor
     int *fill = checked; /* reuse the first n_workers ints as fill cursors, then clear */
     for (int w = 0; w < n_workers; w++)
         fill[w] = pl->queue_first[w];
-    for (int i = 0; i < p->n_instr; i++)
+    for (int i = 0; i < p->n_instr; i++) {
+        pl->pos[i] = fill[pl->owner[i]];
         pl->queue[fill[pl->owner[i]]++] = i;
+    }
+    for (int i = 0; i < p->n_instr; i++)
+        pl->sig_first[p->instrs[i].signal + 1]++;
+    for (int c = 0; c < p->n_counters; c++)
+        pl->sig_first[c + 1] += pl->sig_first[c];
+
     memset(checked, 0, (size_t)p->n_counters * (size_t)n_workers * sizeof(int));
     for (int i = 0; i < p->n_instr; i++) {
         const struct prog_instr *in = &p->instrs[i];
@@ -377,9 +393,15 @@ static int plan_create(struct mega_plan **out, const struct exec_step *st, int n
     pl->queue = wcalloc((size_t)p->n_instr, sizeof(int));
     pl->queue_first = wcalloc((size_t)n_workers + 1, sizeof(int));
     pl->check = wcalloc((size_t)p->n_instr, 1);
+    pl->pos = wcalloc((size_t)p->n_instr, sizeof(int));
+    pl->sig_first = wcalloc((size_t)p->n_counters + 1, sizeof(int));
+    pl->claims = wcalloc((size_t)p->n_instr, sizeof *pl->claims);
     pl->counters_raw = wcalloc((size_t)p->n_counters + 1, sizeof(struct mega_counter));
-    if (!pl->owner || !pl->queue || !pl->queue_first || !pl->check || !pl->counters_raw)
+    if (!pl->owner || !pl->queue || !pl->queue_first || !pl->check || !pl->counters_raw ||
+        !pl->pos || !pl->sig_first || !pl->claims)
         goto nomem;
+    for (int i = 0; i < p->n_instr; i++)
+        atomic_init(&pl->claims[i], 0);
     pl->counters = (struct mega_counter *)(((uintptr_t)pl->counters_raw + 63) &
                                            ~(uintptr_t)63);
     for (int c = 0; c < p->n_counters; c++)
@@ -408,10 +430,11 @@ static int check_program(const struct program *p, struct weld_err *e)
     int rc = WELD_OK;
     for (int i = 0; i < p->n_instr && !rc; i++) {
         const struct prog_instr *in = &p->instrs[i];
-        if (in->signal < 0 || in->signal >= p->n_counters)
+        if (in->signal < 0 || in->signal >= p->n_counters ||
+            (i && in->signal < p->instrs[i - 1].signal))
             rc = err_set(e, WELD_ERR_INTERNAL, "exec mega: instruction %d (%s) signals "
-                         "counter %d of %d", i, prog_op_name(in->op), in->signal,
-                         p->n_counters);
+                         "counter %d of %d, out of list order", i, prog_op_name(in->op),
+                         in->signal, p->n_counters);
         else
             count[in->signal]++, last[in->signal] = i;
     }
@@ -492,71 +515,130 @@ static const char *first_weights(const struct exec_step *st, const struct prog_i
     return (const char *)m->data + row * m->row_bytes;
 }
 
-/* Spin until counter c reaches target; prefetch the instruction's weights meanwhile. */
-static void wait_counter(const struct mega_state *s, struct mega_worker *mw,
-                         _Atomic uint64_t *c, uint64_t target, const struct exec_step *st,
+/* Context of one worker's run of a step. */
+struct mega_ctx {
+    struct mega_state *s;
+    const struct exec_step *st;
+    struct mega_plan *pl;
+    struct mega_worker *mw;
+    float *scratch;
+    uint64_t epoch;
+    int w;
+};
+
+/* Claim instruction i for this step (its owner or a thief); false if already taken. */
+static bool claim(const struct mega_ctx *x, int i)
+{
+    uint64_t want = x->epoch - 1;
+    return atomic_compare_exchange_strong_explicit(&x->pl->claims[x->pl->pos[i]], &want,
+                                                   x->epoch, memory_order_relaxed,
+                                                   memory_order_relaxed);
+}
+
+static bool waits_met(const struct mega_ctx *x, const struct prog_instr *in)
+{
+    uint64_t target = (uint64_t)in->wait_count * x->epoch;
+    for (int c = in->wait; in->wait >= 0 && c < in->wait + in->n_wait; c++)
+        if (atomic_load_explicit(&x->pl->counters[c].v, memory_order_acquire) < target)
+            return false;
+    return true;
+}
+
+static void run_instr(const struct mega_ctx *x, int i, int64_t t_start, int64_t t_met)
+{
+    const struct prog_instr *in = &x->st->p->instrs[i];
+    exec_op_run(x->st, in, x->scratch);
+    atomic_fetch_add_explicit(&x->pl->counters[in->signal].v, 1, memory_order_release);
+    if (x->s->tracing) {
+        struct trace_event ev = {
+            .t_start = t_start, .t_met = t_met, .t_end = now_ns(), .step = x->s->trace->step,
+            .instr = i, .row0 = in->row0, .row1 = in->row1, .seq = in->seq,
+            .layer = in->layer, .op = in->op,
+        };
+        trace_add(x->s->trace, x->w, &ev);
+    }
+}
+
+/* While waiting on counter c: run one of its unclaimed signallers whose inputs are ready
+   (its owner is late: descheduled, or slower than planned). True if one ran. */
+static bool steal_for(const struct mega_ctx *x, int c)
+{
+    const struct mega_plan *pl = x->pl;
+    for (int i = pl->sig_first[c]; i < pl->sig_first[c + 1]; i++) {
+        const struct prog_instr *in = &x->st->p->instrs[i];
+        if (atomic_load_explicit(&pl->claims[pl->pos[i]], memory_order_relaxed) >= x->epoch ||
+            !waits_met(x, in) || !claim(x, i))
+            continue;
+        int64_t t = x->s->tracing ? now_ns() : 0;
+        run_instr(x, i, t, t);
+        x->mw->steals++;
+        return true;
+    }
+    return false;
+}
+
+/* Spin until counter c reaches target: prefetch the waiting instruction's first weight
+   lines, after MEGA_STEAL_SPINS pauses help the counter's late signallers, after
+   s->spins yield the CPU between checks. */
+static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
                          const struct prog_instr *in)
 {
-    mw->syncs++;
-    if (atomic_load_explicit(c, memory_order_acquire) >= target)
+    _Atomic uint64_t *v = &x->pl->counters[c].v;
+    x->mw->syncs++;
+    if (atomic_load_explicit(v, memory_order_acquire) >= target)
         return;
     int64_t t0 = now_ns();
-    const char *w2, *w1 = first_weights(st, in, &w2);
-    int i = 0;
-    while (atomic_load_explicit(c, memory_order_acquire) < target) {
+    const char *w2, *w1 = first_weights(x->st, in, &w2);
+    for (int i = 0; atomic_load_explicit(v, memory_order_acquire) < target; i++) {
         if (i < MEGA_PREFETCH_LINES) {
             if (w1)
                 __builtin_prefetch(w1 + 64 * i, 0, 3);
             if (w2)
                 __builtin_prefetch(w2 + 64 * i, 0, 3);
         }
-        if (i < s->spins) {
-            i++;
+        if (i >= MEGA_STEAL_SPINS && (i & 15) == 0 && steal_for(x, c))
+            continue;
+        if (i < x->s->spins)
             mega_pause();
-        } else {
+        else
             sched_yield();
-        }
     }
-    mw->wait_ns += (uint64_t)(now_ns() - t0);
+    x->mw->wait_ns += (uint64_t)(now_ns() - t0);
 }
 
 static void mega_worker_run(void *ctx, int w, int n)
 {
     (void)n;
     struct mega_state *s = ctx;
-    const struct exec_step *st = s->st;
-    const struct program *p = st->p;
-    struct mega_plan *pl = s->cur;
-    struct mega_worker *mw = &s->workers[w];
-    float *scratch = s->scratch + (size_t)w * s->stride;
-    uint64_t epoch = pl->epoch + 1;
-    for (int q = pl->queue_first[w]; q < pl->queue_first[w + 1]; q++) {
-        int i = pl->queue[q];
+    struct mega_ctx x = {
+        .s = s, .st = s->st, .pl = s->cur, .mw = &s->workers[w],
+        .scratch = s->scratch + (size_t)w * s->stride, .epoch = s->cur->epoch + 1, .w = w,
+    };
+    const struct program *p = x.st->p;
+    bool robbed = false; /* once an instruction of ours ran elsewhere, the plan's pruned
+                            waits (own earlier work, counters checked before) are unsafe */
+    for (int q = x.pl->queue_first[w]; q < x.pl->queue_first[w + 1]; q++) {
+        int i = x.pl->queue[q];
         const struct prog_instr *in = &p->instrs[i];
+        if (!claim(&x, i)) {
+            robbed = true;
+            continue;
+        }
         int64_t t_start = s->tracing ? now_ns() : 0, t_met = t_start;
-        if (pl->check[i]) {
-            uint64_t target = (uint64_t)in->wait_count * epoch;
+        if (in->wait >= 0 && (x.pl->check[i] || robbed)) {
+            uint64_t target = (uint64_t)in->wait_count * x.epoch;
             for (int c = in->wait; c < in->wait + in->n_wait; c++)
-                wait_counter(s, mw, &pl->counters[c].v, target, st, in);
+                wait_counter(&x, c, target, in);
             t_met = s->tracing ? now_ns() : 0;
         }
-        exec_op_run(st, in, scratch);
-        atomic_fetch_add_explicit(&pl->counters[in->signal].v, 1, memory_order_release);
-        if (s->tracing) {
-            struct trace_event ev = {
-                .t_start = t_start, .t_met = t_met, .t_end = now_ns(),
-                .step = s->trace->step, .instr = i, .row0 = in->row0, .row1 = in->row1,
-                .seq = in->seq, .layer = in->layer, .op = in->op,
-            };
-            trace_add(s->trace, w, &ev);
-        }
+        run_instr(&x, i, t_start, t_met);
     }
 }
 
 static int trace_prepare(struct mega_state *s, const struct mega_plan *pl, struct weld_err *e)
 {
     for (int w = 0; w < s->n_workers; w++) {
-        int rc = trace_reserve(s->trace, w, pl->queue_first[w + 1] - pl->queue_first[w], e);
+        int rc = trace_reserve(s->trace, w, pl->n_instr, e); /* stealing: any of them */
         if (rc)
             return rc;
     }
@@ -677,12 +759,13 @@ static void mega_stats(void *state, struct exec_stats *out, bool reset)
     for (int w = 0; w < s->n_workers; w++) {
         out->syncs += (long long)s->workers[w].syncs;
         out->wait_s += (double)s->workers[w].wait_ns * 1e-9;
+        out->steals += (long long)s->workers[w].steals;
     }
     if (reset) {
         memset(&s->stats, 0, sizeof s->stats);
         s->stats.n_workers = s->n_workers;
         for (int w = 0; w < s->n_workers; w++)
-            s->workers[w].syncs = s->workers[w].wait_ns = 0;
+            s->workers[w].syncs = s->workers[w].wait_ns = s->workers[w].steals = 0;
     }
 }
 

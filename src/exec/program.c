@@ -31,7 +31,9 @@
  *                  the sequence's pos may sit in blocks another sequence computed) with
  *                  scores q.k / sqrt(hd), softmax computed online in chunks of 16 positions
  *                  (kernels/cpu/attn.h); att[t][hq*hd..].
- *                  Waits for all QKV instructions: the batch's own keys are in the cache.
+ *                  Waits for the QKV instructions of its heads: the batch's own keys are
+ *                  in the cache (default programs: the whole QKV stage; PROG_HEAD_DEPS:
+ *                  the counters of the KV-head groups holding rows, see below).
  *                  in Q, out ATT.
  *
  * O_PROJ_RESIDUAL  layer l; rows = output dims. x[t][r] += Wo[r] . att[t].
@@ -51,6 +53,13 @@
  * Row splits of the matrix ops (O_PROJ, FFN, DOWN, FINAL) start at multiples of 16 rows
  * (the group size of repacked weights, kernels/cpu/gemm.h), so with fewer than 16 rows
  * per split there are fewer slices than n_splits; EMBED and QKV split by tokens / heads.
+ *
+ * PROG_HEAD_DEPS: the QKV stage is cut into G = min(n_splits, n_kv_head) KV-head groups
+ * (group g: KV heads [g * n_kv / G, (g + 1) * n_kv / G)); each group emits its query
+ * heads in n_splits / G ranges (at least 1, at most the smallest group's query heads),
+ * then its K heads, then its V heads, all signalling the group's own counter, so every
+ * group counter expects the same count. An ATTENTION over KV heads [h0, h1) waits on the
+ * consecutive counters of the groups holding h0 .. h1 - 1. Needs n_head % n_kv_head == 0.
  *
  * Row-range instructions of one stage write disjoint outputs and read only what earlier
  * stages finished, so any number of workers can run a stage without atomics; each
