@@ -263,6 +263,8 @@ AI void tile_b32(const struct tile *tl, const int nt, const int nr, const int is
             tl->y0[(size_t)t * tl->ldy + r] = fold16(acc[r][t]);
 }
 
+#define R16_TILE_TOK_MAX 8 /* accumulators a repacked tile can hold (R16_TILE_TOK <= this) */
+
 /* Repacked Q8_0 / Q4_0, one group of 16 rows x nt tokens: lane i of every zmm is row i.
    Per block and token, eight vpdpbusd (two chains of four, joined: integer, exact) against
    the token's 4-byte chunks broadcast give the 16 rows' block sums. Rows at or past
@@ -274,8 +276,8 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
                  int64_t b1)
 {
     const __mmask16 m = valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1);
-    __m512 acc[GEMM_TILE_TOK];
-    UNROLL
+    __m512 acc[R16_TILE_TOK_MAX];
+    UNROLL8
     for (int t = 0; t < nt; t++)
         acc[t] = b0 ? _mm512_maskz_loadu_ps(m, tl->y0 + (size_t)t * tl->ldy) : _mm512_setzero_ps();
     const size_t gbs = is_q8 ? 16 * 34 : 16 * 18;
@@ -297,7 +299,7 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
                 wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), _mm512_set1_epi8(0x0f));
             }
         }
-        UNROLL
+        UNROLL8
         for (int t = 0; t < nt; t++) {
             const struct gemm_act_br *a =
                 (const struct gemm_act_br *)(tl->act + (size_t)t * tl->act_stride) + b;
@@ -312,7 +314,7 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
             acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(a->d)), acc[t]);
         }
     }
-    UNROLL
+    UNROLL8
     for (int t = 0; t < nt; t++)
         _mm512_mask_storeu_ps(tl->y0 + (size_t)t * tl->ldy, m, acc[t]);
 }
@@ -325,11 +327,28 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
 #define GEMM_R16_KBLOCKS 64
 #endif
 
+/* Tokens per repacked tile: each unpacked weight block (8 zmm) serves this many tokens. */
+#ifndef R16_TILE_TOK
+#define R16_TILE_TOK 8
+#endif
+#define R16_MIN(n) ((n) < R16_TILE_TOK ? (n) : R16_TILE_TOK)
+#define R16_SWITCH(nt, q8)                                                                  \
+    switch (nt) {                                                                           \
+    case 1: tile_r16(&tl, R16_MIN(1), q8, valid, b0, b1); break;                            \
+    case 2: tile_r16(&tl, R16_MIN(2), q8, valid, b0, b1); break;                            \
+    case 3: tile_r16(&tl, R16_MIN(3), q8, valid, b0, b1); break;                            \
+    case 4: tile_r16(&tl, R16_MIN(4), q8, valid, b0, b1); break;                            \
+    case 5: tile_r16(&tl, R16_MIN(5), q8, valid, b0, b1); break;                            \
+    case 6: tile_r16(&tl, R16_MIN(6), q8, valid, b0, b1); break;                            \
+    case 7: tile_r16(&tl, R16_MIN(7), q8, valid, b0, b1); break;                            \
+    default: tile_r16(&tl, R16_TILE_TOK, q8, valid, b0, b1); break;                         \
+    }
+
 static void gemm_r16(const struct gemm_args *a)
 {
     const int is_q8 = a->wtype == GEMM_Q8_0_R16;
     const int64_t nb = a->k / 32;
-    const int64_t kb = a->n_tok > GEMM_TILE_TOK ? GEMM_R16_KBLOCKS : nb;
+    const int64_t kb = a->n_tok > R16_TILE_TOK ? GEMM_R16_KBLOCKS : nb;
     WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
     for (int64_t r = a->r0; r < a->r1; r += 16) {
         const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
@@ -339,14 +358,14 @@ static void gemm_r16(const struct gemm_args *a)
         };
         for (int64_t b0 = 0; b0 < nb; b0 += kb) {
             const int64_t b1 = nb - b0 < kb ? nb : b0 + kb;
-            for (int t0 = 0; t0 < a->n_tok; t0 += GEMM_TILE_TOK) {
-                int nt = a->n_tok - t0 < GEMM_TILE_TOK ? a->n_tok - t0 : GEMM_TILE_TOK;
+            for (int t0 = 0; t0 < a->n_tok; t0 += R16_TILE_TOK) {
+                int nt = a->n_tok - t0 < R16_TILE_TOK ? a->n_tok - t0 : R16_TILE_TOK;
                 tl.act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
                 tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
                 if (is_q8)
-                    TILE_SWITCH(nt, tile_r16(&tl, n_, 1, valid, b0, b1))
+                    R16_SWITCH(nt, 1)
                 else
-                    TILE_SWITCH(nt, tile_r16(&tl, n_, 0, valid, b0, b1))
+                    R16_SWITCH(nt, 0)
             }
         }
     }
