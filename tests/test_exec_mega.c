@@ -10,6 +10,9 @@
  * - WELD_TRACE: the file parses as Chrome trace JSON with one instruction event per
  *   instruction of each of the WELD_TRACE_STEPS first steps, on workers [0, n), with
  *   start <= dependency met <= end; bad WELD_TRACE_STEPS is refused.
+ * - Late owners: with one worker made 20 ms late to every step the others run its
+ *   instructions (steals > 0) and the logits equal ref's; with more workers than cores
+ *   (stealing happens by chance) every step's logits equal ref's.
  * - An idle engine uses ~0% CPU: /proc/self/stat utime + stime over 1 s without steps.
  * - A program whose waits point at later or miscounted counters is refused.
  */
@@ -128,13 +131,15 @@ static void fixture_free(struct fixture *f)
     tm_free(f->tm);
 }
 
-/* Run program p on executor x (n workers); logits into out (n_logit_rows x vocab). */
-static int run_on(struct fixture *f, const struct executor_impl *x, int n,
-                  const struct program *p, float *out)
+/* Run program p on executor x (n workers, the last one `lazy_us` late to every step);
+   logits into out (n_logit_rows x vocab); the executor's stats in *stats if asked. */
+static int run_on_ex(struct fixture *f, const struct executor_impl *x, int n, int lazy_us,
+                     const struct program *p, float *out, struct exec_stats *stats)
 {
     struct weld_err e;
     void *state = NULL;
-    struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE};
+    struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
+                             .test_lazy_us = lazy_us};
     int rc = x->create(&state, &f->tm->m.cfg, &xp, &e);
     float *arena = calloc(p->arena_floats + 1, sizeof(float));
     struct exec_step st = {.m = &f->tm->m, .w = f->w, .p = p, .kv = f->kv, .tokens = f->toks,
@@ -143,9 +148,17 @@ static int run_on(struct fixture *f, const struct executor_impl *x, int n,
         rc = x->run(state, &st, &e);
     if (rc)
         fprintf(stderr, "%s, %d workers: %s\n", x->name, n, e.msg);
+    if (stats && state)
+        x->stats(state, stats, false);
     free(arena);
     x->free(state);
     return rc;
+}
+
+static int run_on(struct fixture *f, const struct executor_impl *x, int n,
+                  const struct program *p, float *out)
+{
+    return run_on_ex(f, x, n, 0, p, out, NULL);
 }
 
 static void head_deps_with(const struct tspec *sp, uint64_t seed)
@@ -188,6 +201,33 @@ static void head_deps_with(const struct tspec *sp, uint64_t seed)
 }
 
 TEST(head_deps_programs_gqa) { head_deps_with(&spec_gqa, 11); }
+
+/* A worker 20 ms late to every step: the others run its instructions (steals) and the
+   logits are still ref's. */
+TEST(late_worker_is_stolen_from)
+{
+    struct fixture f;
+    REQUIRE(fixture_init(&f, &spec_gqa, 14));
+    const struct model_config *c = &f.tm->m.cfg;
+    struct weld_err e;
+    struct program *p0 = NULL, *p = NULL;
+    REQUIRE(program_build(&p0, c, &f.b, 1, &e) == WELD_OK);
+    REQUIRE(program_build_ex(&p, c, &f.b, 4, PROG_HEAD_DEPS, &e) == WELD_OK);
+    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
+    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
+    REQUIRE(run_on(&f, &exec_ref_impl, 1, p0, want) == WELD_OK);
+    for (int n = 2; n <= 3; n++) {
+        struct exec_stats st = {0};
+        memset(got, 0, nf * sizeof(float));
+        CHECK_EQ_INT(run_on_ex(&f, &exec_mega_impl, n, 20000, p, got, &st), WELD_OK);
+        CHECK(memcmp(got, want, nf * sizeof(float)) == 0);
+        CHECK_EQ_INT((int)st.steps, 3);
+        CHECK(st.steals > 0);
+    }
+    free(want), free(got);
+    program_free(p0), program_free(p);
+    fixture_free(&f);
+}
 TEST(head_deps_programs_qwen3) { head_deps_with(&spec_qwen3, 12); }
 
 /* A program whose attention waits on a counter signalled later, or for the wrong count. */
@@ -286,6 +326,44 @@ TEST(stats)
     CHECK_EQ_INT(runner_exec_stats(r, &s, false, &e), WELD_ERR_UNSUPPORTED);
     CHECK(strstr(e.msg, "ref executor keeps no stats") != NULL);
     runner_free(r);
+    tm_free(tm);
+}
+
+/* More workers than cores: descheduled owners get their ready instructions run by the
+   workers waiting on them (steals), and the logits stay those of ref step by step. */
+TEST(oversubscribed_steals_stay_exact)
+{
+    struct tmodel *tm = tm_build(&spec_gqa, DT_Q8_0, 51);
+    const int V = spec_gqa.vocab;
+    struct runner *ref = make_runner(&tm->m, "ref", 1), *mega = make_runner(&tm->m, "mega", 8);
+    REQUIRE(ref && mega);
+    float *a = malloc(sizeof(float) * 6 * (size_t)V), *b = malloc(sizeof(float) * 6 * (size_t)V);
+    int32_t toks[TM_CTX];
+    for (int i = 0; i < TM_CTX; i++)
+        toks[i] = (int32_t)((i * 11 + 2) % V);
+    struct weld_err e;
+    int bad = 0, failed = 0;
+    long long steals = 0;
+    for (int round = 0; round < 20 && !failed; round++) {
+        runner_drop_seq(ref, 0), runner_drop_seq(mega, 0);
+        for (int pos = 0; pos + 6 <= TM_CTX && !failed;) {
+            int n = pos ? 1 : 6;
+            struct batch_seq bs = {0, toks + pos, n, pos, pos == 0, NULL, 0};
+            struct batch bt = {.seqs = &bs, .n_seqs = 1};
+            failed = runner_forward(ref, &bt, a, &e) || runner_forward(mega, &bt, b, &e);
+            bad += !failed && memcmp(a, b, sizeof(float) * (size_t)(pos ? 1 : 6) * V) != 0;
+            pos += n;
+        }
+    }
+    struct exec_stats st;
+    REQUIRE(runner_exec_stats(mega, &st, false, &e) == WELD_OK);
+    steals = st.steals;
+    fprintf(stderr, "  8 workers on %d cores: %lld steals in %lld steps\n",
+            team_physical_cores(), steals, st.steps);
+    CHECK(!failed);
+    CHECK_EQ_INT(bad, 0);
+    free(a), free(b);
+    runner_free(ref), runner_free(mega);
     tm_free(tm);
 }
 
@@ -403,8 +481,10 @@ int main(void)
 {
     RUN(head_deps_programs_gqa);
     RUN(head_deps_programs_qwen3);
+    RUN(late_worker_is_stolen_from);
     RUN(bad_program_refused);
     RUN(stats);
+    RUN(oversubscribed_steals_stay_exact);
     RUN(trace_file);
     RUN(idle_uses_no_cpu);
     return test_summary();

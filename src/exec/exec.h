@@ -36,6 +36,8 @@
 struct exec_params {
     int n_threads;        /* workers; <= 0: one per physical core (team_default_size) */
     unsigned team_flags;  /* enum team_flags: TEAM_OVERSUBSCRIBE for tests */
+    int test_lazy_us;     /* tests: the last worker sleeps this long at the start of every
+                             step (mega: the others must run its instructions) */
 };
 
 /* What an executor measured over the steps since its creation or the last reset. The

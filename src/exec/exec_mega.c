@@ -3,10 +3,10 @@
  *
  * A step runs one program (PROG_HEAD_DEPS: attention waits only on the projections of its
  * own KV heads) on a persistent pinned team (core/team.h). Every worker runs its own
- * queue of instructions in list order; before an instruction it waits until each counter
- * the instruction names has reached wait_count * epoch, runs it (exec_op_run), and adds
- * one to its signal counter with release. No worker ever waits for a straggler it does
- * not depend on, and no stage-wide barrier exists.
+ * queue of instructions in list order; it claims each instruction, waits until each
+ * counter the instruction names has reached wait_count * epoch, runs it (exec_op_run),
+ * and adds one to its signal counter with release. No worker ever waits for a straggler
+ * it does not depend on, and no stage-wide barrier exists.
  *
  * Plans (struct mega_plan), made once per program and cached by program_id (MEGA_PLANS,
  * least recently used out), hold what does not change from step to step:
@@ -29,6 +29,19 @@
  * - the counters, one per 64-byte line, and the epoch (steps this plan has run). Counters
  *   are never reset: after e runs counter c holds (signallers of c) * e, so the e-th run
  *   waits for wait_count * e. uint64: no wrap in any realistic lifetime.
+ * - claims, one per instruction (by queue position, so a worker's own claims share its
+ *   cache lines): the epoch that last claimed it, taken by compare-and-swap from e - 1 to
+ *   e, so each instruction runs exactly once per step and claims are never reset either.
+ *
+ * Late owners (stealing): a worker that has spun MEGA_STEAL_SPINS on a counter runs any
+ * unclaimed signaller of that counter whose own inputs are ready, so a descheduled or
+ * slow worker (a shared machine) delays its dependants by one instruction, not by its
+ * time off the CPU. A thief only takes instructions that are ready, so it never blocks;
+ * the owner skips what was taken, and from then on, for the rest of the step, checks
+ * every wait the plan had pruned (its earlier work may now be another worker's, still
+ * running). No deadlock: the lowest unfinished instruction always has its inputs done
+ * and is either being run or will be claimed by its owner, whose earlier queue entries
+ * are all finished.
  *
  * Memory ordering: an instruction's writes happen-before its release fetch_add; a waiter's
  * acquire load that reads a value >= the target reads from the release sequence of every
@@ -50,8 +63,9 @@
  * Bit-identical to ref: same instructions through exec_op_run, whose per-(row, token)
  * arithmetic does not depend on the worker, the split or the order (ops.h).
  *
- * Deliberately not here: work stealing (queues are static; a descheduled worker holds up
- * its dependants), sleeping inside a step, instruction fusion across layers.
+ * Deliberately not here: stealing beyond the counter a worker waits on (no general work
+ * queue), sleeping inside a step, instruction fusion across layers, re-planning from
+ * measured times.
  */
 #include "exec/exec.h"
 
@@ -115,6 +129,7 @@ struct mega_plan {
 struct mega_state {
     struct team *team;
     int n_workers, spins;
+    int lazy_us;             /* exec_params.test_lazy_us */
     float *scratch;          /* (n_workers, stride) */
     size_t stride;
     struct mega_worker *workers; /* (n_workers), 64-byte aligned */
@@ -608,13 +623,16 @@ static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
 
 static void mega_worker_run(void *ctx, int w, int n)
 {
-    (void)n;
     struct mega_state *s = ctx;
     struct mega_ctx x = {
         .s = s, .st = s->st, .pl = s->cur, .mw = &s->workers[w],
         .scratch = s->scratch + (size_t)w * s->stride, .epoch = s->cur->epoch + 1, .w = w,
     };
     const struct program *p = x.st->p;
+    if (s->lazy_us && w == n - 1 && n > 1) {
+        struct timespec nap = {0, (long)s->lazy_us * 1000};
+        nanosleep(&nap, NULL);
+    }
     bool robbed = false; /* once an instruction of ours ran elsewhere, the plan's pruned
                             waits (own earlier work, counters checked before) are unsafe */
     for (int q = x.pl->queue_first[w]; q < x.pl->queue_first[w + 1]; q++) {
@@ -713,6 +731,7 @@ static int mega_create(void **out, const struct model_config *c, const struct ex
     if (rc)
         goto fail;
     s->n_workers = team_size(s->team);
+    s->lazy_us = xp && xp->test_lazy_us > 0 ? xp->test_lazy_us : 0;
     s->spins = s->n_workers > team_physical_cores() ? MEGA_SPINS_OVER : MEGA_SPINS;
     s->stats.n_workers = s->n_workers;
     /* the scratch base is only 16-byte aligned, so pad one line between workers */
