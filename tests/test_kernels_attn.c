@@ -64,8 +64,10 @@ static void run_attn(const struct gemm_ops *o, const float *q, const float *k, c
             int n = pos[r] + 1 - c0;
             nv[r] = n < 0 ? 0 : n > ATTN_CHUNK ? ATTN_CHUNK : n;
         }
-        struct attn_chunk_args a = {.kv_type = DT_F32, .hd = hd, .nq = nq, .q = q,
-                                    .ldq = (size_t)hd, .n = nv,
+        const float *qp[64];
+        for (int r = 0; r < nq; r++)
+            qp[r] = q + (size_t)r * hd;
+        struct attn_chunk_args a = {.kv_type = DT_F32, .hd = hd, .nq = nq, .q = qp, .n = nv,
                                     .scale = 1.0f / sqrtf((float)hd), .m = m, .l = l,
                                     .acc = acc};
         for (int j = 0; j < ATTN_CHUNK && c0 + j < n_max; j++) {
@@ -177,8 +179,11 @@ TEST(isa_bit_identical)
                     for (int r = 0; r < nq; r++)
                         nv[r] = (int)(rng_u64(&rg) % 17);
                     nv[0] = 16;
-                    struct attn_chunk_args a = {.kv_type = t, .hd = hd, .nq = nq, .q = q,
-                                                .ldq = (size_t)hd, .n = nv,
+                    const float *qp[9];
+                    for (int r = 0; r < nq; r++) /* rows in any order and place */
+                        qp[r] = q + (size_t)((r * 4) % nq) * hd;
+                    struct attn_chunk_args a = {.kv_type = t, .hd = hd, .nq = nq, .q = qp,
+                                                .n = nv,
                                                 .scale = 1.0f / sqrtf((float)hd)};
                     for (int j = 0; j < 16; j++) { /* rows in reverse: any addresses work */
                         a.k[j] = kb + (size_t)(15 - j) * hd * esz;

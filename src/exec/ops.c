@@ -48,7 +48,7 @@
 #define OPS_TILE 16
 #define OPS_CHUNK 64   /* rows per gemm call of the row-split ops (a multiple of 16) */
 #define OPS_ATT_TOK 8    /* tokens of one sequence whose queries share a widened K/V chunk */
-#define OPS_MAX_GROUP 1024 /* query heads per KV head (config.c caps n_head at 1024) */
+#define OPS_ATT_ROWS 64   /* query rows per attention kernel call (rows of one KV head) */
 
 struct scratch {
     float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kc, *vc;
@@ -315,7 +315,10 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
     const struct model_config *c = &st->m->cfg;
     const int hd = c->head_dim, group = c->n_head / c->n_kv_head;
     const size_t qd = (size_t)c->n_head * hd;
-    const size_t rows_tok = (size_t)(h1 - h0) * group, rows = (size_t)nt * rows_tok;
+    /* state rows head-major: row (h, i, g) at ((h - h0) * nt + i) * group + g, so one
+       call covers every query row of head h in the tile */
+    const int rows_h = nt * group;
+    const size_t rows = (size_t)(h1 - h0) * (size_t)rows_h;
     for (size_t r = 0; r < rows; r++)
         sc->mx[r] = -INFINITY, sc->sum[r] = 0.0f;
     memset(sc->acc, 0, sizeof(float) * rows * (size_t)hd);
@@ -323,33 +326,35 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
     for (int i = 0; i < nt; i++)
         if (st->pos[t0 + i] + 1 > n_max)
             n_max = st->pos[t0 + i] + 1;
-    int nvis[OPS_MAX_GROUP];
-    WELD_ASSERT(group <= OPS_MAX_GROUP);
-    struct attn_chunk_args a = {.hd = hd, .nq = group, .ldq = (size_t)hd, .n = nvis,
-                                .scale = 1.0f / sqrtf((float)hd)};
+    const float *qp[OPS_ATT_ROWS];
+    int nvis[OPS_ATT_ROWS];
+    struct attn_chunk_args a = {.hd = hd, .q = qp, .n = nvis, .scale = 1.0f / sqrtf((float)hd)};
     for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
         const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
         for (int h = h0; h < h1; h++) {
-            attn_rows(st, layer, table, h, c0, nc, nt * group > 1, &a, sc);
-            for (int i = 0; i < nt; i++) {
-                const int n = st->pos[t0 + i] + 1 - c0;
-                if (n <= 0)
-                    continue;
-                for (int g = 0; g < group; g++)
-                    nvis[g] = n < ATTN_CHUNK ? n : ATTN_CHUNK;
-                const size_t r0 = (size_t)i * rows_tok + (size_t)(h - h0) * group;
-                a.q = q + (size_t)(t0 + i) * qd + (size_t)h * group * hd;
-                a.m = sc->mx + r0, a.l = sc->sum + r0, a.acc = sc->acc + r0 * hd;
+            attn_rows(st, layer, table, h, c0, nc, rows_h > 1, &a, sc);
+            for (int r0 = 0; r0 < rows_h; r0 += OPS_ATT_ROWS) {
+                const int nr = rows_h - r0 < OPS_ATT_ROWS ? rows_h - r0 : OPS_ATT_ROWS;
+                for (int k = 0; k < nr; k++) {
+                    const int i = (r0 + k) / group, g = (r0 + k) % group;
+                    const int n = st->pos[t0 + i] + 1 - c0;
+                    nvis[k] = n <= 0 ? 0 : n < ATTN_CHUNK ? n : ATTN_CHUNK;
+                    qp[k] = q + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
+                }
+                const size_t base = (size_t)(h - h0) * rows_h + r0;
+                a.nq = nr;
+                a.m = sc->mx + base, a.l = sc->sum + base, a.acc = sc->acc + base * hd;
                 st->w->go->attn_chunk(&a);
             }
         }
     }
-    for (int i = 0; i < nt; i++)
-        for (size_t g = 0; g < rows_tok; g++) {
-            const size_t r = (size_t)i * rows_tok + g;
-            float *o = out + (size_t)(t0 + i) * qd + ((size_t)h0 * group + g) * hd;
+    for (int h = h0; h < h1; h++)
+        for (int r = 0; r < rows_h; r++) {
+            const size_t s = (size_t)(h - h0) * rows_h + r;
+            const int i = r / group, g = r % group;
+            float *o = out + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
             for (int k = 0; k < hd; k++)
-                o[k] = sc->acc[r * hd + k] / sc->sum[r];
+                o[k] = sc->acc[s * hd + k] / sc->sum[s];
         }
 }
 

@@ -50,8 +50,7 @@ struct attn_chunk_args {
                                                      the largest n[] are not read */
     int hd;               /* head dimension (any >= 1; SIMD paths want a multiple of 16) */
     int nq;               /* query rows */
-    const float *q;       /* row r at q + r * ldq */
-    size_t ldq;
+    const float *const *q; /* (nq) the query rows (hd floats each) */
     const int *n;         /* (nq) visible positions of each row, 0 .. ATTN_CHUNK */
     float scale;          /* 1 / sqrt(hd) */
     float *m, *l;         /* (nq) running max and denominator (m = -inf, l = 0 at start) */

@@ -76,46 +76,82 @@ static inline __m512 load16(int t, const uint8_t *row, int i)
                        : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* The chunk for one KV type: t is a constant in each caller, so the widening folds away. */
-static inline __attribute__((always_inline)) void chunk_typed(const struct attn_chunk_args *a,
-                                                              const int t)
+#define AI static inline __attribute__((always_inline))
+
+/* R query rows (R = 1 or 2) of one call against the chunk, interleaved: both rows' chains
+   (dots, folds, exps, the value accumulation) are independent, so running them side by
+   side hides the latency one row alone leaves exposed, and each key and value vector is
+   loaded once for both. Every row's arithmetic is exactly the single-row contract. */
+AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, const int R)
 {
     const int hd = a->hd, nv = hd / 16;
-    for (int r = 0; r < a->nq; r++) {
-        const int n = a->n[r];
-        if (n <= 0)
-            continue;
-        const float *q = a->q + (size_t)r * a->ldq;
-        __m512 d[ATTN_CHUNK];
+    int n[2], n_max = 0;
+    const float *q[2];
+    for (int i = 0; i < R; i++) {
+        n[i] = a->n[r0 + i];
+        q[i] = a->q[r0 + i];
+        n_max = n[i] > n_max ? n[i] : n_max;
+    }
+    __m512 d[2][ATTN_CHUNK];
+    for (int i = 0; i < R; i++)
         for (int j = 0; j < ATTN_CHUNK; j++)
-            d[j] = _mm512_setzero_ps();
-        for (int j = 0; j < n; j++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int v = 0; v < nv; v++)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * v), load16(t, a->k[j], 16 * v),
-                                      acc);
-            d[j] = acc;
+            d[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < n_max; j++)
+        for (int v = 0; v < nv; v++) {
+            const __m512 k = load16(t, a->k[j], 16 * v);
+            for (int i = 0; i < R; i++)
+                d[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(q[i] + 16 * v), k, d[i][j]);
         }
-        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-        __m512 s = _mm512_mul_ps(fold16x16(d), _mm512_set1_ps(a->scale));
+    float pj[2][ATTN_CHUNK], corr[2];
+    for (int i = 0; i < R; i++) {
+        const __mmask16 valid = (__mmask16)((1u << n[i]) - 1u);
+        __m512 s = _mm512_mul_ps(fold16x16(d[i]), _mm512_set1_ps(a->scale));
         s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s);
         const float cm = _mm512_reduce_max_ps(s);
-        const float m = a->m[r], mn = fmaxf(m, cm);
-        const float corr = attn_exp(m - mn);
+        const float m = a->m[r0 + i], mn = fmaxf(m, cm);
+        corr[i] = attn_exp(m - mn);
         const __m512 p = exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn)));
-        a->l[r] = a->l[r] * corr + fold16(p);
-        a->m[r] = mn;
-        float pj[ATTN_CHUNK];
-        _mm512_storeu_ps(pj, p);
-        float *acc = a->acc + (size_t)r * hd;
-        const __m512 vc = _mm512_set1_ps(corr);
-        for (int v = 0; v < nv; v++) {
-            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * v), vc);
-            for (int j = 0; j < n; j++)
-                x = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), load16(t, a->v[j], 16 * v), x);
-            _mm512_storeu_ps(acc + 16 * v, x);
+        a->l[r0 + i] = a->l[r0 + i] * corr[i] + fold16(p);
+        a->m[r0 + i] = mn;
+        _mm512_storeu_ps(pj[i], p);
+    }
+    for (int v = 0; v < nv; v++) {
+        __m512 x[2];
+        for (int i = 0; i < R; i++)
+            x[i] = _mm512_mul_ps(_mm512_loadu_ps(a->acc + (size_t)(r0 + i) * hd + 16 * v),
+                                 _mm512_set1_ps(corr[i]));
+        for (int j = 0; j < n_max; j++) {
+            const __m512 vv = load16(t, a->v[j], 16 * v);
+            for (int i = 0; i < R; i++)
+                if (j < n[i]) /* the contract stops at the row's count (0 * inf is NaN) */
+                    x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pj[i][j]), vv, x[i]);
+        }
+        for (int i = 0; i < R; i++)
+            _mm512_storeu_ps(a->acc + (size_t)(r0 + i) * hd + 16 * v, x[i]);
+    }
+}
+
+/* The chunk for one KV type: t is a constant in each caller, so the widening folds away.
+   Rows with nothing visible are skipped; the rest go two at a time. */
+AI void chunk_typed(const struct attn_chunk_args *a, const int t)
+{
+    int live[2], k = 0;
+    for (int r = 0; r < a->nq; r++) {
+        if (a->n[r] <= 0)
+            continue;
+        live[k++] = r;
+        if (k == 2) {
+            if (live[1] == live[0] + 1) {
+                rows_typed(a, t, live[0], 2);
+            } else {
+                rows_typed(a, t, live[0], 1);
+                rows_typed(a, t, live[1], 1);
+            }
+            k = 0;
         }
     }
+    if (k)
+        rows_typed(a, t, live[0], 1);
 }
 
 void attn_chunk_avx512(const struct attn_chunk_args *a)

@@ -45,7 +45,7 @@ void attn_chunk_scalar(const struct attn_chunk_args *a)
         const int n = a->n[r];
         if (n <= 0)
             continue;
-        const float *q = a->q + (size_t)r * a->ldq;
+        const float *q = a->q[r];
         float s[ATTN_CHUNK], p[ATTN_CHUNK];
         float cm = -INFINITY;
         for (int j = 0; j < n; j++) {
