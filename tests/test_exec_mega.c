@@ -15,6 +15,8 @@
  *   (stealing happens by chance) every step's logits equal ref's.
  * - An idle engine uses ~0% CPU: /proc/self/stat utime + stime over 1 s without steps.
  * - A program whose waits point at later or miscounted counters is refused.
+ * - Fault injection: every allocation of a mega runner with a trace and its first steps
+ *   fails in turn (NOMEM, KV left as it was, no leaks under ASan).
  */
 #include "core/alloc.h"
 #include "core/json.h"
@@ -34,6 +36,8 @@ static const struct tspec spec_gqa = {ARCH_LLAMA, 64, 3, 8, 2, 8, 96, 50, 8,
 static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 6, 3, 16, 96, 60, 16,
                                         true, false, false, false, 1000000.0f};
 
+static bool quiet; /* fault injection: failures are expected */
+
 static struct runner *make_runner(const struct model *m, const char *exec, int n_threads)
 {
     struct backend_params bp;
@@ -43,7 +47,7 @@ static struct runner *make_runner(const struct model *m, const char *exec, int n
     setenv("WELD_EXEC", exec, 1);
     struct runner *r = NULL;
     struct weld_err e;
-    if (runner_create_ex(&r, m, &bp, &e))
+    if (runner_create_ex(&r, m, &bp, &e) && !quiet)
         fprintf(stderr, "runner_create_ex: %s\n", e.msg);
     unsetenv("WELD_EXEC");
     return r;
@@ -437,6 +441,46 @@ TEST(trace_file)
     tm_free(tm);
 }
 
+/* ---- allocation failures ----------------------------------------------------------- */
+
+/* Every allocation of creating a mega runner (with a trace) and running two steps fails
+   in turn: NOMEM, the sequence left empty, nothing leaked (ASan), then one clean run. */
+TEST(allocation_failures)
+{
+    struct tmodel *tm = tm_build(&spec_gqa, DT_F32, 61);
+    int32_t t[5] = {1, 2, 3, 4, 5};
+    float *lg = malloc(sizeof(float) * 5 * spec_gqa.vocab);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/alloc-trace.json", test_tmpdir());
+    setenv("WELD_TRACE", path, 1);
+    quiet = true;
+    int saw_ok = 0, bad = 0;
+    for (long n = 1; n < 400 && !saw_ok; n++) {
+        struct weld_err e;
+        alloc_fail_at(n);
+        struct runner *r = make_runner(&tm->m, "mega", 2);
+        int rc = r ? WELD_OK : WELD_ERR_NOMEM;
+        for (int step = 0; r && rc == WELD_OK && step < 2; step++) {
+            struct batch_seq bs = {1, t + step * 4, step ? 1 : 4, step ? 4 : 0, true, NULL, 0};
+            struct batch b = {.seqs = &bs, .n_seqs = 1};
+            rc = runner_forward(r, &b, lg, &e);
+            if (rc != WELD_OK) {
+                bad += rc != WELD_ERR_NOMEM;
+                bad += runner_seq_len(r, 1) != (step ? 4 : 0);
+            }
+        }
+        saw_ok = rc == WELD_OK && alloc_failed_count() == 0;
+        alloc_fail_at(0);
+        runner_free(r);
+    }
+    unsetenv("WELD_TRACE");
+    quiet = false;
+    CHECK(saw_ok);
+    CHECK_EQ_INT(bad, 0);
+    free(lg);
+    tm_free(tm);
+}
+
 /* ---- idle CPU ---------------------------------------------------------------------- */
 
 /* utime + stime of this process in clock ticks (/proc/self/stat fields 14 and 15). */
@@ -486,6 +530,7 @@ int main(void)
     RUN(stats);
     RUN(oversubscribed_steals_stay_exact);
     RUN(trace_file);
+    RUN(allocation_failures);
     RUN(idle_uses_no_cpu);
     return test_summary();
 }
