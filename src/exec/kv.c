@@ -65,6 +65,16 @@ static int check_config(const struct kv_config *c, int bs, struct weld_err *e)
     return WELD_OK;
 }
 
+/* Touch every page of a plane once at creation (the kernel zeroes it then), so the first
+   steps that write K/V do not pay the page faults (measured: ~8% of a 16 x 640-token batch
+   run, 2 MiB huge-page faults being slow in a VM), and resident memory is the whole pool
+   from the start instead of growing with load. */
+static void prefault(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 4096)
+        ((volatile uint8_t *)p)[i] = 0;
+}
+
 int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_err *e)
 {
     *out = NULL;
@@ -117,6 +127,8 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
         goto nomem;
     for (int i = 0; i < cfg->max_seqs; i++)
         kv->seqs[i].blocks = kv->table_mem + (size_t)i * (size_t)per_seq;
+    prefault(kv->k, plane);
+    prefault(kv->v, plane);
     kv_reset(kv);
     *out = kv;
     return WELD_OK;
