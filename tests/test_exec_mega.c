@@ -9,7 +9,8 @@
  *   reset starts from zero; the ref executor reports "no stats".
  * - WELD_TRACE: the file parses as Chrome trace JSON with one instruction event per
  *   instruction of each of the WELD_TRACE_STEPS first steps, on workers [0, n), with
- *   start <= dependency met <= end; bad WELD_TRACE_STEPS is refused.
+ *   start <= dependency met <= end; bad WELD_TRACE_STEPS and an unwritable file are
+ *   refused when the executor is made.
  * - Late owners: with one worker made 20 ms late to every step the others run its
  *   instructions (steals > 0) and the logits equal ref's; with more workers than cores
  *   (stealing happens by chance) every step's logits equal ref's.
@@ -435,6 +436,11 @@ TEST(trace_file)
     setenv("WELD_EXEC", "mega", 1);
     CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_INVALID_ARG);
     CHECK(strstr(e.msg, "WELD_TRACE_STEPS=0") != NULL);
+    /* so is a file that cannot be written, before any step runs */
+    setenv("WELD_TRACE_STEPS", "2", 1);
+    setenv("WELD_TRACE", "/nonexistent-dir/trace.json", 1);
+    CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_IO);
+    CHECK(strstr(e.msg, "WELD_TRACE=/nonexistent-dir/trace.json: cannot open") != NULL);
     unsetenv("WELD_EXEC");
     unsetenv("WELD_TRACE");
     unsetenv("WELD_TRACE_STEPS");

@@ -70,6 +70,7 @@
 #include "exec/exec.h"
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/team.h"
 #include "exec/trace.h"
 
@@ -345,30 +346,18 @@ static bool plan_assign(struct mega_plan *pl, const struct exec_step *st, int n_
     return ok;
 }
 
-/* Queues in list order, and which waits need a run-time check (see the file comment). */
-static bool plan_queues(struct mega_plan *pl, const struct program *p, int n_workers)
+/* Queues in list order (and each instruction's position), counters' signaller runs. */
+static bool plan_fill_queues(struct mega_plan *pl, const struct program *p, int n_workers)
 {
-    int *sig_owner = wcalloc((size_t)p->n_counters, sizeof(int));
-    int *checked = wcalloc((size_t)p->n_counters * (size_t)n_workers, sizeof(int));
-    if (!sig_owner || !checked) {
-        wfree(sig_owner), wfree(checked);
+    int *fill = wcalloc((size_t)n_workers, sizeof(int));
+    if (!fill)
         return false;
-    }
-    for (int c = 0; c < p->n_counters; c++)
-        sig_owner[c] = -1;
-    for (int i = 0; i < p->n_instr; i++) {
-        int c = p->instrs[i].signal, o = pl->owner[i];
-        sig_owner[c] = sig_owner[c] == -1 || sig_owner[c] == o ? o : -2;
-    }
-    for (int w = 0; w <= n_workers; w++)
-        pl->queue_first[w] = 0;
     for (int i = 0; i < p->n_instr; i++)
         pl->queue_first[pl->owner[i] + 1]++;
-    for (int w = 0; w < n_workers; w++)
+    for (int w = 0; w < n_workers; w++) {
         pl->queue_first[w + 1] += pl->queue_first[w];
-    int *fill = checked; /* reuse the first n_workers ints as fill cursors, then clear */
-    for (int w = 0; w < n_workers; w++)
         fill[w] = pl->queue_first[w];
+    }
     for (int i = 0; i < p->n_instr; i++) {
         pl->pos[i] = fill[pl->owner[i]];
         pl->queue[fill[pl->owner[i]]++] = i;
@@ -377,20 +366,38 @@ static bool plan_queues(struct mega_plan *pl, const struct program *p, int n_wor
         pl->sig_first[p->instrs[i].signal + 1]++;
     for (int c = 0; c < p->n_counters; c++)
         pl->sig_first[c + 1] += pl->sig_first[c];
+    wfree(fill);
+    return true;
+}
 
-    memset(checked, 0, (size_t)p->n_counters * (size_t)n_workers * sizeof(int));
+/* Which waits need a run-time check: not those on counters only the same worker signals
+   (its own earlier work), nor a counter that worker already checked this step (counters
+   only grow, and every waiter of a counter waits for the same count). */
+static bool plan_prune_waits(struct mega_plan *pl, const struct program *p, int n_workers)
+{
+    int *sig_owner = wcalloc((size_t)p->n_counters, sizeof(int));
+    uint8_t *seen = wcalloc((size_t)p->n_counters * (size_t)n_workers, 1);
+    if (!sig_owner || !seen) {
+        wfree(sig_owner), wfree(seen);
+        return false;
+    }
+    for (int c = 0; c < p->n_counters; c++)
+        sig_owner[c] = -1;
+    for (int i = 0; i < p->n_instr; i++) {
+        int c = p->instrs[i].signal, o = pl->owner[i];
+        sig_owner[c] = sig_owner[c] == -1 || sig_owner[c] == o ? o : -2;
+    }
     for (int i = 0; i < p->n_instr; i++) {
         const struct prog_instr *in = &p->instrs[i];
         int w = pl->owner[i];
-        pl->check[i] = 0;
         for (int c = in->wait; in->wait >= 0 && c < in->wait + in->n_wait; c++) {
-            int *seen = &checked[(size_t)w * (size_t)p->n_counters + (size_t)c];
-            if (sig_owner[c] != w && !*seen)
+            uint8_t *sn = &seen[(size_t)w * (size_t)p->n_counters + (size_t)c];
+            if (sig_owner[c] != w && !*sn)
                 pl->check[i] = 1;
-            *seen = 1;
+            *sn = 1;
         }
     }
-    wfree(sig_owner), wfree(checked);
+    wfree(sig_owner), wfree(seen);
     return true;
 }
 
@@ -421,7 +428,8 @@ static int plan_create(struct mega_plan **out, const struct exec_step *st, int n
                                            ~(uintptr_t)63);
     for (int c = 0; c < p->n_counters; c++)
         atomic_init(&pl->counters[c].v, 0);
-    if (!plan_assign(pl, st, n_workers) || !plan_queues(pl, p, n_workers))
+    if (!plan_assign(pl, st, n_workers) || !plan_fill_queues(pl, p, n_workers) ||
+        !plan_prune_waits(pl, p, n_workers))
         goto nomem;
     *out = pl;
     return WELD_OK;
@@ -683,7 +691,11 @@ static int mega_run(void *state, const struct exec_step *st, struct weld_err *e)
     pl->epoch++;
     s->st = NULL;
     s->cur = NULL;
-    return s->tracing ? trace_step_done(s->trace, e) : WELD_OK;
+    /* the step itself succeeded: a trace that cannot be written must not undo it */
+    struct weld_err te;
+    if (s->tracing && trace_step_done(s->trace, &te))
+        log_warn("exec mega: %s", te.msg);
+    return WELD_OK;
 }
 
 /* ---- lifetime and queries ------------------------------------------------------------ */

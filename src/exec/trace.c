@@ -44,6 +44,14 @@ int trace_create(struct trace **out, const char *path, int n_workers, int max_st
         return err_set(e, WELD_ERR_NOMEM, "trace: out of memory for %d workers", n_workers);
     }
     t->bufs = (struct trace_buf *)(((uintptr_t)t->bufs_raw + 63) & ~(uintptr_t)63);
+    FILE *f = fopen(path, "w"); /* fail now, not after the steps */
+    if (!f) {
+        int rc = err_set(e, WELD_ERR_IO, "WELD_TRACE=%s: cannot open for writing: %s", path,
+                         strerror(errno));
+        trace_free(t);
+        return rc;
+    }
+    fclose(f);
     *out = t;
     return WELD_OK;
 }

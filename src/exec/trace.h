@@ -17,8 +17,9 @@
  * one thread per worker ("worker N"); per instruction a complete event ("ph":"X") named
  * after its opcode spanning dependency-met to end, with args step, instr, layer, seq,
  * rows and wait_us, and, when the worker had to wait for its inputs, a "wait" event
- * spanning start to dependency-met. Written once, when the last traced step is done (or
- * by trace_free if fewer steps ran; a failure there is logged, as free cannot return it).
+ * spanning start to dependency-met. trace_create checks the file can be written (and
+ * empties it); it is written once, when the last traced step is done (or by trace_free if
+ * fewer steps ran; a failure there is logged, as free cannot return it).
  *
  * Threading: trace_add(t, w, ...) only from worker w during a step; everything else from
  * the one thread that runs steps, between them. Deliberately not here: sampling, counters,
