@@ -26,9 +26,9 @@
  *    "executor", "bubble", "syncs_per_token"}
  * The last three describe the timed decode steps (batch 1): the executor's name, the
  * share of worker time spent waiting on dependency counters or barriers, and those waits
- * per token summed over workers (exec.h exec_stats); null when the executor keeps no
- * stats (ref). The table prints them as "executor mega: bubble X% (batch 1), N
- * syncs/token".
+ * per token summed over workers (exec.h exec_stats); absent when the executor keeps no
+ * stats (ref, the default with one thread). The table prints them as "executor mega:
+ * bubble X% (batch 1), N syncs/token".
  * With --bandwidth only the probe runs; its JSON is {"threads", "isa", "bytes", "passes",
  * "probe_gb_s", "probe_gb_s_median"}.
  *
@@ -297,10 +297,6 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
             json_object_set_new(j, "executor", json_string(b->tg_stats.executor));
             json_object_set_new(j, "bubble", json_real(bubble));
             json_object_set_new(j, "syncs_per_token", json_real(syncs));
-        } else if (j) {
-            json_object_set_new(j, "executor", json_null());
-            json_object_set_new(j, "bubble", json_null());
-            json_object_set_new(j, "syncs_per_token", json_null());
         }
         bm_print_json(j);
         return;
@@ -403,7 +399,9 @@ int cmd_bench_model(int argc, char **argv)
                         "       weld bench throughput -m MODEL [options]  (see weld bench throughput --help)",
                         "Prefill (pp) and decode (tg) tokens/s of the CPU executor and kernels on\n"
                         "random token ids, and decode bandwidth against a read-bandwidth probe run\n"
-                        "in the same invocation.",
+                        "in the same invocation. With a threaded executor (WELD_EXEC=mega, the\n"
+                        "default, or ops) also its bubble (share of worker time spent waiting)\n"
+                        "and synchronizations per token during decode.",
                         opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;
