@@ -34,6 +34,8 @@
 
 static const struct tspec spec_gqa = {ARCH_LLAMA, 64, 3, 8, 2, 8, 96, 50, 8,
                                       false, true, true, false, 10000.0f};
+static const struct tspec spec_mqa = {ARCH_LLAMA, 64, 2, 4, 1, 16, 96, 40, 16,
+                                      false, false, false, false, 10000.0f};
 static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 6, 3, 16, 96, 60, 16,
                                         true, false, false, false, 1000000.0f};
 
@@ -187,7 +189,7 @@ static void head_deps_with(const struct tspec *sp, uint64_t seed)
     for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
         struct program *p = NULL;
         REQUIRE(program_build_ex(&p, c, &f.b, splits[k], PROG_HEAD_DEPS, &e) == WELD_OK);
-        CHECK(p->n_counters > p->n_stages || splits[k] == 1);
+        CHECK(p->n_counters > p->n_stages || splits[k] == 1 || c->n_kv_head == 1);
         check_head_waits(c, p);
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
             memset(got, 0, nf * sizeof(float));
@@ -234,6 +236,7 @@ TEST(late_worker_is_stolen_from)
     fixture_free(&f);
 }
 TEST(head_deps_programs_qwen3) { head_deps_with(&spec_qwen3, 12); }
+TEST(head_deps_programs_mqa) { head_deps_with(&spec_mqa, 15); } /* one group, spread */
 
 /* A program whose attention waits on a counter signalled later, or for the wrong count. */
 TEST(bad_program_refused)
@@ -531,6 +534,7 @@ int main(void)
 {
     RUN(head_deps_programs_gqa);
     RUN(head_deps_programs_qwen3);
+    RUN(head_deps_programs_mqa);
     RUN(late_worker_is_stolen_from);
     RUN(bad_program_refused);
     RUN(stats);

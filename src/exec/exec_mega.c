@@ -14,9 +14,10 @@
  *   MEGA_FLOP_COST per FLOP (instr_cost). Each stage is assigned on its own, longest
  *   first, to the worker with the least work in that stage (ties: least work so far in
  *   the program), so every stage is balanced. The units of a stage are its instructions,
- *   or, where a stage signals several counters (the QKV stage cut by KV-head groups),
- *   the group of instructions behind each counter, so one worker makes a head group's Q,
- *   K and V. An ATTENTION instruction goes to the worker that made its heads when that
+ *   or, where a stage signals a counter per worker or more (the QKV stage cut by KV-head
+ *   groups), the group of instructions behind each counter, so one worker makes a head
+ *   group's Q, K and V (with fewer groups than workers, e.g. a single KV head, the
+ *   group's pieces are spread instead). An ATTENTION instruction goes to the worker that made its heads when that
  *   keeps the stage within MEGA_AFFINITY_SLACK of balanced: its wait is then on its own
  *   earlier work and disappears.
  * - the queues: each worker's instructions in list order. The list order is a valid
@@ -266,11 +267,13 @@ static int least_loaded(const struct assign_tmp *t, int n_workers)
 }
 
 /* Group stage k's instructions into units (one per signal counter when the stage signals
-   several, else one per instruction); returns the number of unit heads put in order. */
-static int stage_units(const struct program *p, struct assign_tmp *t, int k)
+   at least one counter per worker, else one per instruction); returns the number of unit
+   heads put in order. */
+static int stage_units(const struct program *p, struct assign_tmp *t, int k, int n_workers)
 {
     int first = p->stage_first[k], end = p->stage_first[k + 1], n = 0;
-    bool several = p->instrs[first].signal != p->instrs[end - 1].signal;
+    int n_sig = p->instrs[end - 1].signal - p->instrs[first].signal + 1;
+    bool several = n_sig > 1 && n_sig >= n_workers;
     for (int i = first; i < end; i++) {
         t->unit_next[i] = -1;
         int head = i;
@@ -298,7 +301,7 @@ static int stage_units(const struct program *p, struct assign_tmp *t, int k)
 static void assign_stage(const struct program *p, struct assign_tmp *t, int *owner, int k,
                          int n_workers)
 {
-    int n = stage_units(p, t, k);
+    int n = stage_units(p, t, k, n_workers);
     double sum = 0;
     for (int u = 0; u < n; u++)
         sum += t->cost[t->order[u]];
