@@ -698,9 +698,11 @@ TEST(accelerator_and_executor_env)
     struct runner *r = NULL;
     unsetenv("WELD_ACCELERATOR");
     REQUIRE(runner_create(&r, &tm->m, 1, 8, &e) == WELD_OK);
-    /* default: ops on a team of one worker per physical core, ref with one core */
-    CHECK(strncmp(runner_describe(r), team_physical_cores() > 1 ? "cpu: ops executor"
-                                                                : "cpu: ref executor", 17) == 0);
+    /* default: mega on a team of one worker per physical core, ref with one core */
+    if (team_physical_cores() > 1)
+        CHECK(strncmp(runner_describe(r), "cpu: mega executor", 18) == 0);
+    else
+        CHECK(strncmp(runner_describe(r), "cpu: ref executor", 17) == 0);
     runner_free(r);
     setenv("WELD_ACCELERATOR", "cpu", 1);
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
@@ -714,9 +716,9 @@ TEST(accelerator_and_executor_env)
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
     CHECK_EQ_STR(e.msg, "WELD_ACCELERATOR=cuda: backend not built in; available: cpu");
     unsetenv("WELD_ACCELERATOR");
-    setenv("WELD_EXEC", "mega", 1);
+    setenv("WELD_EXEC", "megakernel", 1);
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
-    CHECK_EQ_STR(e.msg, "WELD_EXEC=mega: unknown executor; available: ref, ops");
+    CHECK_EQ_STR(e.msg, "WELD_EXEC=megakernel: unknown executor; available: ref, ops, mega");
     setenv("WELD_EXEC", "ref", 1);
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
     runner_free(r);

@@ -17,7 +17,7 @@
  * backend places each seq_id itself. The engine sizes the pool from a memory budget with
  * backend_kv_blocks_for_bytes().
  *
- * The cpu backend = program builder + executor (WELD_EXEC; default the op-by-op executor
+ * The cpu backend = program builder + executor (WELD_EXEC; default the megakernel executor
  * on a thread team when n_threads > 1, else the reference executor) + kernels + paged KV
  * cache (f16 / bf16 / f32 / q8_0).
  */
@@ -35,9 +35,9 @@ struct backend_params {
     int max_seqs;       /* seq ids are [0, max_seqs) */
     int max_ctx;        /* positions per sequence */
     int n_splits;       /* row slices per matrix op; 0: what the executor wants (ref 1,
-                           ops a few per worker) */
+                           ops / mega a few per worker) */
     int n_threads;      /* executor workers; 0: one per physical core (core/team.h). With
-                           more than one and WELD_EXEC unset, the ops executor runs */
+                           more than one and WELD_EXEC unset, the mega executor runs */
     bool oversubscribe; /* tests only: allow more threads than physical cores */
     int kv_block_size;  /* 0: default (16) */
     int kv_blocks;      /* physical KV blocks in the pool (ids [0, kv_blocks) in engine
@@ -82,7 +82,7 @@ struct backend_iface {
     /* optional: device memory for host-visible buffers (NULL: use the heap) */
     void *(*buffer_alloc)(void *ctx, size_t nbytes);
     void (*buffer_free)(void *ctx, void *buf);
-    /* optional: a one-line description of the context ("cpu: ops executor, 2 threads, ...") */
+    /* optional: a one-line description of the context ("cpu: mega executor, 2 threads, ...") */
     const char *(*describe)(void *ctx);
 };
 

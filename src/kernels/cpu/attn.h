@@ -48,7 +48,7 @@ struct attn_chunk_args {
     const uint8_t *k[ATTN_CHUNK], *v[ATTN_CHUNK]; /* the chunk's key / value rows of one KV
                                                      head (hd elements each); entries past
                                                      the largest n[] are not read */
-    int hd;               /* head dimension (any >= 1; SIMD paths want a multiple of 16) */
+    int hd;               /* head dimension (any >= 1) */
     int nq;               /* query rows */
     const float *const *q; /* (nq) the query rows (hd floats each) */
     const int *n;         /* (nq) visible positions of each row, 0 .. ATTN_CHUNK */

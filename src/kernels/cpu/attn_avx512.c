@@ -7,7 +7,8 @@
  * position at once), which leaves the 16 scores in one register; a final permute puts
  * position j in lane j. The softmax runs on that register with attn.h's exp polynomial
  * lane by lane (same fmaf steps, same rounding), and the value rows are accumulated with
- * broadcast fmadds. hd must be a multiple of 16 (otherwise the scalar reference runs).
+ * broadcast fmadds. Any hd: a partial last vector is masked (the dot's missing lanes are
+ * kept untouched, as the contract's unused lanes stay +0).
  */
 #include "kernels/cpu/attn.h"
 
@@ -66,12 +67,13 @@ static inline float fold16(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
 }
 
-/* 16 elements of a row of type t from element i, widened to f32 (exact). */
-static inline __m512 load16(int t, const uint8_t *row, int i)
+/* The elements [i, i + 16) of a row of type t that mask m selects, widened to f32 (exact;
+   the others 0). */
+static inline __m512 load16(int t, const uint8_t *row, int i, __mmask16 m)
 {
     if (t == DT_F32)
-        return _mm512_loadu_ps(row + 4 * (size_t)i);
-    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i));
+        return _mm512_maskz_loadu_ps(m, row + 4 * (size_t)i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * (size_t)i);
     return t == DT_F16 ? _mm512_cvtph_ps(h)
                        : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -84,7 +86,10 @@ static inline __m512 load16(int t, const uint8_t *row, int i)
    loaded once for both. Every row's arithmetic is exactly the single-row contract. */
 AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, const int R)
 {
-    const int hd = a->hd, nv = hd / 16;
+    const int hd = a->hd, nv = (hd + 15) / 16;
+    /* the last vector may be partial (hd % 16): its missing lanes are left untouched in
+       the dot (mask3 fma keeps them +0, as the contract's unused lanes), never stored */
+    const __mmask16 tail = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1u) : (__mmask16)0xffff;
     int n[2], n_max = 0;
     const float *q[2];
     for (int i = 0; i < R; i++) {
@@ -98,9 +103,11 @@ AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, c
             d[i][j] = _mm512_setzero_ps();
     for (int j = 0; j < n_max; j++)
         for (int v = 0; v < nv; v++) {
-            const __m512 k = load16(t, a->k[j], 16 * v);
+            const __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xffff;
+            const __m512 k = load16(t, a->k[j], 16 * v, m);
             for (int i = 0; i < R; i++)
-                d[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(q[i] + 16 * v), k, d[i][j]);
+                d[i][j] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, q[i] + 16 * v), k,
+                                                d[i][j], m);
         }
     float pj[2][ATTN_CHUNK], corr[2];
     for (int i = 0; i < R; i++) {
@@ -116,18 +123,19 @@ AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, c
         _mm512_storeu_ps(pj[i], p);
     }
     for (int v = 0; v < nv; v++) {
+        const __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xffff;
         __m512 x[2];
         for (int i = 0; i < R; i++)
-            x[i] = _mm512_mul_ps(_mm512_loadu_ps(a->acc + (size_t)(r0 + i) * hd + 16 * v),
+            x[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a->acc + (size_t)(r0 + i) * hd + 16 * v),
                                  _mm512_set1_ps(corr[i]));
         for (int j = 0; j < n_max; j++) {
-            const __m512 vv = load16(t, a->v[j], 16 * v);
+            const __m512 vv = load16(t, a->v[j], 16 * v, m);
             for (int i = 0; i < R; i++)
                 if (j < n[i]) /* the contract stops at the row's count (0 * inf is NaN) */
                     x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pj[i][j]), vv, x[i]);
         }
         for (int i = 0; i < R; i++)
-            _mm512_storeu_ps(a->acc + (size_t)(r0 + i) * hd + 16 * v, x[i]);
+            _mm512_mask_storeu_ps(a->acc + (size_t)(r0 + i) * hd + 16 * v, m, x[i]);
     }
 }
 
@@ -156,9 +164,7 @@ AI void chunk_typed(const struct attn_chunk_args *a, const int t)
 
 void attn_chunk_avx512(const struct attn_chunk_args *a)
 {
-    if (a->hd % 16 != 0)
-        attn_chunk_scalar(a);
-    else if (a->kv_type == DT_F16)
+    if (a->kv_type == DT_F16)
         chunk_typed(a, DT_F16);
     else if (a->kv_type == DT_BF16)
         chunk_typed(a, DT_BF16);
