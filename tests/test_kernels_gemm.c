@@ -20,6 +20,7 @@
 #include "kernels/cpu/kernels.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdint.h>
 
 static const int all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K};
@@ -486,6 +487,51 @@ TEST(row_dot_and_rmsnorm)
 
 /* to_f32 widens every non-NaN f16 and bf16 bit pattern exactly as the format code does
    (kern_to_f32), at lengths that leave every tail size; F32 is a copy. */
+/* to_f16 (the KV cache's writes) against format/dtype.c's scalar f16 quantizer, byte for
+   byte, for every ISA: random values at every magnitude f16 has (subnormals, overflow to
+   inf), exact halfway cases, signed zeros, infinities and NaNs with payloads (the SIMD
+   paths must not keep the hardware's NaN payload), and lengths that leave tails. */
+TEST(to_f16)
+{
+    enum { N = 4099 };
+    float *x = malloc(sizeof(float) * N);
+    uint8_t *want = malloc(2 * N), *got = malloc(2 * N);
+    struct rng r;
+    rng_seed(&r, 5);
+    for (int i = 0; i < N; i++) {
+        double mag = pow(2.0, -30.0 + 48.0 * rng_uniform(&r)); /* 2^-30 .. 2^18 */
+        x[i] = (float)((rng_uniform(&r) < 0.5 ? -1 : 1) * mag * (1.0 + rng_uniform(&r)));
+    }
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                                0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fc12345u,
+                                0xffa5a5a5u, 0x477fe000u /* 65504 */, 0x477ff000u /* 65520 */,
+                                0x33800000u /* 2^-24 */, 0x33000000u /* 2^-25: halfway */,
+                                0x3f801000u /* 1 + 2^-11: halfway, even down */,
+                                0x3f803000u /* 1 + 3*2^-11: halfway, even up */};
+    for (size_t k = 0; k < sizeof special / sizeof special[0]; k++)
+        for (int rep = 0; rep < 3; rep++) {
+            float f;
+            memcpy(&f, &special[k], 4);
+            x[(int)(rng_u64(&r) % N)] = f;
+        }
+    dtype_quantize_row(DT_F16, x, want, N);
+    for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
+        const struct gemm_ops *o = forced_ops ? forced_ops : gemm_ops_for((enum isa_level)l);
+        if (!o)
+            continue;
+        const int lens[] = {N, 16, 15, 1, 40};
+        for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+            memset(got, 0xAB, 2 * N);
+            o->to_f16(x, got, lens[k]);
+            CHECK(memcmp(got, want, 2 * (size_t)lens[k]) == 0);
+            CHECK(lens[k] == N || got[2 * lens[k]] == 0xAB); /* nothing written past n */
+        }
+        if (forced_ops)
+            break;
+    }
+    free(x), free(want), free(got);
+}
+
 TEST(to_f32)
 {
     enum { N = 65536 };
@@ -564,6 +610,7 @@ int main(void)
     RUN(act_quant_edges);
     RUN(row_dot_and_rmsnorm);
     RUN(to_f32);
+    RUN(to_f16);
     RUN(float_types);
     RUN(q8_0);
     RUN(q4_0);

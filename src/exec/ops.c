@@ -230,9 +230,14 @@ static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int n
         if (q.kind == 0)
             memcpy(qbuf + (size_t)t * c->n_head * hd + (size_t)q.head * hd, y,
                    sizeof(float) * (size_t)hd);
-        else
-            kv_write_head(st->kv, kv_pos_head(st->kv, q.kind == 1 ? st->kv->k : st->kv->v,
-                                              layer, table, pos, q.head), y);
+        else {
+            uint8_t *dst = kv_pos_head(st->kv, q.kind == 1 ? st->kv->k : st->kv->v, layer,
+                                       table, pos, q.head);
+            if (st->kv->type == DT_F16) /* the default cache: SIMD, same bytes */
+                st->w->go->to_f16(y, dst, hd);
+            else
+                kv_write_head(st->kv, dst, y);
+        }
     }
 }
 

@@ -183,6 +183,10 @@ struct gemm_ops {
     /* out = x * (1 / sqrtf(ss / n + eps)) * w (w may be NULL), ss = x . x under the F32
        contract; elementwise ops in that order, so exact across ISAs. out may be x. */
     void (*rmsnorm)(const float *x, const float *w, float eps, float *out, int64_t n);
+    /* dst[i] = x[i] rounded to f16 (little-endian bytes), exactly as format/dtype.c's
+       scalar converter (round to nearest even; NaN -> 0x7E00 with the sign): the KV
+       cache's writes. */
+    void (*to_f16)(const float *x, void *dst, int64_t n);
     /* One chunk of attention under attn.h's contract (AVX2 runs the scalar reference). */
     void (*attn_chunk)(const struct attn_chunk_args *a);
 };

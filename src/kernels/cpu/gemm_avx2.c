@@ -438,6 +438,24 @@ static void avx2_rmsnorm(const float *x, const float *w, float eps, float *out, 
         out[i] = w ? x[i] * inv * w[i] : x[i] * inv;
 }
 
+/* F16C, 8 lanes; an 8-lane group holding a NaN goes through the scalar converter (whose
+   NaN is 0x7E00 | sign, where the hardware would keep payload bits). */
+static void avx2_to_f16(const float *x, void *dst, int64_t n)
+{
+    uint8_t *d = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)))
+            dtype_quantize_row(DT_F16, x + i, d + 2 * i, 8);
+        else
+            _mm_storeu_si128((__m128i *)(d + 2 * i),
+                             _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    if (i < n)
+        dtype_quantize_row(DT_F16, x + i, d + 2 * i, n - i);
+}
+
 const struct gemm_ops gemm_ops_avx2 = {
     .isa = ISA_AVX2,
     .act_quant = avx2_act_quant,
@@ -446,4 +464,5 @@ const struct gemm_ops gemm_ops_avx2 = {
     .to_f32 = avx2_to_f32,
     .rmsnorm = avx2_rmsnorm,
     .attn_chunk = attn_chunk_scalar,
+    .to_f16 = avx2_to_f16,
 };

@@ -701,6 +701,24 @@ static void avx512_rmsnorm(const float *x, const float *w, float eps, float *out
     }
 }
 
+/* vcvtps2ph, 16 lanes; a group holding a NaN goes through the scalar converter (whose
+   NaN is 0x7E00 | sign, where the hardware would keep payload bits). */
+static void avx512_to_f16(const float *x, void *dst, int64_t n)
+{
+    uint8_t *d = dst;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q))
+            dtype_quantize_row(DT_F16, x + i, d + 2 * i, 16);
+        else
+            _mm256_storeu_si256((__m256i *)(d + 2 * i),
+                                _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    if (i < n)
+        dtype_quantize_row(DT_F16, x + i, d + 2 * i, n - i);
+}
+
 const struct gemm_ops gemm_ops_avx512 = {
     .isa = ISA_AVX512,
     .act_quant = avx512_act_quant,
@@ -709,4 +727,5 @@ const struct gemm_ops gemm_ops_avx512 = {
     .to_f32 = avx512_to_f32,
     .rmsnorm = avx512_rmsnorm,
     .attn_chunk = attn_chunk_avx512,
+    .to_f16 = avx512_to_f16,
 };

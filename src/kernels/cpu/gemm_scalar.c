@@ -441,6 +441,11 @@ static void scalar_rmsnorm(const float *x, const float *w, float eps, float *out
         out[i] = w ? x[i] * inv * w[i] : x[i] * inv;
 }
 
+static void scalar_to_f16(const float *x, void *dst, int64_t n)
+{
+    dtype_quantize_row(DT_F16, x, dst, n);
+}
+
 const struct gemm_ops gemm_ops_scalar = {
     .isa = ISA_SCALAR,
     .act_quant = scalar_act_quant,
@@ -449,4 +454,5 @@ const struct gemm_ops gemm_ops_scalar = {
     .to_f32 = scalar_to_f32,
     .rmsnorm = scalar_rmsnorm,
     .attn_chunk = attn_chunk_scalar,
+    .to_f16 = scalar_to_f16,
 };
