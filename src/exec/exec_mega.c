@@ -622,7 +622,11 @@ static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
             if (w2)
                 __builtin_prefetch(w2 + 64 * i, 0, 3);
         }
-        if (i >= MEGA_STEAL_SPINS && (i & 15) == 0 && steal_for(x, c))
+        /* help late signallers every 16 pauses once MEGA_STEAL_SPINS have gone, and on
+           every round once yielding (a yield can take a whole time slice on a busy core,
+           so counting rounds alone would wait for a late worker for milliseconds) */
+        const bool yielding = i >= x->s->spins;
+        if ((yielding || (i >= MEGA_STEAL_SPINS && (i & 15) == 0)) && steal_for(x, c))
             continue;
         if (i < x->s->spins)
             mega_pause();
