@@ -193,6 +193,15 @@ struct gemm_ops {
 
 extern const struct gemm_ops gemm_ops_scalar;
 
+/* Scale d and inverse scale id of an activation block with max |x| = amax (the contract's
+   "d = max|x| / 127, q = rne(x * (1/d))"): one definition for every ISA, so no copy can
+   drift from the others. */
+static inline void gemm_quant_scale(float amax, float *d, float *id)
+{
+    *d = amax / 127.0f;
+    *id = *d != 0.0f ? 1.0f / *d : 0.0f;
+}
+
 /* The scalar reference for the repacked types (other ISAs without their own call it). */
 void gemm_scalar_r16(const struct gemm_args *a);
 /* Quantize one block of 32 for the repacked types (shared by every ISA). */

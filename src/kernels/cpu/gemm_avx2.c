@@ -14,6 +14,7 @@
  * zero-padded copies of 16 elements.
  */
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_x86.h"
 
 #include "core/err.h"
 #include "format/dtype.h"
@@ -26,21 +27,6 @@
 /* Token loops run over a compile-time count; unrolled, the accumulators stay in registers. */
 #define UNROLL _Pragma("GCC unroll 4")
 #define UNROLL8 _Pragma("GCC unroll 8")
-
-static inline float ld_h(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-AI float fold8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 AI int32_t hsum_i32(__m256i v)
 {
@@ -80,19 +66,13 @@ AI __m256i quant32(const float *x, __m256 id)
     return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void quant_scale(float amax, float *d, float *id)
-{
-    *d = amax / 127.0f;
-    *id = *d != 0.0f ? 1.0f / *d : 0.0f;
-}
-
 /* Block 2i+h of x into half h of pair p (x NULL: a zero half). */
 static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int off)
 {
     float d = 0.0f, id = 0.0f;
     __m256i q = _mm256_setzero_si256();
     if (x) {
-        quant_scale(amax8(x, 32), &d, &id);
+        gemm_quant_scale(amax8(x, 32), &d, &id);
         q = quant32(x, _mm256_set1_ps(id));
     }
     _mm256_storeu_si256((__m256i *)(p->q + 32 * h), q);
@@ -104,7 +84,7 @@ static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int off)
 static void quant_bk(const float *x, struct gemm_act_bk *b)
 {
     float id;
-    quant_scale(amax8(x, 256), &b->d, &id);
+    gemm_quant_scale(amax8(x, 256), &b->d, &id);
     const __m256 vid = _mm256_set1_ps(id);
     for (int c = 0; c < 8; c++) {
         __m256i q = quant32(x + 32 * c, vid);

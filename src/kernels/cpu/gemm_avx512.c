@@ -25,6 +25,7 @@
  * need the activations rounded to bf16 and break the contract with the scalar path.
  */
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_x86.h"
 
 #include "core/err.h"
 #include "format/dtype.h"
@@ -62,22 +63,6 @@
 #define GEMM_PREFETCH 1024
 #endif
 
-static inline float ld_h(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-/* fold(8) of gemm_scalar.c on a ymm: lanes i += i+4, i += i+2, i += i+1. */
-AI float fold8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 AI float fold16(__m512 v)
 {
     return fold8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
@@ -103,18 +88,12 @@ AI __m128i quant16(const float *x, __m512 id)
     return _mm512_cvtepi32_epi8(q);
 }
 
-static void quant_scale(float amax, float *d, float *id)
-{
-    *d = amax / 127.0f;
-    *id = *d != 0.0f ? 1.0f / *d : 0.0f;
-}
-
 /* Blocks 2i and (if nblk == 2) 2i+1 of x into pair p; a missing second block is zero. */
 static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int off)
 {
     float d[2] = {0.0f, 0.0f}, id[2] = {0.0f, 0.0f};
     for (int h = 0; h < nblk; h++)
-        quant_scale(amax16(x + 32 * h, 32), &d[h], &id[h]);
+        gemm_quant_scale(amax16(x + 32 * h, 32), &d[h], &id[h]);
     __m128i q[4];
     for (int i = 0; i < 4; i++)
         q[i] = i / 2 < nblk ? quant16(x + 16 * i, _mm512_set1_ps(id[i / 2])) : _mm_setzero_si128();
@@ -130,7 +109,7 @@ static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int off
 static void quant_br(const float *x, struct gemm_act_br *b, int off)
 {
     float id;
-    quant_scale(amax16(x, 32), &b->d, &id);
+    gemm_quant_scale(amax16(x, 32), &b->d, &id);
     const __m512 vid = _mm512_set1_ps(id);
     __m256i q = _mm256_set_m128i(quant16(x + 16, vid), quant16(x, vid));
     _mm256_storeu_si256((__m256i *)b->q, q);
@@ -144,7 +123,7 @@ static void quant_br(const float *x, struct gemm_act_br *b, int off)
 static void quant_bk(const float *x, struct gemm_act_bk *b)
 {
     float id;
-    quant_scale(amax16(x, 256), &b->d, &id);
+    gemm_quant_scale(amax16(x, 256), &b->d, &id);
     const __m512 vid = _mm512_set1_ps(id);
     for (int g = 0; g < 16; g++) {
         __m128i q = quant16(x + 16 * g, vid);

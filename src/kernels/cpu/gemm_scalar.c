@@ -115,20 +115,13 @@ static int8_t quant_one(float x, float id)
     return v == v ? (int8_t)v : 0;
 }
 
-/* Scale and inverse scale of a block with max |x| = amax. */
-static void quant_scale(float amax, float *d, float *id)
-{
-    *d = amax / 127.0f;
-    *id = *d != 0.0f ? 1.0f / *d : 0.0f;
-}
-
 /* Block 2i+h of x (32 floats) into half h of p; x NULL: a zero half. */
 static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int32_t off)
 {
     float amax = 0.0f, d = 0.0f, id = 0.0f;
     for (int i = 0; x && i < 32; i++)
         amax = fmaxf(amax, fabsf(x[i]));
-    quant_scale(amax, &d, &id);
+    gemm_quant_scale(amax, &d, &id);
     int8_t *q = p->q + 32 * h;
     for (int i = 0; i < 32; i++)
         q[i] = x ? quant_one(x[i], id) : 0;
@@ -143,7 +136,7 @@ void gemm_quant_br(const float *x, struct gemm_act_br *b, int32_t off)
     float amax = 0.0f, id;
     for (int i = 0; i < 32; i++)
         amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    quant_scale(amax, &b->d, &id);
+    gemm_quant_scale(amax, &b->d, &id);
     int s = 0;
     for (int i = 0; i < 32; i++) {
         b->q[i] = quant_one(x[i], id);
@@ -158,7 +151,7 @@ static void quant_bk(const float *x, struct gemm_act_bk *b)
     for (int i = 0; i < 256; i++)
         amax = fmaxf(amax, fabsf(x[i]));
     float id;
-    quant_scale(amax, &b->d, &id);
+    gemm_quant_scale(amax, &b->d, &id);
     for (int i = 0; i < 256; i++)
         b->q[i] = quant_one(x[i], id);
     for (int g = 0; g < 16; g++) {
