@@ -5,8 +5,9 @@
  *   - a whole causal attention driven chunk by chunk through gemm_ops_scalar.attn_chunk
  *     against a double-precision softmax attention: within 1e-5 relative;
  *   - every ISA this CPU has against the scalar reference: m, l and acc bit-identical
- *     after every chunk, for f32, f16 and bf16 rows read in place, head dims that take the SIMD path (16, 64, 128) and ones
- *     that fall back (8, 40), visible counts 0..16 mixed across rows, scores with large
+ *     after every chunk, for f32, f16 and bf16 rows read in place, head dims in whole
+ *     vectors (16, 64, 128) and with partial last vectors (8, 12, 40, 100: tails of 8, 12,
+ *     8 and 4 lanes), visible counts 0..16 mixed across rows, scores with large
  *     spreads (the running max moves up and down across chunks).
  */
 #include "core/fp16.h"
@@ -148,7 +149,7 @@ TEST(isa_bit_identical)
 {
     struct rng rg;
     rng_seed(&rg, 11);
-    const int hds[] = {16, 64, 128, 8, 40};
+    const int hds[] = {16, 64, 128, 8, 40, 12, 100};
     const int types[] = {DT_F32, DT_F16, DT_BF16};
     for (int lvl = ISA_SCALAR + 1; lvl < ISA_COUNT; lvl++) {
         const struct gemm_ops *o = gemm_ops_for((enum isa_level)lvl);

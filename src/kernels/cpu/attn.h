@@ -93,9 +93,10 @@ static inline float attn_exp(float x)
     return p;
 }
 
-/* The scalar reference of the contract (every ISA's fallback for hd % 16 != 0). */
+/* The scalar reference of the contract (what every SIMD version must match bit for bit). */
 void attn_chunk_scalar(const struct attn_chunk_args *a);
 #if defined(__x86_64__)
+void attn_chunk_avx2(const struct attn_chunk_args *a);
 void attn_chunk_avx512(const struct attn_chunk_args *a);
 #endif
 

@@ -187,7 +187,7 @@ struct gemm_ops {
        scalar converter (round to nearest even; NaN -> 0x7E00 with the sign): the KV
        cache's writes. */
     void (*to_f16)(const float *x, void *dst, int64_t n);
-    /* One chunk of attention under attn.h's contract (AVX2 runs the scalar reference). */
+    /* One chunk of attention under attn.h's contract. */
     void (*attn_chunk)(const struct attn_chunk_args *a);
 };
 

@@ -443,6 +443,6 @@ const struct gemm_ops gemm_ops_avx2 = {
     .row_dot = avx2_row_dot,
     .to_f32 = avx2_to_f32,
     .rmsnorm = avx2_rmsnorm,
-    .attn_chunk = attn_chunk_scalar,
+    .attn_chunk = attn_chunk_avx2,
     .to_f16 = avx2_to_f16,
 };
