@@ -375,18 +375,21 @@ static void check_r16(struct gcase *c)
 TEST(repacked)
 {
     static const int rows_list[] = {1, 5, 16, 17, 40};
-    static const int64_t ks[] = {32, 96, 32 * 150}; /* 150 blocks: K split in 64, 64, 22 */
-    static const int tok_list[] = {1, 3, 17};
+    /* 150 blocks: K split in 64, 64, 22 (AVX-512) or 32 x 4, 22 (AVX2) */
+    static const int64_t ks[] = {32, 96, 32 * 150};
+    /* 1, 2: both halves of a group in one pass (AVX2); 3, 17: token tiles and remainders */
+    static const int tok_list[] = {1, 2, 3, 17};
     struct rng r;
     rng_seed(&r, 11);
     CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_K, 16, 256), 0);
     CHECK_EQ_INT(gemm_repack(DT_F16, NULL, 0, 16, 256, NULL), -1);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q8_0) == isa_cpu_has(ISA_AVX512));
+    CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_0) == isa_cpu_has(ISA_AVX2));
     CHECK(!gemm_repack_pays(&gemm_ops_scalar, DT_Q8_0));
     for (int ti = 0; ti < 2; ti++)
         for (int ir = 0; ir < 5; ir++)
             for (int ik = 0; ik < 3; ik++)
-                for (int it = 0; it < 3; it++) {
+                for (int it = 0; it < 4; it++) {
                     struct gcase c;
                     case_make(&c, &r, ti ? DT_Q4_0 : DT_Q8_0, rows_list[ir], ks[ik], tok_list[it],
                               (ir + it) % 2, (ir + ik) % 2);

@@ -348,11 +348,233 @@ static void run_tile(int wt, const struct tile *tl, int nt)
     }
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* repacked Q8_0 / Q4_0 (groups of 16 rows, gemm.h)                                     */
+
+/* One ymm holds 4 consecutive elements of 8 rows (a half group), so vpmaddubsw against
+   the token's 4-byte chunk broadcast gives each row's two pair sums: no per-row
+   horizontal reduction, one convert / scale / FMA per 8 rows and block. vpmaddubsw
+   multiplies unsigned by signed bytes and saturates its int16 pair sums, which decides
+   the two forms:
+     Q4_0: codes are nibbles (value + 8), |pair| <= 2 * 15 * 127 = 3810, so a block's
+       eight chunks add up in int16 (<= 30480) before one vpmaddwd by 1 makes the rows'
+       int32 sums, plus the activation's correction -8 * sum(q);
+     Q8_0: the codes (value + 128, up to 255) would saturate, so they are turned back into
+       values w (xor 0x80) and multiplied as |w| by x with w's sign (vpsignb; |pair| <=
+       2 * 128 * 127 = 32512), each chunk widened by vpmaddwd into int32 sums: the exact
+       sum of w * q, which is the contract's isum_b (the code sum plus the correction).
+       Splitting the codes into two nibble products instead needs two int16 sums per
+       token and ran slower here (register pressure).
+   All integer steps are exact, so each row's block sum is the contract's isum_b, and
+   acc = fmaf((float)isum_b, dw_b * dx_b, acc) as in gemm.h. Zen 3 runs vpmaddubsw,
+   vpmaddwd and vpsignb two per cycle: Q8_0 tops out at ~21 products per cycle and core,
+   Q4_0 at ~32 (measured 42 and 45 GMAC/s on one 2.8 GHz core, K = 768, 64 tokens). */
+
+/* Tokens per tile (one int32 or int16 sum register per token; the f32 accumulators live
+   in a small array, touched once per block). */
+#define R16A_TOK 8
+
+/* The rows' int32 block sums of one 8-row half (codes at q: chunk c at q + 64 c) against
+   nt tokens' activation blocks x4[t] (4-byte chunks), into s[t]. Q4_0 includes the
+   correction (corr[t]); Q8_0 needs none. */
+AI void r16a_block(const uint8_t *q, const int32_t *const *x4, const int32_t *corr,
+                   __m256i *s, const int nt, const int is_q8)
+{
+    if (is_q8) {
+        UNROLL8
+        for (int t = 0; t < nt; t++)
+            s[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2")
+        for (int c = 0; c < 8; c++) {
+            const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * c)),
+                                               _mm256_set1_epi8((char)0x80));
+            const __m256i aw = _mm256_abs_epi8(w);
+            UNROLL8
+            for (int t = 0; t < nt; t++) {
+                const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4[t][c]), w);
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx),
+                                                                _mm256_set1_epi16(1)));
+            }
+        }
+        return;
+    }
+    __m256i l[R16A_TOK];
+    UNROLL8
+    for (int t = 0; t < nt; t++)
+        l[t] = _mm256_setzero_si256();
+    UNROLL
+    for (int c = 0; c < 4; c++) { /* low nibbles: chunk c; high nibbles: chunk c + 4 */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * c));
+        const __m256i wl = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+        const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+        UNROLL8
+        for (int t = 0; t < nt; t++) {
+            l[t] = _mm256_add_epi16(l[t], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(x4[t][c])));
+            l[t] = _mm256_add_epi16(l[t], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(x4[t][c + 4])));
+        }
+    }
+    UNROLL8
+    for (int t = 0; t < nt; t++)
+        s[t] = _mm256_add_epi32(_mm256_madd_epi16(l[t], _mm256_set1_epi16(1)),
+                                _mm256_set1_epi32(corr[t]));
+}
+
+/* Half h (rows 8h .. 8h + 7) of a 16-row group x nt tokens over nblk blocks from blk0;
+   acc[t * 8 + i] is row 8h + i of token t, updated in place. */
+AI void r16a_half(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t act_stride,
+                  float *acc, const int nt, const int h, const int is_q8)
+{
+    const size_t gbs = is_q8 ? 16 * 34 : 16 * 18;
+    const struct gemm_act_br *at[R16A_TOK];
+    UNROLL8
+    for (int t = 0; t < nt; t++)
+        at[t] = (const struct gemm_act_br *)(act + (size_t)t * act_stride);
+    const uint8_t *blk = blk0;
+    for (int64_t b = 0; b < nblk; b++, blk += gbs) {
+        const int32_t *x4[R16A_TOK];
+        int32_t corr[R16A_TOK];
+        UNROLL8
+        for (int t = 0; t < nt; t++) {
+            x4[t] = (const int32_t *)(const void *)at[t][b].q;
+            corr[t] = at[t][b].corr;
+        }
+        __m256i s[R16A_TOK];
+        r16a_block(blk + 32 + 32 * h, x4, corr, s, nt, is_q8);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+        UNROLL8
+        for (int t = 0; t < nt; t++) {
+            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(at[t][b].d));
+            _mm256_storeu_ps(acc + 8 * t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), sc,
+                                                          _mm256_loadu_ps(acc + 8 * t)));
+        }
+    }
+}
+
+/* Both halves x nt (1 or 2) tokens: decode makes one pass over the group's weights, which
+   stream from memory, so the hardware prefetcher follows one stream. acc[t * 16 + i]:
+   row i, token t. */
+AI void r16a_both(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t act_stride,
+                  float *acc, const int nt, const int is_q8)
+{
+    const size_t gbs = is_q8 ? 16 * 34 : 16 * 18;
+    __m256 f[2][2];
+    UNROLL
+    for (int t = 0; t < nt; t++)
+        for (int h = 0; h < 2; h++)
+            f[t][h] = _mm256_loadu_ps(acc + 16 * t + 8 * h);
+    const uint8_t *blk = blk0;
+    for (int64_t b = 0; b < nblk; b++, blk += gbs) {
+        const int32_t *x4[2];
+        int32_t corr[2];
+        float dx[2];
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_br *a = (const struct gemm_act_br *)(act + (size_t)t * act_stride) + b;
+            x4[t] = (const int32_t *)(const void *)a->q;
+            corr[t] = a->corr;
+            dx[t] = a->d;
+        }
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i s[2];
+            r16a_block(blk + 32 + 32 * h, x4, corr, s, nt, is_q8);
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            UNROLL
+            for (int t = 0; t < nt; t++)
+                f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]),
+                                          _mm256_mul_ps(dw, _mm256_set1_ps(dx[t])), f[t][h]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(acc + 16 * t + 8 * h, f[t][h]);
+}
+
+/* Blocks of K per pass over the token tiles of a group when there are several tiles (32
+   blocks of Q8_0 are 17 KiB of weights: they stay in L1 for every tile). */
+#define R16A_KBLOCKS 32
+
+/* nt tokens x the group's halves that hold rows below `valid`, blocks [b0, b1), into y0
+   (row i of the group, token t at y0 + t * ldy + i; rows at or past `valid` are computed,
+   the group being padded with zero rows, but neither read nor stored). The accumulators
+   start at zero when b0 == 0, else from y0, where the previous range left them (an f32
+   stored and reloaded is the same f32, so splitting K does not change a bit). */
+static void r16a_tile(const uint8_t *w0, const uint8_t *act, size_t act_stride, float *y0,
+                      size_t ldy, int valid, int nt, const int is_q8, int64_t b0, int64_t b1)
+{
+    const size_t gbs = is_q8 ? 16 * 34 : 16 * 18;
+    const uint8_t *blk0 = w0 + (size_t)b0 * gbs;
+    const int64_t nblk = b1 - b0;
+    act += (size_t)b0 * sizeof(struct gemm_act_br);
+    float acc[16 * R16A_TOK]; /* acc[t * 16 + i]: row i, token t */
+    for (int t = 0; t < nt; t++) {
+        if (b0)
+            memcpy(acc + 16 * t, y0 + (size_t)t * ldy, sizeof(float) * (size_t)valid);
+        else
+            memset(acc + 16 * t, 0, sizeof(float) * 16);
+    }
+    if (nt <= 2 && valid > 8) {
+#define BOTH(n) (is_q8 ? r16a_both(blk0, nblk, act, act_stride, acc, n, 1) \
+                       : r16a_both(blk0, nblk, act, act_stride, acc, n, 0))
+        if (nt == 1)
+            BOTH(1);
+        else
+            BOTH(2);
+#undef BOTH
+    } else {
+        float hb[8 * R16A_TOK];
+        for (int h = 0; h < (valid > 8 ? 2 : 1); h++) {
+            for (int t = 0; t < nt; t++)
+                memcpy(hb + 8 * t, acc + 16 * t + 8 * h, sizeof(float) * 8);
+#define HALF(n) (is_q8 ? r16a_half(blk0, nblk, act, act_stride, hb, n, h, 1) \
+                       : r16a_half(blk0, nblk, act, act_stride, hb, n, h, 0))
+            switch (nt) {
+            case 1: HALF(1); break;
+            case 2: HALF(2); break;
+            case 3: HALF(3); break;
+            case 4: HALF(4); break;
+            case 5: HALF(5); break;
+            case 6: HALF(6); break;
+            case 7: HALF(7); break;
+            default: HALF(8); break;
+            }
+#undef HALF
+            for (int t = 0; t < nt; t++)
+                memcpy(acc + 16 * t + 8 * h, hb + 8 * t, sizeof(float) * 8);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        memcpy(y0 + (size_t)t * ldy, acc + 16 * t, sizeof(float) * (size_t)valid);
+}
+
+static void avx2_gemm_r16(const struct gemm_args *a)
+{
+    const int is_q8 = a->wtype == GEMM_Q8_0_R16;
+    const int tile_tok = R16A_TOK;
+    const int64_t nb = a->k / 32;
+    const int64_t kb = a->n_tok > tile_tok ? R16A_KBLOCKS : nb;
+    WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
+    for (int64_t r = a->r0; r < a->r1; r += 16) {
+        const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
+        const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
+        for (int64_t b0 = 0; b0 < nb; b0 += kb) {
+            const int64_t b1 = nb - b0 < kb ? nb : b0 + kb;
+            for (int t0 = 0; t0 < a->n_tok; t0 += tile_tok) {
+                const int nt = a->n_tok - t0 < tile_tok ? a->n_tok - t0 : tile_tok;
+                r16a_tile(w0, (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes,
+                          a->act_row_bytes, a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0),
+                          a->ldy, valid, nt, is_q8, b0, b1);
+            }
+        }
+    }
+}
+
 static void avx2_gemm(const struct gemm_args *a)
 {
     WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
-    if (gemm_act_kind(a->wtype) == GEMM_ACT_Q8_R) { /* repacking does not pay here */
-        gemm_scalar_r16(a);
+    if (gemm_act_kind(a->wtype) == GEMM_ACT_Q8_R) {
+        avx2_gemm_r16(a);
         return;
     }
     for (int64_t r = a->r0; r < a->r1; r++) {

@@ -375,7 +375,7 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
 {
-    return o && o->isa == ISA_AVX512 && (t == DT_Q8_0 || t == DT_Q4_0);
+    return o && (o->isa == ISA_AVX512 || o->isa == ISA_AVX2) && (t == DT_Q8_0 || t == DT_Q4_0);
 }
 
 /* Unsigned code (value + offset) of element e of row i in a repacked block. */
