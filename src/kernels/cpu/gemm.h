@@ -44,10 +44,11 @@
  *
  * Register blocking: kernels process a few rows x up to GEMM_TILE_TOK tokens at a time so
  * each weight block is loaded (and unpacked) once per tile of tokens. Weights run in their
- * GGUF layout, or, for Q8_0 and Q4_0 on AVX-512 (gemm_repack_pays), repacked at load into
- * 16-row interleaved groups (gemm_repack, GEMM_*_R16 below: same bytes, its own numeric
- * contract). Measured on this machine's Zen 5 core, 110M shapes, one thread: decode
- * Q4_0 20 -> 39 GB/s, Q8_0 29 -> 41 GB/s; prefill (64 tokens) 950 -> 2100-2400 tok/s.
+ * GGUF layout, or, for Q8_0 and Q4_0 on AVX-512 and AVX2 (gemm_repack_pays), repacked at
+ * load into 16-row interleaved groups (gemm_repack, GEMM_*_R16 below: same bytes, its own
+ * numeric contract). Measured on a Zen 5 core (AVX-512), 110M shapes, one thread: decode
+ * Q4_0 20 -> 39 GB/s, Q8_0 29 -> 41 GB/s; prefill (64 tokens) 950 -> 2100-2400 tok/s. On a
+ * Zen 3 core (AVX2), weld_kernel_bench pp64: Q8_0 109 -> 200 tok/s, Q4_0 122 -> 330.
  *
  * Preconditions (checked by gemm_check once, at load; the kernels only assert cheap
  * invariants): K a multiple of the type's block size (F32/F16/BF16: any K >= 1), rows in
@@ -116,8 +117,8 @@ size_t gemm_repack_bytes(int t, int64_t rows, int64_t k);
    or the matrix's last row + 1). */
 int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t k, void *dst);
 
-/* Whether ops o run the repacked form of t faster than the GGUF layout (AVX-512 only:
-   elsewhere it runs through the scalar reference). */
+/* Whether ops o run the repacked form of t faster than the GGUF layout (AVX-512 and
+   AVX2; the scalar reference runs either form, the repacked one only for tests). */
 struct gemm_ops;
 bool gemm_repack_pays(const struct gemm_ops *o, int t);
 
