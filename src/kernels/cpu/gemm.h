@@ -48,7 +48,7 @@
  * load into 16-row interleaved groups (gemm_repack, GEMM_*_R16 below: same bytes, its own
  * numeric contract). Measured on a Zen 5 core (AVX-512), 110M shapes, one thread: decode
  * Q4_0 20 -> 39 GB/s, Q8_0 29 -> 41 GB/s; prefill (64 tokens) 950 -> 2100-2400 tok/s. On a
- * Zen 3 core (AVX2), weld_kernel_bench pp64: Q8_0 109 -> 200 tok/s, Q4_0 122 -> 330.
+ * Zen 3 core (AVX2), weld_kernel_bench pp64: Q8_0 184 -> 343 tok/s, Q4_0 122 -> 382.
  *
  * Preconditions (checked by gemm_check once, at load; the kernels only assert cheap
  * invariants): K a multiple of the type's block size (F32/F16/BF16: any K >= 1), rows in
