@@ -398,7 +398,8 @@ TEST(repacked)
                 }
 }
 
-/* Activations of constant, zero and extreme values quantize identically on every ISA. */
+/* Activations of constant, zero and extreme values quantize identically on every ISA, for
+   the GGUF and the repacked layouts. */
 TEST(act_quant_edges)
 {
     const int64_t k = 512;
@@ -436,6 +437,27 @@ TEST(act_quant_edges)
             CHECK(b[0].bsums[2] == 127 + 2 + 4 - 2 + 12 && b[0].bsums[0] == 0);
             CHECK(b[1].q[3] == -127 && b[1].q[0] == 0);
         }
+        free(a0);
+        free(a1);
+    }
+    static const int rtypes[] = {GEMM_Q8_0_R16, GEMM_Q4_0_R16}; /* the repacked layout */
+    for (int ti = 0; ti < 2; ti++) {
+        size_t n = gemm_act_row_bytes(rtypes[ti], k);
+        uint8_t *a0 = calloc(1, n), *a1 = calloc(1, n);
+        gemm_ops_scalar.act_quant(rtypes[ti], x, (size_t)k, k, 1, a0, n);
+        for (int l = ISA_AVX2; l < ISA_COUNT; l++) {
+            const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+            if (!o)
+                continue;
+            memset(a1, 0, n);
+            o->act_quant(rtypes[ti], x, (size_t)k, k, 1, a1, n);
+            CHECK(memcmp(a0, a1, n) == 0);
+        }
+        const struct gemm_act_br *b = (const struct gemm_act_br *)a0;
+        CHECK(b[0].d == 0.0f && b[0].corr == 0 && b[1].d == 1.0f);
+        CHECK(b[1].q[0] == 127 && b[1].q[1] == 2 && b[1].q[2] == 4 && b[1].q[3] == -2);
+        CHECK_EQ_INT(b[1].corr, (ti == 0 ? -128 : -8) * 159); /* 127 + 2 + 4 - 2 + 28 ones */
+        CHECK(b[8].q[3] == -127 && b[8].q[0] == 0); /* x[259] = -3e30, x[256] = 1e-30 */
         free(a0);
         free(a1);
     }

@@ -81,6 +81,21 @@ static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int off)
     _mm256_storeu_ps(p->d + 8 * h, _mm256_set1_ps(d));
 }
 
+/* One block of 32 for the repacked types (gemm_quant_br's result, vectorized). */
+static void quant_br(const float *x, struct gemm_act_br *b, int32_t off)
+{
+    float id;
+    gemm_quant_scale(amax8(x, 32), &b->d, &id);
+    const __m256i q = quant32(x, _mm256_set1_ps(id));
+    _mm256_storeu_si256((__m256i *)b->q, q);
+    /* sum of the 32 signed bytes: biased to unsigned, summed by vpsadbw, unbiased */
+    __m256i s = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)),
+                                _mm256_setzero_si256());
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi64(h, _mm_unpackhi_epi64(h, h));
+    b->corr = -off * ((int32_t)_mm_cvtsi128_si32(h) - 32 * 128);
+}
+
 static void quant_bk(const float *x, struct gemm_act_bk *b)
 {
     float id;
@@ -117,7 +132,7 @@ static void avx2_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int
         } else if (kind == GEMM_ACT_Q8_R) {
             struct gemm_act_br *b = (struct gemm_act_br *)row;
             for (int64_t i = 0; i < k / 32; i++)
-                gemm_quant_br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
+                quant_br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
         }
     }
 }
