@@ -277,12 +277,14 @@ static const struct gemm_ops *forced_ops; /* set when WELD_ISA forces a level */
 static void sweep(int t, const int64_t *ks, int nk, uint64_t seed)
 {
     static const int rows_list[] = {1, 2, 3, 5, 17};
-    static const int tok_list[] = {1, 3, 16, 17};
+    /* 26 (float types only): past the AVX2 float tile's 24-token block */
+    static const int tok_list[] = {1, 3, 16, 17, 26};
+    const int n_tok_cases = gemm_act_kind(t) == GEMM_ACT_F32 ? 5 : 4;
     struct rng r;
     rng_seed(&r, seed);
     for (int ik = 0; ik < nk; ik++)
         for (int ir = 0; ir < 5; ir++)
-            for (int it = 0; it < 4; it++) {
+            for (int it = 0; it < n_tok_cases; it++) {
                 struct gcase c;
                 int raw = (ir + it) % 2, pad = (ik + ir + it) % 3 == 0;
                 case_make(&c, &r, t, rows_list[ir], ks[ik], tok_list[it], raw, pad);
