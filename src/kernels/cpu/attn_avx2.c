@@ -12,7 +12,10 @@
  * softmax runs on two ymm with attn.h's exp polynomial lane by lane, and the value rows
  * are accumulated with broadcast fmadds in position order. Any hd: a partial last
  * vector goes through zero-padded copies, and the dot lanes it does not cover are kept
- * as they were (blend), as the contract's unused lanes stay untouched.
+ * as they were (blend), as the contract's unused lanes stay untouched. When several rows
+ * of one call see the chunk (a prefill tile, GQA), its f16 / bf16 rows are widened to f32
+ * once into scratch (exact) rather than once per row: converting, not multiplying, is
+ * what bounds the per-row loop.
  */
 #include "kernels/cpu/attn.h"
 
@@ -21,6 +24,10 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
+/* Loops over register arrays are unrolled so the arrays stay in registers (GCC keeps a
+   rolled loop's array in memory). */
+#define UNROLL4 _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
 
 /* The contract's exp on 8 lanes (attn_exp, lane for lane). */
 AI __m256 exp8(__m256 x)
@@ -107,6 +114,44 @@ AI const uint8_t *pad16(const int t, const uint8_t *row, int i, int n, uint8_t *
     return buf;
 }
 
+struct dot_args {
+    const float *q, *qt;      /* the query row; its zero-padded tail (tail > 0) */
+    const uint8_t *const *k;  /* the group's key rows */
+    int h16, tail;
+    __m256 mlo, mhi;          /* lanes of the tail vector that take part */
+};
+
+/* The dots of nj (1..4) positions with the query, each as its 16 contract lanes after the
+   fold's first step (lo + hi), into s8[0 .. nj). */
+AI void dot_group(const struct dot_args *d, const int t, const int nj, __m256 *s8)
+{
+    __m256 lo[4], hi[4];
+    UNROLL4
+    for (int u = 0; u < nj; u++)
+        lo[u] = hi[u] = _mm256_setzero_ps();
+    for (int i = 0; i < d->h16; i += 16) {
+        const __m256 q0 = _mm256_loadu_ps(d->q + i), q1 = _mm256_loadu_ps(d->q + i + 8);
+        UNROLL4
+        for (int u = 0; u < nj; u++) {
+            lo[u] = _mm256_fmadd_ps(q0, load8(t, d->k[u], i), lo[u]);
+            hi[u] = _mm256_fmadd_ps(q1, load8(t, d->k[u], i + 8), hi[u]);
+        }
+    }
+    if (d->tail) {
+        const __m256 q0 = _mm256_loadu_ps(d->qt), q1 = _mm256_loadu_ps(d->qt + 8);
+        UNROLL4
+        for (int u = 0; u < nj; u++) {
+            uint8_t buf[64];
+            const uint8_t *kr = pad16(t, d->k[u], d->h16, d->tail, buf);
+            lo[u] = _mm256_blendv_ps(lo[u], _mm256_fmadd_ps(q0, load8(t, kr, 0), lo[u]), d->mlo);
+            hi[u] = _mm256_blendv_ps(hi[u], _mm256_fmadd_ps(q1, load8(t, kr, 8), hi[u]), d->mhi);
+        }
+    }
+    UNROLL4
+    for (int u = 0; u < nj; u++)
+        s8[u] = _mm256_add_ps(lo[u], hi[u]);
+}
+
 /* One query row against the chunk. */
 AI void row_typed(const struct attn_chunk_args *a, const int t, const int r)
 {
@@ -124,31 +169,15 @@ AI void row_typed(const struct attn_chunk_args *a, const int t, const int r)
     }
     __m256 s8[ATTN_CHUNK]; /* each position's 16 lanes after the fold's first step */
     for (int j0 = 0; j0 < n; j0 += 4) {
-        __m256 lo[4], hi[4];
-        for (int u = 0; u < 4; u++)
-            lo[u] = hi[u] = _mm256_setzero_ps();
         const int nj = n - j0 < 4 ? n - j0 : 4;
-        for (int i = 0; i < h16; i += 16) {
-            const __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
-            for (int u = 0; u < 4; u++) {
-                if (u >= nj)
-                    break;
-                const uint8_t *kr = a->k[j0 + u];
-                lo[u] = _mm256_fmadd_ps(q0, load8(t, kr, i), lo[u]);
-                hi[u] = _mm256_fmadd_ps(q1, load8(t, kr, i + 8), hi[u]);
-            }
+        const struct dot_args d = {.q = q, .qt = qt, .k = a->k + j0, .h16 = h16, .tail = tail,
+                                   .mlo = mlo, .mhi = mhi};
+        switch (nj) { /* a constant count keeps the accumulators in registers */
+        case 1: dot_group(&d, t, 1, s8 + j0); break;
+        case 2: dot_group(&d, t, 2, s8 + j0); break;
+        case 3: dot_group(&d, t, 3, s8 + j0); break;
+        default: dot_group(&d, t, 4, s8 + j0); break;
         }
-        if (tail) {
-            const __m256 q0 = _mm256_loadu_ps(qt), q1 = _mm256_loadu_ps(qt + 8);
-            for (int u = 0; u < nj; u++) {
-                uint8_t buf[64];
-                const uint8_t *kr = pad16(t, a->k[j0 + u], h16, tail, buf);
-                lo[u] = _mm256_blendv_ps(lo[u], _mm256_fmadd_ps(q0, load8(t, kr, 0), lo[u]), mlo);
-                hi[u] = _mm256_blendv_ps(hi[u], _mm256_fmadd_ps(q1, load8(t, kr, 8), hi[u]), mhi);
-            }
-        }
-        for (int u = 0; u < nj; u++)
-            s8[j0 + u] = _mm256_add_ps(lo[u], hi[u]);
     }
     for (int j = n; j < ATTN_CHUNK; j++)
         s8[j] = _mm256_setzero_ps();
@@ -174,6 +203,21 @@ AI void row_typed(const struct attn_chunk_args *a, const int t, const int r)
     float *acc = a->acc + (size_t)r * hd;
     const __m256 vc = _mm256_set1_ps(corr);
     int i = 0;
+    for (; i + 64 <= hd; i += 64) { /* eight FMA chains: the latency stays hidden */
+        __m256 x[8];
+        UNROLL8
+        for (int e = 0; e < 8; e++)
+            x[e] = _mm256_mul_ps(_mm256_loadu_ps(acc + i + 8 * e), vc);
+        for (int j = 0; j < n; j++) { /* the contract stops at n (0 * inf is NaN) */
+            const __m256 p = _mm256_set1_ps(pj[j]);
+            UNROLL8
+            for (int e = 0; e < 8; e++)
+                x[e] = _mm256_fmadd_ps(p, load8(t, a->v[j], i + 8 * e), x[e]);
+        }
+        UNROLL8
+        for (int e = 0; e < 8; e++)
+            _mm256_storeu_ps(acc + i + 8 * e, x[e]);
+    }
     for (; i + 16 <= hd; i += 16) {
         __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(acc + i), vc);
         __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(acc + i + 8), vc);
@@ -199,6 +243,9 @@ AI void row_typed(const struct attn_chunk_args *a, const int t, const int r)
     }
 }
 
+/* Head dims up to this widen a shared chunk into f32 scratch (2 x 16 x 256 x 4 = 32 KiB). */
+#define ATTN_WIDEN_MAX_HD 256
+
 AI void chunk_typed(const struct attn_chunk_args *a, const int t)
 {
     for (int r = 0; r < a->nq; r++)
@@ -206,8 +253,41 @@ AI void chunk_typed(const struct attn_chunk_args *a, const int t)
             row_typed(a, t, r);
 }
 
+/* Several rows reading one f16 / bf16 chunk: widen its key and value rows to f32 once
+   (exact, so the numbers are the same) instead of once per row; the F16C converts, not
+   the FMAs, bound the per-row kernel. */
+static void chunk_widened(const struct attn_chunk_args *a, int n_max)
+{
+    static _Thread_local float kw[ATTN_CHUNK][ATTN_WIDEN_MAX_HD], vw[ATTN_CHUNK][ATTN_WIDEN_MAX_HD];
+    struct attn_chunk_args w = *a;
+    w.kv_type = DT_F32;
+    const int hd = a->hd, h8 = hd / 8 * 8, f16 = a->kv_type == DT_F16;
+    for (int j = 0; j < n_max; j++) {
+        for (int i = 0; i < h8; i += 8) {
+            _mm256_storeu_ps(kw[j] + i, f16 ? load8(DT_F16, a->k[j], i) : load8(DT_BF16, a->k[j], i));
+            _mm256_storeu_ps(vw[j] + i, f16 ? load8(DT_F16, a->v[j], i) : load8(DT_BF16, a->v[j], i));
+        }
+        for (int i = h8; i < hd; i++) {
+            kw[j][i] = elem(a->kv_type, a->k[j], i);
+            vw[j][i] = elem(a->kv_type, a->v[j], i);
+        }
+        w.k[j] = (const uint8_t *)kw[j];
+        w.v[j] = (const uint8_t *)vw[j];
+    }
+    chunk_typed(&w, DT_F32);
+}
+
 void attn_chunk_avx2(const struct attn_chunk_args *a)
 {
+    int live = 0, n_max = 0;
+    for (int r = 0; r < a->nq; r++) {
+        live += a->n[r] > 0;
+        n_max = a->n[r] > n_max ? a->n[r] : n_max;
+    }
+    if (live >= 2 && a->kv_type != DT_F32 && a->hd <= ATTN_WIDEN_MAX_HD) {
+        chunk_widened(a, n_max);
+        return;
+    }
     if (a->kv_type == DT_F16)
         chunk_typed(a, DT_F16);
     else if (a->kv_type == DT_BF16)
