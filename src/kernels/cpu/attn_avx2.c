@@ -12,10 +12,8 @@
  * softmax runs on two ymm with attn.h's exp polynomial lane by lane, and the value rows
  * are accumulated with broadcast fmadds in position order. Any hd: a partial last
  * vector goes through zero-padded copies, and the dot lanes it does not cover are kept
- * as they were (blend), as the contract's unused lanes stay untouched. When several rows
- * of one call see the chunk (a prefill tile, GQA), its f16 / bf16 rows are widened to f32
- * once into scratch (exact) rather than once per row: converting, not multiplying, is
- * what bounds the per-row loop.
+ * as they were (blend), as the contract's unused lanes stay untouched. (The executor widens a
+ * chunk that several rows share to f32 once before the call, exec/ops.c attn_rows.)
  */
 #include "kernels/cpu/attn.h"
 
@@ -243,9 +241,6 @@ AI void row_typed(const struct attn_chunk_args *a, const int t, const int r)
     }
 }
 
-/* Head dims up to this widen a shared chunk into f32 scratch (2 x 16 x 256 x 4 = 32 KiB). */
-#define ATTN_WIDEN_MAX_HD 256
-
 AI void chunk_typed(const struct attn_chunk_args *a, const int t)
 {
     for (int r = 0; r < a->nq; r++)
@@ -253,41 +248,8 @@ AI void chunk_typed(const struct attn_chunk_args *a, const int t)
             row_typed(a, t, r);
 }
 
-/* Several rows reading one f16 / bf16 chunk: widen its key and value rows to f32 once
-   (exact, so the numbers are the same) instead of once per row; the F16C converts, not
-   the FMAs, bound the per-row kernel. */
-static void chunk_widened(const struct attn_chunk_args *a, int n_max)
-{
-    static _Thread_local float kw[ATTN_CHUNK][ATTN_WIDEN_MAX_HD], vw[ATTN_CHUNK][ATTN_WIDEN_MAX_HD];
-    struct attn_chunk_args w = *a;
-    w.kv_type = DT_F32;
-    const int hd = a->hd, h8 = hd / 8 * 8, f16 = a->kv_type == DT_F16;
-    for (int j = 0; j < n_max; j++) {
-        for (int i = 0; i < h8; i += 8) {
-            _mm256_storeu_ps(kw[j] + i, f16 ? load8(DT_F16, a->k[j], i) : load8(DT_BF16, a->k[j], i));
-            _mm256_storeu_ps(vw[j] + i, f16 ? load8(DT_F16, a->v[j], i) : load8(DT_BF16, a->v[j], i));
-        }
-        for (int i = h8; i < hd; i++) {
-            kw[j][i] = elem(a->kv_type, a->k[j], i);
-            vw[j][i] = elem(a->kv_type, a->v[j], i);
-        }
-        w.k[j] = (const uint8_t *)kw[j];
-        w.v[j] = (const uint8_t *)vw[j];
-    }
-    chunk_typed(&w, DT_F32);
-}
-
 void attn_chunk_avx2(const struct attn_chunk_args *a)
 {
-    int live = 0, n_max = 0;
-    for (int r = 0; r < a->nq; r++) {
-        live += a->n[r] > 0;
-        n_max = a->n[r] > n_max ? a->n[r] : n_max;
-    }
-    if (live >= 2 && a->kv_type != DT_F32 && a->hd <= ATTN_WIDEN_MAX_HD) {
-        chunk_widened(a, n_max);
-        return;
-    }
     if (a->kv_type == DT_F16)
         chunk_typed(a, DT_F16);
     else if (a->kv_type == DT_BF16)
