@@ -2,8 +2,12 @@
  * gemm_avx2 - gemm.h kernels for AVX2 + FMA + F16C, under the numeric contract of gemm.h
  * (bit-identical to gemm_scalar.c).
  *
- * Register blocking: one weight row x up to GEMM_TILE_TOK tokens; each weight block is
- * loaded and unpacked once per token tile. Integer dots use vpmaddubsw (unsigned x signed
+ * Register blocking: decode (one token) runs one weight row at a time (one stream for the
+ * hardware prefetcher); prefill and batched decode run multi-row tiles: the repacked
+ * Q8_0 / Q4_0 groups (8 rows x 8 tokens), Q4_K / Q6_K 2 rows x 4 tokens, the float path
+ * 3 rows x 2 tokens; each weight block is loaded and unpacked once per token tile. GCC
+ * keeps a register array in memory unless the loops over it are unrolled with constant
+ * counts, hence the UNROLL pragmas and the switches on the token count. Integer dots use vpmaddubsw (unsigned x signed
  * bytes -> pairs of int16) then vpmaddwd: with ones for the 4-element lane sums of the
  * 32-blocks, with the sub-block scales for the K-quants (scale and pair-sum in one step).
  * Saturation cannot happen: activations are in [-127, 127] and the unsigned operand is
