@@ -12,8 +12,11 @@
  *             steps, timed together (tok/s = n / seconds)
  *   -d D      llama-bench's depth: pp and tg start after an untimed prefill of D tokens
  *             (the tg prompt is those D tokens), so attention reads D earlier positions
+ *   -b B      batched decode: tg runs B sequences in lockstep (each with its own prompt,
+ *             one token each per step, as llama-batched-bench's decode), tok/s counts the
+ *             tokens of all B; pp stays one sequence
  *   -r        repetitions; median, min and max tok/s of each
- * Decode bandwidth: bytes one decode step reads x tg median tok/s / 1e9. The bytes counted
+ * Decode bandwidth: bytes one decode step reads x decode steps/s (tg median tok/s / B) / 1e9. The bytes counted
  * are every layer weight, the output norm and the output matrix once; the token embedding
  * table is not counted when the output matrix is separate (a step reads one of its rows),
  * and is counted once, as the output matrix, when the embeddings are tied. The share is
@@ -24,15 +27,15 @@
  *   {"model", "threads", "isa", "pp": {"tokens", "tok_s_median", "tok_s_min",
  *    "tok_s_max"}, "tg": {same}, "bandwidth": {"gb_s", "probe_gb_s", "share"},
  *    "executor", "bubble", "syncs_per_token"}
- * The last three describe the timed decode steps (batch 1): the executor's name, the
+ * The last three describe the timed decode steps (batch B): the executor's name, the
  * share of worker time spent waiting on dependency counters or barriers, and those waits
  * per token summed over workers (exec.h exec_stats); absent when the executor keeps no
  * stats (ref, the default with one thread). The table prints them as "executor mega:
- * bubble X% (batch 1), N syncs/token".
+ * bubble X% (batch B), N syncs/token". With -b B > 1 the object also has "batch": B.
  * With --bandwidth only the probe runs; its JSON is {"threads", "isa", "bytes", "passes",
  * "probe_gb_s", "probe_gb_s_median"}.
  *
- * Not here: batched decode, the engine (see `weld bench throughput`).
+ * Not here: the engine's scheduling (see `weld bench throughput`).
  */
 #include "cli/cli.h"
 #include "core/alloc.h"
@@ -56,7 +59,7 @@
 
 struct bm_opts {
     const char *model;
-    int n_prompt, n_gen, reps, threads, depth;
+    int n_prompt, n_gen, reps, threads, depth, batch;
     uint64_t probe_size;
     bool json, bandwidth;
 };
@@ -72,8 +75,10 @@ struct bm_run {
     struct runner *r;
     struct rng g;
     int n_vocab;
-    int32_t *ids; /* (n_prompt) */
-    float *logits; /* (n_vocab) */
+    int32_t *ids; /* (max(n_prompt, depth, 1) x batch) */
+    float *logits; /* (batch, n_vocab) */
+    struct batch_seq *seqs; /* (batch) */
+    int batch;
     struct exec_stats tg_stats; /* summed over the timed decode steps */
     bool have_stats;            /* the executor keeps stats */
 };
@@ -97,6 +102,26 @@ static int bm_step(struct bm_run *b, int pos, int n, struct weld_err *e)
     struct batch_seq s = {.seq_id = 0, .tokens = b->ids, .n_tokens = n, .pos = pos};
     struct batch bt = {.seqs = &s, .n_seqs = 1};
     return runner_forward(b->r, &bt, b->logits, e);
+}
+
+/* Feed n tokens (random) at pos to each of sequences 0 .. nseq - 1 at once (last-token
+   logits). */
+static int bm_step_all(struct bm_run *b, int nseq, int pos, int n, struct weld_err *e)
+{
+    for (int q = 0; q < nseq; q++) {
+        int32_t *ids = b->ids + (size_t)q * (size_t)n;
+        for (int i = 0; i < n; i++)
+            ids[i] = bm_token(b);
+        b->seqs[q] = (struct batch_seq){.seq_id = q, .tokens = ids, .n_tokens = n, .pos = pos};
+    }
+    struct batch bt = {.seqs = b->seqs, .n_seqs = nseq};
+    return runner_forward(b->r, &bt, b->logits, e);
+}
+
+static void bm_drop_all(struct bm_run *b)
+{
+    for (int q = 0; q < b->batch; q++)
+        runner_drop_seq(b->r, q);
 }
 
 /* An untimed context of `depth` tokens (none for 0), then one timed prefill of n tokens;
@@ -131,23 +156,24 @@ static void bm_add_stats(struct bm_run *b)
     b->tg_stats.step_s += s.step_s;
 }
 
-/* An untimed prompt of max(depth, 1) tokens, then n timed decode steps (whose executor
-   stats go to b->tg_stats when `stats`). */
+/* An untimed prompt of max(depth, 1) tokens for each of the b->batch sequences, then n
+   timed decode steps of all of them (whose executor stats go to b->tg_stats when
+   `stats`). */
 static int bm_decode(struct bm_run *b, int depth, int n, bool stats, double *dt,
                      struct weld_err *e)
 {
     struct exec_stats skip;
-    runner_drop_seq(b->r, 0);
+    bm_drop_all(b);
     const int ctx = depth > 1 ? depth : 1;
-    int rc = bm_step(b, 0, ctx, e);
+    int rc = bm_step_all(b, b->batch, 0, ctx, e);
     (void)runner_exec_stats(b->r, &skip, true, e); /* the prompt's step is not counted */
     double t0 = time_now();
     for (int i = 0; rc == WELD_OK && i < n; i++)
-        rc = bm_step(b, ctx + i, 1, e);
+        rc = bm_step_all(b, b->batch, ctx + i, 1, e);
     *dt = time_now() - t0;
     if (stats && rc == WELD_OK)
         bm_add_stats(b);
-    runner_drop_seq(b->r, 0);
+    bm_drop_all(b);
     return rc;
 }
 
@@ -189,15 +215,18 @@ static int bm_open(struct bm_run *b, const struct bm_opts *o, struct weld_err *e
     }
     struct backend_params p;
     int ctx = o->depth + (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1);
-    backend_params_init(&p, 1, ctx);
+    b->batch = o->batch;
+    backend_params_init(&p, o->batch, ctx);
     p.n_threads = o->threads;
     rc = runner_create_ex(&b->r, b->m, &p, e);
     if (rc)
         return rc;
-    b->ids = wmalloc((size_t)(o->n_prompt > o->depth ? o->n_prompt : o->depth) *
-                     sizeof *b->ids);
-    b->logits = wmalloc((size_t)b->n_vocab * sizeof *b->logits);
-    if (!b->ids || !b->logits)
+    size_t per_seq = (size_t)(o->n_prompt > o->depth ? o->n_prompt : o->depth);
+    per_seq = per_seq > 1 ? per_seq : 1;
+    b->ids = wmalloc(per_seq * (size_t)o->batch * sizeof *b->ids);
+    b->logits = wmalloc((size_t)o->batch * (size_t)b->n_vocab * sizeof *b->logits);
+    b->seqs = wcalloc((size_t)o->batch, sizeof *b->seqs);
+    if (!b->ids || !b->logits || !b->seqs)
         return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
     rng_seed(&b->g, 1);
     return WELD_OK;
@@ -210,6 +239,7 @@ static void bm_close(struct bm_run *b)
     model_free(b->m);
     wfree(b->ids);
     wfree(b->logits);
+    wfree(b->seqs);
 }
 
 /* Warm-up, then -r repetitions of pp and tg. */
@@ -227,11 +257,11 @@ static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat 
         v[i] = dt > 0 ? o->n_prompt / dt : 0;
         if (rc == WELD_OK)
             rc = bm_decode(b, o->depth, o->n_gen, true, &dt, e);
-        v[o->reps + i] = dt > 0 ? o->n_gen / dt : 0;
+        v[o->reps + i] = dt > 0 ? (double)o->n_gen * o->batch / dt : 0;
     }
     if (rc == WELD_OK) {
         *pp = bm_stats(v, o->reps, o->n_prompt);
-        *tg = bm_stats(v + o->reps, o->reps, o->n_gen);
+        *tg = bm_stats(v + o->reps, o->reps, o->n_gen * o->batch);
     }
     wfree(v);
     return rc;
@@ -283,7 +313,7 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
                       const struct bw_result *bw)
 {
     size_t bytes = bm_decode_bytes(b->m);
-    double gb_s = (double)bytes * tg->median / 1e9;
+    double gb_s = (double)bytes * tg->median / o->batch / 1e9;
     double share = bw->gb_s_best > 0 ? gb_s / bw->gb_s_best : 0;
     const char *isa = isa_name(isa_active());
     double bubble = 0, syncs = 0;
@@ -293,6 +323,8 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
                               o->model, "threads", threads, "isa", isa, "pp",
                               bm_stat_json(pp), "tg", bm_stat_json(tg), "bandwidth",
                               "gb_s", gb_s, "probe_gb_s", bw->gb_s_best, "share", share);
+        if (j && o->batch > 1)
+            json_object_set_new(j, "batch", json_integer(o->batch));
         if (j && ex) {
             json_object_set_new(j, "executor", json_string(b->tg_stats.executor));
             json_object_set_new(j, "bubble", json_real(bubble));
@@ -305,14 +337,15 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
            o->reps, runner_describe(b->r));
     printf("%-8s %8s %12s %12s %12s\n", "test", "tokens", "median t/s", "min t/s", "max t/s");
     printf("%-8s %8d %12.2f %12.2f %12.2f\n", "pp", pp->tokens, pp->median, pp->min, pp->max);
-    printf("%-8s %8d %12.2f %12.2f %12.2f\n", "tg", tg->tokens, tg->median, tg->min, tg->max);
+    printf("%-8s %8d %12.2f %12.2f %12.2f%s\n", "tg", tg->tokens, tg->median, tg->min, tg->max,
+           o->batch > 1 ? "  (all sequences)" : "");
     printf("decode bandwidth: %.2f GB/s (%.1f MB per token) = %.1f%% of the probe's "
            "%.2f GB/s (best of %d passes over %.2f GiB, %s read loop)\n",
            gb_s, (double)bytes / 1e6, 100 * share, bw->gb_s_best, bw->passes,
            (double)bw->bytes / (1024.0 * 1024 * 1024), bw->isa);
     if (ex)
-        printf("executor %s: bubble %.1f%% (batch 1), %.1f syncs/token\n",
-               b->tg_stats.executor, 100 * bubble, syncs);
+        printf("executor %s: bubble %.1f%% (batch %d), %.1f syncs/token\n",
+               b->tg_stats.executor, 100 * bubble, o->batch, syncs);
 }
 
 static int bm_run_model(const struct bm_opts *o, struct weld_err *e)
@@ -366,6 +399,11 @@ static int bm_check(const struct bm_opts *o)
         what = "-n must be in [1, 1048576]";
     else if (o->depth < 0 || o->depth > BENCH_MAX_TOKENS)
         what = "-d must be in [0, 1048576]";
+    else if (o->batch < 1 || o->batch > 256)
+        what = "-b must be in [1, 256]";
+    else if ((uint64_t)o->batch * (uint64_t)(o->n_prompt > o->depth ? o->n_prompt : o->depth) >
+             BENCH_MAX_TOKENS)
+        what = "-b x max(-p, -d) must be at most 1048576";
     else if (o->reps < 1 || o->reps > BENCH_MAX_REPS)
         what = "-r must be in [1, 1000]";
     else if (o->threads < 0 || o->threads > 256)
@@ -379,13 +417,14 @@ static int bm_check(const struct bm_opts *o)
 
 int cmd_bench_model(int argc, char **argv)
 {
-    struct bm_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 5,
+    struct bm_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 5, .batch = 1,
                         .probe_size = (uint64_t)2 << 30};
     const struct cli_opt opts[] = {
         {"model", 'm', OPT_STR, &o.model, "MODEL", "GGUF file or HF directory to benchmark"},
         {"n-prompt", 'p', OPT_INT, &o.n_prompt, "P", "prefill tokens (default 512)"},
         {"n-gen", 'n', OPT_INT, &o.n_gen, "N", "decode steps (default 128)"},
         {"n-depth", 'd', OPT_INT, &o.depth, "D", "tokens already in the context before pp and tg (default 0; as llama-bench -d)"},
+        {"batch", 'b', OPT_INT, &o.batch, "B", "decode B sequences at once (tg counts all their tokens; default 1)"},
         {"repetitions", 'r', OPT_INT, &o.reps, "R", "repetitions; median/min/max over them (default 5)"},
         {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core)"},
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
@@ -394,7 +433,7 @@ int cmd_bench_model(int argc, char **argv)
     };
     const char *pos[1];
     int n_pos;
-    int prc = cli_parse(argc, argv, "bench -m MODEL [-p 512] [-n 128] [-r 5] [-t N] [--json]\n"
+    int prc = cli_parse(argc, argv, "bench -m MODEL [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t N] [--json]\n"
                         "       weld bench --bandwidth [-t N] [--json]\n"
                         "       weld bench throughput -m MODEL [options]  (see weld bench throughput --help)",
                         "Prefill (pp) and decode (tg) tokens/s of the CPU executor and kernels on\n"

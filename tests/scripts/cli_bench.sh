@@ -4,7 +4,7 @@
 # of issue 5's schema and sane values (positive rates, min <= median <= max, token counts
 # as asked, gb_s = share x probe_gb_s), the table names pp/tg and the bandwidth, `weld
 # bench throughput` still dispatches to its own command, and bad options fail with a
-# message. Timing values are not judged.
+# message, and -b B decodes B sequences at once. Timing values are not judged.
 # usage: cli_bench.sh WELD_BIN SHARED_DIR
 set -u
 weld=$1 shared=$2
@@ -55,6 +55,19 @@ msg=$(printf '%s' "$out" | node -e '
   console.log(errs.length ? errs.join("; ") : "ok");
 ' 2>&1)
 [ "$msg" == "ok" ] && ok || bad "bench --json schema: $msg [$out]"
+
+# Batched decode: -b 3 decodes three sequences at once; tg counts all their tokens, the
+# object names the batch, and the table says which batch the executor figures are for.
+out=$("$weld" bench -m "$model" -r 1 -p 8 -n 4 -b 3 -t 1 --probe-size 16M --json 2>/dev/null)
+msg=$(printf '%s' "$out" | node -e '
+  const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
+  console.log(j.batch === 3 && j.tg.tokens === 12 && j.pp.tokens === 8 && j.tg.tok_s_median > 0 ? "ok" : "bad");' 2>&1)
+[ "$msg" == "ok" ] && ok || bad "bench -b 3 --json: [$out]"
+out=$("$weld" bench -m "$model" -r 1 -p 8 -n 4 -b 2 -t 2 --probe-size 16M 2>&1)
+expect_contains "$out" "(all sequences)" "bench -b 2 table"
+case "$out" in *"executor "*) expect_contains "$out" "(batch 2)" "bench -b 2 executor line" ;; esac
+out=$("$weld" bench -m "$model" -b 0 2>&1)
+expect_contains "$out" "-b must be in [1, 256]" "bench -b 0"
 
 # WELD_ISA=scalar is reported as such.
 out=$(WELD_ISA=scalar "$weld" bench -m "$model" -r 1 -p 4 -n 2 -t 1 --probe-size 16M --json 2>/dev/null)
