@@ -94,16 +94,6 @@ static int32_t bm_token(struct bm_run *b)
     return t;
 }
 
-/* Feed n tokens (random) at pos to sequence 0; only the last token's logits. */
-static int bm_step(struct bm_run *b, int pos, int n, struct weld_err *e)
-{
-    for (int i = 0; i < n; i++)
-        b->ids[i] = bm_token(b);
-    struct batch_seq s = {.seq_id = 0, .tokens = b->ids, .n_tokens = n, .pos = pos};
-    struct batch bt = {.seqs = &s, .n_seqs = 1};
-    return runner_forward(b->r, &bt, b->logits, e);
-}
-
 /* Feed n tokens (random) at pos to each of sequences 0 .. nseq - 1 at once (last-token
    logits). */
 static int bm_step_all(struct bm_run *b, int nseq, int pos, int n, struct weld_err *e)
@@ -129,11 +119,11 @@ static void bm_drop_all(struct bm_run *b)
 static int bm_prefill(struct bm_run *b, int depth, int n, double *dt, struct weld_err *e)
 {
     runner_drop_seq(b->r, 0);
-    int rc = depth > 0 ? bm_step(b, 0, depth, e) : WELD_OK;
+    int rc = depth > 0 ? bm_step_all(b, 1, 0, depth, e) : WELD_OK;
     if (rc)
         return rc;
     double t0 = time_now();
-    rc = bm_step(b, depth, n, e);
+    rc = bm_step_all(b, 1, depth, n, e);
     *dt = time_now() - t0;
     runner_drop_seq(b->r, 0);
     return rc;

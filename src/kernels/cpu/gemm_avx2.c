@@ -722,19 +722,6 @@ static void avx2_gemm_r16(const struct gemm_args *a)
 #define KQ_TOK 4
 #endif
 
-/* Bytes 0-7: the eight 6-bit scales, bytes 8-15: the eight mins of a q4_K block, from its
-   12 packed bytes (four at a time: the layout of dtype.h's scale_min_k4). */
-AI __m128i q4k_scales_mins(const uint8_t *q)
-{
-    uint32_t u[3], o[4];
-    memcpy(u, q, 12);
-    o[0] = u[0] & 0x3f3f3f3fu;
-    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-    o[2] = u[1] & 0x3f3f3f3fu;
-    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-    return _mm_loadu_si128((const __m128i *)o);
-}
-
 AI void tile_q4_K_rows(const uint8_t *w0, size_t ws, int64_t k, const uint8_t *act,
                        size_t act_stride, float *y, size_t ldy, const int nr, const int nt)
 {
