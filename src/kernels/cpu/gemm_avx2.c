@@ -550,7 +550,7 @@ AI void r16a_block(const uint8_t *q, const int32_t *const *x4, const int32_t *co
 }
 
 /* Half h (rows 8h .. 8h + 7) of a 16-row group x nt tokens over nblk blocks from blk0;
-   acc[t * 8 + i] is row 8h + i of token t, updated in place. */
+   acc[t * 16 + 8h + i] is row 8h + i of token t, updated in place. */
 AI void r16a_half(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t act_stride,
                   float *acc, const int nt, const int h, const int is_q8)
 {
@@ -574,8 +574,8 @@ AI void r16a_half(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t 
         UNROLL8
         for (int t = 0; t < nt; t++) {
             const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(at[t][b].d));
-            _mm256_storeu_ps(acc + 8 * t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), sc,
-                                                          _mm256_loadu_ps(acc + 8 * t)));
+            float *a8 = acc + 16 * t + 8 * h;
+            _mm256_storeu_ps(a8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), sc, _mm256_loadu_ps(a8)));
         }
     }
 }
@@ -637,13 +637,10 @@ static void r16a_tile(const uint8_t *w0, const uint8_t *act, size_t act_stride, 
     const uint8_t *blk0 = w0 + (size_t)b0 * gbs;
     const int64_t nblk = b1 - b0;
     act += (size_t)b0 * sizeof(struct gemm_act_br);
-    float acc[16 * R16A_TOK]; /* acc[t * 16 + i]: row i, token t */
-    for (int t = 0; t < nt; t++) {
-        if (b0)
+    float acc[16 * R16A_TOK] = {0}; /* acc[t * 16 + i]: row i, token t */
+    if (b0)
+        for (int t = 0; t < nt; t++)
             memcpy(acc + 16 * t, y0 + (size_t)t * ldy, sizeof(float) * (size_t)valid);
-        else
-            memset(acc + 16 * t, 0, sizeof(float) * 16);
-    }
     if (nt <= 2 && valid > 8) {
 #define BOTH(n) (is_q8 ? r16a_both(blk0, nblk, act, act_stride, acc, n, 1) \
                        : r16a_both(blk0, nblk, act, act_stride, acc, n, 0))
@@ -653,12 +650,9 @@ static void r16a_tile(const uint8_t *w0, const uint8_t *act, size_t act_stride, 
             BOTH(2);
 #undef BOTH
     } else {
-        float hb[8 * R16A_TOK];
         for (int h = 0; h < (valid > 8 ? 2 : 1); h++) {
-            for (int t = 0; t < nt; t++)
-                memcpy(hb + 8 * t, acc + 16 * t + 8 * h, sizeof(float) * 8);
-#define HALF(n) (is_q8 ? r16a_half(blk0, nblk, act, act_stride, hb, n, h, 1) \
-                       : r16a_half(blk0, nblk, act, act_stride, hb, n, h, 0))
+#define HALF(n) (is_q8 ? r16a_half(blk0, nblk, act, act_stride, acc, n, h, 1) \
+                       : r16a_half(blk0, nblk, act, act_stride, acc, n, h, 0))
             switch (nt) {
             case 1: HALF(1); break;
             case 2: HALF(2); break;
@@ -670,8 +664,6 @@ static void r16a_tile(const uint8_t *w0, const uint8_t *act, size_t act_stride, 
             default: HALF(8); break;
             }
 #undef HALF
-            for (int t = 0; t < nt; t++)
-                memcpy(acc + 16 * t + 8 * h, hb + 8 * t, sizeof(float) * 8);
         }
     }
     for (int t = 0; t < nt; t++)
