@@ -733,7 +733,7 @@ TEST(allocation_failures)
     int32_t t[5] = {1, 2, 3, 4, 5};
     float *lg = malloc(sizeof(float) * 5 * spec_qwen2.vocab);
     int saw_ok = 0;
-    for (long n = 1; n < 60 && !saw_ok; n++) {
+    for (long n = 1; n < 200 && !saw_ok; n++) {
         struct weld_err e;
         struct runner *r = NULL;
         alloc_fail_at(n);

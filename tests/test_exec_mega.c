@@ -11,6 +11,8 @@
  *   instruction of each of the WELD_TRACE_STEPS first steps, on workers [0, n), with
  *   start <= dependency met <= end; bad WELD_TRACE_STEPS and an unwritable file are
  *   refused when the executor is made.
+ * - Pieces: instructions over long prompts run in token tiles; with the last worker slow
+ *   after every piece, the others join its running instructions and the logits stay ref's.
  * - Late owners: with one worker made 20 ms late to every step the others run its
  *   instructions (steals > 0) and the logits equal ref's; with more workers than cores
  *   (stealing happens by chance) every step's logits equal ref's.
@@ -236,6 +238,81 @@ TEST(late_worker_is_stolen_from)
     program_free(p0), program_free(p);
     fixture_free(&f);
 }
+/* Instructions in pieces (exec_op_tiles > 1): a long prompt (40 tokens: 3 token tiles, 5
+   attention tiles) and a second one with every logit row (23: 2 tiles of FINAL). With the
+   last worker sleeping 3 ms after every piece it runs, the others join its running
+   instructions (joins > 0); logits bit-identical to ref on every step. */
+TEST(pieces_are_shared_with_a_slow_owner)
+{
+    struct tmodel *tm = tm_build(&spec_gqa, DT_Q8_0, 21);
+    const struct model_config *c = &tm->m.cfg;
+    struct weld_err e;
+    enum { N0 = 40, N1 = 23 };
+    int32_t toks[N0 + N1];
+    int pos[N0 + N1];
+    for (int i = 0; i < N0 + N1; i++)
+        toks[i] = (int32_t)((i * 13 + 5) % spec_gqa.vocab), pos[i] = i < N0 ? i : i - N0;
+    struct batch_seq seqs[2] = {{0, toks, N0, 0, false, NULL, 0},
+                                {1, toks + N0, N1, 0, true, NULL, 0}};
+    struct batch b = {.seqs = seqs, .n_seqs = 2};
+    struct exec_weights *w = NULL;
+    struct kv_cache *kv = NULL;
+    struct kv_config kc = {.n_layer = spec_gqa.n_layer, .kv_dim = spec_gqa.n_kv * spec_gqa.head_dim,
+                           .head_dim = spec_gqa.head_dim, .max_seqs = 2, .max_ctx = TM_CTX,
+                           .type = DT_F16};
+    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
+    REQUIRE(kv_seq_prepare(kv, 0, 0, N0, &e) == WELD_OK);
+    REQUIRE(kv_seq_prepare(kv, 1, 0, N1, &e) == WELD_OK);
+    const int32_t *tables[2] = {kv->seqs[0].blocks, kv->seqs[1].blocks};
+    struct program *p0 = NULL;
+    REQUIRE(program_build(&p0, c, &b, 1, &e) == WELD_OK);
+    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
+    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
+    float *arena = calloc(p0->arena_floats + 1, sizeof(float));
+    struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks, .pos = pos,
+                           .tables = tables, .arena = arena, .logits = want};
+    void *state = NULL;
+    REQUIRE(exec_ref_impl.create(&state, c, NULL, &e) == WELD_OK);
+    REQUIRE(exec_ref_impl.run(state, &st, &e) == WELD_OK);
+    exec_ref_impl.free(state);
+    for (int n = 2; n <= 3; n++) {
+        struct program *p = NULL;
+        REQUIRE(program_build_ex(&p, c, &b, n, PROG_HEAD_DEPS, &e) == WELD_OK);
+        int multi = 0;
+        for (int i = 0; i < p->n_instr; i++) {
+            st.p = p;
+            multi += exec_op_tiles(&st, &p->instrs[i]) > 1;
+        }
+        CHECK(multi > p->n_instr / 2);
+        float *ar = calloc(p->arena_floats + 1, sizeof(float));
+        struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
+                                 .test_slow_piece_us = 3000};
+        REQUIRE(exec_mega_impl.create(&state, c, &xp, &e) == WELD_OK);
+        st.arena = ar, st.logits = got;
+        int bad = 0;
+        for (int rep = 0; rep < 3; rep++) { /* counters and piece claims carry over */
+            memset(got, 0, nf * sizeof(float));
+            CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_OK);
+            bad += memcmp(got, want, nf * sizeof(float)) != 0;
+        }
+        struct exec_stats xs;
+        exec_mega_impl.stats(state, &xs, false);
+        fprintf(stderr, "  %d workers: %lld steals, %lld joins in %lld steps\n", n, xs.steals,
+                xs.joins, xs.steps);
+        CHECK_EQ_INT(bad, 0);
+        CHECK(xs.joins > 0);
+        exec_mega_impl.free(state);
+        free(ar);
+        program_free(p);
+    }
+    free(want), free(got), free(arena);
+    program_free(p0);
+    kv_free(kv);
+    exec_weights_free(w);
+    tm_free(tm);
+}
+
 TEST(head_deps_programs_qwen3) { head_deps_with(&spec_qwen3, 12); }
 TEST(head_deps_programs_mqa) { head_deps_with(&spec_mqa, 15); } /* one group, spread */
 
@@ -537,6 +614,7 @@ int main(void)
     RUN(head_deps_programs_qwen3);
     RUN(head_deps_programs_mqa);
     RUN(late_worker_is_stolen_from);
+    RUN(pieces_are_shared_with_a_slow_owner);
     RUN(bad_program_refused);
     RUN(stats);
     RUN(oversubscribed_steals_stay_exact);

@@ -43,6 +43,9 @@ struct cpu_ctx {
     const int32_t **tables; /* (max_seqs) block table of each batch sequence */
     float *arena;     /* (cap_arena) */
     size_t cap_arena;
+    float *rope;      /* (cap_rope, rope_dim) exec_rope_row of positions [0, cap_rope): made
+                         once per position, not per QKV instruction and tile (pow, cos, sin) */
+    int cap_rope;
     char desc[256];
 };
 
@@ -61,6 +64,7 @@ static void cpu_ctx_free(void *ctx)
     wfree(c->pos);
     wfree(c->tables);
     wfree(c->arena);
+    wfree(c->rope);
     wfree(c);
 }
 
@@ -185,6 +189,28 @@ static int grow_tables(struct cpu_ctx *c, int n_tokens, size_t arena, struct wel
     return WELD_OK;
 }
 
+/* Rope rows for positions [0, need), grown by doubling up to max_ctx. */
+static int grow_rope(struct cpu_ctx *c, int need, struct weld_err *e)
+{
+    const int rd = c->m->cfg.rope_dim;
+    if (need <= c->cap_rope || rd <= 0)
+        return WELD_OK;
+    int cap = c->cap_rope ? 2 * c->cap_rope : 256;
+    if (cap < need)
+        cap = need;
+    if (cap > c->params.max_ctx)
+        cap = c->params.max_ctx;
+    float *r = wrealloc(c->rope, (size_t)cap * (size_t)rd * sizeof *r);
+    if (!r)
+        return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory for %d rope positions",
+                       cap);
+    for (int p = c->cap_rope; p < cap; p++)
+        exec_rope_row(c->m, c->w, p, r + (size_t)p * rd);
+    c->rope = r;
+    c->cap_rope = cap;
+    return WELD_OK;
+}
+
 static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct weld_err *e)
 {
     struct cpu_ctx *c = ctx;
@@ -196,9 +222,14 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
     bool ext = batch_has_tables(b);
     if (ext && (rc = kv_check_tables(c->kv, b, e)))
         return rc;
+    int need = 0; /* rope rows */
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->seqs[s].pos + b->seqs[s].n_tokens > need)
+            need = b->seqs[s].pos + b->seqs[s].n_tokens;
     struct program *p;
     if ((rc = get_program(c, b, &p, e)) ||
         (rc = grow_tables(c, p->n_tokens, p->arena_floats, e)) ||
+        (rc = grow_rope(c, need, e)) ||
         (!ext && (rc = reserve_kv(c, b, e))))
         return rc;
     c->kv->external |= ext;
@@ -214,6 +245,7 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
     struct exec_step st = {
         .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
         .tables = c->tables, .arena = c->arena, .logits = logits,
+        .rope = c->m->cfg.rope_dim > 0 ? c->rope : NULL,
     };
     rc = c->ex->run(c->ex_state, &st, e);
     if (rc && !ext)

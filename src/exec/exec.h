@@ -38,6 +38,8 @@ struct exec_params {
     unsigned team_flags;  /* enum team_flags: TEAM_OVERSUBSCRIBE for tests */
     int test_lazy_us;     /* tests: the last worker sleeps this long at the start of every
                              step (mega: the others must run its instructions) */
+    int test_slow_piece_us; /* tests: the last worker sleeps this long after each piece of
+                               an instruction it runs in pieces (mega: others must join) */
 };
 
 /* What an executor measured over the steps since its creation or the last reset. The
@@ -50,6 +52,8 @@ struct exec_stats {
                                 summed over workers */
     double wait_s;           /* worker time spent in those waits (summed) */
     long long steals;        /* mega: instructions a waiting worker ran for a late owner */
+    long long joins;         /* mega: of those, running ones whose remaining pieces it
+                                shared with the owner */
     double step_s;           /* wall time of the steps, from run start to end */
     int n_workers;
 };

@@ -106,10 +106,18 @@ struct mega_counter {
     alignas(64) _Atomic uint64_t v;
 };
 
+/* Pieces of one instruction with n_tiles > 1, both counts cumulative over steps like the
+   counters: in run e pieces (e - 1) * n .. e * n - 1 are handed out. */
+struct mega_tiles {
+    _Atomic uint64_t next; /* pieces handed out */
+    _Atomic uint64_t done; /* pieces finished */
+};
+
 struct mega_worker {
     alignas(64) uint64_t wait_ns; /* time in unmet waits */
     uint64_t syncs;               /* counter checks */
     uint64_t steals;              /* instructions run for another worker */
+    uint64_t joins;               /* of those, shared with their running owner */
 };
 
 struct mega_plan {
@@ -124,6 +132,8 @@ struct mega_plan {
     int *sig_first;          /* (n_counters + 1) counter c's signallers are instructions
                                 [sig_first[c], sig_first[c + 1]) (check_program) */
     _Atomic uint64_t *claims; /* (n_instr) by queue position: last epoch it was claimed */
+    int *n_tiles;            /* (n_instr) pieces of each instruction (exec_op_tiles) */
+    struct mega_tiles *tiles; /* (n_instr) by queue position: piece claims, completions */
     struct mega_counter *counters; /* (n_counters), 64-byte aligned */
     void *counters_raw;
 };
@@ -132,6 +142,7 @@ struct mega_state {
     struct team *team;
     int n_workers, spins;
     int lazy_us;             /* exec_params.test_lazy_us */
+    int slow_piece_us;       /* exec_params.test_slow_piece_us */
     float *scratch;          /* (n_workers, stride) */
     size_t stride;
     struct mega_worker *workers; /* (n_workers), 64-byte aligned */
@@ -166,6 +177,8 @@ static void plan_free(struct mega_plan *pl)
     wfree(pl->pos);
     wfree(pl->sig_first);
     wfree(pl->claims);
+    wfree(pl->n_tiles);
+    wfree(pl->tiles);
     wfree(pl->counters_raw);
     wfree(pl);
 }
@@ -421,12 +434,18 @@ static int plan_create(struct mega_plan **out, const struct exec_step *st, int n
     pl->pos = wcalloc((size_t)p->n_instr, sizeof(int));
     pl->sig_first = wcalloc((size_t)p->n_counters + 1, sizeof(int));
     pl->claims = wcalloc((size_t)p->n_instr, sizeof *pl->claims);
+    pl->n_tiles = wcalloc((size_t)p->n_instr, sizeof(int));
+    pl->tiles = wcalloc((size_t)p->n_instr, sizeof *pl->tiles);
     pl->counters_raw = wcalloc((size_t)p->n_counters + 1, sizeof(struct mega_counter));
     if (!pl->owner || !pl->queue || !pl->queue_first || !pl->check || !pl->counters_raw ||
-        !pl->pos || !pl->sig_first || !pl->claims)
+        !pl->pos || !pl->sig_first || !pl->claims || !pl->n_tiles || !pl->tiles)
         goto nomem;
-    for (int i = 0; i < p->n_instr; i++)
+    for (int i = 0; i < p->n_instr; i++) {
         atomic_init(&pl->claims[i], 0);
+        atomic_init(&pl->tiles[i].next, 0);
+        atomic_init(&pl->tiles[i].done, 0);
+        pl->n_tiles[i] = exec_op_tiles(st, &p->instrs[i]);
+    }
     pl->counters = (struct mega_counter *)(((uintptr_t)pl->counters_raw + 63) &
                                            ~(uintptr_t)63);
     for (int c = 0; c < p->n_counters; c++)
@@ -570,12 +589,58 @@ static bool waits_met(const struct mega_ctx *x, const struct prog_instr *in)
     return true;
 }
 
-static void run_instr(const struct mega_ctx *x, int i, int64_t t_start, int64_t t_met)
+/* The next piece of instruction i for this run, or -1 when all are handed out. */
+static int claim_tile(const struct mega_ctx *x, int i)
+{
+    struct mega_tiles *t = &x->pl->tiles[x->pl->pos[i]];
+    const uint64_t n = (uint64_t)x->pl->n_tiles[i], limit = n * x->epoch;
+    uint64_t v = atomic_load_explicit(&t->next, memory_order_relaxed);
+    while (v < limit)
+        if (atomic_compare_exchange_weak_explicit(&t->next, &v, v + 1, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return (int)(v - (limit - n));
+    return -1;
+}
+
+/* Run what is left of instruction i (all of it with one piece; else pieces claimed one at
+   a time, shared with any worker that joins) and, if this worker finished its last
+   piece, signal its counter (*signalled). Returns the pieces this worker ran. */
+static uint64_t run_pieces(const struct mega_ctx *x, int i, bool *signalled)
 {
     const struct prog_instr *in = &x->st->p->instrs[i];
-    exec_op_run(x->st, in, x->scratch);
+    const int n = x->pl->n_tiles[i];
+    uint64_t k = 0;
+    *signalled = false;
+    if (n == 1) {
+        exec_op_run(x->st, in, x->scratch);
+        k = 1;
+    } else {
+        for (int t; (t = claim_tile(x, i)) >= 0; k++) {
+            exec_op_run_tiles(x->st, in, x->scratch, t, t + 1);
+            if (x->s->slow_piece_us && x->w == x->s->n_workers - 1) {
+                struct timespec nap = {0, (long)x->s->slow_piece_us * 1000};
+                nanosleep(&nap, NULL);
+            }
+        }
+        /* acq_rel: the last finisher acquires every other piece's writes, and its release
+           on the counter below passes them on */
+        struct mega_tiles *tl = &x->pl->tiles[x->pl->pos[i]];
+        if (!k || atomic_fetch_add_explicit(&tl->done, k, memory_order_acq_rel) + k !=
+                      (uint64_t)n * x->epoch)
+            return k;
+    }
     atomic_fetch_add_explicit(&x->pl->counters[in->signal].v, 1, memory_order_release);
-    if (x->s->tracing) {
+    *signalled = true;
+    return k;
+}
+
+/* run_pieces, traced; returns the pieces run (0: every piece had gone to others). */
+static uint64_t run_instr(const struct mega_ctx *x, int i, int64_t t_start, int64_t t_met,
+                          bool *signalled)
+{
+    const struct prog_instr *in = &x->st->p->instrs[i];
+    uint64_t k = run_pieces(x, i, signalled);
+    if (x->s->tracing && k) {
         struct trace_event ev = {
             .t_start = t_start, .t_met = t_met, .t_end = now_ns(), .step = x->s->trace->step,
             .instr = i, .row0 = in->row0, .row1 = in->row1, .seq = in->seq,
@@ -583,24 +648,35 @@ static void run_instr(const struct mega_ctx *x, int i, int64_t t_start, int64_t 
         };
         trace_add(x->s->trace, x->w, &ev);
     }
+    return k;
 }
 
 /* While waiting on counter c: run one of its unclaimed signallers whose inputs are ready
-   (its owner is late: descheduled, or slower than planned). True if one ran. */
-static bool steal_for(const struct mega_ctx *x, int c)
+   (its owner is late: descheduled, or slower than planned), or join one that is running
+   and still has pieces left. Returns the nanoseconds spent running (0: nothing ran). */
+static int64_t steal_for(const struct mega_ctx *x, int c)
 {
     const struct mega_plan *pl = x->pl;
     for (int i = pl->sig_first[c]; i < pl->sig_first[c + 1]; i++) {
         const struct prog_instr *in = &x->st->p->instrs[i];
-        if (atomic_load_explicit(&pl->claims[pl->pos[i]], memory_order_relaxed) >= x->epoch ||
-            !waits_met(x, in) || !claim(x, i))
+        const bool taken =
+            atomic_load_explicit(&pl->claims[pl->pos[i]], memory_order_relaxed) >= x->epoch;
+        if (taken && (pl->n_tiles[i] == 1 ||
+                      atomic_load_explicit(&pl->tiles[pl->pos[i]].next, memory_order_relaxed) >=
+                          (uint64_t)pl->n_tiles[i] * x->epoch))
+            continue; /* running in one piece, or every piece handed out */
+        if (!waits_met(x, in) || (!taken && !claim(x, i)))
             continue;
-        int64_t t = x->s->tracing ? now_ns() : 0;
-        run_instr(x, i, t, t);
+        int64_t t = now_ns();
+        bool signalled;
+        if (!run_instr(x, i, t, t, &signalled))
+            continue;
         x->mw->steals++;
-        return true;
+        x->mw->joins += taken;
+        int64_t d = now_ns() - t;
+        return d > 0 ? d : 1;
     }
-    return false;
+    return 0;
 }
 
 /* Spin until counter c reaches target: prefetch the waiting instruction's first weight
@@ -613,7 +689,7 @@ static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
     x->mw->syncs++;
     if (atomic_load_explicit(v, memory_order_acquire) >= target)
         return;
-    int64_t t0 = now_ns();
+    int64_t t0 = now_ns(), worked = 0; /* time running others' work is not waiting */
     const char *w2, *w1 = first_weights(x->st, in, &w2);
     for (int i = 0; atomic_load_explicit(v, memory_order_acquire) < target; i++) {
         if (i < MEGA_PREFETCH_LINES) {
@@ -626,14 +702,19 @@ static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
            every round once yielding (a yield can take a whole time slice on a busy core,
            so counting rounds alone would wait for a late worker for milliseconds) */
         const bool yielding = i >= x->s->spins;
-        if ((yielding || (i >= MEGA_STEAL_SPINS && (i & 15) == 0)) && steal_for(x, c))
-            continue;
+        if (yielding || (i >= MEGA_STEAL_SPINS && (i & 15) == 0)) {
+            int64_t d = steal_for(x, c);
+            worked += d;
+            if (d)
+                continue;
+        }
         if (i < x->s->spins)
             mega_pause();
         else
             sched_yield();
     }
-    x->mw->wait_ns += (uint64_t)(now_ns() - t0);
+    int64_t waited = now_ns() - t0 - worked;
+    x->mw->wait_ns += waited > 0 ? (uint64_t)waited : 0;
 }
 
 static void mega_worker_run(void *ctx, int w, int n)
@@ -664,7 +745,11 @@ static void mega_worker_run(void *ctx, int w, int n)
                 wait_counter(&x, c, target, in);
             t_met = s->tracing ? now_ns() : 0;
         }
-        run_instr(&x, i, t_start, t_met);
+        /* with pieces, another worker may finish it: what follows must check its waits */
+        bool signalled;
+        run_instr(&x, i, t_start, t_met, &signalled);
+        if (!signalled)
+            robbed = true;
     }
 }
 
@@ -751,6 +836,7 @@ static int mega_create(void **out, const struct model_config *c, const struct ex
         goto fail;
     s->n_workers = team_size(s->team);
     s->lazy_us = xp && xp->test_lazy_us > 0 ? xp->test_lazy_us : 0;
+    s->slow_piece_us = xp && xp->test_slow_piece_us > 0 ? xp->test_slow_piece_us : 0;
     s->spins = s->n_workers > team_physical_cores() ? MEGA_SPINS_OVER : MEGA_SPINS;
     s->stats.n_workers = s->n_workers;
     /* the scratch base is only 16-byte aligned, so pad one line between workers */
@@ -798,12 +884,14 @@ static void mega_stats(void *state, struct exec_stats *out, bool reset)
         out->syncs += (long long)s->workers[w].syncs;
         out->wait_s += (double)s->workers[w].wait_ns * 1e-9;
         out->steals += (long long)s->workers[w].steals;
+        out->joins += (long long)s->workers[w].joins;
     }
     if (reset) {
         memset(&s->stats, 0, sizeof s->stats);
         s->stats.n_workers = s->n_workers;
         for (int w = 0; w < s->n_workers; w++)
-            s->workers[w].syncs = s->workers[w].wait_ns = s->workers[w].steals = 0;
+            s->workers[w].syncs = s->workers[w].wait_ns = s->workers[w].steals =
+                s->workers[w].joins = 0;
     }
 }
 

@@ -50,6 +50,11 @@
 #define OPS_ATT_TOK 8    /* tokens of one sequence whose queries share a widened K/V chunk */
 #define OPS_ATT_ROWS 64   /* query rows per attention kernel call (rows of one KV head) */
 
+/* Token range [t0, t1) of an instruction's tokens an op call covers (exec_op_run_tiles). */
+struct span {
+    int t0, t1;
+};
+
 struct scratch {
     float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kc, *vc;
     void *act, *act2;
@@ -224,9 +229,12 @@ static void qkv_unit(const struct exec_step *st, int layer, int u, int t0, int n
                 y[k] += q.bias[k];
         if (q.norm)
             st->w->go->rmsnorm(y, q.norm, c->norm_eps, y, hd);
-        if (q.kind != 2)
-            kern_rope_apply(y, c->rope_dim, c->rope_neox, sc->cosv + (size_t)i * half,
-                            sc->sinv + (size_t)i * half);
+        if (q.kind != 2) {
+            const float *cs = st->rope ? st->rope + (size_t)pos * c->rope_dim
+                                       : sc->cosv + (size_t)i * half;
+            const float *sn = st->rope ? cs + half : sc->sinv + (size_t)i * half;
+            kern_rope_apply(y, c->rope_dim, c->rope_neox, cs, sn);
+        }
         if (q.kind == 0)
             memcpy(qbuf + (size_t)t * c->n_head * hd + (size_t)q.head * hd, y,
                    sizeof(float) * (size_t)hd);
@@ -253,17 +261,24 @@ static void norm_tile(const struct exec_step *st, const float *x, const float *w
     }
 }
 
+void exec_rope_row(const struct model *m, const struct exec_weights *w, int pos, float *row)
+{
+    const struct model_config *c = &m->cfg;
+    kern_rope_angles((double)pos * w->rope_pos_scale, c->rope_theta, c->rope_dim,
+                     m->rope_freq_factors, row, row + c->rope_dim / 2);
+}
+
 static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
-                   const struct scratch *sc)
+                   const struct scratch *sc, struct span sp)
 {
     const struct model_config *c = &st->m->cfg;
     const int half = c->rope_dim / 2;
     const float *x = buf_ptr(st, in->in);
     float *q = buf_ptr(st, in->out);
-    for (int t0 = 0; t0 < st->p->n_tokens; t0 += OPS_TILE) {
-        int nt = st->p->n_tokens - t0 < OPS_TILE ? st->p->n_tokens - t0 : OPS_TILE;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += OPS_TILE) {
+        int nt = sp.t1 - t0 < OPS_TILE ? sp.t1 - t0 : OPS_TILE;
         norm_tile(st, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
-        if (in->row0 < c->n_head + c->n_kv_head)
+        if (!st->rope && in->row0 < c->n_head + c->n_kv_head)
             for (int i = 0; i < nt; i++)
                 kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale,
                                  c->rope_theta, c->rope_dim, st->m->rope_freq_factors,
@@ -364,15 +379,15 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
 }
 
 static void op_attention(const struct exec_step *st, const struct prog_instr *in,
-                         const struct scratch *sc)
+                         const struct scratch *sc, struct span sp)
 {
     const struct program *p = st->p;
     const float *q = buf_ptr(st, in->in);
     float *att = buf_ptr(st, in->out);
     int s = in->seq;
     const int32_t *table = st->tables[s];
-    const int t_end = p->seq_tok0[s] + p->seq_ntok[s];
-    for (int t0 = p->seq_tok0[s]; t0 < t_end; t0 += OPS_ATT_TOK) {
+    const int t_end = p->seq_tok0[s] + sp.t1;
+    for (int t0 = p->seq_tok0[s] + sp.t0; t0 < t_end; t0 += OPS_ATT_TOK) {
         int nt = t_end - t0 < OPS_ATT_TOK ? t_end - t0 : OPS_ATT_TOK;
         attend_tile(st, in->layer, table, in->row0, in->row1, t0, nt, q, att, sc);
     }
@@ -380,13 +395,14 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
 
 /* x[t][r] += W[r] . in[t] for the instruction's rows, every token. */
 static void op_proj_residual(const struct exec_step *st, const struct prog_instr *in,
-                             const struct exec_mat *M, const struct scratch *sc)
+                             const struct exec_mat *M, const struct scratch *sc,
+                             struct span sp)
 {
     const int64_t dim = st->m->cfg.dim, n_in = M->k;
     const float *src = buf_ptr(st, in->in);
     float *x = buf_ptr(st, in->out);
-    for (int t0 = 0; t0 < st->p->n_tokens; t0 += OPS_TILE) {
-        int nt = st->p->n_tokens - t0 < OPS_TILE ? st->p->n_tokens - t0 : OPS_TILE;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += OPS_TILE) {
+        int nt = sp.t1 - t0 < OPS_TILE ? sp.t1 - t0 : OPS_TILE;
         const float *xs = src + (size_t)t0 * n_in;
         mat_quant(st, M, xs, (size_t)n_in, nt, sc->act, sc);
         for (int r = in->row0; r < in->row1; r += OPS_CHUNK) {
@@ -404,7 +420,7 @@ static void op_proj_residual(const struct exec_step *st, const struct prog_instr
 }
 
 static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
-                   const struct scratch *sc)
+                   const struct scratch *sc, struct span sp)
 {
     const struct model_config *c = &st->m->cfg;
     const struct exec_layer_mats *L = &st->w->mats[in->layer];
@@ -413,8 +429,8 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
     const size_t ld = (size_t)c->dim;
     const bool shared = same_act(&L->gate, &L->up);
     void *act_up = shared ? sc->act : sc->act2;
-    for (int t0 = 0; t0 < st->p->n_tokens; t0 += OPS_TILE) {
-        int nt = st->p->n_tokens - t0 < OPS_TILE ? st->p->n_tokens - t0 : OPS_TILE;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += OPS_TILE) {
+        int nt = sp.t1 - t0 < OPS_TILE ? sp.t1 - t0 : OPS_TILE;
         norm_tile(st, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
         mat_quant(st, &L->gate, sc->h, ld, nt, sc->act, sc);
         if (!shared)
@@ -431,15 +447,15 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
 }
 
 static void op_final(const struct exec_step *st, const struct prog_instr *in,
-                     const struct scratch *sc)
+                     const struct scratch *sc, struct span sp)
 {
     const struct model_config *c = &st->m->cfg;
     const struct program *p = st->p;
     const struct exec_mat *M = &st->w->output;
     const float *x = buf_ptr(st, in->in);
     float *logits = buf_ptr(st, in->out);
-    for (int k0 = 0; k0 < p->n_logit_rows; k0 += OPS_TILE) {
-        int nk = p->n_logit_rows - k0 < OPS_TILE ? p->n_logit_rows - k0 : OPS_TILE;
+    for (int k0 = sp.t0; k0 < sp.t1; k0 += OPS_TILE) {
+        int nk = sp.t1 - k0 < OPS_TILE ? sp.t1 - k0 : OPS_TILE;
         norm_tile(st, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
         mat_quant(st, M, sc->h, (size_t)c->dim, nk, sc->act, sc);
         mat_gemm(st, M, in->row0, in->row1, nk, sc->h, (size_t)c->dim, sc->act,
@@ -447,32 +463,67 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
     }
 }
 
-void exec_op_run(const struct exec_step *st, const struct prog_instr *in, float *scratch)
+/* Tokens (or logit rows, or a sequence's tokens for ATTENTION) of instruction in, and the
+   tile they are cut into: the unit exec_op_run_tiles hands out. */
+static int op_extent(const struct exec_step *st, const struct prog_instr *in, int *tile)
+{
+    *tile = OPS_TILE;
+    switch (in->op) {
+    case OP_ATTENTION:
+        *tile = OPS_ATT_TOK;
+        return st->p->seq_ntok[in->seq];
+    case OP_FINAL_NORM_LOGITS:
+        return st->p->n_logit_rows;
+    case OP_EMBED:
+        *tile = 1 << 30; /* rows are tokens already; one piece */
+        return st->p->n_tokens;
+    default:
+        return st->p->n_tokens;
+    }
+}
+
+int exec_op_tiles(const struct exec_step *st, const struct prog_instr *in)
+{
+    int tile, n = op_extent(st, in, &tile);
+    return n <= tile ? 1 : (n + tile - 1) / tile;
+}
+
+void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, float *scratch,
+                       int tile0, int tile1)
 {
     struct scratch sc = scratch_split(&st->m->cfg, scratch);
+    int tile, n = op_extent(st, in, &tile);
+    WELD_ASSERT(tile0 >= 0 && tile0 < tile1 && tile1 <= exec_op_tiles(st, in));
+    struct span sp = {(int)((int64_t)tile0 * tile > n ? n : (int64_t)tile0 * tile),
+                      (int)((int64_t)tile1 * tile > n ? n : (int64_t)tile1 * tile)};
     switch (in->op) {
     case OP_EMBED:
         op_embed(st, in);
         break;
     case OP_ATTN_NORM_QKV_ROPE:
-        op_qkv(st, in, &sc);
+        op_qkv(st, in, &sc, sp);
         break;
     case OP_ATTENTION:
-        op_attention(st, in, &sc);
+        op_attention(st, in, &sc, sp);
         break;
     case OP_O_PROJ_RESIDUAL:
-        op_proj_residual(st, in, &st->w->mats[in->layer].wo, &sc);
+        op_proj_residual(st, in, &st->w->mats[in->layer].wo, &sc, sp);
         break;
     case OP_FFN_NORM_GATE_UP_SILU:
-        op_ffn(st, in, &sc);
+        op_ffn(st, in, &sc, sp);
         break;
     case OP_DOWN_PROJ_RESIDUAL:
-        op_proj_residual(st, in, &st->w->mats[in->layer].down, &sc);
+        op_proj_residual(st, in, &st->w->mats[in->layer].down, &sc, sp);
         break;
     case OP_FINAL_NORM_LOGITS:
-        op_final(st, in, &sc);
+        op_final(st, in, &sc, sp);
         break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }
+}
+
+void exec_op_run(const struct exec_step *st, const struct prog_instr *in, float *scratch)
+{
+    exec_op_run_tiles(st, in, scratch, 0, exec_op_tiles(st, in));
 }

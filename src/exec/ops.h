@@ -27,7 +27,13 @@ struct exec_step {
                                      positions [0, pos + n_tokens) */
     float *arena;            /* (p->arena_floats) planned activation buffers */
     float *logits;           /* (n_logit_rows, n_vocab) caller's output */
+    const float *rope;       /* optional: (positions, rope_dim) exec_rope_row of every
+                                position the step's tokens are at; NULL: computed per tile */
 };
+
+/* The rope angles of position pos: cos of each of the rope_dim / 2 frequencies, then
+   their sin (kern_rope_angles with the model's frequency factors and position scale). */
+void exec_rope_row(const struct model *m, const struct exec_weights *w, int pos, float *row);
 
 /* Floats of per-worker scratch an op needs for model config c: f32 work buffers plus room
    for quantized activations of any weight type the config allows, aligned by the ops
@@ -36,5 +42,16 @@ size_t exec_scratch_floats(const struct model_config *c);
 
 /* Run one instruction. */
 void exec_op_run(const struct exec_step *st, const struct prog_instr *in, float *scratch);
+
+/* The pieces instruction in's work is cut into (>= 1): its tokens in tiles (QKV, the
+   projections, FFN: OPS_TILE tokens; ATTENTION: OPS_ATT_TOK of its sequence's tokens;
+   FINAL: OPS_TILE logit rows; EMBED: one piece). Pieces write disjoint outputs and read
+   only the instruction's inputs, so any workers may run any of them in any order, each
+   with its own scratch, and the numbers are those of exec_op_run (which runs them all). */
+int exec_op_tiles(const struct exec_step *st, const struct prog_instr *in);
+
+/* Run pieces [tile0, tile1) of instruction in. */
+void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, float *scratch,
+                       int tile0, int tile1);
 
 #endif
