@@ -13,7 +13,9 @@
  *
  * Memory: weights are the model's (never copied, except small vectors in exec_weights);
  * the KV cache is sized at creation; step tables and the arena grow to the largest step
- * seen and are reused.
+ * seen and are reused. Rope angles (exec_rope_row: pow, cos, sin per frequency) are made
+ * once per position into a table grown with the highest position seen (doubling, up to
+ * max_ctx), which the QKV ops read instead of recomputing them per instruction and tile.
  * Threading: a context is used by one thread at a time; the executor may run a step on
  * its own thread team (n_threads workers, the calling thread being one of them).
  */

@@ -37,7 +37,18 @@
  * Late owners (stealing): a worker that has spun MEGA_STEAL_SPINS on a counter runs any
  * unclaimed signaller of that counter whose own inputs are ready, so a descheduled or
  * slow worker (a shared machine) delays its dependants by one instruction, not by its
- * time off the CPU. A thief only takes instructions that are ready, so it never blocks;
+ * time off the CPU.
+ *
+ * Pieces: an instruction whose tokens span several tiles (exec_op_tiles > 1: prefill) is
+ * run one tile at a time, each handed out by a compare-and-swap on a cumulative counter
+ * bounded by n_tiles * epoch (so, like the counters, it is never reset), and whoever
+ * finishes the last piece (acq_rel on a cumulative done count) signals. A waiting worker
+ * also joins a running signaller that still has pieces left (its inputs are ready:
+ * checked, since an owner claims before it waits), so a prefill stage ends within one
+ * tile of balanced even when a worker is slower or loses its core mid-slice; single-
+ * piece instructions (decode) take none of this (no extra atomics). An owner that did not
+ * finish its own instruction treats itself as robbed (below). Time running others' work
+ * inside a wait does not count as waiting. A thief only takes instructions that are ready, so it never blocks;
  * the owner skips what was taken, and from then on, for the rest of the step, checks
  * every wait the plan had pruned (its earlier work may now be another worker's, still
  * running). No deadlock: the lowest unfinished instruction always has its inputs done
@@ -65,8 +76,8 @@
  * arithmetic does not depend on the worker, the split or the order (ops.h).
  *
  * Deliberately not here: stealing beyond the counter a worker waits on (no general work
- * queue), sleeping inside a step, instruction fusion across layers, re-planning from
- * measured times.
+ * queue), splitting a single-token instruction, sleeping inside a step, instruction
+ * fusion across layers, re-planning from measured times.
  */
 #include "exec/exec.h"
 

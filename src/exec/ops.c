@@ -14,6 +14,12 @@
  * tokens per pass over the cache, online softmax with a polynomial exp), both exact
  * across ISAs.
  *
+ * Pieces: those token tiles (OPS_ATT_TOK tokens for ATTENTION, OPS_TILE logit rows for
+ * FINAL) are also the unit exec_op_run_tiles runs, so an executor can hand one
+ * instruction's tiles to several workers (exec_mega.c); a tile writes only its own
+ * tokens' outputs, and rope angles come from the step's table (exec_step.rope) when the
+ * backend gives one.
+ *
  * Row ranges: ops pass gemm whole heads (Q/K/V: r0 = head * head_dim) or chunks of
  * OPS_CHUNK rows starting at the instruction's row0; program.c starts every row-split
  * range at a multiple of 16, and exec/weights.c repacks Q/K/V only when head_dim is a
