@@ -247,7 +247,7 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
     struct exec_step st = {
         .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
         .tables = c->tables, .arena = c->arena, .logits = logits,
-        .rope = c->m->cfg.rope_dim > 0 ? c->rope : NULL,
+        .rope = c->rope, /* NULL without rope (grow_rope makes none) */
     };
     rc = c->ex->run(c->ex_state, &st, e);
     if (rc && !ext)

@@ -37,7 +37,12 @@
  * Late owners (stealing): a worker that has spun MEGA_STEAL_SPINS on a counter runs any
  * unclaimed signaller of that counter whose own inputs are ready, so a descheduled or
  * slow worker (a shared machine) delays its dependants by one instruction, not by its
- * time off the CPU.
+ * time off the CPU. A thief only takes instructions that are ready, so it never blocks;
+ * the owner skips what was taken, and from then on, for the rest of the step, checks
+ * every wait the plan had pruned (its earlier work may now be another worker's, still
+ * running). No deadlock: the lowest unfinished instruction always has its inputs done
+ * and is either being run or will be claimed by its owner, whose earlier queue entries
+ * are all finished.
  *
  * Pieces: an instruction whose tokens span several tiles (exec_op_tiles > 1: prefill) is
  * run one tile at a time, each handed out by a compare-and-swap on a cumulative counter
@@ -47,13 +52,8 @@
  * checked, since an owner claims before it waits), so a prefill stage ends within one
  * tile of balanced even when a worker is slower or loses its core mid-slice; single-
  * piece instructions (decode) take none of this (no extra atomics). An owner that did not
- * finish its own instruction treats itself as robbed (below). Time running others' work
- * inside a wait does not count as waiting. A thief only takes instructions that are ready, so it never blocks;
- * the owner skips what was taken, and from then on, for the rest of the step, checks
- * every wait the plan had pruned (its earlier work may now be another worker's, still
- * running). No deadlock: the lowest unfinished instruction always has its inputs done
- * and is either being run or will be claimed by its owner, whose earlier queue entries
- * are all finished.
+ * finish its own instruction treats itself as robbed (above). Time running others' work
+ * inside a wait does not count as waiting.
  *
  * Memory ordering: an instruction's writes happen-before its release fetch_add; a waiter's
  * acquire load that reads a value >= the target reads from the release sequence of every
@@ -72,8 +72,9 @@
  * WELD_TRACE_STEPS (4) steps record start / dependency met / end of every instruction
  * (trace.h).
  *
- * Bit-identical to ref: same instructions through exec_op_run, whose per-(row, token)
- * arithmetic does not depend on the worker, the split or the order (ops.h).
+ * Bit-identical to ref: same instructions through exec_op_run(_tiles), whose per-(row,
+ * token) arithmetic does not depend on the worker, the split, the piece or the order
+ * (ops.h).
  *
  * Deliberately not here: stealing beyond the counter a worker waits on (no general work
  * queue), splitting a single-token instruction, sleeping inside a step, instruction
