@@ -2,7 +2,7 @@
  * weld_kernel_bench - time the gemm kernels (kernels/cpu/gemm.h) on the weight shapes of a
  * whole model and compare decode with the read-bandwidth probe run in the same process.
  *
- *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512] [--preset 110m|1b|all]
+ *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|all]
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
  *
  * A type name ending in "r" (q8_0r, q4_0r) runs the repacked 16-row form (gemm_repack).

@@ -379,8 +379,9 @@ TEST(repacked)
     static const int rows_list[] = {1, 5, 16, 17, 40};
     /* 150 blocks: K split in 64, 64, 22 (AVX-512) or 32 x 4, 22 (AVX2) */
     static const int64_t ks[] = {32, 96, 32 * 150};
-    /* 1, 2: both halves of a group in one pass (AVX2); 3, 17: token tiles and remainders */
-    static const int tok_list[] = {1, 2, 3, 17};
+    /* 1, 2: both halves of a group in one pass (AVX2); 3, 17: token tiles and remainders;
+       33: two AMX tiles of 16 and an AVX-512 remainder */
+    static const int tok_list[] = {1, 2, 3, 17, 33};
     struct rng r;
     rng_seed(&r, 11);
     CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_K, 16, 256), 0);
@@ -391,7 +392,7 @@ TEST(repacked)
     for (int ti = 0; ti < 2; ti++)
         for (int ir = 0; ir < 5; ir++)
             for (int ik = 0; ik < 3; ik++)
-                for (int it = 0; it < 4; it++) {
+                for (int it = 0; it < 5; it++) {
                     struct gcase c;
                     case_make(&c, &r, ti ? DT_Q4_0 : DT_Q8_0, rows_list[ir], ks[ik], tok_list[it],
                               (ir + it) % 2, (ir + ik) % 2);

@@ -48,15 +48,20 @@ TEST(detection_matches_cpuinfo)
     static const char *const avx2[] = {"avx2", "fma", "f16c", "bmi2"};
     static const char *const avx512[] = {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw",
                                          "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"};
-    int h2 = cpuinfo_has(avx2, 4), h5 = cpuinfo_has(avx512, 10);
+    static const char *const amx[] = {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw",
+                                      "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+                                      "amx_tile", "amx_int8"};
+    int h2 = cpuinfo_has(avx2, 4), h5 = cpuinfo_has(avx512, 10), ha = cpuinfo_has(amx, 12);
     if (h2 < 0) {
         printf("no /proc/cpuinfo flags: detection not cross-checked\n");
         return;
     }
     CHECK_EQ_INT(isa_cpu_has(ISA_AVX2), h2);
     CHECK_EQ_INT(isa_cpu_has(ISA_AVX512), h5);
+    /* Linux lists amx_* only when it supports the tile state, so permission follows. */
+    CHECK_EQ_INT(isa_cpu_has(ISA_AMX), ha);
     CHECK(isa_cpu_has(ISA_SCALAR));
-    CHECK_EQ_INT(isa_best(), h5 ? ISA_AVX512 : h2 ? ISA_AVX2 : ISA_SCALAR);
+    CHECK_EQ_INT(isa_best(), ha ? ISA_AMX : h5 ? ISA_AVX512 : h2 ? ISA_AVX2 : ISA_SCALAR);
     printf("this CPU: best %s\n", isa_name(isa_best()));
 }
 

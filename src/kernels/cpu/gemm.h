@@ -7,7 +7,8 @@
  * t < n_tok. One entry point covers matrix-vector (n_tok = 1, decode) and matrix-matrix
  * (prefill, batched decode); workers splitting the rows of one matrix pass y + r0 of a
  * shared (n_tok, ldy) output, a caller wanting one head's rows passes a small buffer. Weight types: F32, F16, BF16
- * (float path) and Q8_0, Q4_0, Q4_K, Q6_K (integer path).
+ * (float path) and Q8_0, Q4_0, Q4_K, Q6_K (integer path). Levels: scalar, AVX2, AVX-512 and AMX
+ * (gemm_amx.c: the repacked Q8_0 / Q4_0 products of 16 or more tokens on tile registers).
  *
  * Integer path: activations are quantized once per step (gemm_ops.act_quant) into int8
  * blocks matching the weight's block size, in a private layout (struct gemm_act_*):
@@ -210,6 +211,7 @@ void gemm_quant_br(const float *x, struct gemm_act_br *b, int32_t off);
 #if defined(__x86_64__)
 extern const struct gemm_ops gemm_ops_avx2;
 extern const struct gemm_ops gemm_ops_avx512;
+extern const struct gemm_ops gemm_ops_amx; /* AVX-512 plus AMX repacked products */
 #endif
 
 /* The kernels of level l, or NULL if not built for this target or the CPU lacks it. */

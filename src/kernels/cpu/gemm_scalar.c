@@ -87,6 +87,8 @@ const struct gemm_ops *gemm_ops_for(enum isa_level l)
         return &gemm_ops_avx2;
     case ISA_AVX512:
         return &gemm_ops_avx512;
+    case ISA_AMX:
+        return &gemm_ops_amx;
 #endif
     default:
         return NULL;
@@ -375,7 +377,7 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
 {
-    return o && (o->isa == ISA_AVX512 || o->isa == ISA_AVX2) && (t == DT_Q8_0 || t == DT_Q4_0);
+    return o && o->isa != ISA_SCALAR && (t == DT_Q8_0 || t == DT_Q4_0);
 }
 
 /* Unsigned code (value + offset) of element e of row i in a repacked block. */

@@ -11,11 +11,15 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-static const char *const isa_names[ISA_COUNT] = {"scalar", "avx2", "avx512"};
+static const char *const isa_names[ISA_COUNT] = {"scalar", "avx2", "avx512", "amx"};
 
 const char *isa_name(enum isa_level l)
 {
@@ -28,6 +32,41 @@ static bool cpu_has_f16c(void)
 {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
+#if defined(__linux__)
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static bool amx_granted;
+
+static void amx_ask(void)
+{
+    /* ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA (asm/prctl.h, not in every libc's headers) */
+    amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+#endif
+
+/* AMX-TILE and AMX-INT8 (CPUID.(7,0):EDX bits 24, 25), tile state enabled by the OS
+   (XCR0 bits 17, 18), and the process's permission to use it, asked for once: Linux hands
+   out tile data only after ARCH_REQ_XCOMP_PERM (a refusal, or another OS, means no AMX).
+   Returns the missing piece or NULL. */
+static const char *amx_missing(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)))
+        return "amx-tile";
+    if (!(d & (1u << 25)))
+        return "amx-int8";
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & (3u << 17)) != (3u << 17))
+        return "amx tile state enabled by the OS (XCR0)";
+#if defined(__linux__)
+    pthread_once(&amx_once, amx_ask);
+    return amx_granted ? NULL : "permission to use amx tile data (arch_prctl refused)";
+#else
+    return "amx support in this OS build";
+#endif
 }
 #endif
 
@@ -60,7 +99,9 @@ static const char *isa_missing(enum isa_level l)
         return "avx512vnni";
     if (!__builtin_cpu_supports("avx512bf16"))
         return "avx512bf16";
-    return l == ISA_AVX512 ? NULL : "unknown level";
+    if (l == ISA_AVX512)
+        return NULL;
+    return l == ISA_AMX ? amx_missing() : "unknown level";
 #else
     return "x86-64";
 #endif
@@ -98,7 +139,7 @@ int isa_resolve(const char *value, enum isa_level *out, struct weld_err *e)
         return WELD_OK;
     }
     return err_set(e, WELD_ERR_INVALID_ARG,
-                   "WELD_ISA=%s: unknown instruction set (expected scalar, avx2, avx512 or auto)",
+                   "WELD_ISA=%s: unknown instruction set (expected scalar, avx2, avx512, amx or auto)",
                    value);
 }
 

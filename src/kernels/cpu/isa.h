@@ -5,9 +5,12 @@
  * compiled for); ISA_AVX512 means AVX-512 F/BW/VL/DQ + VNNI + BF16 on top of that (what
  * *_avx512.c files are compiled for: the compiler may emit any of those instructions
  * anywhere in such a file, so the level demands all of them, which leaves out pre-Zen4 and
- * pre-Sapphire-Rapids AVX-512 parts; they run the AVX2 path).
+ * pre-Sapphire-Rapids AVX-512 parts; they run the AVX2 path). ISA_AMX adds Intel AMX
+ * (AMX-TILE + AMX-INT8, what *_amx.c files are compiled for on top of the AVX-512 flags)
+ * and the OS's permission to use its tile data (Linux arch_prctl ARCH_REQ_XCOMP_PERM,
+ * requested when the level is first checked; refused or not Linux = no AMX level).
  *
- * Selection: isa_init() reads WELD_ISA once (scalar | avx2 | avx512; unset or "auto" = the
+ * Selection: isa_init() reads WELD_ISA once (scalar | avx2 | avx512 | amx; unset or "auto" = the
  * best level the CPU has). Forcing a level the CPU lacks is an error naming the missing
  * feature, never a silent fallback: a test that asked for avx512 must not pass on scalar.
  * The result (level or error) is cached, so every later call agrees. isa_resolve() is the
@@ -23,9 +26,9 @@
 
 #include <stdbool.h>
 
-enum isa_level { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_COUNT = 3 };
+enum isa_level { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AMX = 3, ISA_COUNT = 4 };
 
-/* "scalar", "avx2", "avx512"; "unknown" out of range. */
+/* "scalar", "avx2", "avx512", "amx"; "unknown" out of range. */
 const char *isa_name(enum isa_level l);
 
 /* True if this CPU (and OS) can run code built for level l. ISA_SCALAR is always true. */
