@@ -5,7 +5,7 @@
  *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|all]
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
  *
- * A type name ending in "r" (q8_0r, q4_0r) runs the repacked 16-row form (gemm_repack).
+ * A type name ending in "r" (q8_0r, q4_0r, q4_Kr) runs the repacked 16-row form (gemm_repack).
  *
  * For each preset and type it builds the model's matrices (q, k, v, o, gate, up, down per
  * layer, plus the output head; embeddings are not read by decode) filled with valid blocks,
@@ -269,7 +269,7 @@ int main(int argc, char **argv)
         snprintf(tl, sizeof tl, "%s", types);
         for (char *sv = NULL, *tn = strtok_r(tl, ",", &sv); tn; tn = strtok_r(NULL, ",", &sv)) {
             size_t tnl = strlen(tn);
-            int repack = tnl > 1 && tn[tnl - 1] == 'r' && (tn[tnl - 2] == '0');
+            int repack = tnl > 1 && tn[tnl - 1] == 'r' && (tn[tnl - 2] == '0' || tn[tnl - 2] == 'K');
             if (repack)
                 tn[tnl - 1] = 0;
             int t = dtype_from_name(tn);

@@ -384,7 +384,7 @@ TEST(repacked)
     static const int tok_list[] = {1, 2, 3, 17, 33};
     struct rng r;
     rng_seed(&r, 11);
-    CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_K, 16, 256), 0);
+    CHECK_EQ_INT(gemm_repack_bytes(DT_Q6_K, 16, 256), 0);
     CHECK_EQ_INT(gemm_repack(DT_F16, NULL, 0, 16, 256, NULL), -1);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q8_0) == isa_cpu_has(ISA_AVX512));
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_0) == isa_cpu_has(ISA_AVX2));
@@ -399,6 +399,72 @@ TEST(repacked)
                     check_r16(&c);
                     case_free(&c);
                 }
+}
+
+/* Repacked Q4_K: the same contract as the GGUF layout, so every ISA on the repacked form
+   must give exactly the scalar kernel's bits on the GGUF form; plus row splits at
+   multiples of 16 and rows past the matrix left alone. */
+static void check_r16k(struct gcase *c)
+{
+    const size_t rbytes = gemm_repack_bytes(DT_Q4_K, c->rows, c->k);
+    REQUIRE(rbytes == (size_t)(c->rows + 15) / 16 * 16 * row_bytes(DT_Q4_K, c->k));
+    uint8_t *rw = malloc(rbytes);
+    REQUIRE(gemm_repack(DT_Q4_K, c->w, c->stride, c->rows, c->k, rw) == GEMM_Q4_K_R16);
+    struct gcase rc = *c;
+    rc.t = GEMM_Q4_K_R16;
+    rc.w = rw;
+    rc.stride = row_bytes(DT_Q4_K, c->k);
+    const size_t ny = (size_t)c->n_tok * c->ldy;
+    float *ys = malloc(ny * 4), *yo = malloc(ny * 4), *yd = malloc(ny * 4);
+    uint8_t *acts = calloc(1, act_bytes(c)), *acto = calloc(1, act_bytes(c));
+    for (size_t i = 0; i < ny; i++)
+        ys[i] = yo[i] = yd[i] = -7.0f;
+    run_ops(&gemm_ops_scalar, c, 0, c->rows, 0, c->n_tok, acts, ys); /* GGUF layout */
+    for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
+        const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+        if (!o)
+            continue;
+        memset(acto, 0, act_bytes(c));
+        run_ops(o, &rc, 0, c->rows, 0, c->n_tok, acto, yo);
+        CHECK(memcmp(acts, acto, act_bytes(c)) == 0);
+        CHECK_EQ_INT(count_diff(ys, yo, &rc), 0);
+        for (int t = 0; t < c->n_tok; t++) {
+            int64_t mid = c->rows > 16 ? 16 : c->rows;
+            run_ops(o, &rc, 0, mid, t, 1, acto, yd);
+            run_ops(o, &rc, mid, c->rows, t, 1, acto, yd);
+        }
+        CHECK_EQ_INT(count_diff(yo, yd, &rc), 0);
+        for (int t = 0; t < c->n_tok; t++)
+            for (size_t r = (size_t)c->rows; r < c->ldy; r++)
+                CHECK(yo[(size_t)t * c->ldy + r] == -7.0f);
+    }
+    free(rw);
+    free(ys);
+    free(yo);
+    free(yd);
+    free(acts);
+    free(acto);
+}
+
+TEST(repacked_q4_K)
+{
+    static const int rows_list[] = {1, 16, 17, 40};
+    static const int64_t ks[] = {256, 768, 256 * 11};
+    static const int tok_list[] = {1, 3, 4, 9}; /* token tiles of 4 and remainders */
+    struct rng r;
+    rng_seed(&r, 12);
+    CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_K, 16, 96), 0);
+    CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q4_K) == isa_cpu_has(ISA_AVX512));
+    CHECK(!gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_K));
+    for (int ir = 0; ir < 4; ir++)
+        for (int ik = 0; ik < 3; ik++)
+            for (int it = 0; it < 4; it++) {
+                struct gcase c;
+                case_make(&c, &r, DT_Q4_K, rows_list[ir], ks[ik], tok_list[it], (ir + it) % 2,
+                          (ir + ik) % 2);
+                check_r16k(&c);
+                case_free(&c);
+            }
 }
 
 /* Activations of constant, zero and extreme values quantize identically on every ISA, for
@@ -645,5 +711,6 @@ int main(void)
     RUN(q4_K);
     RUN(q6_K);
     RUN(repacked);
+    RUN(repacked_q4_K);
     return test_summary();
 }

@@ -37,7 +37,7 @@ msg=$(printf '%s' "$out" | node -e '
   const num = (v, k) => { if (typeof v !== "number" || !isFinite(v)) errs.push(k + " not a number"); };
   if (typeof j.model !== "string" || !j.model.endsWith("stories260K.gguf")) errs.push("model");
   if (j.threads !== 1) errs.push("threads " + j.threads);
-  if (!["scalar", "avx2", "avx512"].includes(j.isa)) errs.push("isa " + j.isa);
+  if (!["scalar", "avx2", "avx512", "amx"].includes(j.isa)) errs.push("isa " + j.isa);
   for (const [k, n] of [["pp", 16], ["tg", 8]]) {
     const s = j[k];
     if (!s) { errs.push(k + " missing"); continue; }

@@ -99,7 +99,21 @@ enum gemm_act_kind {
    Rows past the matrix end in the last group are zero. Numeric contract (all ISAs): per
    block the exact integer dot isum_b, then acc = fmaf((float)isum_b, dw_b * dx_b, acc),
    one f32 accumulator per (row, token), blocks in order. */
-enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108 };
+enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c };
+
+/* Repacked Q4_K (GEMM_Q4_K_R16): 16 rows interleaved per super-block of 256 so that one
+   zmm lane is one row and a super-block's scales, mins and sums never leave their lanes.
+   Same bytes as the original (16 x 144 per group and super-block); super-block b of group
+   g at w + 16 * g * row_bytes + b * 2304:
+     uint16 d[16], dmin[16]     the rows' f16 scales                           (64 bytes)
+     uint32 sm[3][16]           sm[k][i] = bytes 4k..4k+3 of row i's 12 packed
+                                6-bit scale / min bytes                        (192 bytes)
+     u8 q[4][8][16][4]          q[c][e][i][x] = byte 32c + 4e + x of row i's qs: low
+                                nibble = element 64c + 4e + x (sub-block 2c), high nibble
+                                = element 64c + 32 + 4e + x (sub-block 2c + 1) (2048 bytes)
+   Rows past the matrix end are zero. Activations: q8_K (struct gemm_act_bk), as for Q4_K.
+   Numeric contract: exactly Q4_K's (the integers S and M per super-block, then the two
+   fmaf), so a repacked matrix gives the same bits as its GGUF layout on every ISA. */
 
 /* Quantized activations of one block of 32 for the repacked types. 40 bytes. */
 struct gemm_act_br {
@@ -108,8 +122,8 @@ struct gemm_act_br {
     float d;
 };
 
-/* Bytes of the repacked form of a (rows, k) matrix of type t (Q8_0 or Q4_0): rows rounded
-   up to 16; 0 if t has no repacked form or k is not a multiple of 32. */
+/* Bytes of the repacked form of a (rows, k) matrix of type t (Q8_0, Q4_0 or Q4_K): rows
+   rounded up to 16; 0 if t has no repacked form or k is not a multiple of its block. */
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k);
 
 /* Repack rows [0, rows) of w (type t, row r at w + r * w_row_bytes) into dst
@@ -204,8 +218,10 @@ static inline void gemm_quant_scale(float amax, float *d, float *id)
     *id = *d != 0.0f ? 1.0f / *d : 0.0f;
 }
 
-/* The scalar reference for the repacked types (other ISAs without their own call it). */
+/* The scalar reference for the repacked types (other ISAs without their own call it):
+   Q8_0 / Q4_0 (GEMM_ACT_Q8_R) and Q4_K. */
 void gemm_scalar_r16(const struct gemm_args *a);
+void gemm_scalar_r16k(const struct gemm_args *a);
 /* Quantize one block of 32 for the repacked types (shared by every ISA). */
 void gemm_quant_br(const float *x, struct gemm_act_br *b, int32_t off);
 #if defined(__x86_64__)

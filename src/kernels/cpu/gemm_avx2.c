@@ -882,6 +882,10 @@ static void avx2_gemm(const struct gemm_args *a)
         avx2_gemm_r16(a);
         return;
     }
+    if (a->wtype == GEMM_Q4_K_R16) { /* not repacked for AVX2 (gemm_repack_pays) */
+        gemm_scalar_r16k(a);
+        return;
+    }
     if (KQ_MIN_TOK <= a->n_tok && (a->wtype == DT_Q4_K || a->wtype == DT_Q6_K)) {
         if (a->wtype == DT_Q4_K)
             kquant_rows(a, 1);

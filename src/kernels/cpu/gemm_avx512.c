@@ -350,6 +350,131 @@ static void gemm_r16(const struct gemm_args *a)
     }
 }
 
+/* Repacked Q4_K (GEMM_Q4_K_R16, gemm.h): one group of 16 rows x nt tokens, lane i = row i.
+   Per 64 elements (c), eight 64-byte loads give both sub-blocks' nibbles of 4 elements of
+   the 16 rows; each feeds one vpdpbusd per token and sub-block against the token's 4-byte
+   chunk broadcast; the sub-block sums are scaled per lane (vpmulld by the 6-bit scales,
+   picked out of the packed words with vpshufb) into S, and M comes from vpdpwssd of the
+   mins (duplicated into both 16-bit halves) against the activation's pairs of 16-sums. No
+   horizontal reduction anywhere: S and M are already per row. */
+#define R16K_TOK 4
+
+/* vpshufb controls: byte k of every dword zero-extended (sc_ctl[k]), or duplicated into
+   both 16-bit halves (mn_ctl[k]). */
+static const uint32_t sc_ctl[4][16] __attribute__((aligned(64))) = {
+#define C4(k) {0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
+               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
+               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
+               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k)}
+    C4(0), C4(1), C4(2), C4(3)
+#undef C4
+};
+static const uint32_t mn_ctl[4][16] __attribute__((aligned(64))) = {
+#define D(b) (0x80008000u | (uint32_t)(b) | (uint32_t)(b) << 16)
+#define C4(k) {D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k)), D(0 + (k)), D(4 + (k)), \
+               D(8 + (k)), D(12 + (k)), D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k)), \
+               D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k))}
+    C4(0), C4(1), C4(2), C4(3)
+#undef C4
+#undef D
+};
+
+AI __m512i ctl(const uint32_t *c) { return _mm512_load_si512((const void *)c); }
+
+AI void tile_r16k(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t nb, const int nt,
+                  int valid, float *y, size_t ldy)
+{
+    const __mmask16 m = valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), lo6 = _mm512_set1_epi32(0x3f3f3f3f);
+    const __m512i lo4 = _mm512_set1_epi32(0x0f0f0f0f), hi2 = _mm512_set1_epi32(0x30303030);
+    __m512 acc[R16K_TOK];
+    UNROLL
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = w0 + (size_t)b * 2304;
+        for (size_t off = 0; off < 2304; off += 64)
+            _mm_prefetch((const char *)o + GEMM_PREFETCH_R16 + off, _MM_HINT_T0);
+        const __m512i W0 = _mm512_loadu_si512(o + 64), W2 = _mm512_loadu_si512(o + 192);
+        const __m512i sc03 = _mm512_and_si512(W0, lo6);
+        const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(W2, lo4),
+                                             _mm512_and_si512(_mm512_srli_epi32(W0, 2), hi2));
+        __m512i S[R16K_TOK];
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            S[t] = _mm512_setzero_si512();
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            const __m512i scv = c < 2 ? sc03 : sc47;
+            const __m512i sl = _mm512_shuffle_epi8(scv, ctl(sc_ctl[(2 * c) % 4]));
+            const __m512i sh = _mm512_shuffle_epi8(scv, ctl(sc_ctl[(2 * c + 1) % 4]));
+            __m512i dl[R16K_TOK], dh[R16K_TOK];
+            UNROLL
+            for (int t = 0; t < nt; t++)
+                dl[t] = dh[t] = _mm512_setzero_si512();
+            UNROLL8
+            for (int e = 0; e < 8; e++) {
+                const __m512i p = _mm512_loadu_si512(o + 256 + 64 * (8 * c + e));
+                const __m512i lo = _mm512_and_si512(p, m4);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+                UNROLL
+                for (int t = 0; t < nt; t++) {
+                    const int32_t *xq = (const int32_t *)(const void *)((const struct gemm_act_bk *)(act + (size_t)t * stride) + b)->q;
+                    dl[t] = _mm512_dpbusd_epi32(dl[t], lo, _mm512_set1_epi32(xq[16 * c + e]));
+                    dh[t] = _mm512_dpbusd_epi32(dh[t], hi, _mm512_set1_epi32(xq[16 * c + 8 + e]));
+                }
+            }
+            UNROLL
+            for (int t = 0; t < nt; t++)
+                S[t] = _mm512_add_epi32(S[t], _mm512_add_epi32(_mm512_mullo_epi32(dl[t], sl),
+                                                               _mm512_mullo_epi32(dh[t], sh)));
+        }
+        const __m512i W1 = _mm512_loadu_si512(o + 128);
+        const __m512i m03 = _mm512_and_si512(W1, lo6);
+        const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(W2, 4), lo4),
+                                            _mm512_and_si512(_mm512_srli_epi32(W1, 2), hi2));
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_bk *a = (const struct gemm_act_bk *)(act + (size_t)t * stride) + b;
+            const int32_t *bs = (const int32_t *)(const void *)a->bsums;
+            __m512i M = _mm512_setzero_si512();
+            UNROLL8
+            for (int j = 0; j < 8; j++)
+                M = _mm512_dpwssd_epi32(M, _mm512_shuffle_epi8(j < 4 ? m03 : m47, ctl(mn_ctl[j % 4])),
+                                        _mm512_set1_epi32(bs[j]));
+            const __m512 dx = _mm512_set1_ps(a->d);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dv, dx), _mm512_cvtepi32_ps(S[t]), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmv, dx), _mm512_cvtepi32_ps(M), acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++)
+        _mm512_mask_storeu_ps(y + (size_t)t * ldy, m, acc[t]);
+}
+
+static void gemm_r16k(const struct gemm_args *a)
+{
+    const int64_t nb = a->k / 256;
+    WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
+    for (int64_t r = a->r0; r < a->r1; r += 16) {
+        const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
+        const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
+        for (int t0 = 0; t0 < a->n_tok; t0 += R16K_TOK) {
+            const int nt = a->n_tok - t0 < R16K_TOK ? a->n_tok - t0 : R16K_TOK;
+            const uint8_t *act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
+            float *y = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
+            switch (nt) {
+            case 1: tile_r16k(w0, act, a->act_row_bytes, nb, 1, valid, y, a->ldy); break;
+            case 2: tile_r16k(w0, act, a->act_row_bytes, nb, 2, valid, y, a->ldy); break;
+            case 3: tile_r16k(w0, act, a->act_row_bytes, nb, 3, valid, y, a->ldy); break;
+            default: tile_r16k(w0, act, a->act_row_bytes, nb, R16K_TOK, valid, y, a->ldy); break;
+            }
+        }
+    }
+}
+
 /* Q4_K: per 64 elements, [low nibbles | high nibbles] of 32 bytes = elements in order. */
 AI void tile_q4_K(const struct tile *tl, const int nt)
 {
@@ -605,6 +730,10 @@ static void avx512_gemm(const struct gemm_args *a)
     WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
     if (gemm_act_kind(a->wtype) == GEMM_ACT_Q8_R) {
         gemm_r16(a);
+        return;
+    }
+    if (a->wtype == GEMM_Q4_K_R16) {
+        gemm_r16k(a);
         return;
     }
     const int multi = a->wtype != DT_Q4_K && a->wtype != DT_Q6_K && a->n_tok > 1;

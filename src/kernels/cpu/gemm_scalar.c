@@ -34,6 +34,7 @@ enum gemm_act_kind gemm_act_kind(int t)
         return GEMM_ACT_Q8_32;
     case DT_Q4_K:
     case DT_Q6_K:
+    case GEMM_Q4_K_R16:
         return GEMM_ACT_Q8_K;
     case GEMM_Q8_0_R16:
     case GEMM_Q4_0_R16:
@@ -260,25 +261,30 @@ static void q4k_scale_min(int j, const uint8_t *q, int *sc, int *m)
     }
 }
 
+/* One q4_K block w against a: acc after the contract's two fmaf. */
+static float q4k_block(const uint8_t *w, const struct gemm_act_bk *a, float acc)
+{
+    const uint8_t *qs = w + 16;
+    int32_t S = 0, M = 0;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        q4k_scale_min(j, w + 4, &sc, &m);
+        const uint8_t *qb = qs + 32 * (j / 2);
+        int32_t d = 0;
+        for (int l = 0; l < 32; l++)
+            d += (j % 2 ? qb[l] >> 4 : qb[l] & 0x0f) * a->q[32 * j + l];
+        S += sc * d;
+        M += m * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+    }
+    acc = fmaf(ld_f16(w) * a->d, (float)S, acc);
+    return fmaf(-(ld_f16(w + 2) * a->d), (float)M, acc);
+}
+
 static float dot_q4_K(const uint8_t *w, const struct gemm_act_bk *a, int64_t nb)
 {
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 144) {
-        const uint8_t *qs = w + 16;
-        int32_t S = 0, M = 0;
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            q4k_scale_min(j, w + 4, &sc, &m);
-            const uint8_t *qb = qs + 32 * (j / 2);
-            int32_t d = 0;
-            for (int l = 0; l < 32; l++)
-                d += (j % 2 ? qb[l] >> 4 : qb[l] & 0x0f) * a[b].q[32 * j + l];
-            S += sc * d;
-            M += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
-        }
-        acc = fmaf(ld_f16(w) * a[b].d, (float)S, acc);
-        acc = fmaf(-(ld_f16(w + 2) * a[b].d), (float)M, acc);
-    }
+    for (int64_t b = 0; b < nb; b++, w += 144)
+        acc = q4k_block(w, a + b, acc);
     return acc;
 }
 
@@ -317,6 +323,10 @@ static void scalar_gemm(const struct gemm_args *a)
         gemm_scalar_r16(a);
         return;
     }
+    if (a->wtype == GEMM_Q4_K_R16) {
+        gemm_scalar_r16k(a);
+        return;
+    }
     for (int64_t r = a->r0; r < a->r1; r++) {
         const uint8_t *w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
         for (int t = 0; t < a->n_tok; t++) {
@@ -335,13 +345,39 @@ static void scalar_gemm(const struct gemm_args *a)
 }
 
 /* ------------------------------------------------------------------------------------ */
-/* repacked Q8_0 / Q4_0 (groups of 16 rows)                                             */
+/* repacked Q8_0 / Q4_0 / Q4_K (groups of 16 rows)                                      */
 
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k)
 {
-    if ((t != DT_Q8_0 && t != DT_Q4_0) || k <= 0 || k % 32 != 0 || rows < 0)
+    const int64_t bs = t == DT_Q4_K ? 256 : 32;
+    if ((t != DT_Q8_0 && t != DT_Q4_0 && t != DT_Q4_K) || k <= 0 || k % bs != 0 || rows < 0)
         return 0;
     return (size_t)((rows + 15) / 16 * 16) * dtype_row_bytes(t, k);
+}
+
+/* Row i (0..15) of a group, super-block b, from its GGUF block src into the repacked
+   group grp (gemm.h, GEMM_Q4_K_R16). */
+static void repack_q4k_block(const uint8_t *src, int i, uint8_t *o)
+{
+    memcpy(o + 2 * i, src, 2);
+    memcpy(o + 32 + 2 * i, src + 2, 2);
+    for (int k = 0; k < 3; k++)
+        memcpy(o + 64 + 4 * (16 * k + i), src + 4 + 4 * k, 4);
+    for (int c = 0; c < 4; c++)
+        for (int e = 0; e < 8; e++)
+            memcpy(o + 256 + 4 * (16 * (8 * c + e) + i), src + 16 + 32 * c + 4 * e, 4);
+}
+
+/* The inverse: row i's GGUF block of super-block o into dst (144 bytes). */
+static void unpack_q4k_block(const uint8_t *o, int i, uint8_t *dst)
+{
+    memcpy(dst, o + 2 * i, 2);
+    memcpy(dst + 2, o + 32 + 2 * i, 2);
+    for (int k = 0; k < 3; k++)
+        memcpy(dst + 4 + 4 * k, o + 64 + 4 * (16 * k + i), 4);
+    for (int c = 0; c < 4; c++)
+        for (int e = 0; e < 8; e++)
+            memcpy(dst + 16 + 32 * c + 4 * e, o + 256 + 4 * (16 * (8 * c + e) + i), 4);
 }
 
 int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t k, void *dst)
@@ -349,10 +385,20 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
     const size_t total = gemm_repack_bytes(t, rows, k);
     if (total == 0)
         return -1;
+    memset(dst, 0, total);
+    if (t == DT_Q4_K) {
+        const int64_t nb = k / 256;
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
+            uint8_t *grp = (uint8_t *)dst + (size_t)(r / 16) * 16 * dtype_row_bytes(t, k);
+            for (int64_t b = 0; b < nb; b++)
+                repack_q4k_block(src + 144 * (size_t)b, (int)(r % 16), grp + 2304 * (size_t)b);
+        }
+        return GEMM_Q4_K_R16;
+    }
     const int is_q8 = t == DT_Q8_0;
     const size_t bs = is_q8 ? 34 : 18, gbs = 16 * bs;
     const int64_t nb = k / 32;
-    memset(dst, 0, total);
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
         const int i = (int)(r % 16);
@@ -375,8 +421,32 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
     return is_q8 ? GEMM_Q8_0_R16 : GEMM_Q4_0_R16;
 }
 
+/* Repacked Q4_K: each row's block rebuilt in GGUF form and run through dot_q4_K's
+   arithmetic, so the reference is the GGUF one by construction. */
+void gemm_scalar_r16k(const struct gemm_args *a)
+{
+    const int64_t nb = a->k / 256;
+    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->r0 <= a->r1 && a->n_tok >= 1);
+    uint8_t blk[144];
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const uint8_t *grp = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const struct gemm_act_bk *x =
+                (const struct gemm_act_bk *)((const uint8_t *)a->act + (size_t)t * a->act_row_bytes);
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                unpack_q4k_block(grp + 2304 * (size_t)b, (int)(r % 16), blk);
+                acc = q4k_block(blk, x + b, acc);
+            }
+            a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = acc;
+        }
+    }
+}
+
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
 {
+    if (t == DT_Q4_K) /* only the AVX-512 levels have a repacked Q4_K kernel */
+        return o && (o->isa == ISA_AVX512 || o->isa == ISA_AMX);
     return o && o->isa != ISA_SCALAR && (t == DT_Q8_0 || t == DT_Q4_0);
 }
 
