@@ -384,7 +384,7 @@ TEST(repacked)
     static const int tok_list[] = {1, 2, 3, 17, 33};
     struct rng r;
     rng_seed(&r, 11);
-    CHECK_EQ_INT(gemm_repack_bytes(DT_Q6_K, 16, 256), 0);
+    CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_1, 16, 256), 0);
     CHECK_EQ_INT(gemm_repack(DT_F16, NULL, 0, 16, 256, NULL), -1);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q8_0) == isa_cpu_has(ISA_AVX512));
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_0) == isa_cpu_has(ISA_AVX2));
@@ -401,19 +401,20 @@ TEST(repacked)
                 }
 }
 
-/* Repacked Q4_K: the same contract as the GGUF layout, so every ISA on the repacked form
+/* Repacked Q4_K / Q6_K: the same contract as the GGUF layout, so every ISA on the repacked form
    must give exactly the scalar kernel's bits on the GGUF form; plus row splits at
    multiples of 16 and rows past the matrix left alone. */
 static void check_r16k(struct gcase *c)
 {
-    const size_t rbytes = gemm_repack_bytes(DT_Q4_K, c->rows, c->k);
-    REQUIRE(rbytes == (size_t)(c->rows + 15) / 16 * 16 * row_bytes(DT_Q4_K, c->k));
+    const int rt = c->t == DT_Q4_K ? GEMM_Q4_K_R16 : GEMM_Q6_K_R16;
+    const size_t rbytes = gemm_repack_bytes(c->t, c->rows, c->k);
+    REQUIRE(rbytes == (size_t)(c->rows + 15) / 16 * 16 * row_bytes(c->t, c->k));
     uint8_t *rw = malloc(rbytes);
-    REQUIRE(gemm_repack(DT_Q4_K, c->w, c->stride, c->rows, c->k, rw) == GEMM_Q4_K_R16);
+    REQUIRE(gemm_repack(c->t, c->w, c->stride, c->rows, c->k, rw) == rt);
     struct gcase rc = *c;
-    rc.t = GEMM_Q4_K_R16;
+    rc.t = rt;
     rc.w = rw;
-    rc.stride = row_bytes(DT_Q4_K, c->k);
+    rc.stride = row_bytes(c->t, c->k);
     const size_t ny = (size_t)c->n_tok * c->ldy;
     float *ys = malloc(ny * 4), *yo = malloc(ny * 4), *yd = malloc(ny * 4);
     uint8_t *acts = calloc(1, act_bytes(c)), *acto = calloc(1, act_bytes(c));
@@ -446,7 +447,7 @@ static void check_r16k(struct gcase *c)
     free(acto);
 }
 
-TEST(repacked_q4_K)
+TEST(repacked_kquants)
 {
     static const int rows_list[] = {1, 16, 17, 40};
     static const int64_t ks[] = {256, 768, 256 * 11};
@@ -455,16 +456,18 @@ TEST(repacked_q4_K)
     rng_seed(&r, 12);
     CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_K, 16, 96), 0);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q4_K) == isa_cpu_has(ISA_AVX512));
+    CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q6_K) == isa_cpu_has(ISA_AVX512));
     CHECK(!gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_K));
-    for (int ir = 0; ir < 4; ir++)
-        for (int ik = 0; ik < 3; ik++)
-            for (int it = 0; it < 4; it++) {
-                struct gcase c;
-                case_make(&c, &r, DT_Q4_K, rows_list[ir], ks[ik], tok_list[it], (ir + it) % 2,
-                          (ir + ik) % 2);
-                check_r16k(&c);
-                case_free(&c);
-            }
+    for (int ti = 0; ti < 2; ti++)
+        for (int ir = 0; ir < 4; ir++)
+            for (int ik = 0; ik < 3; ik++)
+                for (int it = 0; it < 4; it++) {
+                    struct gcase c;
+                    case_make(&c, &r, ti ? DT_Q6_K : DT_Q4_K, rows_list[ir], ks[ik], tok_list[it],
+                              (ir + it) % 2, (ir + ik) % 2);
+                    check_r16k(&c);
+                    case_free(&c);
+                }
 }
 
 /* Activations of constant, zero and extreme values quantize identically on every ISA, for
@@ -711,6 +714,6 @@ int main(void)
     RUN(q4_K);
     RUN(q6_K);
     RUN(repacked);
-    RUN(repacked_q4_K);
+    RUN(repacked_kquants);
     return test_summary();
 }

@@ -99,7 +99,7 @@ enum gemm_act_kind {
    Rows past the matrix end in the last group are zero. Numeric contract (all ISAs): per
    block the exact integer dot isum_b, then acc = fmaf((float)isum_b, dw_b * dx_b, acc),
    one f32 accumulator per (row, token), blocks in order. */
-enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c };
+enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c, GEMM_Q6_K_R16 = 0x10e };
 
 /* Repacked Q4_K (GEMM_Q4_K_R16): 16 rows interleaved per super-block of 256 so that one
    zmm lane is one row and a super-block's scales, mins and sums never leave their lanes.
@@ -115,6 +115,16 @@ enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c };
    Numeric contract: exactly Q4_K's (the integers S and M per super-block, then the two
    fmaf), so a repacked matrix gives the same bits as its GGUF layout on every ISA. */
 
+/* Repacked Q6_K (GEMM_Q6_K_R16), the same idea: 16 x 210 bytes per group and super-block,
+   at w + 16 * g * row_bytes + b * 3360, with code(n) the unsigned 6-bit code of element n
+   and chunk c (0..63) = elements 4c .. 4c+3:
+     uint16 d[16]               the rows' f16 scales                           (32 bytes)
+     int8 sc[8][16][2]          sc[p][i][h] = scale of sub-block 2p + h of row i (256)
+     u8 ql[32][16][4]           ql[k][i][x]: low nibble = code(4k + x) & 15, high nibble
+                                = code(4(k + 32) + x) & 15                     (2048)
+     u8 qh[16][16][4]           qh[k][i][x]: bits 2s..2s+1 = code(4(k + 16s) + x) >> 4 (1024)
+   Numeric contract: exactly Q6_K's, so again the same bits as the GGUF layout. */
+
 /* Quantized activations of one block of 32 for the repacked types. 40 bytes. */
 struct gemm_act_br {
     int8_t q[32];
@@ -122,7 +132,7 @@ struct gemm_act_br {
     float d;
 };
 
-/* Bytes of the repacked form of a (rows, k) matrix of type t (Q8_0, Q4_0 or Q4_K): rows
+/* Bytes of the repacked form of a (rows, k) matrix of type t (Q8_0, Q4_0, Q4_K, Q6_K): rows
    rounded up to 16; 0 if t has no repacked form or k is not a multiple of its block. */
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k);
 
@@ -219,9 +229,10 @@ static inline void gemm_quant_scale(float amax, float *d, float *id)
 }
 
 /* The scalar reference for the repacked types (other ISAs without their own call it):
-   Q8_0 / Q4_0 (GEMM_ACT_Q8_R) and Q4_K. */
+   Q8_0 / Q4_0 (GEMM_ACT_Q8_R), Q4_K and Q6_K. */
 void gemm_scalar_r16(const struct gemm_args *a);
 void gemm_scalar_r16k(const struct gemm_args *a);
+void gemm_scalar_r16q6(const struct gemm_args *a);
 /* Quantize one block of 32 for the repacked types (shared by every ISA). */
 void gemm_quant_br(const float *x, struct gemm_act_br *b, int32_t off);
 #if defined(__x86_64__)

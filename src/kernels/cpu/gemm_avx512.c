@@ -475,6 +475,114 @@ static void gemm_r16k(const struct gemm_args *a)
     }
 }
 
+/* Repacked Q6_K (GEMM_Q6_K_R16, gemm.h): one group of 16 rows x nt tokens, lane i = row
+   i. Per k (0..15) one qh and two ql loads rebuild the 6-bit codes of chunks k, k+16,
+   k+32, k+48 (sub-blocks k/4, 4+k/4, 8+k/4, 12+k/4) for the 16 rows; one vpdpbusd per
+   chunk and token; every four k the four sub-block sums are scaled per lane (vpmulld by
+   the int8 scales) into S, and the -32 * bsums part is a vpdpwssd of the scale pairs
+   against the activation's pairs of 16-sums. */
+#define R16Q6_TOK 4
+
+/* The scale of sub-block g (0..15) of the 16 rows, one int32 per lane. */
+AI __m512i q6_scale(const uint8_t *o, int g)
+{
+    const __m512i pv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(o + 32 + 32 * (g / 2))));
+    return g % 2 ? _mm512_srai_epi32(pv, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pv, 16), 16);
+}
+
+AI void tile_r16q6(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t nb, const int nt,
+                   int valid, float *y, size_t ldy)
+{
+    const __mmask16 m = valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[R16Q6_TOK];
+    UNROLL
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = w0 + (size_t)b * 3360;
+        for (size_t off = 0; off < 3360; off += 64)
+            _mm_prefetch((const char *)o + GEMM_PREFETCH_R16 + off, _MM_HINT_T0);
+        __m512i S[R16Q6_TOK];
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            S[t] = _mm512_setzero_si512();
+        for (int mq = 0; mq < 4; mq++) {
+            __m512i dt[R16Q6_TOK][4];
+            UNROLL
+            for (int t = 0; t < nt; t++)
+                dt[t][0] = dt[t][1] = dt[t][2] = dt[t][3] = _mm512_setzero_si512();
+            UNROLL
+            for (int kk = 0; kk < 4; kk++) {
+                const int k = 4 * mq + kk;
+                const __m512i qh = _mm512_loadu_si512(o + 2336 + 64 * k);
+                const __m512i qa = _mm512_loadu_si512(o + 288 + 64 * k);
+                const __m512i qb = _mm512_loadu_si512(o + 288 + 64 * (k + 16));
+                __m512i cv[4];
+                cv[0] = _mm512_or_si512(_mm512_and_si512(qa, m4),
+                                        _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+                cv[1] = _mm512_or_si512(_mm512_and_si512(qb, m4),
+                                        _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+                cv[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qa, 4), m4),
+                                        _mm512_and_si512(qh, m30));
+                cv[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qb, 4), m4),
+                                        _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+                UNROLL
+                for (int t = 0; t < nt; t++) {
+                    const int32_t *xq = (const int32_t *)(const void *)((const struct gemm_act_bk *)(act + (size_t)t * stride) + b)->q;
+                    UNROLL
+                    for (int s4 = 0; s4 < 4; s4++)
+                        dt[t][s4] = _mm512_dpbusd_epi32(dt[t][s4], cv[s4], _mm512_set1_epi32(xq[k + 16 * s4]));
+                }
+            }
+            UNROLL
+            for (int s4 = 0; s4 < 4; s4++) {
+                const __m512i sc = q6_scale(o, 4 * s4 + mq);
+                UNROLL
+                for (int t = 0; t < nt; t++)
+                    S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(dt[t][s4], sc));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_bk *a = (const struct gemm_act_bk *)(act + (size_t)t * stride) + b;
+            const int32_t *bs = (const int32_t *)(const void *)a->bsums;
+            __m512i B = _mm512_setzero_si512();
+            UNROLL8
+            for (int p = 0; p < 8; p++)
+                B = _mm512_dpwssd_epi32(B, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(o + 32 + 32 * p))),
+                                        _mm512_set1_epi32(bs[p]));
+            const __m512i St = _mm512_sub_epi32(S[t], _mm512_slli_epi32(B, 5));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(a->d)), _mm512_cvtepi32_ps(St), acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++)
+        _mm512_mask_storeu_ps(y + (size_t)t * ldy, m, acc[t]);
+}
+
+static void gemm_r16q6(const struct gemm_args *a)
+{
+    const int64_t nb = a->k / 256;
+    WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
+    for (int64_t r = a->r0; r < a->r1; r += 16) {
+        const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
+        const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
+        for (int t0 = 0; t0 < a->n_tok; t0 += R16Q6_TOK) {
+            const int nt = a->n_tok - t0 < R16Q6_TOK ? a->n_tok - t0 : R16Q6_TOK;
+            const uint8_t *act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
+            float *y = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
+            switch (nt) {
+            case 1: tile_r16q6(w0, act, a->act_row_bytes, nb, 1, valid, y, a->ldy); break;
+            case 2: tile_r16q6(w0, act, a->act_row_bytes, nb, 2, valid, y, a->ldy); break;
+            case 3: tile_r16q6(w0, act, a->act_row_bytes, nb, 3, valid, y, a->ldy); break;
+            default: tile_r16q6(w0, act, a->act_row_bytes, nb, R16Q6_TOK, valid, y, a->ldy); break;
+            }
+        }
+    }
+}
+
 /* Q4_K: per 64 elements, [low nibbles | high nibbles] of 32 bytes = elements in order. */
 AI void tile_q4_K(const struct tile *tl, const int nt)
 {
@@ -734,6 +842,10 @@ static void avx512_gemm(const struct gemm_args *a)
     }
     if (a->wtype == GEMM_Q4_K_R16) {
         gemm_r16k(a);
+        return;
+    }
+    if (a->wtype == GEMM_Q6_K_R16) {
+        gemm_r16q6(a);
         return;
     }
     const int multi = a->wtype != DT_Q4_K && a->wtype != DT_Q6_K && a->n_tok > 1;

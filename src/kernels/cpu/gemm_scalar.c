@@ -35,6 +35,7 @@ enum gemm_act_kind gemm_act_kind(int t)
     case DT_Q4_K:
     case DT_Q6_K:
     case GEMM_Q4_K_R16:
+    case GEMM_Q6_K_R16:
         return GEMM_ACT_Q8_K;
     case GEMM_Q8_0_R16:
     case GEMM_Q4_0_R16:
@@ -327,6 +328,10 @@ static void scalar_gemm(const struct gemm_args *a)
         gemm_scalar_r16k(a);
         return;
     }
+    if (a->wtype == GEMM_Q6_K_R16) {
+        gemm_scalar_r16q6(a);
+        return;
+    }
     for (int64_t r = a->r0; r < a->r1; r++) {
         const uint8_t *w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
         for (int t = 0; t < a->n_tok; t++) {
@@ -349,8 +354,9 @@ static void scalar_gemm(const struct gemm_args *a)
 
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k)
 {
-    const int64_t bs = t == DT_Q4_K ? 256 : 32;
-    if ((t != DT_Q8_0 && t != DT_Q4_0 && t != DT_Q4_K) || k <= 0 || k % bs != 0 || rows < 0)
+    const int64_t bs = t == DT_Q4_K || t == DT_Q6_K ? 256 : 32;
+    if ((t != DT_Q8_0 && t != DT_Q4_0 && t != DT_Q4_K && t != DT_Q6_K) || k <= 0 || k % bs != 0 ||
+        rows < 0)
         return 0;
     return (size_t)((rows + 15) / 16 * 16) * dtype_row_bytes(t, k);
 }
@@ -380,6 +386,58 @@ static void unpack_q4k_block(const uint8_t *o, int i, uint8_t *dst)
             memcpy(dst + 16 + 32 * c + 4 * e, o + 256 + 4 * (16 * (8 * c + e) + i), 4);
 }
 
+/* Row i's GGUF q6_K block src into super-block o of a repacked group (GEMM_Q6_K_R16).
+   o starts zeroed (qh bits are or-ed in). */
+static void repack_q6k_block(const uint8_t *src, int i, uint8_t *o)
+{
+    memcpy(o + 2 * i, src + 208, 2);
+    for (int g = 0; g < 16; g++)
+        o[32 + 32 * (g / 2) + 2 * i + g % 2] = src[192 + g];
+    for (int n = 0; n < 256; n++) {
+        const int code = q6k_code(src, n), c = n / 4, x = n % 4;
+        uint8_t *ql = o + 288 + 64 * (c % 32) + 4 * i + x;
+        *ql |= (uint8_t)((code & 15) << (c < 32 ? 0 : 4));
+        o[2336 + 64 * (c % 16) + 4 * i + x] |= (uint8_t)((code >> 4) << (2 * (c / 16)));
+    }
+}
+
+/* Code of element n of row i in a repacked q6_K super-block o. */
+static int r16q6_code(const uint8_t *o, int i, int n)
+{
+    const int c = n / 4, x = n % 4;
+    const int lo = (o[288 + 64 * (c % 32) + 4 * i + x] >> (c < 32 ? 0 : 4)) & 15;
+    const int hi = (o[2336 + 64 * (c % 16) + 4 * i + x] >> (2 * (c / 16))) & 3;
+    return lo | hi << 4;
+}
+
+/* Repacked Q6_K: dot_q6_K's arithmetic on codes read from the repacked layout. */
+void gemm_scalar_r16q6(const struct gemm_args *a)
+{
+    const int64_t nb = a->k / 256;
+    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->r0 <= a->r1 && a->n_tok >= 1);
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const uint8_t *grp = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes;
+        const int i = (int)(r % 16);
+        for (int t = 0; t < a->n_tok; t++) {
+            const struct gemm_act_bk *x =
+                (const struct gemm_act_bk *)((const uint8_t *)a->act + (size_t)t * a->act_row_bytes);
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *o = grp + 3360 * (size_t)b;
+                int32_t S = 0;
+                for (int g = 0; g < 16; g++) {
+                    int32_t d = 0;
+                    for (int n = 16 * g; n < 16 * g + 16; n++)
+                        d += r16q6_code(o, i, n) * x[b].q[n];
+                    S += (int8_t)o[32 + 32 * (g / 2) + 2 * i + g % 2] * (d - 32 * x[b].bsums[g]);
+                }
+                acc = fmaf(ld_f16(o + 2 * i) * x[b].d, (float)S, acc);
+            }
+            a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = acc;
+        }
+    }
+}
+
 int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t k, void *dst)
 {
     const size_t total = gemm_repack_bytes(t, rows, k);
@@ -395,6 +453,16 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
                 repack_q4k_block(src + 144 * (size_t)b, (int)(r % 16), grp + 2304 * (size_t)b);
         }
         return GEMM_Q4_K_R16;
+    }
+    if (t == DT_Q6_K) {
+        const int64_t nb = k / 256;
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
+            uint8_t *grp = (uint8_t *)dst + (size_t)(r / 16) * 16 * dtype_row_bytes(t, k);
+            for (int64_t b = 0; b < nb; b++)
+                repack_q6k_block(src + 210 * (size_t)b, (int)(r % 16), grp + 3360 * (size_t)b);
+        }
+        return GEMM_Q6_K_R16;
     }
     const int is_q8 = t == DT_Q8_0;
     const size_t bs = is_q8 ? 34 : 18, gbs = 16 * bs;
@@ -445,7 +513,7 @@ void gemm_scalar_r16k(const struct gemm_args *a)
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
 {
-    if (t == DT_Q4_K) /* only the AVX-512 levels have a repacked Q4_K kernel */
+    if (t == DT_Q4_K || t == DT_Q6_K) /* only the AVX-512 levels have repacked K-quant kernels */
         return o && (o->isa == ISA_AVX512 || o->isa == ISA_AMX);
     return o && o->isa != ISA_SCALAR && (t == DT_Q8_0 || t == DT_Q4_0);
 }
