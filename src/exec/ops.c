@@ -4,7 +4,9 @@
  *
  * Products go through the gemm kernels of the ISA picked at start (kernels/cpu/gemm.h),
  * one call per (token tile, row range): the normalised or source rows of a tile of up to
- * OPS_TILE tokens are quantized once (act_quant, integer paths) and each weight block is
+ * exec_weights.tok_tile tokens (16; 32 for all-float models, whose prefill is bound by
+ * reading the weights once per tile: 1B F16 pp256 +6.5%; the quantized ones lost 5% at 32,
+ * at 1B Q8_0) are quantized once (act_quant, integer paths) and each weight block is
  * read once per tile. Matrices of types without a gemm kernel fall back to
  * kern_row_dot-style loops (a row converted to f32 once per tile, kern_dot_f32). The gemm
  * contract makes every (row, token) result independent of the tile, of the row range and
@@ -14,7 +16,7 @@
  * tokens per pass over the cache, online softmax with a polynomial exp), both exact
  * across ISAs.
  *
- * Pieces: those token tiles (OPS_ATT_TOK tokens for ATTENTION, OPS_TILE logit rows for
+ * Pieces: those token tiles (OPS_ATT_TOK tokens for ATTENTION, tok_tile logit rows for
  * FINAL) are also the unit exec_op_run_tiles runs, so an executor can hand one
  * instruction's tiles to several workers (exec_mega.c); a tile writes only its own
  * tokens' outputs, and rope angles come from the step's table (exec_step.rope) when the
@@ -51,7 +53,7 @@
 #include <math.h>
 #include <string.h>
 
-#define OPS_TILE 16
+#define OPS_TILE EXEC_TILE_FLOAT /* the most tokens a tile has (scratch sizes) */
 #define OPS_CHUNK 64   /* rows per gemm call of the row-split ops (a multiple of 16) */
 #define OPS_ATT_TOK 8    /* tokens of one sequence whose queries share a widened K/V chunk */
 #define OPS_ATT_ROWS 64   /* query rows per attention kernel call (rows of one KV head) */
@@ -282,8 +284,9 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
     const int half = c->rope_dim / 2;
     const float *x = buf_ptr(st, in->in);
     float *q = buf_ptr(st, in->out);
-    for (int t0 = sp.t0; t0 < sp.t1; t0 += OPS_TILE) {
-        int nt = sp.t1 - t0 < OPS_TILE ? sp.t1 - t0 : OPS_TILE;
+    const int T = st->w->tok_tile;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
+        int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
         norm_tile(st, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
         if (!st->rope && in->row0 < c->n_head + c->n_kv_head)
             for (int i = 0; i < nt; i++)
@@ -408,8 +411,9 @@ static void op_proj_residual(const struct exec_step *st, const struct prog_instr
     const int64_t dim = st->m->cfg.dim, n_in = M->k;
     const float *src = buf_ptr(st, in->in);
     float *x = buf_ptr(st, in->out);
-    for (int t0 = sp.t0; t0 < sp.t1; t0 += OPS_TILE) {
-        int nt = sp.t1 - t0 < OPS_TILE ? sp.t1 - t0 : OPS_TILE;
+    const int T = st->w->tok_tile;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
+        int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
         const float *xs = src + (size_t)t0 * n_in;
         mat_quant(st, M, xs, (size_t)n_in, nt, sc->act, sc);
         for (int r = in->row0; r < in->row1; r += OPS_CHUNK) {
@@ -436,8 +440,9 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
     const size_t ld = (size_t)c->dim;
     const bool shared = same_act(&L->gate, &L->up);
     void *act_up = shared ? sc->act : sc->act2;
-    for (int t0 = sp.t0; t0 < sp.t1; t0 += OPS_TILE) {
-        int nt = sp.t1 - t0 < OPS_TILE ? sp.t1 - t0 : OPS_TILE;
+    const int T = st->w->tok_tile;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
+        int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
         norm_tile(st, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
         mat_quant(st, &L->gate, sc->h, ld, nt, sc->act, sc);
         if (!shared)
@@ -461,8 +466,9 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
     const struct exec_mat *M = &st->w->output;
     const float *x = buf_ptr(st, in->in);
     float *logits = buf_ptr(st, in->out);
-    for (int k0 = sp.t0; k0 < sp.t1; k0 += OPS_TILE) {
-        int nk = sp.t1 - k0 < OPS_TILE ? sp.t1 - k0 : OPS_TILE;
+    const int T = st->w->tok_tile;
+    for (int k0 = sp.t0; k0 < sp.t1; k0 += T) {
+        int nk = sp.t1 - k0 < T ? sp.t1 - k0 : T;
         norm_tile(st, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
         mat_quant(st, M, sc->h, (size_t)c->dim, nk, sc->act, sc);
         mat_gemm(st, M, in->row0, in->row1, nk, sc->h, (size_t)c->dim, sc->act,
@@ -474,7 +480,7 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
    tile they are cut into: the unit exec_op_run_tiles hands out. */
 static int op_extent(const struct exec_step *st, const struct prog_instr *in, int *tile)
 {
-    *tile = OPS_TILE;
+    *tile = st->w->tok_tile;
     switch (in->op) {
     case OP_ATTENTION:
         *tile = OPS_ATT_TOK;

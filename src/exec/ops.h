@@ -44,8 +44,8 @@ size_t exec_scratch_floats(const struct model_config *c);
 void exec_op_run(const struct exec_step *st, const struct prog_instr *in, float *scratch);
 
 /* The pieces instruction in's work is cut into (>= 1): its tokens in tiles (QKV, the
-   projections, FFN: OPS_TILE tokens; ATTENTION: OPS_ATT_TOK of its sequence's tokens;
-   FINAL: OPS_TILE logit rows; EMBED: one piece). Pieces write disjoint outputs and read
+   projections, FFN: exec_weights.tok_tile tokens; ATTENTION: OPS_ATT_TOK of its sequence's tokens;
+   FINAL: tok_tile logit rows; EMBED: one piece). Pieces write disjoint outputs and read
    only the instruction's inputs, so any workers may run any of them in any order, each
    with its own scratch, and the numbers are those of exec_op_run (which runs them all). */
 int exec_op_tiles(const struct exec_step *st, const struct prog_instr *in);

@@ -246,7 +246,19 @@ static int mats_create(struct exec_weights *w, struct weld_err *e)
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
                        model_where(w->m));
-    return mats_repack(w, mats_plan(w), e);
+    rc = mats_repack(w, mats_plan(w), e);
+    if (rc)
+        return rc;
+    bool all_float = true;
+    for (int l = 0; l < w->m->cfg.n_layer; l++) {
+        const struct exec_mat *ms[] = {&w->mats[l].wq, &w->mats[l].wk, &w->mats[l].wv,
+                                       &w->mats[l].wo, &w->mats[l].gate, &w->mats[l].up,
+                                       &w->mats[l].down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            all_float = all_float && ms[i]->gemm && gemm_act_kind(ms[i]->wtype) == GEMM_ACT_F32;
+    }
+    w->tok_tile = all_float ? EXEC_TILE_FLOAT : EXEC_TILE;
+    return WELD_OK;
 }
 
 void exec_weights_free(struct exec_weights *w)

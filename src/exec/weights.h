@@ -30,6 +30,10 @@
 #include "kernels/cpu/gemm.h"
 #include "model/model.h"
 
+/* Token tiles of the ops (exec_weights.tok_tile). */
+#define EXEC_TILE 16
+#define EXEC_TILE_FLOAT 32
+
 /* One weight matrix as the ops multiply it: rows [0, rows) of k elements. */
 struct exec_mat {
     int wtype;            /* gemm weight type (a GGUF type or GEMM_*_R16); the tensor's
@@ -65,6 +69,11 @@ struct exec_weights {
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct exec_mat output;          /* (n_vocab rows of dim) */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */
+    int tok_tile;                    /* tokens per op tile (ops.c): EXEC_TILE_FLOAT when
+                                        every layer matrix takes the float path (F16 /
+                                        BF16 / F32: weights are the bytes that bound a
+                                        prefill, so each pass serves more tokens), else
+                                        EXEC_TILE */
     void *repack_raw;                /* allocation behind the repacked matrices, or NULL */
 };
 
