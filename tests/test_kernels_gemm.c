@@ -325,6 +325,33 @@ TEST(q6_K)
     sweep(DT_Q6_K, ks, 3, 7);
 }
 
+/* Every ISA from level `from` on the repacked case rc against the reference outputs ys
+   and activation bytes acts: same bytes, same bits, the same bits again when the rows are
+   split at 16 and the tokens run one by one, and the rows past the matrix untouched (yo,
+   yd, acto: scratch of ys's and acts's sizes, yo and yd filled with -7). */
+static void check_repacked_isas(const struct gcase *rc, int from, const float *ys,
+                                const uint8_t *acts, float *yo, float *yd, uint8_t *acto)
+{
+    for (int l = from; l < ISA_COUNT; l++) {
+        const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+        if (!o)
+            continue;
+        memset(acto, 0, act_bytes(rc));
+        run_ops(o, rc, 0, rc->rows, 0, rc->n_tok, acto, yo);
+        CHECK(memcmp(acts, acto, act_bytes(rc)) == 0);
+        CHECK_EQ_INT(count_diff(ys, yo, rc), 0);
+        for (int t = 0; t < rc->n_tok; t++) {
+            int64_t mid = rc->rows > 16 ? 16 : rc->rows;
+            run_ops(o, rc, 0, mid, t, 1, acto, yd);
+            run_ops(o, rc, mid, rc->rows, t, 1, acto, yd);
+        }
+        CHECK_EQ_INT(count_diff(yo, yd, rc), 0);
+        for (int t = 0; t < rc->n_tok; t++)
+            for (size_t r = (size_t)rc->rows; r < rc->ldy; r++)
+                CHECK(yo[(size_t)t * rc->ldy + r] == -7.0f);
+    }
+}
+
 /* Repacked Q8_0 / Q4_0: scalar on the repacked form against the double references, every
    ISA against it bit for bit, determinism, row ranges starting at multiples of 16. */
 static void check_r16(struct gcase *c)
@@ -348,24 +375,7 @@ static void check_r16(struct gcase *c)
     struct gcase cc = *c; /* GGUF weights for the reference, the repacked act stride */
     cc.arb = rc.arb;
     check_accuracy_as(&cc, ys, acts, rt);
-    for (int l = ISA_AVX2; l < ISA_COUNT; l++) {
-        const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
-        if (!o)
-            continue;
-        memset(acto, 0, act_bytes(&rc));
-        run_ops(o, &rc, 0, c->rows, 0, c->n_tok, acto, yo);
-        CHECK(memcmp(acts, acto, act_bytes(&rc)) == 0);
-        CHECK_EQ_INT(count_diff(ys, yo, &rc), 0);
-        for (int t = 0; t < c->n_tok; t++) {
-            int64_t mid = c->rows > 16 ? 16 : c->rows;
-            run_ops(o, &rc, 0, mid, t, 1, acto, yd);
-            run_ops(o, &rc, mid, c->rows, t, 1, acto, yd);
-        }
-        CHECK_EQ_INT(count_diff(yo, yd, &rc), 0);
-        for (int t = 0; t < c->n_tok; t++)
-            for (size_t r = (size_t)c->rows; r < c->ldy; r++)
-                CHECK(yo[(size_t)t * c->ldy + r] == -7.0f);
-    }
+    check_repacked_isas(&rc, ISA_AVX2, ys, acts, yo, yd, acto);
     free(rw);
     free(ys);
     free(yo);
@@ -421,24 +431,7 @@ static void check_r16k(struct gcase *c)
     for (size_t i = 0; i < ny; i++)
         ys[i] = yo[i] = yd[i] = -7.0f;
     run_ops(&gemm_ops_scalar, c, 0, c->rows, 0, c->n_tok, acts, ys); /* GGUF layout */
-    for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
-        const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
-        if (!o)
-            continue;
-        memset(acto, 0, act_bytes(c));
-        run_ops(o, &rc, 0, c->rows, 0, c->n_tok, acto, yo);
-        CHECK(memcmp(acts, acto, act_bytes(c)) == 0);
-        CHECK_EQ_INT(count_diff(ys, yo, &rc), 0);
-        for (int t = 0; t < c->n_tok; t++) {
-            int64_t mid = c->rows > 16 ? 16 : c->rows;
-            run_ops(o, &rc, 0, mid, t, 1, acto, yd);
-            run_ops(o, &rc, mid, c->rows, t, 1, acto, yd);
-        }
-        CHECK_EQ_INT(count_diff(yo, yd, &rc), 0);
-        for (int t = 0; t < c->n_tok; t++)
-            for (size_t r = (size_t)c->rows; r < c->ldy; r++)
-                CHECK(yo[(size_t)t * c->ldy + r] == -7.0f);
-    }
+    check_repacked_isas(&rc, ISA_SCALAR, ys, acts, yo, yd, acto);
     free(rw);
     free(ys);
     free(yo);

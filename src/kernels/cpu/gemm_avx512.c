@@ -357,7 +357,7 @@ static void gemm_r16(const struct gemm_args *a)
    picked out of the packed words with vpshufb) into S, and M comes from vpdpwssd of the
    mins (duplicated into both 16-bit halves) against the activation's pairs of 16-sums. No
    horizontal reduction anywhere: S and M are already per row. */
-#define R16K_TOK 4
+#define R16K_TOK 4 /* tokens per repacked K-quant tile (Q4_K and Q6_K) */
 
 /* vpshufb controls: byte k of every dword zero-extended (sc_ctl[k]), or duplicated into
    both 16-bit halves (mn_ctl[k]). */
@@ -454,34 +454,12 @@ AI void tile_r16k(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t 
         _mm512_mask_storeu_ps(y + (size_t)t * ldy, m, acc[t]);
 }
 
-static void gemm_r16k(const struct gemm_args *a)
-{
-    const int64_t nb = a->k / 256;
-    WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
-    for (int64_t r = a->r0; r < a->r1; r += 16) {
-        const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
-        const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
-        for (int t0 = 0; t0 < a->n_tok; t0 += R16K_TOK) {
-            const int nt = a->n_tok - t0 < R16K_TOK ? a->n_tok - t0 : R16K_TOK;
-            const uint8_t *act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
-            float *y = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
-            switch (nt) {
-            case 1: tile_r16k(w0, act, a->act_row_bytes, nb, 1, valid, y, a->ldy); break;
-            case 2: tile_r16k(w0, act, a->act_row_bytes, nb, 2, valid, y, a->ldy); break;
-            case 3: tile_r16k(w0, act, a->act_row_bytes, nb, 3, valid, y, a->ldy); break;
-            default: tile_r16k(w0, act, a->act_row_bytes, nb, R16K_TOK, valid, y, a->ldy); break;
-            }
-        }
-    }
-}
-
 /* Repacked Q6_K (GEMM_Q6_K_R16, gemm.h): one group of 16 rows x nt tokens, lane i = row
    i. Per k (0..15) one qh and two ql loads rebuild the 6-bit codes of chunks k, k+16,
    k+32, k+48 (sub-blocks k/4, 4+k/4, 8+k/4, 12+k/4) for the 16 rows; one vpdpbusd per
    chunk and token; every four k the four sub-block sums are scaled per lane (vpmulld by
    the int8 scales) into S, and the -32 * bsums part is a vpdpwssd of the scale pairs
    against the activation's pairs of 16-sums. */
-#define R16Q6_TOK 4
 
 /* The scale of sub-block g (0..15) of the 16 rows, one int32 per lane. */
 AI __m512i q6_scale(const uint8_t *o, int g)
@@ -495,7 +473,7 @@ AI void tile_r16q6(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t
 {
     const __mmask16 m = valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    __m512 acc[R16Q6_TOK];
+    __m512 acc[R16K_TOK];
     UNROLL
     for (int t = 0; t < nt; t++)
         acc[t] = _mm512_setzero_ps();
@@ -503,12 +481,12 @@ AI void tile_r16q6(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t
         const uint8_t *o = w0 + (size_t)b * 3360;
         for (size_t off = 0; off < 3360; off += 64)
             _mm_prefetch((const char *)o + GEMM_PREFETCH_R16 + off, _MM_HINT_T0);
-        __m512i S[R16Q6_TOK];
+        __m512i S[R16K_TOK];
         UNROLL
         for (int t = 0; t < nt; t++)
             S[t] = _mm512_setzero_si512();
         for (int mq = 0; mq < 4; mq++) {
-            __m512i dt[R16Q6_TOK][4];
+            __m512i dt[R16K_TOK][4];
             UNROLL
             for (int t = 0; t < nt; t++)
                 dt[t][0] = dt[t][1] = dt[t][2] = dt[t][3] = _mm512_setzero_si512();
@@ -562,23 +540,28 @@ AI void tile_r16q6(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t
         _mm512_mask_storeu_ps(y + (size_t)t * ldy, m, acc[t]);
 }
 
-static void gemm_r16q6(const struct gemm_args *a)
+/* Repacked Q4_K (q6 = 0) or Q6_K (q6 = 1): groups of 16 rows x tiles of up to R16K_TOK
+   tokens, each over all of K. */
+static void gemm_r16kq(const struct gemm_args *a, const int q6)
 {
     const int64_t nb = a->k / 256;
     WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
     for (int64_t r = a->r0; r < a->r1; r += 16) {
         const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
         const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
-        for (int t0 = 0; t0 < a->n_tok; t0 += R16Q6_TOK) {
-            const int nt = a->n_tok - t0 < R16Q6_TOK ? a->n_tok - t0 : R16Q6_TOK;
+        for (int t0 = 0; t0 < a->n_tok; t0 += R16K_TOK) {
+            const int nt = a->n_tok - t0 < R16K_TOK ? a->n_tok - t0 : R16K_TOK;
             const uint8_t *act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
             float *y = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
+#define KQ_CALL(n) (q6 ? tile_r16q6(w0, act, a->act_row_bytes, nb, n, valid, y, a->ldy)       \
+                       : tile_r16k(w0, act, a->act_row_bytes, nb, n, valid, y, a->ldy))
             switch (nt) {
-            case 1: tile_r16q6(w0, act, a->act_row_bytes, nb, 1, valid, y, a->ldy); break;
-            case 2: tile_r16q6(w0, act, a->act_row_bytes, nb, 2, valid, y, a->ldy); break;
-            case 3: tile_r16q6(w0, act, a->act_row_bytes, nb, 3, valid, y, a->ldy); break;
-            default: tile_r16q6(w0, act, a->act_row_bytes, nb, R16Q6_TOK, valid, y, a->ldy); break;
+            case 1: KQ_CALL(1); break;
+            case 2: KQ_CALL(2); break;
+            case 3: KQ_CALL(3); break;
+            default: KQ_CALL(R16K_TOK); break;
             }
+#undef KQ_CALL
         }
     }
 }
@@ -840,12 +823,8 @@ static void avx512_gemm(const struct gemm_args *a)
         gemm_r16(a);
         return;
     }
-    if (a->wtype == GEMM_Q4_K_R16) {
-        gemm_r16k(a);
-        return;
-    }
-    if (a->wtype == GEMM_Q6_K_R16) {
-        gemm_r16q6(a);
+    if (a->wtype == GEMM_Q4_K_R16 || a->wtype == GEMM_Q6_K_R16) {
+        gemm_r16kq(a, a->wtype == GEMM_Q6_K_R16);
         return;
     }
     const int multi = a->wtype != DT_Q4_K && a->wtype != DT_Q6_K && a->n_tok > 1;

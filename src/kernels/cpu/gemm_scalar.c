@@ -410,33 +410,50 @@ static int r16q6_code(const uint8_t *o, int i, int n)
     return lo | hi << 4;
 }
 
-/* Repacked Q6_K: dot_q6_K's arithmetic on codes read from the repacked layout. */
-void gemm_scalar_r16q6(const struct gemm_args *a)
+/* Row i of repacked q6_K super-block o against x: dot_q6_K's arithmetic on codes read from
+   the repacked layout. */
+static float r16q6_block(const uint8_t *o, int i, const struct gemm_act_bk *x, float acc)
+{
+    int32_t S = 0;
+    for (int g = 0; g < 16; g++) {
+        int32_t d = 0;
+        for (int n = 16 * g; n < 16 * g + 16; n++)
+            d += r16q6_code(o, i, n) * x->q[n];
+        S += (int8_t)o[32 + 32 * (g / 2) + 2 * i + g % 2] * (d - 32 * x->bsums[g]);
+    }
+    return fmaf(ld_f16(o + 2 * i) * x->d, (float)S, acc);
+}
+
+/* Row i of repacked q4_K super-block o against x: the row's GGUF block rebuilt and run
+   through q4k_block, so the reference is the GGUF one by construction. */
+static float r16q4k_block(const uint8_t *o, int i, const struct gemm_act_bk *x, float acc)
+{
+    uint8_t blk[144];
+    unpack_q4k_block(o, i, blk);
+    return q4k_block(blk, x, acc);
+}
+
+/* The repacked K-quants: each (row, token) over the super-blocks (sbs bytes per group). */
+static void scalar_r16kq(const struct gemm_args *a, size_t sbs,
+                         float (*block)(const uint8_t *, int, const struct gemm_act_bk *, float))
 {
     const int64_t nb = a->k / 256;
     WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->r0 <= a->r1 && a->n_tok >= 1);
     for (int64_t r = a->r0; r < a->r1; r++) {
         const uint8_t *grp = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes;
-        const int i = (int)(r % 16);
         for (int t = 0; t < a->n_tok; t++) {
             const struct gemm_act_bk *x =
                 (const struct gemm_act_bk *)((const uint8_t *)a->act + (size_t)t * a->act_row_bytes);
             float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *o = grp + 3360 * (size_t)b;
-                int32_t S = 0;
-                for (int g = 0; g < 16; g++) {
-                    int32_t d = 0;
-                    for (int n = 16 * g; n < 16 * g + 16; n++)
-                        d += r16q6_code(o, i, n) * x[b].q[n];
-                    S += (int8_t)o[32 + 32 * (g / 2) + 2 * i + g % 2] * (d - 32 * x[b].bsums[g]);
-                }
-                acc = fmaf(ld_f16(o + 2 * i) * x[b].d, (float)S, acc);
-            }
+            for (int64_t b = 0; b < nb; b++)
+                acc = block(grp + sbs * (size_t)b, (int)(r % 16), x + b, acc);
             a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = acc;
         }
     }
 }
+
+void gemm_scalar_r16k(const struct gemm_args *a) { scalar_r16kq(a, 2304, r16q4k_block); }
+void gemm_scalar_r16q6(const struct gemm_args *a) { scalar_r16kq(a, 3360, r16q6_block); }
 
 int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t k, void *dst)
 {
@@ -487,28 +504,6 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
         }
     }
     return is_q8 ? GEMM_Q8_0_R16 : GEMM_Q4_0_R16;
-}
-
-/* Repacked Q4_K: each row's block rebuilt in GGUF form and run through dot_q4_K's
-   arithmetic, so the reference is the GGUF one by construction. */
-void gemm_scalar_r16k(const struct gemm_args *a)
-{
-    const int64_t nb = a->k / 256;
-    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->r0 <= a->r1 && a->n_tok >= 1);
-    uint8_t blk[144];
-    for (int64_t r = a->r0; r < a->r1; r++) {
-        const uint8_t *grp = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            const struct gemm_act_bk *x =
-                (const struct gemm_act_bk *)((const uint8_t *)a->act + (size_t)t * a->act_row_bytes);
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                unpack_q4k_block(grp + 2304 * (size_t)b, (int)(r % 16), blk);
-                acc = q4k_block(blk, x + b, acc);
-            }
-            a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = acc;
-        }
-    }
 }
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
