@@ -450,7 +450,8 @@ TEST(repacked_kquants)
     CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_K, 16, 96), 0);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q4_K) == isa_cpu_has(ISA_AVX512));
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q6_K) == isa_cpu_has(ISA_AVX512));
-    CHECK(!gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_K));
+    CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_K) == isa_cpu_has(ISA_AVX2));
+    CHECK(!gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q6_K));
     for (int ti = 0; ti < 2; ti++)
         for (int ir = 0; ir < 4; ir++)
             for (int ik = 0; ik < 3; ik++)

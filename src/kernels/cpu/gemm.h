@@ -50,11 +50,12 @@
  * numeric contract). Measured on a Zen 5 core (AVX-512), 110M shapes, one thread: decode
  * Q4_0 20 -> 39 GB/s, Q8_0 29 -> 41 GB/s; prefill (64 tokens) 950 -> 2100-2400 tok/s. On a
  * Zen 3 core (AVX2), weld_kernel_bench pp64: Q8_0 184 -> 343 tok/s, Q4_0 122 -> 382.
- * Q4_K and Q6_K are repacked on the AVX-512 levels only (GEMM_Q4_K_R16, GEMM_Q6_K_R16:
- * same bytes and the same contract as their GGUF layout, so the same bits): the GGUF
+ * Q4_K (AVX2 and AVX-512) and Q6_K (AVX-512 only) are repacked too (GEMM_Q4_K_R16,
+ * GEMM_Q6_K_R16: same bytes and the same contract as their GGUF layout, so the same bits): the GGUF
  * kernels reduce every (row, super-block) across lanes, the repacked ones keep a row per
  * lane. Sapphire-Rapids-class core, one thread, 110M shapes (weld_kernel_bench): Q4_K
- * decode 72 -> 190-290 tok/s, pp64 290 -> 1,100; Q6_K decode 95 -> 117, pp64 355 -> 805.
+ * decode 72 -> 190-290 tok/s, pp64 290 -> 1,100; Q6_K decode 95 -> 117, pp64 355 -> 805;
+ * AVX2 kernel on the same core (WELD_ISA=avx2): Q4_K decode 64-69 -> 147-198, pp64 310 -> 430.
  *
  * Preconditions (checked by gemm_check once, at load; the kernels only assert cheap
  * invariants): K a multiple of the type's block size (F32/F16/BF16: any K >= 1), rows in

@@ -875,6 +875,125 @@ AI void kquant_rows(const struct gemm_args *a, const int is_q4)
     }
 }
 
+/* Repacked Q4_K (GEMM_Q4_K_R16, gemm.h) on AVX2: one half of a 16-row group (8 rows, one
+   ymm lane each) x nt tokens. As the AVX-512 kernel, but vpmaddubsw (unsigned nibble x
+   signed activation, two products per int16: |sum| <= 2 x 15 x 127) summed in int16 over
+   the 8 chunks of a sub-block (<= 30,480: no saturation), then vpmaddwd by ones into the
+   int32 sub-block sum; the mins through vpmaddwd against the pairs of 16-sums. */
+#define R16KA_TOK 2
+#define R16_PREFETCH_A2 4096 /* bytes ahead in the group stream */
+
+static const uint32_t a2_sc_ctl[4][8] __attribute__((aligned(32))) = {
+#define C4(k) {0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
+               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k)}
+    C4(0), C4(1), C4(2), C4(3)
+#undef C4
+};
+static const uint32_t a2_mn_ctl[4][8] __attribute__((aligned(32))) = {
+#define D(b) (0x80008000u | (uint32_t)(b) | (uint32_t)(b) << 16)
+#define C4(k) {D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k)), D(0 + (k)), D(4 + (k)), \
+               D(8 + (k)), D(12 + (k))}
+    C4(0), C4(1), C4(2), C4(3)
+#undef C4
+#undef D
+};
+
+AI __m256i a2_ctl(const uint32_t *c) { return _mm256_load_si256((const __m256i *)(const void *)c); }
+
+AI void tile_r16k_a2(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t nb, const int nt,
+                     int half, int valid, float *y, size_t ldy)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i lo6 = _mm256_set1_epi32(0x3f3f3f3f), lo4 = _mm256_set1_epi32(0x0f0f0f0f);
+    const __m256i hi2 = _mm256_set1_epi32(0x30303030);
+    const size_t h = 32 * (size_t)half;
+    __m256 acc[R16KA_TOK];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = w0 + (size_t)b * 2304;
+        for (size_t off = 0; off < 2304; off += 64)
+            _mm_prefetch((const char *)o + R16_PREFETCH_A2 + off, _MM_HINT_T0);
+        const __m256i W0 = _mm256_loadu_si256((const __m256i *)(o + 64 + h));
+        const __m256i W2 = _mm256_loadu_si256((const __m256i *)(o + 192 + h));
+        const __m256i sc03 = _mm256_and_si256(W0, lo6);
+        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(W2, lo4),
+                                             _mm256_and_si256(_mm256_srli_epi32(W0, 2), hi2));
+        __m256i S[R16KA_TOK];
+        for (int t = 0; t < nt; t++)
+            S[t] = _mm256_setzero_si256();
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            const __m256i scv = c < 2 ? sc03 : sc47;
+            __m256i dl[R16KA_TOK], dh[R16KA_TOK];
+            for (int t = 0; t < nt; t++)
+                dl[t] = dh[t] = _mm256_setzero_si256();
+            UNROLL8
+            for (int e = 0; e < 8; e++) {
+                const __m256i p = _mm256_loadu_si256((const __m256i *)(o + 256 + 64 * (8 * c + e) + h));
+                const __m256i lo = _mm256_and_si256(p, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
+                for (int t = 0; t < nt; t++) {
+                    const int32_t *xq = (const int32_t *)(const void *)((const struct gemm_act_bk *)(act + (size_t)t * stride) + b)->q;
+                    dl[t] = _mm256_add_epi16(dl[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xq[16 * c + e])));
+                    dh[t] = _mm256_add_epi16(dh[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xq[16 * c + 8 + e])));
+                }
+            }
+            const __m256i sl = _mm256_shuffle_epi8(scv, a2_ctl(a2_sc_ctl[(2 * c) % 4]));
+            const __m256i sh = _mm256_shuffle_epi8(scv, a2_ctl(a2_sc_ctl[(2 * c + 1) % 4]));
+            for (int t = 0; t < nt; t++)
+                S[t] = _mm256_add_epi32(
+                    S[t], _mm256_add_epi32(_mm256_mullo_epi32(_mm256_madd_epi16(dl[t], ones), sl),
+                                           _mm256_mullo_epi32(_mm256_madd_epi16(dh[t], ones), sh)));
+        }
+        const __m256i W1 = _mm256_loadu_si256((const __m256i *)(o + 128 + h));
+        const __m256i m03 = _mm256_and_si256(W1, lo6);
+        const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(W2, 4), lo4),
+                                            _mm256_and_si256(_mm256_srli_epi32(W1, 2), hi2));
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16 * (size_t)half)));
+        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 32 + 16 * (size_t)half)));
+        for (int t = 0; t < nt; t++) {
+            const struct gemm_act_bk *a = (const struct gemm_act_bk *)(act + (size_t)t * stride) + b;
+            const int32_t *bs = (const int32_t *)(const void *)a->bsums;
+            __m256i M = _mm256_setzero_si256();
+            UNROLL8
+            for (int j = 0; j < 8; j++)
+                M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_shuffle_epi8(j < 4 ? m03 : m47,
+                                                                              a2_ctl(a2_mn_ctl[j % 4])),
+                                                          _mm256_set1_epi32(bs[j])));
+            const __m256 dx = _mm256_set1_ps(a->d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(S[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmv, dx), _mm256_cvtepi32_ps(M), acc[t]);
+        }
+    }
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lanes);
+    for (int t = 0; t < nt; t++)
+        _mm256_maskstore_ps(y + (size_t)t * ldy, mask, acc[t]);
+}
+
+static void avx2_gemm_r16k(const struct gemm_args *a)
+{
+    const int64_t nb = a->k / 256;
+    WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
+    for (int64_t r = a->r0; r < a->r1; r += 16) {
+        const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
+        for (int half = 0; half < 2 && r + 8 * half < a->r1; half++) {
+            const int64_t left = a->r1 - (r + 8 * half);
+            const int valid = left >= 8 ? 8 : (int)left;
+            for (int t0 = 0; t0 < a->n_tok; t0 += R16KA_TOK) {
+                const int nt = a->n_tok - t0 < R16KA_TOK ? a->n_tok - t0 : R16KA_TOK;
+                const uint8_t *act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
+                float *y = a->y + (size_t)t0 * a->ldy + (size_t)(r + 8 * half - a->r0);
+                if (nt == 1)
+                    tile_r16k_a2(w0, act, a->act_row_bytes, nb, 1, half, valid, y, a->ldy);
+                else
+                    tile_r16k_a2(w0, act, a->act_row_bytes, nb, R16KA_TOK, half, valid, y, a->ldy);
+            }
+        }
+    }
+}
+
 static void avx2_gemm(const struct gemm_args *a)
 {
     WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
@@ -882,11 +1001,11 @@ static void avx2_gemm(const struct gemm_args *a)
         avx2_gemm_r16(a);
         return;
     }
-    if (a->wtype == GEMM_Q4_K_R16) { /* not repacked for AVX2 (gemm_repack_pays) */
-        gemm_scalar_r16k(a);
+    if (a->wtype == GEMM_Q4_K_R16) {
+        avx2_gemm_r16k(a);
         return;
     }
-    if (a->wtype == GEMM_Q6_K_R16) {
+    if (a->wtype == GEMM_Q6_K_R16) { /* not repacked for AVX2 (gemm_repack_pays) */
         gemm_scalar_r16q6(a);
         return;
     }

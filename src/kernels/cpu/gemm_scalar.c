@@ -508,9 +508,9 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
 {
-    if (t == DT_Q4_K || t == DT_Q6_K) /* only the AVX-512 levels have repacked K-quant kernels */
+    if (t == DT_Q6_K) /* only the AVX-512 levels have a repacked Q6_K kernel */
         return o && (o->isa == ISA_AVX512 || o->isa == ISA_AMX);
-    return o && o->isa != ISA_SCALAR && (t == DT_Q8_0 || t == DT_Q4_0);
+    return o && o->isa != ISA_SCALAR && (t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_K);
 }
 
 /* Unsigned code (value + offset) of element e of row i in a repacked block. */
