@@ -325,6 +325,26 @@ TEST(q6_K)
     sweep(DT_Q6_K, ks, 3, 7);
 }
 
+/* c's weights repacked into *rc: false (after a failed CHECK) unless gemm_repack takes
+   exactly the 16-row rounded size and returns type rt. *rw: the repacked bytes, for the
+   caller to free (also on failure). */
+static bool repacked_case(const struct gcase *c, int rt, struct gcase *rc, uint8_t **rw)
+{
+    const size_t rbytes = gemm_repack_bytes(c->t, c->rows, c->k);
+    const size_t want = (size_t)(c->rows + 15) / 16 * 16 * row_bytes(c->t, c->k);
+    *rw = NULL;
+    CHECK(rbytes == want);
+    if (rbytes != want || !(*rw = malloc(rbytes)))
+        return false;
+    const int got = gemm_repack(c->t, c->w, c->stride, c->rows, c->k, *rw);
+    CHECK_EQ_INT(got, rt);
+    *rc = *c;
+    rc->t = rt;
+    rc->w = *rw;
+    rc->stride = row_bytes(c->t, c->k);
+    return got == rt;
+}
+
 /* Every ISA from level `from` on the repacked case rc against the reference outputs ys
    and activation bytes acts: same bytes, same bits, the same bits again when the rows are
    split at 16 and the tokens run one by one, and the rows past the matrix untouched (yo,
@@ -357,14 +377,12 @@ static void check_repacked_isas(const struct gcase *rc, int from, const float *y
 static void check_r16(struct gcase *c)
 {
     const int rt = c->t == DT_Q8_0 ? GEMM_Q8_0_R16 : GEMM_Q4_0_R16;
-    const size_t rbytes = gemm_repack_bytes(c->t, c->rows, c->k);
-    REQUIRE(rbytes == (size_t)(c->rows + 15) / 16 * 16 * row_bytes(c->t, c->k));
-    uint8_t *rw = malloc(rbytes);
-    REQUIRE(gemm_repack(c->t, c->w, c->stride, c->rows, c->k, rw) == rt);
-    struct gcase rc = *c;
-    rc.t = rt;
-    rc.w = rw;
-    rc.stride = row_bytes(c->t, c->k);
+    uint8_t *rw;
+    struct gcase rc;
+    if (!repacked_case(c, rt, &rc, &rw)) {
+        free(rw);
+        return;
+    }
     rc.arb = gemm_act_row_bytes(rt, c->k) + 8;
     const size_t ny = (size_t)c->n_tok * c->ldy;
     float *ys = malloc(ny * 4), *yo = malloc(ny * 4), *yd = malloc(ny * 4);
@@ -416,15 +434,12 @@ TEST(repacked)
    multiples of 16 and rows past the matrix left alone. */
 static void check_r16k(struct gcase *c)
 {
-    const int rt = c->t == DT_Q4_K ? GEMM_Q4_K_R16 : GEMM_Q6_K_R16;
-    const size_t rbytes = gemm_repack_bytes(c->t, c->rows, c->k);
-    REQUIRE(rbytes == (size_t)(c->rows + 15) / 16 * 16 * row_bytes(c->t, c->k));
-    uint8_t *rw = malloc(rbytes);
-    REQUIRE(gemm_repack(c->t, c->w, c->stride, c->rows, c->k, rw) == rt);
-    struct gcase rc = *c;
-    rc.t = rt;
-    rc.w = rw;
-    rc.stride = row_bytes(c->t, c->k);
+    uint8_t *rw;
+    struct gcase rc;
+    if (!repacked_case(c, c->t == DT_Q4_K ? GEMM_Q4_K_R16 : GEMM_Q6_K_R16, &rc, &rw)) {
+        free(rw);
+        return;
+    }
     const size_t ny = (size_t)c->n_tok * c->ldy;
     float *ys = malloc(ny * 4), *yo = malloc(ny * 4), *yd = malloc(ny * 4);
     uint8_t *acts = calloc(1, act_bytes(c)), *acto = calloc(1, act_bytes(c));

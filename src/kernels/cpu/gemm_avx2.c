@@ -883,21 +883,6 @@ AI void kquant_rows(const struct gemm_args *a, const int is_q4)
 #define R16KA_TOK 2
 #define R16_PREFETCH_A2 4096 /* bytes ahead in the group stream */
 
-static const uint32_t a2_sc_ctl[4][8] __attribute__((aligned(32))) = {
-#define C4(k) {0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
-               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k)}
-    C4(0), C4(1), C4(2), C4(3)
-#undef C4
-};
-static const uint32_t a2_mn_ctl[4][8] __attribute__((aligned(32))) = {
-#define D(b) (0x80008000u | (uint32_t)(b) | (uint32_t)(b) << 16)
-#define C4(k) {D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k)), D(0 + (k)), D(4 + (k)), \
-               D(8 + (k)), D(12 + (k))}
-    C4(0), C4(1), C4(2), C4(3)
-#undef C4
-#undef D
-};
-
 AI __m256i a2_ctl(const uint32_t *c) { return _mm256_load_si256((const __m256i *)(const void *)c); }
 
 AI void tile_r16k_a2(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t nb, const int nt,
@@ -939,8 +924,8 @@ AI void tile_r16k_a2(const uint8_t *w0, const uint8_t *act, size_t stride, int64
                     dh[t] = _mm256_add_epi16(dh[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xq[16 * c + 8 + e])));
                 }
             }
-            const __m256i sl = _mm256_shuffle_epi8(scv, a2_ctl(a2_sc_ctl[(2 * c) % 4]));
-            const __m256i sh = _mm256_shuffle_epi8(scv, a2_ctl(a2_sc_ctl[(2 * c + 1) % 4]));
+            const __m256i sl = _mm256_shuffle_epi8(scv, a2_ctl(kq_sc_ctl[(2 * c) % 4]));
+            const __m256i sh = _mm256_shuffle_epi8(scv, a2_ctl(kq_sc_ctl[(2 * c + 1) % 4]));
             for (int t = 0; t < nt; t++)
                 S[t] = _mm256_add_epi32(
                     S[t], _mm256_add_epi32(_mm256_mullo_epi32(_mm256_madd_epi16(dl[t], ones), sl),
@@ -959,7 +944,7 @@ AI void tile_r16k_a2(const uint8_t *w0, const uint8_t *act, size_t stride, int64
             UNROLL8
             for (int j = 0; j < 8; j++)
                 M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_shuffle_epi8(j < 4 ? m03 : m47,
-                                                                              a2_ctl(a2_mn_ctl[j % 4])),
+                                                                              a2_ctl(kq_mn_ctl[j % 4])),
                                                           _mm256_set1_epi32(bs[j])));
             const __m256 dx = _mm256_set1_ps(a->d);
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(S[t]), acc[t]);

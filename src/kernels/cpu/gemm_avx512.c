@@ -359,26 +359,6 @@ static void gemm_r16(const struct gemm_args *a)
    horizontal reduction anywhere: S and M are already per row. */
 #define R16K_TOK 4 /* tokens per repacked K-quant tile (Q4_K and Q6_K) */
 
-/* vpshufb controls: byte k of every dword zero-extended (sc_ctl[k]), or duplicated into
-   both 16-bit halves (mn_ctl[k]). */
-static const uint32_t sc_ctl[4][16] __attribute__((aligned(64))) = {
-#define C4(k) {0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
-               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
-               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k), \
-               0x80808000u + (k), 0x80808004u + (k), 0x80808008u + (k), 0x8080800cu + (k)}
-    C4(0), C4(1), C4(2), C4(3)
-#undef C4
-};
-static const uint32_t mn_ctl[4][16] __attribute__((aligned(64))) = {
-#define D(b) (0x80008000u | (uint32_t)(b) | (uint32_t)(b) << 16)
-#define C4(k) {D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k)), D(0 + (k)), D(4 + (k)), \
-               D(8 + (k)), D(12 + (k)), D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k)), \
-               D(0 + (k)), D(4 + (k)), D(8 + (k)), D(12 + (k))}
-    C4(0), C4(1), C4(2), C4(3)
-#undef C4
-#undef D
-};
-
 AI __m512i ctl(const uint32_t *c) { return _mm512_load_si512((const void *)c); }
 
 AI void tile_r16k(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t nb, const int nt,
@@ -406,8 +386,8 @@ AI void tile_r16k(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t 
         UNROLL
         for (int c = 0; c < 4; c++) {
             const __m512i scv = c < 2 ? sc03 : sc47;
-            const __m512i sl = _mm512_shuffle_epi8(scv, ctl(sc_ctl[(2 * c) % 4]));
-            const __m512i sh = _mm512_shuffle_epi8(scv, ctl(sc_ctl[(2 * c + 1) % 4]));
+            const __m512i sl = _mm512_shuffle_epi8(scv, ctl(kq_sc_ctl[(2 * c) % 4]));
+            const __m512i sh = _mm512_shuffle_epi8(scv, ctl(kq_sc_ctl[(2 * c + 1) % 4]));
             __m512i dl[R16K_TOK], dh[R16K_TOK];
             UNROLL
             for (int t = 0; t < nt; t++)
@@ -442,7 +422,7 @@ AI void tile_r16k(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t 
             __m512i M = _mm512_setzero_si512();
             UNROLL8
             for (int j = 0; j < 8; j++)
-                M = _mm512_dpwssd_epi32(M, _mm512_shuffle_epi8(j < 4 ? m03 : m47, ctl(mn_ctl[j % 4])),
+                M = _mm512_dpwssd_epi32(M, _mm512_shuffle_epi8(j < 4 ? m03 : m47, ctl(kq_mn_ctl[j % 4])),
                                         _mm512_set1_epi32(bs[j]));
             const __m512 dx = _mm512_set1_ps(a->d);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dv, dx), _mm512_cvtepi32_ps(S[t]), acc[t]);

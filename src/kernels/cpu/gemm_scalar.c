@@ -461,25 +461,18 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
     if (total == 0)
         return -1;
     memset(dst, 0, total);
-    if (t == DT_Q4_K) {
+    if (t == DT_Q4_K || t == DT_Q6_K) {
+        const int q6 = t == DT_Q6_K;
+        const size_t bs = q6 ? 210 : 144, sbs = 16 * bs;
         const int64_t nb = k / 256;
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
             uint8_t *grp = (uint8_t *)dst + (size_t)(r / 16) * 16 * dtype_row_bytes(t, k);
             for (int64_t b = 0; b < nb; b++)
-                repack_q4k_block(src + 144 * (size_t)b, (int)(r % 16), grp + 2304 * (size_t)b);
+                (q6 ? repack_q6k_block : repack_q4k_block)(src + bs * (size_t)b, (int)(r % 16),
+                                                           grp + sbs * (size_t)b);
         }
-        return GEMM_Q4_K_R16;
-    }
-    if (t == DT_Q6_K) {
-        const int64_t nb = k / 256;
-        for (int64_t r = 0; r < rows; r++) {
-            const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
-            uint8_t *grp = (uint8_t *)dst + (size_t)(r / 16) * 16 * dtype_row_bytes(t, k);
-            for (int64_t b = 0; b < nb; b++)
-                repack_q6k_block(src + 210 * (size_t)b, (int)(r % 16), grp + 3360 * (size_t)b);
-        }
-        return GEMM_Q6_K_R16;
+        return q6 ? GEMM_Q6_K_R16 : GEMM_Q4_K_R16;
     }
     const int is_q8 = t == DT_Q8_0;
     const size_t bs = is_q8 ? 34 : 18, gbs = 16 * bs;

@@ -48,4 +48,21 @@ static inline __attribute__((always_inline)) __m128i q4k_scales_mins(const uint8
     return _mm_or_si128(lo, hi);
 }
 
+/* vpshufb controls of the repacked K-quant kernels (AVX2 loads the first 8 dwords, the
+   pattern repeats per 128-bit lane): byte k of every dword zero-extended to 32 bits
+   (kq_sc_ctl[k]), or duplicated into both 16-bit halves (kq_mn_ctl[k]). */
+#define KQ_C4(f, k)                                                                         \
+    {f(0 + (k)), f(4 + (k)), f(8 + (k)), f(12 + (k)), f(0 + (k)), f(4 + (k)), f(8 + (k)),   \
+     f(12 + (k)), f(0 + (k)), f(4 + (k)), f(8 + (k)), f(12 + (k)), f(0 + (k)), f(4 + (k)),  \
+     f(8 + (k)), f(12 + (k))}
+#define KQ_ZX(b) (0x80808000u | (uint32_t)(b))
+#define KQ_DUP(b) (0x80008000u | (uint32_t)(b) | (uint32_t)(b) << 16)
+static const uint32_t kq_sc_ctl[4][16] __attribute__((aligned(64), unused)) = {
+    KQ_C4(KQ_ZX, 0), KQ_C4(KQ_ZX, 1), KQ_C4(KQ_ZX, 2), KQ_C4(KQ_ZX, 3)};
+static const uint32_t kq_mn_ctl[4][16] __attribute__((aligned(64), unused)) = {
+    KQ_C4(KQ_DUP, 0), KQ_C4(KQ_DUP, 1), KQ_C4(KQ_DUP, 2), KQ_C4(KQ_DUP, 3)};
+#undef KQ_C4
+#undef KQ_ZX
+#undef KQ_DUP
+
 #endif
