@@ -4,7 +4,8 @@
  *
  * Register blocking: decode (one token) runs one weight row at a time (one stream for the
  * hardware prefetcher); prefill and batched decode run multi-row tiles: the repacked
- * Q8_0 / Q4_0 groups (8 rows x 8 tokens), Q4_K / Q6_K 2 rows x 4 tokens, the float path
+ * Q8_0 / Q4_0 groups (8 rows x 8 tokens), repacked Q4_K half-groups (8 rows, one per ymm
+ * lane, x 2 tokens: tile_r16k_a2), GGUF-layout Q6_K 2 rows x 4 tokens, the float path
  * 3 rows x 2 tokens; each weight block is loaded and unpacked once per token tile. GCC
  * keeps a register array in memory unless the loops over it are unrolled with constant
  * counts, hence the UNROLL pragmas and the switches on the token count. Integer dots use vpmaddubsw (unsigned x signed
