@@ -7,13 +7,13 @@
  * errors.
  *
  * Matrices (struct exec_mat) are set up after the checks: each gets its gemm type (or the
- * kern_row_dot fallback), then those worth repacking are counted, one block is allocated
- * (64-byte aligned by hand: the allocator has no aligned variant) and filled, with a
- * progress bar when that takes over a second (scalar repacking: ~1 s per GB); the source
- * pages of a repacked matrix are then dropped from the resident set (model_release_pages),
- * so resident memory stays at about one copy of the weights. Repacking is
- * single-threaded and eager; doing it lazily per matrix or on the thread team would be the
- * next step for large models.
+ * kern_row_dot fallback), then the pool is sized (repacked form or a plain copy per gemm
+ * matrix, each 64-byte aligned), mapped once (wmap_huge) and filled, with a progress bar
+ * when that takes over a second (this is where the file is first read; scalar repacking:
+ * ~1 s per GB); the source pages of every pooled matrix are then dropped from the
+ * resident set (model_release_pages), so resident memory stays at about one copy of the
+ * weights. Filling is single-threaded and eager; doing it lazily per matrix or on the
+ * thread team would be the next step for large models.
  */
 #include "exec/weights.h"
 
@@ -173,7 +173,18 @@ static struct exec_mat *mat_at(struct exec_weights *w, int i, const struct tenso
     return ms[i % N_LAYER_MATS];
 }
 
-/* Describe every matrix; returns the bytes the repacked ones need. */
+/* Bytes of the pool a gemm matrix takes (repacked form, or a copy of its rows), rounded
+   up to 64 so every matrix in the pool starts on a cache line. */
+static size_t mat_pool_bytes(const struct exec_mat *x, const struct tensor *t)
+{
+    if (!x->gemm)
+        return 0;
+    size_t nb = x->repacked ? gemm_repack_bytes(t->type, x->rows, x->k)
+                            : x->row_bytes * (size_t)x->rows;
+    return (nb + 63) / 64 * 64;
+}
+
+/* Describe every matrix; returns the bytes of the pool they need. */
 static size_t mats_plan(struct exec_weights *w)
 {
     const struct model_config *c = &w->m->cfg;
@@ -192,36 +203,41 @@ static size_t mats_plan(struct exec_weights *w)
         bool aligned = !per_head || c->head_dim % 16 == 0;
         x->repacked = aligned && gemm_repack_pays(w->go, t->type) &&
                       gemm_repack_bytes(t->type, x->rows, x->k) > 0;
-        if (x->repacked)
-            total += gemm_repack_bytes(t->type, x->rows, x->k);
+        total += mat_pool_bytes(x, t);
     }
     return total;
 }
 
-/* Repack the planned matrices into one aligned block and set every act_row_bytes. */
+/* Fill the pool: repack the planned matrices, copy the other gemm matrices' rows, and set
+   every act_row_bytes. */
 static int mats_repack(struct exec_weights *w, size_t total, struct weld_err *e)
 {
     const struct model_config *c = &w->m->cfg;
     int n = N_LAYER_MATS * c->n_layer + 1;
     uint8_t *dst = NULL;
     if (total) {
-        if (total > SIZE_MAX - 64 || !(w->repack_raw = wmalloc(total + 64)))
-            return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for %zu bytes of repacked "
-                           "weights", model_where(w->m), total);
-        dst = (uint8_t *)w->repack_raw + (64 - (uintptr_t)w->repack_raw % 64) % 64;
+        if (!(w->pool = wmap_huge(total)))
+            return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for %zu bytes of weights",
+                           model_where(w->m), total);
+        w->pool_bytes = total;
+        dst = w->pool;
     }
     struct progress pr;
-    progress_start(&pr, "repacking weights", total);
+    progress_start(&pr, "loading weights", total);
     for (int i = 0; i < n; i++) {
         const struct tensor *t;
         bool per_head;
         struct exec_mat *x = mat_at(w, i, &t, &per_head);
-        if (x->repacked) {
-            size_t nb = gemm_repack_bytes(t->type, x->rows, x->k);
-            x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
-            WELD_ASSERT(x->wtype >= 0);
+        size_t nb = mat_pool_bytes(x, t);
+        if (nb) {
+            if (x->repacked) {
+                x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
+                WELD_ASSERT(x->wtype >= 0);
+            } else {
+                memcpy(dst, t->data, x->row_bytes * (size_t)x->rows);
+            }
             /* the original stays mapped (a tied embedding still reads rows of it) but
-               leaves the resident set: otherwise a repacked model costs twice its size */
+               leaves the resident set: otherwise the model costs twice its size */
             model_release_pages(w->m, t->data, t->nbytes);
             x->data = dst;
             dst += nb;
@@ -265,7 +281,7 @@ void exec_weights_free(struct exec_weights *w)
 {
     if (!w)
         return;
-    wfree(w->repack_raw);
+    wunmap(w->pool, w->pool_bytes);
     wfree(w->mats);
     wfree(w->mem);
     wfree(w->layers);

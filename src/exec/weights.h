@@ -1,5 +1,5 @@
 /*
- * weights (exec) - what an executor needs from a model beyond its mmapped matrices.
+ * weights (exec) - what an executor needs from a model: its checks, f32 vectors, matrices.
  *
  * exec_weights_create() checks, once, everything the kernels will trust: the config
  * numbers the forward pass relies on (head counts divide, rope_dim even and <= head_dim,
@@ -8,11 +8,15 @@
  * foreign struct model cannot crash the executor once this passed.
  *
  * It also widens the small per-layer vectors (norm weights, biases, qk-norm weights) to
- * f32 once, so kernels never convert them per token; matrices stay where they are (mmapped
- * or caller-owned) in their own type, except Q8_0 / Q4_0 matrices on ISAs where the
- * 16-row interleaved form runs faster (gemm_repack_pays): those are repacked once, here,
- * into one 64-byte aligned block owned by exec_weights (same size as the original; the
- * original stays mapped for the embedding lookup of tied models).
+ * f32 once, so kernels never convert them per token. Every matrix the gemm kernels run is
+ * moved, once, into one pool of anonymous memory (wmap_huge: 2 MiB aligned, huge pages
+ * advised) owned by exec_weights: Q8_0 / Q4_0 / Q4_K / Q6_K matrices on ISAs where the
+ * 16-row interleaved form runs faster (gemm_repack_pays) are repacked into it, the others
+ * copied as they are. Streaming weights out of the file's page-cache pages decodes slower
+ * than out of anonymous memory: 1B F16, 2 threads, 63-67% of the read probe mapped, 84%
+ * copied (docs/BENCHMARKS.md). The source pages then leave the resident set, so resident
+ * memory stays at about one copy of the weights; the file stays mapped for the embedding
+ * lookup (and tied output heads' rows).
  *
  * Each matrix the ops multiply is described by a struct exec_mat: the gemm weight type
  * (possibly a repacked id), its rows, and whether the gemm kernels run it at all (types
@@ -74,7 +78,9 @@ struct exec_weights {
                                         BF16 / F32: weights are the bytes that bound a
                                         prefill, so each pass serves more tokens), else
                                         EXEC_TILE */
-    void *repack_raw;                /* allocation behind the repacked matrices, or NULL */
+    void *pool;                      /* anonymous (huge-page advised) memory holding every
+                                        gemm matrix, repacked or copied; NULL if none */
+    size_t pool_bytes;
 };
 
 /* Fails with isa_init's message if WELD_ISA asks for an instruction set the CPU lacks. */
