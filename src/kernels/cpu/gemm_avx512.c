@@ -763,30 +763,45 @@ static void run_tile(int wt, const struct tile *tl, int nt, int nr)
     }
 }
 
-/* Rows [r0, r1) x all tokens, row tile outside, token tile inside. */
+/* Rows [r0, r1) x all tokens. Integer path: row tile outside, token tile inside (the row
+   tile's weights stay in registers' reach in L1 while the tokens' quantized activations,
+   a quarter of f32's bytes, stream by). Float path: token tile outside, row tile inside:
+   FLOAT_TILE_TOK tokens' f32 activations (6 x 3 KB at K = 768) stay in L1 while the row
+   block's weights (L2, GEMM_ROW_BLOCK_BYTES) stream by, a third of the L2 bytes per FMA
+   of the other order (llama-110m F16 pp512, 2 threads: 770 -> 815 and 746 -> 830 tok/s). */
+static void gemm_tile_at(const struct gemm_args *a, int64_t r, int64_t t0, int nr, int nt, bool flt)
+{
+    struct tile tl = {
+        .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes, .w_stride = a->w_row_bytes,
+        .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
+        .act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL,
+        .x = a->x ? a->x + (size_t)t0 * a->ldx : NULL,
+        .y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0),
+    };
+    if (flt)
+        run_float_tile(a->wtype, &tl, nt, nr);
+    else
+        run_tile(a->wtype, &tl, nt, nr);
+}
+
 static void gemm_rows(const struct gemm_args *a, int64_t r0, int64_t r1, int multi)
 {
     const bool flt = gemm_act_kind(a->wtype) == GEMM_ACT_F32;
     const int tile_tok = flt ? FLOAT_TILE_TOK : GEMM_TILE_TOK;
     const int tile_row = flt ? FLOAT_TILE_ROW : GEMM_TILE_ROW;
-    for (int64_t r = r0; r < r1;) {
-        const int nr = multi && r1 - r >= tile_row ? tile_row : 1;
-        struct tile tl = {
-            .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes, .w_stride = a->w_row_bytes,
-            .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
-        };
-        for (int t0 = 0; t0 < a->n_tok; t0 += tile_tok) {
-            int nt = a->n_tok - t0 < tile_tok ? a->n_tok - t0 : tile_tok;
-            tl.act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL;
-            tl.x = a->x ? a->x + (size_t)t0 * a->ldx : NULL;
-            tl.y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
-            if (flt)
-                run_float_tile(a->wtype, &tl, nt, nr);
-            else
-                run_tile(a->wtype, &tl, nt, nr);
-        }
-        r += nr;
+#define NR_AT(r) (multi && r1 - (r) >= tile_row ? tile_row : 1)
+#define NT_AT(t0) (a->n_tok - (t0) < tile_tok ? (int)(a->n_tok - (t0)) : tile_tok)
+    if (flt) {
+        for (int64_t t0 = 0; t0 < a->n_tok; t0 += tile_tok)
+            for (int64_t r = r0; r < r1; r += NR_AT(r))
+                gemm_tile_at(a, r, t0, NR_AT(r), NT_AT(t0), true);
+    } else {
+        for (int64_t r = r0; r < r1; r += NR_AT(r))
+            for (int64_t t0 = 0; t0 < a->n_tok; t0 += tile_tok)
+                gemm_tile_at(a, r, t0, NR_AT(r), NT_AT(t0), false);
     }
+#undef NR_AT
+#undef NT_AT
 }
 
 /* Cache blocking: rows go in blocks of about GEMM_ROW_BLOCK_BYTES of weights, so a block
