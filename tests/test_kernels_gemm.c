@@ -404,7 +404,9 @@ static void check_r16(struct gcase *c)
 
 TEST(repacked)
 {
-    static const int rows_list[] = {1, 5, 16, 17, 40};
+    /* 17, 40, 48: decode's pairs of 16-row groups, partial, then a lone partial or whole
+       group */
+    static const int rows_list[] = {1, 5, 16, 17, 40, 48};
     /* 150 blocks: K split in 64, 64, 22 (AVX-512) or 32 x 4, 22 (AVX2) */
     static const int64_t ks[] = {32, 96, 32 * 150};
     /* 1, 2: both halves of a group in one pass (AVX2); 3, 17: token tiles and remainders;
@@ -418,7 +420,7 @@ TEST(repacked)
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_0) == isa_cpu_has(ISA_AVX2));
     CHECK(!gemm_repack_pays(&gemm_ops_scalar, DT_Q8_0));
     for (int ti = 0; ti < 2; ti++)
-        for (int ir = 0; ir < 5; ir++)
+        for (int ir = 0; ir < 6; ir++)
             for (int ik = 0; ik < 3; ik++)
                 for (int it = 0; it < 5; it++) {
                     struct gcase c;
