@@ -1,6 +1,12 @@
 /*
  * attn_avx512 - attn.h's chunk step with AVX-512F, bit-identical to attn_chunk_scalar.
  *
+ * Two paths, the same numbers. A call with ATTN_MANY or more query rows (a tile of
+ * prefill tokens, a GQA group) transposes the chunk's keys once and runs every row's 16
+ * lanes of all 16 positions as 16 registers (see "many query rows" below): no shuffles
+ * per row, value vectors loaded once per 8 rows. Fewer rows (decode without GQA) take the
+ * row kernel:
+ *
  * Scores: one zmm accumulator per position (element i in lane i % 16, fmadd in increasing
  * i, exactly the contract's lanes), then the 16 accumulators are folded together in a
  * transposed tree (8 + 4 + 2 + 1 vector adds, each adding lane i + w to lane i of every
@@ -9,7 +15,10 @@
  * lane by lane (same fmaf steps, same rounding), and the value rows are accumulated with
  * broadcast fmadds. Any hd: a partial last vector is masked (the dot's missing lanes are
  * kept untouched, as the contract's unused lanes stay +0).
- */
+ *
+ * Register arrays are indexed by constants only (loops over rows, lanes and positions
+ * unrolled): an accumulator array indexed by a loop variable lives on the stack, which
+ * ran the chunk at half speed (one core, hd 64, 32 rows: 140 -> 64 ns per row and chunk). */
 #include "kernels/cpu/attn.h"
 
 #include <immintrin.h>
@@ -79,6 +88,26 @@ static inline __m512 load16(int t, const uint8_t *row, int i, __mmask16 m)
 }
 
 #define AI static inline __attribute__((always_inline))
+#define UNROLL4 _Pragma("GCC unroll 4")
+#define UNROLL _Pragma("GCC unroll 16")
+#define UNROLL8 _Pragma("GCC unroll 8")
+
+/* The contract's softmax step of row r given its 16 dots (position j in lane j): the
+   running max and denominator updated, p_j into pj, corr returned. */
+AI float softmax_row(const struct attn_chunk_args *a, int r, __m512 dots, float *pj)
+{
+    const __mmask16 valid = (__mmask16)((1u << a->n[r]) - 1u);
+    __m512 s = _mm512_mul_ps(dots, _mm512_set1_ps(a->scale));
+    s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s);
+    const float cm = _mm512_reduce_max_ps(s);
+    const float m = a->m[r], mn = fmaxf(m, cm);
+    const float corr = attn_exp(m - mn);
+    const __m512 p = exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn)));
+    a->l[r] = a->l[r] * corr + fold16(p);
+    a->m[r] = mn;
+    _mm512_storeu_ps(pj, p);
+    return corr;
+}
 
 /* R query rows (R = 1 or 2) of one call against the chunk, interleaved: both rows' chains
    (dots, folds, exps, the value accumulation) are independent, so running them side by
@@ -101,7 +130,10 @@ AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, c
     for (int i = 0; i < R; i++)
         for (int j = 0; j < ATTN_CHUNK; j++)
             d[i][j] = _mm512_setzero_ps();
-    for (int j = 0; j < n_max; j++)
+    UNROLL /* d[i][j] must have constant indices to stay in registers */
+    for (int j = 0; j < ATTN_CHUNK; j++) {
+        if (j >= n_max)
+            break;
         for (int v = 0; v < nv; v++) {
             const __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xffff;
             const __m512 k = load16(t, a->k[j], 16 * v, m);
@@ -109,19 +141,10 @@ AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, c
                 d[i][j] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, q[i] + 16 * v), k,
                                                 d[i][j], m);
         }
-    float pj[2][ATTN_CHUNK], corr[2];
-    for (int i = 0; i < R; i++) {
-        const __mmask16 valid = (__mmask16)((1u << n[i]) - 1u);
-        __m512 s = _mm512_mul_ps(fold16x16(d[i]), _mm512_set1_ps(a->scale));
-        s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s);
-        const float cm = _mm512_reduce_max_ps(s);
-        const float m = a->m[r0 + i], mn = fmaxf(m, cm);
-        corr[i] = attn_exp(m - mn);
-        const __m512 p = exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn)));
-        a->l[r0 + i] = a->l[r0 + i] * corr[i] + fold16(p);
-        a->m[r0 + i] = mn;
-        _mm512_storeu_ps(pj[i], p);
     }
+    float pj[2][ATTN_CHUNK], corr[2];
+    for (int i = 0; i < R; i++)
+        corr[i] = softmax_row(a, r0 + i, fold16x16(d[i]), pj[i]);
     for (int v = 0; v < nv; v++) {
         const __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xffff;
         __m512 x[2];
@@ -139,10 +162,215 @@ AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, c
     }
 }
 
+/* ---- many query rows against one chunk (a tile of prefill tokens, a GQA group) --------
+
+   The keys are transposed once per call (kt[e][j] = element e of key j), so that for one
+   row the contract's 16 lanes of all 16 positions are 16 registers D_L (lane L of every
+   position at once): D_L = fma(q[e], kt[e], D_L) over e = L, L + 16, ... in increasing
+   order is exactly the contract's lane chain, and its pairwise fold (lane i += lane i + w)
+   becomes D_i + D_{i+w}: 15 vector adds, no shuffles, position j left in lane j. The even
+   lanes (which fold into lane 0 of w = 2) and the odd lanes (lane 1) run as two passes of
+   8 accumulators for 3 rows at once, each key vector loaded once for the three. Values
+   are then accumulated 8 rows at a time per loaded value vector. Same bits as the
+   contract; the transposition (16 x 16 blocks by four vpermt2ps butterflies) pays once a
+   call has ATTN_MANY rows. */
+#define ATTN_MANY 5
+#define ATTN_KT_HD 256 /* largest head dimension the transposed path takes */
+#define MANY_QROWS 3
+#define MANY_VROWS 8
+#define ATTN_MANY_MAXROWS 64 /* rows per pass over the transposed keys */
+
+/* 16 x 16 transpose in place: butterflies at distance 8, 4, 2, 1, each swapping the
+   off-diagonal d x d blocks of every 2d x 2d block. */
+AI void transpose16(__m512 r[16])
+{
+    /* per distance d: row i takes lanes l (l & d == 0) from itself and l - d of row i + d;
+       row i + d takes lanes l + d of row i and l (l & d) of itself (16 + l: the second
+       operand of vpermt2ps) */
+    static const int32_t lo[4][16] = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+        {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+        {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const int32_t hi[4][16] = {
+        {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+        {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+        {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+        {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    UNROLL4
+    for (int s = 0; s < 4; s++) {
+        const int d = 8 >> s;
+        const __m512i il = _mm512_loadu_si512(lo[s]), ih = _mm512_loadu_si512(hi[s]);
+        for (int i = 0; i < 16; i++)
+            if (!(i & d)) {
+                const __m512 a = r[i], b = r[i + d];
+                r[i] = _mm512_permutex2var_ps(a, il, b);
+                r[i + d] = _mm512_permutex2var_ps(a, ih, b);
+            }
+    }
+}
+
+/* kt[e * 16 + j] = element e of key j for j < n_max, 0 for the other positions. */
+AI void keys_transposed(const struct attn_chunk_args *a, const int t, int n_max, float *kt)
+{
+    const int hd = a->hd;
+    for (int v = 0; 16 * v < hd; v++) {
+        const int ne = hd - 16 * v < 16 ? hd - 16 * v : 16;
+        const __mmask16 m = ne == 16 ? (__mmask16)0xffff : (__mmask16)((1u << ne) - 1u);
+        __m512 r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] = j < n_max ? load16(t, a->k[j], 16 * v, m) : _mm512_setzero_ps();
+        transpose16(r);
+        for (int e = 0; e < ne; e++)
+            _mm512_store_ps(kt + (size_t)(16 * v + e) * 16, r[e]);
+    }
+}
+
+/* The 16 dots of R rows (row ids in rows[]) from kt: dots[i], position j in lane j. */
+AI void dots_many(const float *kt, int hd, const float *const *q, const int *rows, const int R,
+                  __m512 *dots)
+{
+    /* every register index below must be a constant: the loops over rows and lanes are
+       unrolled, or the accumulators live on the stack */
+    __m512 g[2][MANY_QROWS];
+    UNROLL
+    for (int p = 0; p < 2; p++) { /* even lanes, then odd lanes */
+        __m512 d[MANY_QROWS][8];
+        UNROLL
+        for (int i = 0; i < R; i++)
+            UNROLL8
+            for (int u = 0; u < 8; u++)
+                d[i][u] = _mm512_setzero_ps();
+        const float *qr[MANY_QROWS];
+        UNROLL
+        for (int i = 0; i < R; i++)
+            qr[i] = q[rows[i]];
+        int base = 0;
+        for (; base + 16 <= hd; base += 16)
+            UNROLL8
+            for (int u = 0; u < 8; u++) {
+                const int e = base + 2 * u + p;
+                const __m512 kv = _mm512_load_ps(kt + (size_t)e * 16);
+                UNROLL
+                for (int i = 0; i < R; i++)
+                    d[i][u] = _mm512_fmadd_ps(_mm512_set1_ps(qr[i][e]), kv, d[i][u]);
+            }
+        UNROLL8
+        for (int u = 0; u < 8; u++) { /* a partial last vector */
+            const int e = base + 2 * u + p;
+            if (e < hd) {
+                const __m512 kv = _mm512_load_ps(kt + (size_t)e * 16);
+                UNROLL
+                for (int i = 0; i < R; i++)
+                    d[i][u] = _mm512_fmadd_ps(_mm512_set1_ps(qr[i][e]), kv, d[i][u]);
+            }
+        }
+        UNROLL
+        for (int i = 0; i < R; i++) { /* lanes 2u + p: w = 8 (u, u + 4), w = 4 (u, u + 2) */
+            const __m512 e0 = _mm512_add_ps(d[i][0], d[i][4]), e1 = _mm512_add_ps(d[i][1], d[i][5]);
+            const __m512 e2 = _mm512_add_ps(d[i][2], d[i][6]), e3 = _mm512_add_ps(d[i][3], d[i][7]);
+            g[p][i] = _mm512_add_ps(_mm512_add_ps(e0, e2), _mm512_add_ps(e1, e3));
+        }
+    }
+    UNROLL
+    for (int i = 0; i < R; i++) /* w = 1: lane 0 + lane 1 */
+        dots[i] = _mm512_add_ps(g[0][i], g[1][i]);
+}
+
+/* acc = acc * corr + sum_j p_j v_j for R rows (row ids rows[]), each value vector loaded
+   once for the R rows. */
+AI void values_many(const struct attn_chunk_args *a, const int t, const int *rows,
+                    const float *corr, const float (*pj)[ATTN_CHUNK], const int R)
+{
+    const int hd = a->hd;
+    const __mmask16 tail = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1u) : (__mmask16)0xffff;
+    int gmax = 0, gmin = ATTN_CHUNK, n[MANY_VROWS];
+    UNROLL8
+    for (int i = 0; i < R; i++) {
+        n[i] = a->n[rows[i]];
+        gmax = n[i] > gmax ? n[i] : gmax;
+        gmin = n[i] < gmin ? n[i] : gmin;
+    }
+    for (int v = 0; 16 * v < hd; v++) {
+        const __mmask16 m = 16 * (v + 1) > hd ? tail : (__mmask16)0xffff;
+        __m512 x[MANY_VROWS];
+        UNROLL8
+        for (int i = 0; i < R; i++)
+            x[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a->acc + (size_t)rows[i] * hd + 16 * v),
+                                 _mm512_set1_ps(corr[i]));
+        int j = 0;
+        for (; j < gmin; j++) { /* positions every row sees */
+            const __m512 vv = load16(t, a->v[j], 16 * v, m);
+            UNROLL8
+            for (int i = 0; i < R; i++)
+                x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pj[i][j]), vv, x[i]);
+        }
+        for (; j < gmax; j++) {
+            const __m512 vv = load16(t, a->v[j], 16 * v, m);
+            UNROLL8
+            for (int i = 0; i < R; i++)
+                if (j < n[i]) /* the contract stops at the row's count */
+                    x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pj[i][j]), vv, x[i]);
+        }
+        UNROLL8
+        for (int i = 0; i < R; i++)
+            _mm512_mask_storeu_ps(a->acc + (size_t)rows[i] * hd + 16 * v, m, x[i]);
+    }
+}
+
+AI void chunk_many(const struct attn_chunk_args *a, const int t, const int *live, int nl)
+{
+    const int hd = a->hd;
+    int n_max = 0;
+    for (int k = 0; k < nl; k++)
+        n_max = a->n[live[k]] > n_max ? a->n[live[k]] : n_max;
+    _Alignas(64) float kt[ATTN_KT_HD * 16];
+    _Alignas(64) float pj[ATTN_MANY_MAXROWS][ATTN_CHUNK];
+    float corr[ATTN_MANY_MAXROWS];
+    keys_transposed(a, t, n_max, kt);
+    for (int k = 0; k < nl; k += MANY_QROWS) {
+        __m512 dots[MANY_QROWS];
+        const int R = nl - k < MANY_QROWS ? nl - k : MANY_QROWS;
+        if (R == MANY_QROWS)
+            dots_many(kt, hd, a->q, live + k, MANY_QROWS, dots);
+        else if (R == 2)
+            dots_many(kt, hd, a->q, live + k, 2, dots);
+        else
+            dots_many(kt, hd, a->q, live + k, 1, dots);
+        for (int i = 0; i < R; i++)
+            corr[k + i] = softmax_row(a, live[k + i], dots[i], pj[k + i]);
+    }
+    for (int k0 = 0; k0 < nl; k0 += MANY_VROWS) {
+        const int *rows = live + k0;
+        switch (nl - k0 < MANY_VROWS ? nl - k0 : MANY_VROWS) {
+        case 1: values_many(a, t, rows, corr + k0, pj + k0, 1); break;
+        case 2: values_many(a, t, rows, corr + k0, pj + k0, 2); break;
+        case 3: values_many(a, t, rows, corr + k0, pj + k0, 3); break;
+        case 4: values_many(a, t, rows, corr + k0, pj + k0, 4); break;
+        case 5: values_many(a, t, rows, corr + k0, pj + k0, 5); break;
+        case 6: values_many(a, t, rows, corr + k0, pj + k0, 6); break;
+        case 7: values_many(a, t, rows, corr + k0, pj + k0, 7); break;
+        default: values_many(a, t, rows, corr + k0, pj + k0, MANY_VROWS); break;
+        }
+    }
+}
+
 /* The chunk for one KV type: t is a constant in each caller, so the widening folds away.
    Rows with nothing visible are skipped; the rest go two at a time. */
 AI void chunk_typed(const struct attn_chunk_args *a, const int t)
 {
+    if (a->nq >= ATTN_MANY && a->hd <= ATTN_KT_HD) {
+        int live[ATTN_MANY_MAXROWS], nl = 0;
+        for (int r0 = 0; r0 < a->nq; r0 += ATTN_MANY_MAXROWS) {
+            nl = 0;
+            for (int r = r0; r < a->nq && r < r0 + ATTN_MANY_MAXROWS; r++)
+                if (a->n[r] > 0)
+                    live[nl++] = r;
+            if (nl)
+                chunk_many(a, t, live, nl);
+        }
+        return;
+    }
     int live[2], k = 0;
     for (int r = 0; r < a->nq; r++) {
         if (a->n[r] <= 0)
