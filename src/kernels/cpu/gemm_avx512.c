@@ -315,9 +315,10 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
 }
 
 /* Decode (one token) over two neighbouring 16-row groups, their blocks interleaved: the
-   second group's loads and chains overlap the first's. One group at a time streams Q4_0
-   at 9 GB/s from memory on one core here, two at 14-16 (the read probe: 14.8); Q8_0 13
-   -> 14. Each group's operations are tile_r16's, in the same order: same bits. */
+   second group's loads and chains overlap the first's. One group at a time streamed Q4_0
+   at 9-13 GB/s from memory on one Intel core, two at 16 (the read probe on that core:
+   15.5); Q8_0 13.3 -> 15.2. Each group's operations are tile_r16's, in the same order:
+   same bits. */
 AI void tile_r16_pair(const uint8_t *w0, size_t group_stride, const uint8_t *act, int64_t nb,
                       float *y, int valid, const int is_q8)
 {
