@@ -210,7 +210,7 @@ static size_t mats_plan(struct exec_weights *w)
 
 /* Fill the pool: repack the planned matrices, copy the other gemm matrices' rows, and set
    every act_row_bytes. */
-static int mats_repack(struct exec_weights *w, size_t total, struct weld_err *e)
+static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
 {
     const struct model_config *c = &w->m->cfg;
     int n = N_LAYER_MATS * c->n_layer + 1;
@@ -262,7 +262,7 @@ static int mats_create(struct exec_weights *w, struct weld_err *e)
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
                        model_where(w->m));
-    rc = mats_repack(w, mats_plan(w), e);
+    rc = mats_fill(w, mats_plan(w), e);
     if (rc)
         return rc;
     bool all_float = true;
