@@ -301,6 +301,12 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
         tl->y[(size_t)t * tl->ldy] = acc[t];
 }
 
+/* Prefetch distance of the float path's one-token products (bytes ahead in the row; the
+   rows of a matrix are adjacent, so the stream runs on into the next row), as AVX-512's. */
+#ifndef FLOAT_PREFETCH
+#define FLOAT_PREFETCH 2048
+#endif
+
 AI __m256 load_w8(const uint8_t *w, int64_t i, const int wt)
 {
     if (wt == DT_F32)
@@ -318,7 +324,10 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
     for (int t = 0; t < nt; t++)
         lo[t] = hi[t] = _mm256_setzero_ps();
     const int64_t k = tl->k, k16 = k / 16 * 16;
+    const int64_t es = wt == DT_F32 ? 4 : 2;
     for (int64_t i = 0; i < k16; i += 16) {
+        if (nt == 1 && ((es * i) & 63) == 0) /* decode: a prefetch per cache line */
+            _mm_prefetch((const char *)tl->w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
         const __m256 w0 = load_w8(tl->w, i, wt), w1 = load_w8(tl->w, i + 8, wt);
         UNROLL
         for (int t = 0; t < nt; t++) {
@@ -331,8 +340,7 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
         /* Zero-padded copies: the padding adds 0 * 0 to lanes the scalar path leaves alone. */
         uint8_t wb[64] = {0};
         float xb[16];
-        const size_t es = wt == DT_F32 ? 4 : 2;
-        memcpy(wb, tl->w + es * (size_t)k16, es * (size_t)(k - k16));
+        memcpy(wb, tl->w + es * k16, (size_t)(es * (k - k16)));
         const __m256 w0 = load_w8(wb, 0, wt), w1 = load_w8(wb, 8, wt);
         UNROLL
         for (int t = 0; t < nt; t++) {

@@ -14,7 +14,9 @@
  * sums (gemm_act_b64.corr) start the accumulation, so each lane ends as the exact signed
  * integer dot. K-quants: one row x the token tile, 64 elements per vpdpbusd, scales
  * applied with vpmulld into an int32 accumulator reduced once per super-block.
- * Float path: one row x the token tile, 16 f32 lanes per zmm, masked loads for the tail.
+ * Float path: FLOAT_TILE_ROW rows x FLOAT_TILE_TOK tokens (prefill) or one row (decode: a
+ * cache line per step, software-prefetched FLOAT_PREFETCH ahead), 16 f32 lanes per zmm,
+ * masked loads for the tail.
  *
  * Repacked Q8_0 / Q4_0 (GEMM_*_R16, gemm.h): one zmm lane per row of a 16-row group, so
  * a block costs eight vpdpbusd against broadcast 4-byte activation chunks and a single
@@ -56,6 +58,14 @@
 /* Prefetch distance of the repacked kernels (bytes ahead in the group's stream). */
 #ifndef GEMM_PREFETCH_R16
 #define GEMM_PREFETCH_R16 4096
+#endif
+
+/* Prefetch distance of the float path's one-token products (bytes ahead in the row; the
+   rows of a matrix are adjacent, so the stream runs on into the next row). Hardware
+   prefetch alone kept one core at ~16 GB/s and two at 87-89% of the read probe on the
+   1B F16 model (Intel SPR-class); 2 KiB ahead: 17 GB/s and 97-98%. */
+#ifndef FLOAT_PREFETCH
+#define FLOAT_PREFETCH 2048
 #endif
 
 /* Software prefetch distance (bytes ahead in each weight row). */
@@ -745,6 +755,15 @@ AI void tile_float(const struct tile *tl, const int nt, const int nr, const int 
             acc[r][t] = _mm512_setzero_ps();
     const int64_t k = tl->k;
     int64_t i = 0;
+    if (nt == 1 && nr == 1) { /* decode: one line per step, prefetched ahead */
+        const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es;
+        for (; i + step <= k; i += step) {
+            _mm_prefetch((const char *)tl->w0 + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
+            UNROLL
+            for (int64_t j = 0; j < step; j += 16)
+                float_step(tl, acc, i + j, 0xffff, nt, nr, wt);
+        }
+    }
     for (; i + 16 <= k; i += 16)
         float_step(tl, acc, i, 0xffff, nt, nr, wt);
     if (i < k)
