@@ -121,7 +121,7 @@ TEST(init_once)
 
 TEST(bandwidth_read_loops)
 {
-    const size_t n = (size_t)BW_STREAMS * 4096 * 3;
+    const size_t n = (size_t)BW_STREAMS * 4096 * 3 + BW_STREAMS * 256;
     uint64_t *buf = aligned_alloc(64, n);
     REQUIRE(buf);
     uint64_t x = 0x9e3779b97f4a7c15ull, want = 0;
@@ -132,7 +132,9 @@ TEST(bandwidth_read_loops)
     }
     CHECK(bw_read_scalar(buf, n) == want);
     if (isa_cpu_has(ISA_AVX512))
-        CHECK(bw_read_avx512(buf, n) == want);
+        for (int streams = 1; streams <= BW_STREAMS; streams += BW_STREAMS - 1)
+            for (size_t pf = 0; pf <= 2048; pf += 1024)
+                CHECK(bw_read_avx512(buf, n, streams, pf) == want);
     free(buf);
 }
 
@@ -148,6 +150,9 @@ TEST(bandwidth_probe)
     CHECK(r.gb_s_best > 0.1 && r.gb_s_best < 1e4 && r.gb_s_median <= r.gb_s_best);
     CHECK(r.bytes <= (64u << 20) && r.bytes >= (60u << 20) && r.threads == 2 && r.passes == 3);
     CHECK_EQ_STR(r.isa, isa_cpu_has(ISA_AVX512) ? "avx512" : "scalar");
+    REQUIRE(r.loop != NULL);
+    CHECK(strncmp(r.loop, r.isa, strlen(r.isa)) == 0);
+    CHECK(r.loops >= 1);
     printf("probe (64 MiB, 2 threads, mostly cache): best %.1f GB/s\n", r.gb_s_best);
 }
 

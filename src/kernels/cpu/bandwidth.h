@@ -4,14 +4,18 @@
  * reads every weight once per token, so this is the roofline `weld bench` reports decode
  * speed against.
  *
- * Method: one buffer of `bytes` (rounded down to 4 KiB per thread), filled once so every
- * page is backed; each thread (pinned to CPU i when it can be) owns a contiguous slice and
- * reads it as several independent streams (BW_STREAMS sub-slices walked side by side, two
- * 64-byte lines per stream per step, XOR-folded so no load is dead). A pass starts when
- * all threads leave a barrier and ends when the last one arrives at the next; the result
- * is the best pass (the machine is shared and noisy: the best is the repeatable figure)
- * and the median. The AVX-512 read loop (bandwidth_avx512.c) runs when the CPU has
- * ISA_AVX512, else a portable 64-bit loop.
+ * Method: one buffer of `bytes` (rounded down to 4 KiB per thread) in anonymous memory
+ * with huge pages requested, as the weight pool is (wmap_huge), filled once so every page
+ * is backed; each thread (pinned to CPU i when it can be) owns a contiguous slice. Every
+ * read loop of the CPU (bw_loops) makes `passes` passes; a pass starts when all threads
+ * leave a barrier and ends when the last one arrives at the next. The result is the best
+ * pass of any loop (the machine is shared and noisy: the best is the repeatable figure),
+ * the loop that made it, and that loop's median. The AVX-512 loops (bandwidth_avx512.c)
+ * read the slice as BW_STREAMS interleaved streams or as one, with and without a
+ * software prefetch: which wins depends on the core (one Intel SPR-class core: 4 streams
+ * 16.2 GB/s, one stream prefetched 1 KiB ahead 18.0; two cores 32.0 and 35.2), and the
+ * kernels' one-token products read one prefetched stream, so a probe without that loop
+ * understated the roof by ~9%. Without AVX-512, a portable 64-bit loop.
  *
  * Not here: write or copy bandwidth, latency, NUMA placement (one node assumed).
  */
@@ -26,11 +30,13 @@
 #define BW_STREAMS 4
 
 struct bw_result {
-    double gb_s_best;   /* 1e9 bytes per second, best pass */
-    double gb_s_median;
+    double gb_s_best;   /* 1e9 bytes per second, best pass of any loop */
+    double gb_s_median; /* median pass of the loop that made the best */
     size_t bytes;       /* bytes read per pass */
-    int threads, passes;
-    const char *isa;    /* read loop used: "avx512" or "scalar" */
+    int threads, passes; /* passes per loop */
+    int loops;          /* read loops tried */
+    const char *isa;    /* read loops used: "avx512" or "scalar" */
+    const char *loop;   /* the best one, e.g. "avx512, 1 stream, prefetch 1 KiB" */
     uint64_t checksum;  /* XOR of everything read in the last pass (keeps loads live) */
 };
 
@@ -41,8 +47,10 @@ int bw_probe(size_t bytes, int n_threads, int passes, struct bw_result *out,
              struct weld_err *e);
 
 /* The read loops: XOR-fold of n bytes at p (p 64-byte aligned, n a multiple of
-   BW_STREAMS * 128), read as BW_STREAMS interleaved streams. */
+   BW_STREAMS * 256). The scalar one reads BW_STREAMS interleaved streams; the AVX-512 one
+   `streams` (1..BW_STREAMS, n a multiple of streams * 256) of them, prefetching pf bytes
+   ahead in each (0: none). */
 uint64_t bw_read_scalar(const void *p, size_t n);
-uint64_t bw_read_avx512(const void *p, size_t n);
+uint64_t bw_read_avx512(const void *p, size_t n, int streams, size_t pf);
 
 #endif

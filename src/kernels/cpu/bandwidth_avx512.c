@@ -1,28 +1,37 @@
 /*
- * bandwidth_avx512 - the probe's read loop (see bandwidth.h): BW_STREAMS streams, two
- * 64-byte aligned loads per stream per step, folded into independent XOR accumulators so
- * the loads never wait on each other.
+ * bandwidth_avx512 - the probe's AVX-512 read loops (see bandwidth.h): `streams` (1 or
+ * BW_STREAMS) sub-slices walked side by side, 256 bytes (four lines) per stream per step,
+ * folded into independent XOR accumulators so the loads never wait on each other, with
+ * an optional software prefetch `pf` bytes ahead in every stream.
  */
 #include "kernels/cpu/bandwidth.h"
 
 #include <immintrin.h>
 
-uint64_t bw_read_avx512(const void *p, size_t n)
+#define BW_STEP 256
+
+uint64_t bw_read_avx512(const void *p, size_t n, int streams, size_t pf)
 {
-    const size_t per = n / BW_STREAMS;
+    if (streams < 1 || streams > BW_STREAMS)
+        streams = BW_STREAMS;
+    const size_t per = n / (size_t)streams;
     const uint8_t *s[BW_STREAMS];
-    for (int i = 0; i < BW_STREAMS; i++)
+    for (int i = 0; i < streams; i++)
         s[i] = (const uint8_t *)p + (size_t)i * per;
-    __m512i a[2 * BW_STREAMS];
-    for (int i = 0; i < 2 * BW_STREAMS; i++)
+    __m512i a[4 * BW_STREAMS];
+    for (int i = 0; i < 4 * BW_STREAMS; i++)
         a[i] = _mm512_setzero_si512();
-    for (size_t off = 0; off + 128 <= per; off += 128)
-        for (int i = 0; i < BW_STREAMS; i++) {
-            a[2 * i] = _mm512_xor_si512(a[2 * i], _mm512_load_si512(s[i] + off));
-            a[2 * i + 1] = _mm512_xor_si512(a[2 * i + 1], _mm512_load_si512(s[i] + off + 64));
+    for (size_t off = 0; off + BW_STEP <= per; off += BW_STEP)
+        for (int i = 0; i < streams; i++) {
+            const uint8_t *q = s[i] + off;
+            if (pf)
+                for (int l = 0; l < 4; l++)
+                    _mm_prefetch((const char *)q + pf + 64 * l, _MM_HINT_T0);
+            for (int l = 0; l < 4; l++)
+                a[4 * i + l] = _mm512_xor_si512(a[4 * i + l], _mm512_load_si512(q + 64 * l));
         }
     __m512i x = a[0];
-    for (int i = 1; i < 2 * BW_STREAMS; i++)
+    for (int i = 1; i < 4 * streams; i++)
         x = _mm512_xor_si512(x, a[i]);
     uint64_t v[8];
     _mm512_storeu_si512(v, x);

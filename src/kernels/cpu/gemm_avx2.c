@@ -589,9 +589,14 @@ AI void r16a_half(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t 
     }
 }
 
+/* Prefetch distance of r16a_both (bytes ahead in the group's stream). */
+#ifndef R16A_PREFETCH
+#define R16A_PREFETCH 1024
+#endif
+
 /* Both halves x nt (1 or 2) tokens: decode makes one pass over the group's weights, which
-   stream from memory, so the hardware prefetcher follows one stream. acc[t * 16 + i]:
-   row i, token t. */
+   stream from memory (one stream, prefetched R16A_PREFETCH ahead). acc[t * 16 + i]: row
+   i, token t. */
 AI void r16a_both(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t act_stride,
                   float *acc, const int nt, const int is_q8)
 {
@@ -603,6 +608,8 @@ AI void r16a_both(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t 
             f[t][h] = _mm256_loadu_ps(acc + 16 * t + 8 * h);
     const uint8_t *blk = blk0;
     for (int64_t b = 0; b < nblk; b++, blk += gbs) {
+        for (size_t off = 0; off < gbs; off += 64)
+            _mm_prefetch((const char *)blk + R16A_PREFETCH + off, _MM_HINT_T0);
         const int32_t *x4[2];
         int32_t corr[2];
         float dx[2];

@@ -57,7 +57,7 @@
 
 /* Prefetch distance of the repacked kernels (bytes ahead in the group's stream). */
 #ifndef GEMM_PREFETCH_R16
-#define GEMM_PREFETCH_R16 4096
+#define GEMM_PREFETCH_R16 2048
 #endif
 
 /* Prefetch distance of the float path's one-token products (bytes ahead in the row; the
