@@ -134,7 +134,8 @@ TEST(bandwidth_read_loops)
     if (isa_cpu_has(ISA_AVX512))
         for (int streams = 1; streams <= BW_STREAMS; streams += BW_STREAMS - 1)
             for (size_t pf = 0; pf <= 2048; pf += 1024)
-                CHECK(bw_read_avx512(buf, n, streams, pf) == want);
+                for (int pace = 0; pace <= 8; pace += 4)
+                    CHECK(bw_read_avx512(buf, n, streams, pf, 2 * pf, pace) == want);
     free(buf);
 }
 

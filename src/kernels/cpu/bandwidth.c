@@ -36,15 +36,18 @@ uint64_t bw_read_scalar(const void *p, size_t n)
 struct bw_loop {
     const char *name;
     int avx512, streams;
-    size_t pf;
+    size_t pf, pf2; /* software prefetch into L1, L2: bytes ahead (0 none) */
+    int pace;       /* dependent operations per line (bandwidth_avx512.c) */
 };
 
 static const struct bw_loop bw_loops[] = {
-    {"avx512, 4 streams", 1, BW_STREAMS, 0},
-    {"avx512, 4 streams, prefetch 2 KiB", 1, BW_STREAMS, 2048},
-    {"avx512, 1 stream", 1, 1, 0},
-    {"avx512, 1 stream, prefetch 1 KiB", 1, 1, 1024},
-    {"scalar, 4 streams", 0, BW_STREAMS, 0},
+    {"avx512, 4 streams", 1, BW_STREAMS, 0, 0, 0},
+    {"avx512, 4 streams, prefetch 2 KiB", 1, BW_STREAMS, 2048, 0, 0},
+    {"avx512, 1 stream", 1, 1, 0, 0, 0},
+    {"avx512, 1 stream, prefetch 1 KiB", 1, 1, 1024, 0, 0},
+    {"avx512, 1 stream, prefetch 2 KiB + 4 KiB to L2", 1, 1, 2048, 4096, 0},
+    {"avx512, 1 stream, prefetch 2 KiB + 4 KiB to L2, paced", 1, 1, 2048, 4096, 8},
+    {"scalar, 4 streams", 0, BW_STREAMS, 0, 0, 0},
 };
 #define BW_N_LOOPS ((int)(sizeof bw_loops / sizeof bw_loops[0]))
 
@@ -52,7 +55,7 @@ static uint64_t bw_read(const struct bw_loop *l, const void *p, size_t n)
 {
 #if defined(__x86_64__)
     if (l->avx512)
-        return bw_read_avx512(p, n, l->streams, l->pf);
+        return bw_read_avx512(p, n, l->streams, l->pf, l->pf2, l->pace);
 #endif
     return bw_read_scalar(p, n);
 }

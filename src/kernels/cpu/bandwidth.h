@@ -49,8 +49,9 @@ int bw_probe(size_t bytes, int n_threads, int passes, struct bw_result *out,
 /* The read loops: XOR-fold of n bytes at p (p 64-byte aligned, n a multiple of
    BW_STREAMS * 256). The scalar one reads BW_STREAMS interleaved streams; the AVX-512 one
    `streams` (1..BW_STREAMS, n a multiple of streams * 256) of them, prefetching pf bytes
-   ahead in each (0: none). */
+   ahead into L1 and pf2 into L2 in each (0: none), with `pace` (0, or a divisor of 64)
+   dependent operations per line. */
 uint64_t bw_read_scalar(const void *p, size_t n);
-uint64_t bw_read_avx512(const void *p, size_t n, int streams, size_t pf);
+uint64_t bw_read_avx512(const void *p, size_t n, int streams, size_t pf, size_t pf2, int pace);
 
 #endif
