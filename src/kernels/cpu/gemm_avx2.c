@@ -306,6 +306,12 @@ AI void tile_q6_K(const struct tile *tl, const int nt)
 #ifndef FLOAT_PREFETCH
 #define FLOAT_PREFETCH 2048
 #endif
+/* The one-token products' second prefetch, into L2, this far ahead (0: none). Two Intel
+   SPR-class cores under WELD_ISA=avx2, 2048 x 8192, one token: repacked Q8_0 14.9 ->
+   16.1, Q4_0 15.0 -> 16.2 GB/s per core, F16 unchanged (17.3); not measured on Zen. */
+#ifndef AVX2_PREFETCH_L2
+#define AVX2_PREFETCH_L2 4096
+#endif
 
 AI __m256 load_w8(const uint8_t *w, int64_t i, const int wt)
 {
@@ -326,8 +332,11 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
     const int64_t k = tl->k, k16 = k / 16 * 16;
     const int64_t es = wt == DT_F32 ? 4 : 2;
     for (int64_t i = 0; i < k16; i += 16) {
-        if (nt == 1 && ((es * i) & 63) == 0) /* decode: a prefetch per cache line */
+        if (nt == 1 && ((es * i) & 63) == 0) { /* decode: prefetches per cache line */
             _mm_prefetch((const char *)tl->w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
+            if (AVX2_PREFETCH_L2)
+                _mm_prefetch((const char *)tl->w + es * i + AVX2_PREFETCH_L2, _MM_HINT_T1);
+        }
         const __m256 w0 = load_w8(tl->w, i, wt), w1 = load_w8(tl->w, i + 8, wt);
         UNROLL
         for (int t = 0; t < nt; t++) {
@@ -608,8 +617,11 @@ AI void r16a_both(const uint8_t *blk0, int64_t nblk, const uint8_t *act, size_t 
             f[t][h] = _mm256_loadu_ps(acc + 16 * t + 8 * h);
     const uint8_t *blk = blk0;
     for (int64_t b = 0; b < nblk; b++, blk += gbs) {
-        for (size_t off = 0; off < gbs; off += 64)
+        for (size_t off = 0; off < gbs; off += 64) {
             _mm_prefetch((const char *)blk + R16A_PREFETCH + off, _MM_HINT_T0);
+            if (AVX2_PREFETCH_L2)
+                _mm_prefetch((const char *)blk + AVX2_PREFETCH_L2 + off, _MM_HINT_T1);
+        }
         const int32_t *x4[2];
         int32_t corr[2];
         float dx[2];
