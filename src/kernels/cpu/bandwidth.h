@@ -11,11 +11,12 @@
  * leave a barrier and ends when the last one arrives at the next. The result is the best
  * pass of any loop (the machine is shared and noisy: the best is the repeatable figure),
  * the loop that made it, and that loop's median. The AVX-512 loops (bandwidth_avx512.c)
- * read the slice as BW_STREAMS interleaved streams or as one, with and without a
- * software prefetch: which wins depends on the core (one Intel SPR-class core: 4 streams
- * 16.2 GB/s, one stream prefetched 1 KiB ahead 18.0; two cores 32.0 and 35.2), and the
- * kernels' one-token products read one prefetched stream, so a probe without that loop
- * understated the roof by ~9%. Without AVX-512, a portable 64-bit loop.
+ * read the slice as BW_STREAMS interleaved streams or as one, with and without software
+ * prefetches into L1 and L2, one of them paced: which wins depends on the core (one Intel
+ * SPR-class core: 4 streams 16.2 GB/s, one stream prefetched 2 KiB into L1 and 4 KiB into
+ * L2 18.6; two cores 32.0 and 35.7-37.9). The kernels' one-token products read one such
+ * stream, so a probe without those loops understated the roof by 10-15% there. Without
+ * AVX-512, a portable 64-bit loop.
  *
  * Not here: write or copy bandwidth, latency, NUMA placement (one node assumed).
  */

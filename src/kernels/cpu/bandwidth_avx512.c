@@ -5,8 +5,9 @@
  * optional software prefetches `pf` bytes ahead into L1 and `pf2` into L2, and an
  * optional pace: each line's accumulator goes through `pace` dependent rotations that
  * add up to the identity (the XOR is unchanged), so the loop issues loads at about the
- * rate a compute loop does. Paced loops read faster here: the hardware prefetchers keep
- * up with a loop that does not flood the load buffers.
+ * rate a compute loop does (in a one-off harness on the Intel test machine a loop paced
+ * by 7 dependent operations per line read 18.9 GB/s per core against 17.4 unpaced, two
+ * cores streaming; in the probe itself the unpaced prefetched loop has won so far).
  */
 #include "kernels/cpu/bandwidth.h"
 
@@ -47,7 +48,6 @@ uint64_t bw_read_avx512(const void *p, size_t n, int streams, size_t pf, size_t 
     __m512i x = a[0];
     for (int i = 1; i < 4 * streams; i++)
         x = _mm512_xor_si512(x, a[i]);
-
     uint64_t v[8];
     _mm512_storeu_si512(v, x);
     return v[0] ^ v[1] ^ v[2] ^ v[3] ^ v[4] ^ v[5] ^ v[6] ^ v[7];

@@ -351,14 +351,12 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
    second group's loads and chains overlap the first's. One group at a time streamed Q4_0
    at 9-13 GB/s from memory on one Intel core, two at 16 (the read probe on that core:
    15.5); Q8_0 13.3 -> 15.2. Each group's operations are tile_r16's, in the same order:
-   same bits. */
-/* 1: the pair's first stream, once past its group, prefetches the next pair's second
-   group instead (which would otherwise start cold: one cold start per 32 rows). Two cores,
-   2048 x 8192 Q8_0: 16.7-16.8 -> 17.2-17.7 GB/s each; 1B Q8_0 tg 24.6 / 24.9 -> 25.3 /
-   25.8, Q4_0 44.1 / 44.0 -> 45.4 / 44.0. */
-#ifndef GEMM_R16_PAIR_AHEAD
-#define GEMM_R16_PAIR_AHEAD 1
-#endif
+   same bits. Prefetches: the second group's stream runs on into the next pair's first
+   group; the first group's, once past its own group (the second, read already), goes on
+   in the next pair's second group, which would otherwise start cold once per 32 rows
+   (two cores, 2048 x 8192 Q8_0: 16.7-16.8 -> 17.2-17.7 GB/s each; 1B Q8_0 tg 24.6 / 24.9
+   -> 25.3 / 25.8). Past the last pair of a call they touch rows of other calls or
+   nothing at all: a prefetch never faults. */
 AI void tile_r16_pair(const uint8_t *w0, size_t group_stride, const uint8_t *act, int64_t nb,
                       float *y, int valid, const int is_q8)
 {
@@ -368,13 +366,10 @@ AI void tile_r16_pair(const uint8_t *w0, size_t group_stride, const uint8_t *act
     const uint8_t *blk0 = w0, *blk1 = w0 + group_stride, *end0 = w0 + group_stride;
     for (int64_t b = 0; b < nb; b++, blk0 += gbs, blk1 += gbs) {
         __m512i wq[8];
-        /* The first group's stream would prefetch into the second group, read already;
-           from there on it prefetches the next pair's second group (the second
-           group's stream runs on into the next pair's first). */
         const uint8_t *p0 = blk0 + GEMM_PREFETCH_R16, *q0 = blk0 + GEMM_PREFETCH_L2;
-        if (GEMM_R16_PAIR_AHEAD && p0 >= end0)
+        if (p0 >= end0) /* into the next pair's second group */
             p0 += 2 * group_stride;
-        if (GEMM_R16_PAIR_AHEAD && q0 >= end0)
+        if (q0 >= end0)
             q0 += 2 * group_stride;
         r16_prefetch(p0, q0, is_q8);
         r16_prefetch(blk1 + GEMM_PREFETCH_R16, blk1 + GEMM_PREFETCH_L2, is_q8);
@@ -932,9 +927,6 @@ static void gemm_rows(const struct gemm_args *a, int64_t r0, int64_t r1, int mul
    adjacent, so the prefetches run on from one row into the next; per row only the fold
    and the store (the tile path's per-row set-up and dispatch cost 5% at K = 2048). Each
    row is tile_float(1, 1): same operations, same bits. */
-#ifndef FLOAT_DECODE_LOOP
-#define FLOAT_DECODE_LOOP 1
-#endif
 AI void float_decode(const struct gemm_args *a, const int wt)
 {
     const uint8_t *w = (const uint8_t *)a->w + (size_t)a->r0 * a->w_row_bytes;
@@ -957,7 +949,7 @@ static void avx512_gemm(const struct gemm_args *a)
         gemm_r16kq(a, a->wtype == GEMM_Q6_K_R16);
         return;
     }
-    if (FLOAT_DECODE_LOOP && a->n_tok == 1 && gemm_act_kind(a->wtype) == GEMM_ACT_F32) {
+    if (a->n_tok == 1 && gemm_act_kind(a->wtype) == GEMM_ACT_F32) {
         if (a->wtype == DT_F16)
             float_decode(a, DT_F16);
         else if (a->wtype == DT_BF16)
