@@ -14,8 +14,9 @@
  * sums (gemm_act_b64.corr) start the accumulation, so each lane ends as the exact signed
  * integer dot. K-quants: one row x the token tile, 64 elements per vpdpbusd, scales
  * applied with vpmulld into an int32 accumulator reduced once per super-block.
- * Float path: FLOAT_TILE_ROW rows x FLOAT_TILE_TOK tokens (prefill) or one row (decode: a
- * cache line per step, software-prefetched FLOAT_PREFETCH ahead), 16 f32 lanes per zmm,
+ * Float path: FLOAT_TILE_ROW rows x FLOAT_TILE_TOK tokens (prefill) or, for one token,
+ * one row after another in one loop (float_decode: a cache line per step, prefetched
+ * FLOAT_PREFETCH ahead into L1 and GEMM_PREFETCH_L2 into L2), 16 f32 lanes per zmm,
  * masked loads for the tail.
  *
  * Repacked Q8_0 / Q4_0 (GEMM_*_R16, gemm.h): one zmm lane per row of a 16-row group, so
