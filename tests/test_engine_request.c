@@ -341,7 +341,7 @@ static int drive(struct request *rq, const int32_t *want, const int32_t *second,
             if (rq->seqs[i].finish != REQUEST_FINISH_NONE)
                 continue;
             bool fin;
-            if (request_seq_step(rq, i, logits, false, &fin, &e) != WELD_OK) {
+            if (request_seq_step(rq, i, logits, NULL, false, &fin, &e) != WELD_OK) {
                 fprintf(stderr, "step: %s\n", e.msg);
                 wfree(logits);
                 return -1;

@@ -542,6 +542,164 @@ TEST(speed_at_vocab_150k)
     free(l);
 }
 
+/* ---- the first pass (sampler_sample_ex with the LM head's top) ----------------------- */
+
+/* The row with edits applied, as the request used to hand the sampler a masked copy. */
+static void apply_edits(const float *l, int n, const struct sampler_edits *ed, float *out)
+{
+    memcpy(out, l, (size_t)n * sizeof *l);
+    for (int k = 0; ed && k < ed->n; k++)
+        out[ed->ids[k]] = ed->vals[k];
+}
+
+/* One seeded case: the same params and history on three samplers, drawing 40 tokens each
+   from the same row: (a) the first pass (top of the raw row + edits), (b) the full pass
+   with the edits, (c) the full pass on an edited copy. All must give the same tokens and
+   the same errors. */
+static int first_pass_case(const float *l, int n, struct sampler_params p,
+                           const struct sampler_edits *ed, const int32_t *hist, int n_hist,
+                           long long *hits)
+{
+    struct sampler *a = make(p, n), *b = make(p, n), *c = make(p, n);
+    for (int i = 0; i < n_hist; i++) {
+        sampler_accept(a, hist[i], i % 3 == 0);
+        sampler_accept(b, hist[i], i % 3 == 0);
+        sampler_accept(c, hist[i], i % 3 == 0);
+    }
+    struct logits_top top;
+    logits_top_scan(&top, l, n, 0);
+    float *edited = malloc((size_t)n * sizeof *edited);
+    apply_edits(l, n, ed, edited);
+    int bad = 0;
+    for (int draw = 0; draw < 40; draw++) {
+        int ta = -1, tb = -1, tc = -1;
+        struct weld_err ea, eb, ec;
+        int ra = sampler_sample_ex(a, l, &top, ed, &ta, &ea);
+        int rb = sampler_sample_ex(b, l, NULL, ed, &tb, &eb);
+        int rc = sampler_sample(c, edited, &tc, &ec);
+        if (ra != rb || rb != rc || ta != tb || tb != tc ||
+            (ra && (strcmp(ea.msg, eb.msg) || strcmp(eb.msg, ec.msg)))) {
+            fprintf(stderr, "  draw %d: first pass %d (%d), full %d (%d), copy %d (%d)%s%s\n",
+                    draw, ta, ra, tb, rb, tc, rc, ra ? ": " : "", ra ? ea.msg : "");
+            bad++;
+            break;
+        }
+        if (ra)
+            break;
+        if (draw % 4 == 3) { /* the history moves on */
+            sampler_accept(a, ta, false);
+            sampler_accept(b, ta, false);
+            sampler_accept(c, ta, false);
+        }
+    }
+    *hits += sampler_top_hits(a);
+    CHECK_EQ_INT(sampler_top_hits(b), 0);
+    free(edited);
+    sampler_free(a);
+    sampler_free(b);
+    sampler_free(c);
+    return bad;
+}
+
+TEST(first_pass_gives_the_full_pass_token)
+{
+    const int n = 3000;
+    float *l = malloc((size_t)n * sizeof *l);
+    struct rng g;
+    rng_seed(&g, 99);
+    int32_t ids[80], hist[200];
+    float vals[80];
+    int failures = 0, cases = 0;
+    long long hits = 0;
+    for (int it = 0; it < 400; it++) {
+        int kind = (int)(rng_u64(&g) % 4);
+        for (int i = 0; i < n; i++) /* 0: normal; 1: few levels (ties); 2: sharp; 3: NaN/inf */
+            l[i] = kind == 1 ? (float)(rng_u64(&g) % 5) : (float)(rng_normal(&g) * (kind == 2 ? 8 : 1));
+        if (kind == 3) {
+            uint64_t r = rng_u64(&g) % 3;
+            l[rng_u64(&g) % (uint64_t)n] = r == 0 ? NAN : r == 1 ? INFINITY : -INFINITY;
+        }
+        struct sampler_params p = sampler_params_default();
+        p.seed = rng_u64(&g);
+        int mode = (int)(rng_u64(&g) % 6);
+        p.temperature = mode == 0 ? 0.0f : 0.3f + (float)(rng_u64(&g) % 10) / 10.0f;
+        const int ks[] = {0, 1, 2, 5, 40, 63, 64, 65, 200};
+        p.top_k = ks[rng_u64(&g) % 9];
+        if (mode >= 3)
+            p.top_p = 0.5f + (float)(rng_u64(&g) % 50) / 100.0f;
+        if (mode >= 4)
+            p.min_p = (float)(rng_u64(&g) % 20) / 100.0f;
+        if (rng_u64(&g) % 3 == 0)
+            p.repetition_penalty = rng_u64(&g) % 2 ? 1.3f : 0.7f;
+        if (rng_u64(&g) % 3 == 0) {
+            p.frequency_penalty = 0.5f;
+            p.presence_penalty = rng_u64(&g) % 2 ? 0.25f : -0.5f;
+        }
+        int n_hist = (int)(rng_u64(&g) % 200);
+        for (int i = 0; i < n_hist; i++) /* often the row's best tokens */
+            hist[i] = (int32_t)(rng_u64(&g) % (i % 2 ? 100 : (uint64_t)n));
+        struct logits_top top;
+        logits_top_scan(&top, l, n, 0);
+        int n_ed = (int)(rng_u64(&g) % 4 == 0 ? rng_u64(&g) % 80 : 0);
+        for (int k = 0; k < n_ed; k++) {
+            int32_t id;
+            bool dup;
+            do { /* each id once: bans of the best tokens, biases anywhere */
+                id = k % 2 && top.n ? top.ids[rng_u64(&g) % (uint64_t)top.n]
+                                    : (int32_t)(rng_u64(&g) % (uint64_t)n);
+                dup = false;
+                for (int j = 0; j < k; j++)
+                    dup |= ids[j] == id;
+            } while (dup);
+            ids[k] = id;
+            vals[k] = k % 3 == 0 ? -INFINITY : l[id] + (float)(rng_normal(&g) * 5);
+        }
+        struct sampler_edits ed = {ids, vals, n_ed};
+        failures += first_pass_case(l, n, p, n_ed ? &ed : NULL, hist, n_hist, &hits);
+        cases++;
+        if (failures) {
+            fprintf(stderr, "  case %d: kind %d, T %g, top_k %d, top_p %g, min_p %g, rep %g, "
+                    "freq %g, pres %g, history %d, edits %d\n", it, kind,
+                    (double)p.temperature, p.top_k, (double)p.top_p, (double)p.min_p,
+                    (double)p.repetition_penalty, (double)p.frequency_penalty,
+                    (double)p.presence_penalty, n_hist, n_ed);
+            break;
+        }
+    }
+    CHECK_EQ_INT(failures, 0);
+    CHECK_EQ_INT(cases, 400);
+    printf("first pass: %lld of %d draws from the LM head's top\n", hits, 400 * 40);
+    CHECK(hits > 400 * 40 / 4); /* greedy or top-k <= 64 without NaN: about half the cases */
+    free(l);
+}
+
+/* Vocabularies up to LOGITS_TOP_K: top holds every token. */
+TEST(first_pass_small_vocab)
+{
+    float l[40];
+    struct rng g;
+    rng_seed(&g, 5);
+    int32_t hist[30], ids[3] = {3, 7, 11};
+    float vals[3] = {-INFINITY, 9.0f, -INFINITY};
+    for (int i = 0; i < 30; i++)
+        hist[i] = (int32_t)(rng_u64(&g) % 40);
+    int failures = 0;
+    long long hits = 0;
+    for (int it = 0; it < 50; it++) {
+        for (int i = 0; i < 40; i++)
+            l[i] = (float)rng_normal(&g);
+        struct sampler_params p = sampler_params_default();
+        p.temperature = it % 2 ? 0.7f : 0.0f;
+        p.top_k = 1 + it % 45;
+        p.repetition_penalty = it % 4 ? 1.0f : 1.2f; /* with penalties: the full pass */
+        p.seed = (uint64_t)it;
+        struct sampler_edits ed = {ids, vals, 3};
+        failures += first_pass_case(l, 40, p, it % 3 ? &ed : NULL, hist, 30, &hits);
+    }
+    CHECK_EQ_INT(failures, 0);
+    CHECK(hits > 0);
+}
+
 int main(void)
 {
     RUN(greedy_picks_argmax_lowest_index_on_ties);
@@ -557,5 +715,7 @@ int main(void)
     RUN(top_logprobs_match_brute_force);
     RUN(bad_input_is_reported);
     RUN(speed_at_vocab_150k);
+    RUN(first_pass_gives_the_full_pass_token);
+    RUN(first_pass_small_vocab);
     return test_summary();
 }

@@ -58,6 +58,8 @@ struct engine {
     int n_reqs;
     bool in_step;
     float *logits;               /* (cap_rows, n_vocab) */
+    struct logits_top *tops;     /* (cap_rows) each row's largest logits (the sampler's
+                                    first pass, made by the LM head) */
     int cap_rows;
     struct batch_seq *bseqs;     /* (cap_bseqs) */
     int cap_bseqs;
@@ -301,6 +303,7 @@ void engine_free(struct engine *eng)
     tokenizer_free(eng->own_tok);
     model_free(eng->own_model);
     wfree(eng->logits);
+    wfree(eng->tops);
     wfree(eng->bseqs);
     wfree(eng->row_entry);
     wfree(eng->copies);
@@ -444,7 +447,10 @@ static bool step_buffers(struct engine *eng, int n, int n_copies)
         int *re = wrealloc(eng->row_entry, (size_t)n * sizeof *re);
         if (re)
             eng->row_entry = re;
-        if (!l || !b || !re)
+        struct logits_top *tp = wrealloc(eng->tops, (size_t)n * sizeof *tp);
+        if (tp)
+            eng->tops = tp;
+        if (!l || !b || !re || !tp)
             return false;
         eng->cap_rows = eng->cap_bseqs = n;
     }
@@ -492,14 +498,15 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
 }
 
 /* Sequence i of er samples from row; the token is appended or the sequence released. */
-static void seq_sample(struct engine *eng, struct engine_req *er, int i, const float *row)
+static void seq_sample(struct engine *eng, struct engine_req *er, int i, const float *row,
+                       const struct logits_top *top)
 {
     struct request *r = er->r;
     struct sched_seq *ss = er->seqs[i].ss;
     struct weld_err e;
     bool fin;
     bool at_limit = ss->n_tokens + 1 >= eng->sc.max_model_len;
-    if (request_seq_step(r, i, row, at_limit, &fin, &e) != WELD_OK) {
+    if (request_seq_step(r, i, row, top, at_limit, &fin, &e) != WELD_OK) {
         log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
         req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
         return;
@@ -521,7 +528,8 @@ static void seq_sample(struct engine *eng, struct engine_req *er, int i, const f
 }
 
 /* An entry that reached the end of its tokens: fork (n > 1, first time), then sample. */
-static void entry_sample(struct engine *eng, struct engine_seq *es, const float *row)
+static void entry_sample(struct engine *eng, struct engine_seq *es, const float *row,
+                         const struct logits_top *top)
 {
     struct engine_req *er = es->er;
     struct request *r = er->r;
@@ -531,7 +539,7 @@ static void entry_sample(struct engine *eng, struct engine_seq *es, const float 
         eng->st.cached_tokens += (uint64_t)r->n_cached;
     }
     if (es->index != 0 || er->forked || r->n_seqs == 1) {
-        seq_sample(eng, er, es->index, row);
+        seq_sample(eng, er, es->index, row, top);
         return;
     }
     er->forked = true;
@@ -546,7 +554,7 @@ static void entry_sample(struct engine *eng, struct engine_seq *es, const float 
     uint64_t id = r->id;
     for (int i = 0; i < r->n_seqs; i++) {
         bool last = i == r->n_seqs - 1;
-        seq_sample(eng, er, i, row);
+        seq_sample(eng, er, i, row, top);
         if (last || !req_find(eng, id))
             return;
     }
@@ -601,7 +609,7 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
     int rc = plan_to_batch(eng, pl, &b, e);
     if (rc == WELD_OK && b.n_seqs > 0) {
         double t0 = time_now();
-        rc = runner_forward(eng->run, &b, eng->logits, e);
+        rc = runner_forward_top(eng->run, &b, eng->logits, eng->tops, e);
         eng->st.t_forward += time_now() - t0;
     }
     if (rc) {
@@ -617,7 +625,8 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
     for (int j = 0; j < b.n_seqs; j++) {
         const struct sched_entry *en = &pl->entries[eng->row_entry[j]];
         if (en->seq && en->sample)
-            entry_sample(eng, en->seq->user, eng->logits + (size_t)j * (size_t)eng->n_vocab);
+            entry_sample(eng, en->seq->user, eng->logits + (size_t)j * (size_t)eng->n_vocab,
+                         &eng->tops[j]);
     }
     return WELD_OK;
 }

@@ -202,7 +202,8 @@ void request_free(struct request *r)
     wfree((void *)r->p.logit_bias_ids);
     wfree((void *)r->p.logit_bias);
     wfree(r->prompt);
-    wfree(r->scratch);
+    wfree(r->edit_ids);
+    wfree(r->edit_vals);
     wfree(r->top_ids);
     wfree(r->top_lps);
     wfree(r->eog_ids);
@@ -274,6 +275,15 @@ static bool collect_eog(struct request *r)
     return true;
 }
 
+/* Room for the most edits a step can make (row_edits). */
+static bool edits_alloc(struct request *r)
+{
+    size_t n = (size_t)r->n_eog + (size_t)r->p.n_stop_token_ids + (size_t)r->p.n_logit_bias;
+    r->edit_ids = wmalloc((n ? n : 1) * sizeof *r->edit_ids);
+    r->edit_vals = wmalloc((n ? n : 1) * sizeof *r->edit_vals);
+    return r->edit_ids && r->edit_vals;
+}
+
 static int seq_init(struct request *r, int i, struct weld_err *e)
 {
     struct request_seq *s = &r->seqs[i];
@@ -324,10 +334,10 @@ int request_create(struct request **out, uint64_t id, const struct request_param
         r->cb = *cb;
     r->t_arrival = time_now();
     if (!copy_params(r, p) || !(r->prompt = wmalloc((size_t)n_prompt * sizeof *r->prompt)) ||
-        !(r->scratch = wmalloc((size_t)n_vocab * sizeof *r->scratch)) ||
         !(r->top_ids = wmalloc(REQUEST_MAX_LOGPROBS * sizeof *r->top_ids)) ||
         !(r->top_lps = wmalloc(REQUEST_MAX_LOGPROBS * sizeof *r->top_lps)) ||
-        !collect_eog(r) || !(r->seqs = wcalloc((size_t)p->n, sizeof *r->seqs))) {
+        !collect_eog(r) || !edits_alloc(r) ||
+        !(r->seqs = wcalloc((size_t)p->n, sizeof *r->seqs))) {
         rc = err_set(e, WELD_ERR_NOMEM, "request: out of memory");
         goto fail;
     }
@@ -410,20 +420,44 @@ static bool is_stop_token(const struct request *r, int32_t t)
 
 /* Logits to sample from: the raw row, or a copy with eog / stop ids masked while
    min_tokens is not reached and logit_bias added. */
-static const float *masked_logits(struct request *r, const struct request_seq *s,
-                                  const float *logits)
+/* Index of id in the step's edit list, or -1. */
+static int edit_index(const struct request *r, int n, int32_t id)
+{
+    for (int k = 0; k < n; k++)
+        if (r->edit_ids[k] == id)
+            return k;
+    return -1;
+}
+
+/* What sampling changes in the raw row this step (sampler_edits, each token once): under
+   min_tokens the eog and stop token ids get -inf, then each logit_bias entry is added to
+   its token's (possibly masked) logit, in order. NULL when nothing changes. */
+static const struct sampler_edits *row_edits(struct request *r, const struct request_seq *s,
+                                             const float *logits, struct sampler_edits *ed)
 {
     bool mask = s->n_tokens < r->p.min_tokens && (r->n_eog || r->p.n_stop_token_ids);
     if (!mask && !r->p.n_logit_bias)
-        return logits;
-    memcpy(r->scratch, logits, (size_t)r->n_vocab * sizeof *logits);
-    for (int k = 0; mask && k < r->n_eog; k++)
-        r->scratch[r->eog_ids[k]] = -INFINITY;
-    for (int k = 0; mask && k < r->p.n_stop_token_ids; k++)
-        r->scratch[r->p.stop_token_ids[k]] = -INFINITY;
-    for (int k = 0; k < r->p.n_logit_bias; k++)
-        r->scratch[r->p.logit_bias_ids[k]] += r->p.logit_bias[k];
-    return r->scratch;
+        return NULL;
+    int n = 0;
+    for (int k = 0; mask && k < r->n_eog + r->p.n_stop_token_ids; k++) {
+        int32_t id = k < r->n_eog ? r->eog_ids[k] : r->p.stop_token_ids[k - r->n_eog];
+        if (edit_index(r, n, id) < 0) {
+            r->edit_ids[n] = id;
+            r->edit_vals[n++] = -INFINITY;
+        }
+    }
+    for (int k = 0; k < r->p.n_logit_bias; k++) {
+        int32_t id = r->p.logit_bias_ids[k];
+        int j = edit_index(r, n, id);
+        if (j < 0) {
+            j = n++;
+            r->edit_ids[j] = id;
+            r->edit_vals[j] = logits[id];
+        }
+        r->edit_vals[j] += r->p.logit_bias[k];
+    }
+    *ed = (struct sampler_edits){r->edit_ids, r->edit_vals, n};
+    return ed;
 }
 
 static void seq_finish(struct request *r, struct request_seq *s, enum request_finish f)
@@ -507,8 +541,9 @@ static bool seq_push_token(struct request_seq *s, int32_t t)
     return true;
 }
 
-int request_seq_step(struct request *r, int i, const float *logits, bool at_ctx_limit,
-                     bool *finished, struct weld_err *e)
+int request_seq_step(struct request *r, int i, const float *logits,
+                     const struct logits_top *top, bool at_ctx_limit, bool *finished,
+                     struct weld_err *e)
 {
     *finished = false;
     if (i < 0 || i >= r->n_seqs || r->seqs[i].finish != REQUEST_FINISH_NONE)
@@ -516,7 +551,8 @@ int request_seq_step(struct request *r, int i, const float *logits, bool at_ctx_
                        (unsigned long long)r->id, i);
     struct request_seq *s = &r->seqs[i];
     int token, rc;
-    if ((rc = sampler_sample(s->smp, masked_logits(r, s, logits), &token, e)))
+    struct sampler_edits ed;
+    if ((rc = sampler_sample_ex(s->smp, logits, top, row_edits(r, s, logits, &ed), &token, e)))
         return err_prefix(e, "request %llu seq %d", (unsigned long long)r->id, i);
     if (!seq_push_token(s, token))
         return err_set(e, WELD_ERR_NOMEM, "request: out of memory");

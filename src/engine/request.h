@@ -149,7 +149,8 @@ struct request {
     int n_seqs, n_finished;
     struct request_callbacks cb;
     double t_arrival, t_scheduled, t_first_token, t_finish; /* time_now(); 0: not yet */
-    float *scratch;                  /* (n_vocab) masked logits copy */
+    int32_t *edit_ids;               /* (n_eog + n_stop_token_ids + n_logit_bias) one */
+    float *edit_vals;                /* step's sampler_edits: masks, then biases */
     int32_t *top_ids;                /* (REQUEST_MAX_LOGPROBS) */
     float *top_lps;                  /* (REQUEST_MAX_LOGPROBS) */
     int32_t *eog_ids;                /* (n_eog) ids masked under min_tokens */
@@ -177,10 +178,13 @@ int request_create(struct request **out, uint64_t id, const struct request_param
 void request_free(struct request *r);
 
 /* Sample sequence i's next token from its logits row (n_vocab floats, not modified) and
-   run the output path. at_ctx_limit: the sequence has no room for another token, so it
-   finishes "length" unless something else stops it. *finished: it has now finished. */
-int request_seq_step(struct request *r, int i, const float *logits, bool at_ctx_limit,
-                     bool *finished, struct weld_err *e);
+   run the output path. top: the row's largest logits from the backend (exec/logits_top.h),
+   or NULL; with it greedy and top-k sampling skip the pass over the row (same token).
+   at_ctx_limit: the sequence has no room for another token, so it finishes "length"
+   unless something else stops it. *finished: it has now finished. */
+int request_seq_step(struct request *r, int i, const float *logits,
+                     const struct logits_top *top, bool at_ctx_limit, bool *finished,
+                     struct weld_err *e);
 /* The last token of sequence i that the model has not consumed yet (its last generated
    token), or -1 before the first. */
 int32_t request_seq_last_token(const struct request *r, int i);

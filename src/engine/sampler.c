@@ -51,6 +51,7 @@ struct sampler {
     struct hist_slot *hist; /* (hist_cap) */
     int hist_cap, hist_used;
     struct cand *cand;      /* (n_vocab), lazily allocated */
+    long long top_hits;     /* draws made from a logits_top alone */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -261,33 +262,6 @@ static void cand_top_sorted(struct cand *a, size_t n, size_t k)
 /* ------------------------------------------------------------------------------------- */
 /* the pipeline */
 
-/* Copy logits into cand (indexed by token) and apply the penalties. */
-static int load_and_penalize(struct sampler *s, const float *logits, struct weld_err *e)
-{
-    struct cand *c = s->cand;
-    for (int i = 0; i < s->n_vocab; i++) {
-        if (isnan(logits[i]))
-            return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
-        c[i].v = logits[i];
-        c[i].i = i;
-    }
-    const struct sampler_params *p = &s->p;
-    if (p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-        p->presence_penalty == 0.0f)
-        return WELD_OK;
-    for (int k = 0; k < s->hist_cap; k++) {
-        const struct hist_slot *h = &s->hist[k];
-        if (h->token == -1)
-            continue;
-        float *l = &c[h->token].v;
-        if (p->repetition_penalty != 1.0f)
-            *l = *l > 0.0f ? *l / p->repetition_penalty : *l * p->repetition_penalty;
-        if (h->gen_count > 0)
-            *l -= (float)h->gen_count * p->frequency_penalty + p->presence_penalty;
-    }
-    return WELD_OK;
-}
-
 /* Keep the smallest most-probable prefix of c[0, *nc) (weights, *z their sum) whose mass
    reaches top_p * z; sorts only as much of the head as it needs. */
 static void apply_top_p(struct cand *c, size_t *nc, double *z, float top_p)
@@ -315,23 +289,149 @@ static void apply_top_p(struct cand *c, size_t *nc, double *z, float top_p)
     }
 }
 
+static bool penalties_on(const struct sampler_params *p)
+{
+    return p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+           p->presence_penalty != 0.0f;
+}
+
+/* Logit l of a token with history h, penalized (step 1 and 2 of sampler.h). */
+static float penalize(const struct sampler_params *p, const struct hist_slot *h, float l)
+{
+    if (p->repetition_penalty != 1.0f)
+        l = l > 0.0f ? l / p->repetition_penalty : l * p->repetition_penalty;
+    if (h->gen_count > 0)
+        l -= (float)h->gen_count * p->frequency_penalty + p->presence_penalty;
+    return l;
+}
+
+/* Copy logits into cand (indexed by token), apply the edits, then the penalties. */
+static int load_and_penalize(struct sampler *s, const float *logits,
+                             const struct sampler_edits *ed, struct weld_err *e)
+{
+    struct cand *c = s->cand;
+    bool nan = false;
+    for (int i = 0; i < s->n_vocab; i++) {
+        nan |= isnan(logits[i]);
+        c[i].v = logits[i];
+        c[i].i = i;
+    }
+    for (int k = 0; ed && k < ed->n; k++)
+        c[ed->ids[k]].v = ed->vals[k];
+    for (int i = 0; nan && i < s->n_vocab; i++) /* an edit may have replaced it */
+        if (isnan(c[i].v))
+            return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
+    const struct sampler_params *p = &s->p;
+    if (!penalties_on(p))
+        return WELD_OK;
+    for (int k = 0; k < s->hist_cap; k++) {
+        const struct hist_slot *h = &s->hist[k];
+        if (h->token != -1)
+            c[h->token].v = penalize(p, h, c[h->token].v);
+    }
+    return WELD_OK;
+}
+
+static int edit_find(const struct sampler_edits *ed, int32_t id)
+{
+    for (int k = 0; ed && k < ed->n; k++)
+        if (ed->ids[k] == id)
+            return k;
+    return -1;
+}
+
+/* Token id's logit after edits and penalties (step 2 of load_and_penalize, for one). */
+static float final_logit(const struct sampler *s, const float *logits,
+                         const struct sampler_edits *ed, int32_t id)
+{
+    int k = edit_find(ed, id);
+    float v = k >= 0 ? ed->vals[k] : logits[id];
+    if (penalties_on(&s->p)) {
+        const struct hist_slot *h = hist_slot_for(s->hist, s->hist_cap, id);
+        if (h->token == id)
+            v = penalize(&s->p, h, v);
+    }
+    return v;
+}
+
+static bool modified(const struct sampler *s, const struct sampler_edits *ed, int32_t id)
+{
+    if (edit_find(ed, id) >= 0)
+        return true;
+    return penalties_on(&s->p) && hist_slot_for(s->hist, s->hist_cap, id)->token == id;
+}
+
+/* The first pass from the LM head instead of one over the row (exec/logits_top.h): put the
+   `need` best tokens after edits and penalties into cand[0, need), best first, and return
+   true, when top makes that exact. Tokens the edits or penalties change (the modified
+   set) are scored from logits; every other token keeps its raw logit and rank, so if top
+   holds at least `need` unmodified tokens, no token outside top and the modified set can
+   be among the best `need`. Returns false (nothing to trust) when a NaN was seen, when top
+   is short, when the modified set is large enough that a pass over the row is as cheap,
+   or when sampling would stop at an infinite logit (the full path reports it). */
+static bool load_from_top(struct sampler *s, const float *logits, const struct logits_top *top,
+                          const struct sampler_edits *ed, size_t need)
+{
+    const struct sampler_params *p = &s->p;
+    const bool pen = penalties_on(p);
+    if (!top || top->n_nan || need > LOGITS_TOP_K || (ed && ed->n > LOGITS_TOP_K) ||
+        (pen && (size_t)s->hist_cap > (size_t)s->n_vocab / 8))
+        return false;
+    struct cand *c = s->cand;
+    size_t n = 0;
+    for (int j = 0; j < top->n; j++)
+        if (!modified(s, ed, top->ids[j]))
+            c[n++] = (struct cand){top->vals[j], top->ids[j]};
+    if (n < need && top->n < s->n_vocab)
+        return false;
+    /* every id below is distinct (edits name each token once), so n <= n_vocab */
+    for (int k = 0; ed && k < ed->n; k++)
+        c[n++] = (struct cand){final_logit(s, logits, ed, ed->ids[k]), ed->ids[k]};
+    for (int k = 0; pen && k < s->hist_cap; k++) {
+        int32_t id = s->hist[k].token;
+        if (id != -1 && edit_find(ed, id) < 0) {
+            WELD_ASSERT(n < (size_t)s->n_vocab);
+            c[n++] = (struct cand){final_logit(s, logits, ed, id), id};
+        }
+    }
+    cand_top_sorted(c, n, need);
+    return p->temperature < SAMPLER_EPS || !isinf(c[0].v);
+}
+
 /* Run steps 3-6 of sampler.h into s->cand[0, *nc) with weights summing to *z; for greedy
-   *nc = 1 and the weight is 1. */
-static int build_candidates(struct sampler *s, const float *logits, size_t *nc, double *z,
-                            struct weld_err *e)
+   *nc = 1 and the weight is 1. With top-k the survivors are in rank order (best first),
+   so the sums and the draw below do not depend on how they were found. */
+static int build_candidates(struct sampler *s, const float *logits,
+                            const struct logits_top *top, const struct sampler_edits *ed,
+                            size_t *nc, double *z, struct weld_err *e)
 {
     if (!s->cand && !(s->cand = wmalloc((size_t)s->n_vocab * sizeof *s->cand)))
         return err_set(e, WELD_ERR_NOMEM, "sampler: out of memory for %d candidates",
                        s->n_vocab);
-    int rc = load_and_penalize(s, logits, e);
-    if (rc != WELD_OK)
-        return rc;
     struct cand *c = s->cand;
+    const bool greedy = s->p.temperature < SAMPLER_EPS;
+    const bool topk = s->p.top_k > 0 && s->p.top_k < s->n_vocab;
     size_t n = (size_t)s->n_vocab, best = 0;
-    for (size_t i = 1; i < n; i++)
-        if (c[i].v > c[best].v)
-            best = i;
-    if (s->p.temperature < SAMPLER_EPS) {
+    if ((greedy || topk) && load_from_top(s, logits, top, ed, greedy ? 1 : (size_t)s->p.top_k)) {
+        n = greedy ? 1 : (size_t)s->p.top_k; /* sorted: the best is c[0] */
+        s->top_hits++;
+    } else {
+        int rc = load_and_penalize(s, logits, ed, e);
+        if (rc != WELD_OK)
+            return rc;
+        for (size_t i = 1; i < n; i++)
+            if (c[i].v > c[best].v)
+                best = i;
+        if (!greedy && topk) {
+            if (isinf(c[best].v))
+                return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%zu] is %s", best,
+                               c[best].v > 0 ? "+inf" : "-inf, as is every logit");
+            cand_top_sorted(c, n, (size_t)s->p.top_k);
+            n = (size_t)s->p.top_k;
+            best = 0;
+        }
+    }
+    if (greedy) {
         c[0] = (struct cand){1.0f, c[best].i};
         *nc = 1;
         *z = 1.0;
@@ -342,10 +442,6 @@ static int build_candidates(struct sampler *s, const float *logits, size_t *nc, 
         return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%zu] is %s", best,
                        maxv > 0 ? "+inf" : "-inf, as is every logit");
     *nc = n;
-    if (s->p.top_k > 0 && (size_t)s->p.top_k < n) {
-        cand_select(c, n, (size_t)s->p.top_k);
-        *nc = (size_t)s->p.top_k;
-    }
     const float inv_t = 1.0f / s->p.temperature;
     double sum = 0.0;
     for (size_t i = 0; i < *nc; i++) {
@@ -369,11 +465,19 @@ static int build_candidates(struct sampler *s, const float *logits, size_t *nc, 
     return WELD_OK;
 }
 
+long long sampler_top_hits(const struct sampler *s) { return s->top_hits; }
+
 int sampler_sample(struct sampler *s, const float *logits, int *token, struct weld_err *e)
+{
+    return sampler_sample_ex(s, logits, NULL, NULL, token, e);
+}
+
+int sampler_sample_ex(struct sampler *s, const float *logits, const struct logits_top *top,
+                      const struct sampler_edits *ed, int *token, struct weld_err *e)
 {
     size_t nc;
     double z;
-    int rc = build_candidates(s, logits, &nc, &z, e);
+    int rc = build_candidates(s, logits, top, ed, &nc, &z, e);
     if (rc != WELD_OK)
         return rc;
     const struct cand *c = s->cand;
@@ -400,7 +504,7 @@ int sampler_probs(struct sampler *s, const float *logits, float *probs, struct w
 {
     size_t nc;
     double z;
-    int rc = build_candidates(s, logits, &nc, &z, e);
+    int rc = build_candidates(s, logits, NULL, NULL, &nc, &z, e);
     if (rc != WELD_OK)
         return rc;
     memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);

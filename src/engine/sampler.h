@@ -8,17 +8,29 @@
  * so speculative decoding can reject it.
  *
  * Order of operations (vLLM's, on a private copy; the caller's logits are never modified):
+ *   0. the caller's edits (sampler_edits: logit_bias, tokens banned before min_tokens)
  *   1. repetition penalty r over tokens seen in prompt or output: l > 0 ? l / r : l * r
  *   2. frequency and presence penalties over generated tokens only:
  *        l -= count * frequency_penalty + (count > 0) * presence_penalty
  *   3. temperature < 1e-5: greedy, argmax with the lowest index on ties (top-k/p/min-p
  *      ignored); else l /= temperature
- *   4. top-k: keep the k largest (ties broken by lower index; exactly k survive)
+ *   4. top-k: keep the k largest (ties broken by lower index; exactly k survive), in that
+ *      order (largest first) for everything below
  *   5. top-p: over what top-k kept, keep the smallest most-probable prefix whose mass is
  *      >= top_p (always at least one token)
  *   6. min-p: drop tokens whose probability is below min_p * (largest probability)
  *   7. draw from the renormalized survivors with the sampler's xoshiro rng
  * The same parameters, seed, history and logits always give the same token.
+ *
+ * The first pass (sampler_sample_ex with a struct logits_top): greedy and top-k sampling
+ * with k <= LOGITS_TOP_K need only the row's best tokens after edits and penalties. The
+ * backend hands over each row's LOGITS_TOP_K largest raw logits, found by the LM head
+ * while it wrote them (exec/logits_top.h); the sampler rescores the tokens that edits or
+ * penalties change (from the row) and keeps the rest of top as it is, which is exact
+ * whenever top holds k unchanged tokens. It then costs O(k + edits + history) instead of
+ * a copy and a selection over n_vocab (a 128k vocabulary: ~0.5 ms a token), and gives the
+ * very token the full pass would, which it falls back to whenever it cannot be sure
+ * (a NaN in the row, too few unchanged candidates, top-p or min-p without top-k, ...).
  *
  * Logprobs (sampler_top_logprobs, sampler_logprob) are of the raw logits row, log_softmax
  * with no penalty or temperature applied, which is what vLLM reports by default.
@@ -27,6 +39,7 @@
 #define WELD_ENGINE_SAMPLER_H
 
 #include "core/err.h"
+#include "exec/logits_top.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -61,6 +74,22 @@ int sampler_accept(struct sampler *s, int token, bool is_prompt);
 /* Pick the next token from logits (n_vocab floats). Errors: a NaN logit, a +inf logit
    (outside greedy), or every logit -inf (outside greedy). */
 int sampler_sample(struct sampler *s, const float *logits, int *token, struct weld_err *e);
+/* What a request changes in a raw logits row before sampling: token ids[k]'s logit becomes
+   vals[k] (each id once, in [0, n_vocab); -INFINITY bans a token). */
+struct sampler_edits {
+    const int32_t *ids;
+    const float *vals;
+    int n;
+};
+
+/* sampler_sample on logits with edits ed applied (NULL: none), taking the best tokens from
+   top (the row's raw LOGITS_TOP_K largest; NULL: none) instead of a pass over the row when
+   that is exact (see above). The token and errors are those of sampler_sample on the
+   edited row. */
+int sampler_sample_ex(struct sampler *s, const float *logits, const struct logits_top *top,
+                      const struct sampler_edits *ed, int *token, struct weld_err *e);
+/* Tokens this sampler drew from a logits_top without a pass over the row (since create). */
+long long sampler_top_hits(const struct sampler *s);
 /* The distribution sampler_sample draws from, after every step above: probs gets n_vocab
    values summing to 1, zero for filtered tokens (one-hot for greedy). */
 int sampler_probs(struct sampler *s, const float *logits, float *probs, struct weld_err *e);

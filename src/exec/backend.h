@@ -26,6 +26,7 @@
 
 #include "core/err.h"
 #include "exec/batch.h"
+#include "exec/logits_top.h"
 #include "model/model.h"
 
 #include <stdbool.h>
@@ -66,12 +67,15 @@ struct backend_iface {
     int (*ctx_create)(void **ctx, const struct model *m, const struct backend_params *p,
                       struct weld_err *e);
     void (*ctx_free)(void *ctx);
-    /* required: validate and run one step; logits is (batch_n_logit_rows, n_vocab). On
-       a validation failure nothing changes; with internal placement the batch's sequences
-       are left as they were before any failure. With engine tables the backend keeps no
-       per-sequence state: a failed run may have done the copies and written slots at
-       positions >= pos, never below. */
-    int (*forward)(void *ctx, const struct batch *b, float *logits, struct weld_err *e);
+    /* required: validate and run one step; logits is (batch_n_logit_rows, n_vocab);
+       tops, if not NULL, (batch_n_logit_rows) gets each logit row's LOGITS_TOP_K largest
+       logits (the sampler's first pass, made while the LM head wrote the row:
+       exec/logits_top.h). On a validation failure nothing changes; with internal
+       placement the batch's sequences are left as they were before any failure. With
+       engine tables the backend keeps no per-sequence state: a failed run may have done
+       the copies and written slots at positions >= pos, never below. */
+    int (*forward)(void *ctx, const struct batch *b, float *logits, struct logits_top *tops,
+                   struct weld_err *e);
     /* required: forget a sequence's cached positions (internal placement; no-op for
        engine tables, whose blocks the engine frees) */
     void (*drop_seq)(void *ctx, int seq_id);

@@ -7,8 +7,10 @@
  * changes) and reserve them; find or build the program for the batch's shape (a small
  * round-robin cache of PROG_CACHE programs, so alternating prefill/decode shapes do not
  * rebuild every step); flatten tokens, positions and per-sequence tables; grow the
- * activation arena to the program's plan; do the batch's block copies; run the executor.
- * If the executor fails, internally placed sequences are truncated back to where the
+ * activation arena to the program's plan; do the batch's block copies; run the executor;
+ * when the caller wants each logit row's top (the sampler's first pass), merge the tops
+ * the FINAL instructions kept of their slices (logits_top.h), a few hundred candidates a
+ * row. If the executor fails, internally placed sequences are truncated back to where the
  * batch started.
  *
  * Memory: weights are the model's (never copied, except small vectors in exec_weights);
@@ -48,6 +50,9 @@ struct cpu_ctx {
     float *rope;      /* (cap_rope, rope_dim) exec_rope_row of positions [0, cap_rope): made
                          once per position, not per QKV instruction and tile (pow, cos, sin) */
     int cap_rope;
+    struct logits_top *slices; /* (cap_slices) per (logit row, FINAL slice) tops of a step
+                                  whose caller wants tops, merged per row after the run */
+    size_t cap_slices;
     char desc[256];
 };
 
@@ -67,6 +72,7 @@ static void cpu_ctx_free(void *ctx)
     wfree(c->tables);
     wfree(c->arena);
     wfree(c->rope);
+    wfree(c->slices);
     wfree(c);
 }
 
@@ -213,7 +219,23 @@ static int grow_rope(struct cpu_ctx *c, int need, struct weld_err *e)
     return WELD_OK;
 }
 
-static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct weld_err *e)
+/* Room for the per-slice tops of program p's logit rows. */
+static int grow_slices(struct cpu_ctx *c, const struct program *p, struct weld_err *e)
+{
+    size_t need = (size_t)p->n_logit_rows * (size_t)exec_final_slices(p);
+    if (need <= c->cap_slices)
+        return WELD_OK;
+    struct logits_top *s = wrealloc(c->slices, need * sizeof *s);
+    if (!s)
+        return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory for %zu logit-row tops",
+                       need);
+    c->slices = s;
+    c->cap_slices = need;
+    return WELD_OK;
+}
+
+static int cpu_forward(void *ctx, const struct batch *b, float *logits,
+                       struct logits_top *tops, struct weld_err *e)
 {
     struct cpu_ctx *c = ctx;
     int rc = batch_validate(b, c->params.max_seqs, c->params.max_ctx, c->m->cfg.n_vocab, e);
@@ -231,7 +253,7 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
     struct program *p;
     if ((rc = get_program(c, b, &p, e)) ||
         (rc = grow_tables(c, p->n_tokens, p->arena_floats, e)) ||
-        (rc = grow_rope(c, need, e)) ||
+        (rc = grow_rope(c, need, e)) || (tops && (rc = grow_slices(c, p, e))) ||
         (!ext && (rc = reserve_kv(c, b, e))))
         return rc;
     c->kv->external |= ext;
@@ -248,8 +270,14 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits, struct w
         .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
         .tables = c->tables, .arena = c->arena, .logits = logits,
         .rope = c->rope, /* NULL without rope (grow_rope makes none) */
+        .tops = tops ? c->slices : NULL,
     };
     rc = c->ex->run(c->ex_state, &st, e);
+    if (rc == WELD_OK && tops) {
+        const int n = exec_final_slices(p);
+        for (int r = 0; r < p->n_logit_rows; r++)
+            logits_top_merge(&tops[r], c->slices + (size_t)r * n, n);
+    }
     if (rc && !ext)
         for (int s = 0; s < b->n_seqs; s++)
             kv_seq_truncate(c->kv, b->seqs[s].seq_id, b->seqs[s].pos);

@@ -459,6 +459,13 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
     }
 }
 
+int exec_final_slices(const struct program *p)
+{
+    return p->n_instr - p->stage_first[p->n_stages - 1];
+}
+
+/* The logits of the instruction's rows (vocab ids) for its logit rows, then, when the step
+   wants them, the top of each row's slice while it is still in cache (logits_top.h). */
 static void op_final(const struct exec_step *st, const struct prog_instr *in,
                      const struct scratch *sc, struct span sp)
 {
@@ -468,12 +475,19 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
     const float *x = buf_ptr(st, in->in);
     float *logits = buf_ptr(st, in->out);
     const int T = st->w->tok_tile;
+    const int n_slices = exec_final_slices(p);
+    const int slice = (int)(in - p->instrs) - p->stage_first[p->n_stages - 1];
+    WELD_ASSERT(!st->tops || (slice >= 0 && slice < n_slices));
     for (int k0 = sp.t0; k0 < sp.t1; k0 += T) {
         int nk = sp.t1 - k0 < T ? sp.t1 - k0 : T;
         norm_tile(st, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
         mat_quant(st, M, sc->h, (size_t)c->dim, nk, sc->act, sc);
         mat_gemm(st, M, in->row0, in->row1, nk, sc->h, (size_t)c->dim, sc->act,
                  logits + (size_t)k0 * c->n_vocab + in->row0, (size_t)c->n_vocab, sc->row);
+        for (int k = k0; st->tops && k < k0 + nk; k++)
+            logits_top_scan(&st->tops[(size_t)k * n_slices + slice],
+                            logits + (size_t)k * c->n_vocab + in->row0, in->row1 - in->row0,
+                            in->row0);
     }
 }
 

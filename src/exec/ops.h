@@ -12,6 +12,7 @@
 #define WELD_EXEC_OPS_H
 
 #include "exec/kv.h"
+#include "exec/logits_top.h"
 #include "exec/program.h"
 #include "exec/weights.h"
 
@@ -29,7 +30,14 @@ struct exec_step {
     float *logits;           /* (n_logit_rows, n_vocab) caller's output */
     const float *rope;       /* optional: (positions, rope_dim) exec_rope_row of every
                                 position the step's tokens are at; NULL: computed per tile */
+    struct logits_top *tops; /* optional: (n_logit_rows, exec_final_slices(p)) the top of
+                                each logit row's slice, written by the FINAL instruction
+                                that wrote the slice (logits_top.h); NULL: not wanted */
 };
+
+/* FINAL_NORM_LOGITS instructions of program p (the last stage): the row slices of every
+   logit row, numbered in list order (slice i = instruction stage_first[last] + i). */
+int exec_final_slices(const struct program *p);
 
 /* The rope angles of position pos: cos of each of the rope_dim / 2 frequencies, then
    their sin (kern_rope_angles with the model's frequency factors and position scale). */

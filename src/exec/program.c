@@ -47,7 +47,10 @@
  *                  in HID, out X.
  *
  * FINAL_NORM_LOGITS  rows = vocab ids. For each logit row k (token t = logit_tok[k]):
- *                  h = rmsnorm(x[t]) * output_norm; logits[k][r] = Woutput[r] . h.
+ *                  h = rmsnorm(x[t]) * output_norm; logits[k][r] = Woutput[r] . h; when
+ *                  the step asks (exec_step.tops), also the LOGITS_TOP_K largest of
+ *                  logits[k][rows] into the slot of (k, this instruction's place in the
+ *                  stage): the sampler's first pass (exec/logits_top.h).
  *                  in X, out LOGITS.
  *
  * Row splits of the matrix ops (O_PROJ, FFN, DOWN, FINAL) start at multiples of 16 rows

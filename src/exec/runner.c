@@ -54,7 +54,13 @@ int runner_create(struct runner **out, const struct model *m, int max_seqs, int 
 int runner_forward(struct runner *r, const struct batch *b, float *logits,
                    struct weld_err *e)
 {
-    return r->be->forward(r->ctx, b, logits, e);
+    return r->be->forward(r->ctx, b, logits, NULL, e);
+}
+
+int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
+                       struct logits_top *tops, struct weld_err *e)
+{
+    return r->be->forward(r->ctx, b, logits, tops, e);
 }
 
 void runner_drop_seq(struct runner *r, int seq_id)

@@ -33,6 +33,10 @@ int runner_create_ex(struct runner **out, const struct model *m,
                      const struct backend_params *params, struct weld_err *e);
 int runner_forward(struct runner *r, const struct batch *b, float *logits,
                    struct weld_err *e);
+/* The same, and each logit row's largest logits into tops (batch_n_logit_rows entries;
+   NULL: none), made by the LM head instructions as they write the row (logits_top.h). */
+int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
+                       struct logits_top *tops, struct weld_err *e);
 void runner_drop_seq(struct runner *r, int seq_id);
 void runner_free(struct runner *r);
 
