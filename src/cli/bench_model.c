@@ -36,6 +36,22 @@
  * "passes", "probe_gb_s", "probe_gb_s_median"} ("loop": the read loop of the best pass,
  * "probe_gb_s_median": that loop's median pass).
  *
+ * --pair A,B (each EXEC or EXEC:THREADS, e.g. mega,ops or mega:2,ref:1): two runners on
+ * the one loaded model, with those executors, measured interleaved in one process, for a
+ * host whose speed moves by tens of percent between seconds (other tenants' memory
+ * traffic): separate runs a few seconds apart compare minutes, not executors. Per
+ * repetition each side prefills (-p, A first on even repetitions) and then both decode
+ * the same positions in blocks of --block steps (default: about 50 ms of A's decode, at
+ * least 8 blocks a repetition), A, B, A, B, ...; after every block the side's team is
+ * parked (runner_park) so the other side never shares the cores with its spinning
+ * workers. Each B block is compared with the mean of the A blocks either side of it
+ * (linear drift cancels); the report is each side's tok/s, bubble and syncs, and the
+ * median A/B speed ratio over all block pairs with its 10th-90th percentiles and how many
+ * pairs A was slower in, and the pp ratio per repetition. JSON: {"model", "batch",
+ * "block_steps", "sides": [{"executor", "threads", "pp_tok_s", "tg_tok_s", "bubble",
+ * "syncs_per_token"} x 2], "tg_ratio": {"median", "p10", "p90", "pairs", "a_slower"},
+ * "pp_ratio": {same}}.
+ *
  * Not here: the engine's scheduling (see `weld bench throughput`).
  */
 #include "cli/cli.h"
@@ -60,7 +76,8 @@
 
 struct bm_opts {
     const char *model;
-    int n_prompt, n_gen, reps, threads, depth, batch;
+    const char *pair; /* --pair A,B: two executors interleaved (see the file comment) */
+    int n_prompt, n_gen, reps, threads, depth, batch, block;
     uint64_t probe_size;
     bool json, bandwidth;
 };
@@ -192,6 +209,12 @@ static size_t bm_decode_bytes(const struct model *m)
     return n;
 }
 
+/* Positions a sequence of the benchmark reaches. */
+static int bm_ctx(const struct bm_opts *o)
+{
+    return o->depth + (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1);
+}
+
 static int bm_open(struct bm_run *b, const struct bm_opts *o, struct weld_err *e)
 {
     int rc = model_load(&b->m, o->model, e);
@@ -205,12 +228,10 @@ static int bm_open(struct bm_run *b, const struct bm_opts *o, struct weld_err *e
         err_clear(e);
     }
     struct backend_params p;
-    int ctx = o->depth + (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1);
     b->batch = o->batch;
-    backend_params_init(&p, o->batch, ctx);
+    backend_params_init(&p, o->batch, bm_ctx(o));
     p.n_threads = o->threads;
-    rc = runner_create_ex(&b->r, b->m, &p, e);
-    if (rc)
+    if (!o->pair && (rc = runner_create_ex(&b->r, b->m, &p, e)))
         return rc;
     size_t per_seq = (size_t)(o->n_prompt > o->depth ? o->n_prompt : o->depth);
     per_seq = per_seq > 1 ? per_seq : 1;
@@ -379,6 +400,346 @@ static int bm_run_bandwidth(const struct bm_opts *o, struct weld_err *e)
     return WELD_OK;
 }
 
+/* ---- --pair: two executors interleaved in one process ---------------------------------- */
+
+#define BM_PAIR_BLOCK_S 0.05 /* default block: about this long of side A's decode */
+
+struct bm_side {
+    char exec[16];
+    int threads;           /* 0: -t */
+    struct runner *r;
+    double pp_s, tg_s;     /* timed seconds */
+    long long pp_tok, tg_tok;
+    struct exec_stats st;  /* summed over the timed decode blocks */
+    bool have_stats;
+};
+
+/* "EXEC" or "EXEC:THREADS" into sd; false when malformed or unknown. */
+static bool bm_side_parse(const char *s, size_t n, struct bm_side *sd)
+{
+    const char *colon = memchr(s, ':', n);
+    size_t nl = colon ? (size_t)(colon - s) : n;
+    if (nl == 0 || nl >= sizeof sd->exec)
+        return false;
+    memcpy(sd->exec, s, nl);
+    sd->exec[nl] = '\0';
+    const struct executor_impl *ex;
+    struct weld_err e;
+    if (executor_find(&ex, sd->exec, &e) != WELD_OK)
+        return false;
+    sd->threads = 0;
+    if (colon) {
+        char buf[8];
+        size_t tl = n - nl - 1;
+        if (tl == 0 || tl >= sizeof buf)
+            return false;
+        memcpy(buf, colon + 1, tl);
+        buf[tl] = '\0';
+        char *end;
+        long t = strtol(buf, &end, 10);
+        if (*end || t < 1 || t > 256)
+            return false;
+        sd->threads = (int)t;
+    }
+    return true;
+}
+
+static bool bm_pair_parse(const char *s, struct bm_side sd[2])
+{
+    const char *comma = strchr(s, ',');
+    return comma && !strchr(comma + 1, ',') && bm_side_parse(s, (size_t)(comma - s), &sd[0]) &&
+           bm_side_parse(comma + 1, strlen(comma + 1), &sd[1]);
+}
+
+/* A runner with sd's executor (WELD_EXEC is set for the creation only). */
+static int bm_side_open(const struct bm_run *b, const struct bm_opts *o, struct bm_side *sd,
+                        struct weld_err *e)
+{
+    const char *old = getenv("WELD_EXEC");
+    char *saved = old ? wstrdup(old) : NULL;
+    if (old && !saved)
+        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    setenv("WELD_EXEC", sd->exec, 1);
+    struct backend_params p;
+    backend_params_init(&p, o->batch, bm_ctx(o));
+    p.n_threads = sd->threads ? sd->threads : o->threads;
+    int rc = runner_create_ex(&sd->r, b->m, &p, e);
+    if (saved)
+        setenv("WELD_EXEC", saved, 1);
+    else
+        unsetenv("WELD_EXEC");
+    wfree(saved);
+    return rc;
+}
+
+/* Switch the benchmark to side sd (the other side's team is parked already). */
+static void bm_use(struct bm_run *b, struct bm_side *sd)
+{
+    b->r = sd->r;
+}
+
+/* n decode steps of side sd from position pos; seconds in *dt; then park its team. */
+static int bm_side_block(struct bm_run *b, struct bm_side *sd, int pos, int n, double *dt,
+                         struct weld_err *e)
+{
+    bm_use(b, sd);
+    int rc = WELD_OK;
+    double t0 = time_now();
+    for (int i = 0; rc == WELD_OK && i < n; i++)
+        rc = bm_step_all(b, b->batch, pos + i, 1, e);
+    *dt = time_now() - t0;
+    runner_park(sd->r);
+    return rc;
+}
+
+/* Add sd's executor stats since the last reset to sd->st. */
+static void bm_side_stats(struct bm_side *sd)
+{
+    struct exec_stats s;
+    struct weld_err e;
+    sd->have_stats = runner_exec_stats(sd->r, &s, true, &e) == WELD_OK;
+    if (!sd->have_stats)
+        return;
+    sd->st.executor = s.executor;
+    sd->st.n_workers = s.n_workers;
+    sd->st.steps += s.steps;
+    sd->st.tokens += s.tokens;
+    sd->st.syncs += s.syncs;
+    sd->st.wait_s += s.wait_s;
+    sd->st.step_s += s.step_s;
+}
+
+/* The workers side sd runs on (ref: one; else as bm_threads, with the side's own count). */
+static int bm_side_threads(const struct bm_opts *o, const struct bm_side *sd)
+{
+    if (!strcmp(sd->exec, "ref"))
+        return 1;
+    struct bm_opts so = *o;
+    so.threads = sd->threads ? sd->threads : o->threads;
+    return bm_threads(&so);
+}
+
+struct bm_ratios {
+    double *v;
+    int n, cap;
+};
+
+static bool bm_ratio_add(struct bm_ratios *r, double x)
+{
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 64;
+        double *v = wrealloc(r->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return false;
+        r->v = v;
+        r->cap = cap;
+    }
+    r->v[r->n++] = x;
+    return true;
+}
+
+/* One repetition: pp of both sides (order by rep), then the interleaved decode blocks;
+   each ratio is A's speed over B's. */
+static int bm_pair_rep(struct bm_run *b, const struct bm_opts *o, struct bm_side sd[2],
+                       int rep, int block, struct bm_ratios *pp, struct bm_ratios *tg,
+                       struct weld_err *e)
+{
+    double pdt[2] = {0, 0};
+    int rc = WELD_OK;
+    for (int k = 0; rc == WELD_OK && k < 2; k++) {
+        struct bm_side *s = &sd[(k + rep) % 2];
+        bm_use(b, s);
+        rc = bm_prefill(b, o->depth, o->n_prompt, &pdt[(k + rep) % 2], e);
+        runner_park(s->r);
+    }
+    if (rc)
+        return rc;
+    for (int k = 0; k < 2; k++) {
+        sd[k].pp_s += pdt[k];
+        sd[k].pp_tok += o->n_prompt;
+    }
+    if (pdt[0] > 0 && !bm_ratio_add(pp, pdt[1] / pdt[0]))
+        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    const int ctx = o->depth > 1 ? o->depth : 1;
+    struct exec_stats skip;
+    for (int k = 0; rc == WELD_OK && k < 2; k++) { /* untimed prompts, stats from zero */
+        bm_use(b, &sd[k]);
+        bm_drop_all(b);
+        rc = bm_step_all(b, b->batch, 0, ctx, e);
+        (void)runner_exec_stats(sd[k].r, &skip, true, e);
+        runner_park(sd[k].r);
+    }
+    double dt;
+    double *tb = wcalloc((size_t)o->n_gen / (size_t)block + 2, sizeof *tb);
+    double *ta = wcalloc((size_t)o->n_gen / (size_t)block + 2, sizeof *ta);
+    if (!tb || !ta)
+        rc = err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    int nb = 0;
+    for (int pos = ctx; rc == WELD_OK && pos < ctx + o->n_gen; pos += block, nb++) {
+        int n = ctx + o->n_gen - pos < block ? ctx + o->n_gen - pos : block;
+        for (int k = 0; rc == WELD_OK && k < 2; k++) {
+            rc = bm_side_block(b, &sd[k], pos, n, &dt, e);
+            sd[k].tg_s += dt;
+            sd[k].tg_tok += (long long)n * b->batch;
+            (k ? tb : ta)[nb] = dt / n;
+        }
+    }
+    /* B block i against the mean of A blocks i and i + 1 (A block i alone for the last) */
+    for (int i = 0; rc == WELD_OK && i < nb; i++) {
+        double a = i + 1 < nb ? (ta[i] + ta[i + 1]) / 2 : ta[i];
+        if (a > 0 && !bm_ratio_add(tg, tb[i] / a))
+            rc = err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    }
+    wfree(ta);
+    wfree(tb);
+    for (int k = 0; k < 2; k++) {
+        bm_side_stats(&sd[k]);
+        bm_use(b, &sd[k]);
+        bm_drop_all(b);
+    }
+    return rc;
+}
+
+/* Steps per block: --block, else about BM_PAIR_BLOCK_S of side A's decode, at most n/8. */
+static int bm_pair_block(struct bm_run *b, const struct bm_opts *o, struct bm_side *a,
+                         int *block, struct weld_err *e)
+{
+    if (o->block > 0) {
+        *block = o->block < o->n_gen ? o->block : o->n_gen;
+        return WELD_OK;
+    }
+    bm_use(b, a);
+    bm_drop_all(b);
+    double dt;
+    int n = o->n_gen < 8 ? o->n_gen : 8;
+    int rc = bm_step_all(b, b->batch, 0, 1, e);
+    if (rc == WELD_OK)
+        rc = bm_side_block(b, a, 1, n, &dt, e);
+    bm_drop_all(b);
+    if (rc)
+        return rc;
+    double per = dt / n;
+    int k = per > 0 ? (int)(BM_PAIR_BLOCK_S / per + 0.5) : 1;
+    int most = o->n_gen / 8 > 1 ? o->n_gen / 8 : 1;
+    *block = k < 1 ? 1 : k > most ? most : k;
+    return WELD_OK;
+}
+
+static double bm_quantile(double *v, int n, double q)
+{
+    if (n < 1)
+        return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double x = q * (n - 1);
+    int i = (int)x;
+    return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+static json_t *bm_ratio_json(struct bm_ratios *r, int *slower)
+{
+    *slower = 0;
+    for (int i = 0; i < r->n; i++)
+        *slower += r->v[i] < 1.0;
+    double med = bm_quantile(r->v, r->n, 0.5), p10 = bm_quantile(r->v, r->n, 0.1),
+           p90 = bm_quantile(r->v, r->n, 0.9);
+    return json_pack("{s:f, s:f, s:f, s:i, s:i}", "median", med, "p10", p10, "p90", p90,
+                     "pairs", r->n, "a_slower", *slower);
+}
+
+static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int block,
+                           struct bm_ratios *pp, struct bm_ratios *tg)
+{
+    int pp_slow, tg_slow;
+    json_t *jpp = bm_ratio_json(pp, &pp_slow), *jtg = bm_ratio_json(tg, &tg_slow);
+    json_t *sides = json_array();
+    for (int k = 0; k < 2; k++) {
+        double pps = sd[k].pp_s > 0 ? sd[k].pp_tok / sd[k].pp_s : 0;
+        double tgs = sd[k].tg_s > 0 ? sd[k].tg_tok / sd[k].tg_s : 0;
+        json_t *js = json_pack("{s:s, s:i, s:f, s:f}", "executor", sd[k].exec, "threads",
+                               bm_side_threads(o, &sd[k]), "pp_tok_s", pps, "tg_tok_s", tgs);
+        const struct exec_stats *s = &sd[k].st;
+        if (js && sd[k].have_stats && s->tokens > 0 && s->step_s > 0 && s->n_workers > 0) {
+            json_object_set_new(js, "bubble", json_real(s->wait_s / (s->step_s * s->n_workers)));
+            json_object_set_new(js, "syncs_per_token",
+                                json_real((double)s->syncs / (double)s->tokens));
+        }
+        json_array_append_new(sides, js);
+    }
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:o, s:o, s:o}", "model", o->model, "batch",
+                          o->batch, "block_steps", block, "repetitions", o->reps, "sides",
+                          sides, "tg_ratio", jtg, "pp_ratio", jpp);
+    if (o->json) {
+        bm_print_json(j);
+        return;
+    }
+    printf("model %s\n%s (%d threads) against %s (%d threads), interleaved: %d repetitions of "
+           "pp%d, then tg%d in blocks of %d steps (batch %d)\n", o->model, sd[0].exec,
+           bm_side_threads(o, &sd[0]), sd[1].exec, bm_side_threads(o, &sd[1]), o->reps,
+           o->n_prompt, o->n_gen, block, o->batch);
+    for (int k = 0; k < 2; k++) {
+        json_t *js = json_array_get(sides, (size_t)k);
+        printf("  %-6s pp %10.2f tok/s   tg %10.2f tok/s", sd[k].exec,
+               json_real_value(json_object_get(js, "pp_tok_s")),
+               json_real_value(json_object_get(js, "tg_tok_s")));
+        if (json_object_get(js, "bubble"))
+            printf("   bubble %.1f%%, %.1f syncs/token",
+                   100 * json_real_value(json_object_get(js, "bubble")),
+                   json_real_value(json_object_get(js, "syncs_per_token")));
+        printf("\n");
+    }
+    const char *lab[2] = {"tg", "pp"};
+    json_t *jr[2] = {jtg, jpp};
+    int slow[2] = {tg_slow, pp_slow};
+    for (int k = 0; k < 2; k++)
+        printf("  %s %s / %s: %.3fx median over %d %s (p10 %.3fx, p90 %.3fx), %s slower in %d\n",
+               lab[k], sd[0].exec, sd[1].exec,
+               json_real_value(json_object_get(jr[k], "median")),
+               (int)json_integer_value(json_object_get(jr[k], "pairs")),
+               k ? "repetitions" : "block pairs",
+               json_real_value(json_object_get(jr[k], "p10")),
+               json_real_value(json_object_get(jr[k], "p90")), sd[0].exec, slow[k]);
+    json_decref(j);
+}
+
+static int bm_run_pair(const struct bm_opts *o, struct weld_err *e)
+{
+    struct bm_run b;
+    memset(&b, 0, sizeof b);
+    struct bm_side sd[2];
+    memset(sd, 0, sizeof sd);
+    struct bm_ratios pp = {0}, tg = {0};
+    if (!bm_pair_parse(o->pair, sd))
+        return err_set(e, WELD_ERR_INVALID_ARG, "--pair '%s': want two executors EXEC[:THREADS] "
+                       "separated by a comma, e.g. mega,ops or mega:2,ref:1", o->pair);
+    int block = 1;
+    int rc = isa_init(e);
+    if (rc == WELD_OK)
+        rc = bm_open(&b, o, e);
+    for (int k = 0; rc == WELD_OK && k < 2; k++)
+        if ((rc = bm_side_open(&b, o, &sd[k], e)) == WELD_OK)
+            runner_park(sd[k].r);
+    if (rc == WELD_OK) /* warm-up of both, then the block size from A's decode */
+        for (int k = 0; rc == WELD_OK && k < 2; k++) {
+            double dt;
+            bm_use(&b, &sd[k]);
+            rc = bm_prefill(&b, 0, o->n_prompt, &dt, e);
+            runner_park(sd[k].r);
+        }
+    if (rc == WELD_OK)
+        rc = bm_pair_block(&b, o, &sd[0], &block, e);
+    for (int i = 0; rc == WELD_OK && i < o->reps; i++)
+        rc = bm_pair_rep(&b, o, sd, i, block, &pp, &tg, e);
+    if (rc == WELD_OK)
+        bm_pair_report(o, sd, block, &pp, &tg);
+    b.r = NULL;
+    for (int k = 0; k < 2; k++)
+        runner_free(sd[k].r);
+    bm_close(&b);
+    wfree(pp.v);
+    wfree(tg.v);
+    return rc;
+}
+
 static int bm_check(const struct bm_opts *o)
 {
     const char *what = NULL;
@@ -401,6 +762,15 @@ static int bm_check(const struct bm_opts *o)
         what = "-t must be in [0, 256]";
     else if (o->probe_size < (1u << 20) || o->probe_size > ((uint64_t)1 << 40))
         what = "--probe-size must be in [1M, 1T]";
+    else if (o->block < 0 || o->block > BENCH_MAX_TOKENS)
+        what = "--block must be in [1, 1048576]";
+    else if (o->block && !o->pair)
+        what = "--block only applies to --pair";
+    else if (o->pair && !bm_pair_parse(o->pair, (struct bm_side[2]){0}))
+        what = "--pair wants two executors EXEC[:THREADS] separated by a comma, e.g. mega,ops "
+               "or mega:2,ref:1 (executors: ref, ops, mega)";
+    else if (o->pair && o->bandwidth)
+        what = "--pair and --bandwidth do not go together";
     if (what)
         fprintf(stderr, "weld bench: %s (see weld bench --help)\n", what);
     return what ? 2 : 0;
@@ -420,18 +790,24 @@ int cmd_bench_model(int argc, char **argv)
         {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core)"},
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
         {"probe-size", 0, OPT_SIZE, &o.probe_size, "S", "bytes the probe reads per pass (default 2G)"},
+        {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS] (e.g. mega,ops) measured interleaved in one process; ratios A / B"},
+        {"block", 0, OPT_INT, &o.block, "N", "--pair: decode steps per block (default: ~50 ms of A)"},
         {"json", 0, OPT_FLAG, &o.json, NULL, "print one JSON object on stdout"},
     };
     const char *pos[1];
     int n_pos;
     int prc = cli_parse(argc, argv, "bench -m MODEL [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t N] [--json]\n"
+                        "       weld bench -m MODEL --pair A,B [--block N] [-p P] [-n N] [-r R] [--json]\n"
                         "       weld bench --bandwidth [-t N] [--json]\n"
                         "       weld bench throughput -m MODEL [options]  (see weld bench throughput --help)",
                         "Prefill (pp) and decode (tg) tokens/s of the CPU executor and kernels on\n"
                         "random token ids, and decode bandwidth against a read-bandwidth probe run\n"
                         "in the same invocation. With a threaded executor (WELD_EXEC=mega, the\n"
                         "default, or ops) also its bubble (share of worker time spent waiting)\n"
-                        "and synchronizations per token during decode.",
+                        "and synchronizations per token during decode. With --pair, two executors\n"
+                        "(e.g. mega,ops or mega:2,ref:1) on the same model, interleaved in blocks\n"
+                        "of decode steps so both see the same moments of a noisy machine; prints\n"
+                        "each one's tok/s and the median A / B ratio over the block pairs.",
                         opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;
@@ -439,7 +815,9 @@ int cmd_bench_model(int argc, char **argv)
         return 2;
     struct weld_err e;
     err_clear(&e);
-    int rc = o.bandwidth && !o.model ? bm_run_bandwidth(&o, &e) : bm_run_model(&o, &e);
+    int rc = o.bandwidth && !o.model ? bm_run_bandwidth(&o, &e)
+             : o.pair                ? bm_run_pair(&o, &e)
+                                     : bm_run_model(&o, &e);
     if (rc) {
         fprintf(stderr, "weld bench: %s\n", e.msg);
         return 1;

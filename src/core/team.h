@@ -51,6 +51,11 @@ void team_run(struct team *t, team_fn fn, void *ctx);
    worker wrote before it happens-before what every worker does after it. */
 void team_barrier(struct team *t);
 
+/* The workers stop spinning for a next job and sleep now (they wake on the next team_run
+   as usual). For a caller that is about to idle, or to run another team on the same
+   cores. Call between runs, from the thread that runs them. */
+void team_park(struct team *t);
+
 /* Physical cores this process may run on (sysfs core_id x physical_package_id over the
    affinity mask; falls back to the online CPU count); at least 1. */
 int team_physical_cores(void);

@@ -86,6 +86,9 @@ struct backend_iface {
     /* optional: device memory for host-visible buffers (NULL: use the heap) */
     void *(*buffer_alloc)(void *ctx, size_t nbytes);
     void (*buffer_free)(void *ctx, void *buf);
+    /* optional: the executor's threads sleep now instead of spinning for the next step
+       (the caller will idle, or run another context on the same cores) */
+    void (*park)(void *ctx);
     /* optional: a one-line description of the context ("cpu: mega executor, 2 threads, ...") */
     const char *(*describe)(void *ctx);
 };

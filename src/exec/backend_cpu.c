@@ -313,6 +313,13 @@ static void cpu_reset(void *ctx)
     kv_reset(c->kv);
 }
 
+static void cpu_park(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    if (c->ex->park)
+        c->ex->park(c->ex_state);
+}
+
 static const char *cpu_describe(void *ctx)
 {
     struct cpu_ctx *c = ctx;
@@ -329,5 +336,6 @@ const struct backend_iface backend_cpu = {
     .reset = cpu_reset,
     .buffer_alloc = NULL,
     .buffer_free = NULL,
+    .park = cpu_park,
     .describe = cpu_describe,
 };

@@ -73,6 +73,8 @@ struct executor_impl {
     int (*n_splits)(const void *state);
     /* optional: enum prog_flags its programs should be built with (NULL: 0) */
     unsigned (*prog_flags)(const void *state);
+    /* optional: let the workers sleep now instead of spinning for the next step */
+    void (*park)(void *state);
     /* optional: stats since creation or the last reset (reset: start again from zero) */
     void (*stats)(void *state, struct exec_stats *out, bool reset);
 };

@@ -63,7 +63,12 @@
  *
  * Waiting: spin with pause, prefetching the waiting instruction's first weight lines (one
  * line per spin, MEGA_PREFETCH_LINES per matrix), then sched_yield after MEGA_SPINS
- * pauses (16 with TEAM_OVERSUBSCRIBE, so more workers than cores still progress).
+ * pauses (16 with TEAM_OVERSUBSCRIBE, so more workers than cores still progress). With no
+ * more workers than cores a yield cannot help the worker waited on (it has a core of its
+ * own; if it lost it, stealing runs its ready work), so the bound is long: a yield is a
+ * system call that also evicts the waiter's cache lines. At 256 pauses (7 us on Zen 4)
+ * yields took 18% of a stories260K decode at 2 threads (perf: __schedule, do_sched_yield)
+ * and every instruction ran 1.5-2x slower after them; at 16384 none showed.
  * Between steps the team's workers spin ~2 ms and then sleep on a condition variable, so
  * an idle engine uses ~0% CPU.
  *
@@ -105,7 +110,7 @@
 
 #define MEGA_SPLITS_PER_WORKER 1
 #define MEGA_PLANS 8
-#define MEGA_SPINS 256            /* pauses (~10 us) before a wait starts yielding */
+#define MEGA_SPINS 16384          /* pauses (0.5-2 ms) before a wait starts yielding */
 #define MEGA_SPINS_OVER 16        /* the same with more workers than cores */
 #define MEGA_PREFETCH_LINES 16    /* lines of each matrix prefetched while waiting */
 #define MEGA_STEAL_SPINS 64       /* pauses before a waiting worker helps late signallers */
@@ -907,6 +912,12 @@ static void mega_stats(void *state, struct exec_stats *out, bool reset)
     }
 }
 
+static void mega_park(void *state)
+{
+    struct mega_state *s = state;
+    team_park(s->team);
+}
+
 const struct executor_impl exec_mega_impl = {
     .name = "mega",
     .desc = "megakernel: per-worker queues, dependency counters, no barriers",
@@ -916,5 +927,6 @@ const struct executor_impl exec_mega_impl = {
     .n_workers = mega_n_workers,
     .n_splits = mega_n_splits,
     .prog_flags = mega_prog_flags,
+    .park = mega_park,
     .stats = mega_stats,
 };

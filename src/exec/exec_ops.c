@@ -249,6 +249,12 @@ static void ops_stats(void *state, struct exec_stats *out, bool reset)
     }
 }
 
+static void ops_park(void *state)
+{
+    struct ops_state *s = state;
+    team_park(s->team);
+}
+
 const struct executor_impl exec_ops_impl = {
     .name = "ops",
     .desc = "thread team, one barrier after every stage",
@@ -257,5 +263,6 @@ const struct executor_impl exec_ops_impl = {
     .run = ops_run,
     .n_workers = ops_n_workers,
     .n_splits = ops_n_splits,
+    .park = ops_park,
     .stats = ops_stats,
 };

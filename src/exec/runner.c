@@ -63,6 +63,12 @@ int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
     return r->be->forward(r->ctx, b, logits, tops, e);
 }
 
+void runner_park(struct runner *r)
+{
+    if (r->be->park)
+        r->be->park(r->ctx);
+}
+
 void runner_drop_seq(struct runner *r, int seq_id)
 {
     if (r)

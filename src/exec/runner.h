@@ -38,6 +38,9 @@ int runner_forward(struct runner *r, const struct batch *b, float *logits,
 int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
                        struct logits_top *tops, struct weld_err *e);
 void runner_drop_seq(struct runner *r, int seq_id);
+/* The backend's threads sleep now instead of spinning for the next step (no-op where the
+   backend has none). */
+void runner_park(struct runner *r);
 void runner_free(struct runner *r);
 
 int runner_n_vocab(const struct runner *r);

@@ -87,6 +87,21 @@ msg=$(printf '%s' "$out" | node -e '
               j.probe_gb_s >= j.probe_gb_s_median ? "ok" : "bad");' 2>&1)
 [ "$msg" == "ok" ] && ok || bad "bench --bandwidth --json: [$out]"
 
+# Two executors interleaved: both sides, ratios, block size as asked.
+out=$("$weld" bench -m "$model" --pair mega:2,ref:1 --block 4 -r 2 -p 8 -n 16 --json 2>/dev/null)
+msg=$(printf '%s' "$out" | node -e '
+  const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
+  const [a, b] = j.sides;
+  const ok = a.executor === "mega" && b.executor === "ref" && b.threads === 1 &&
+    a.tg_tok_s > 0 && b.tg_tok_s > 0 && a.pp_tok_s > 0 && a.bubble >= 0 && !("bubble" in b) &&
+    j.block_steps === 4 && j.tg_ratio.pairs === 8 && j.pp_ratio.pairs === 2 &&
+    j.tg_ratio.p10 <= j.tg_ratio.median && j.tg_ratio.median <= j.tg_ratio.p90 &&
+    j.tg_ratio.median > 0;
+  console.log(ok ? "ok" : "bad");' 2>&1)
+[ "$msg" == "ok" ] && ok || bad "bench --pair --json: [$out]"
+out=$("$weld" bench -m "$model" --pair mega,ops -r 1 -p 4 -n 16 2>&1)
+expect_contains "$out" "tg mega / ops:" "bench --pair table"
+
 # Dispatch and help.
 out=$("$weld" bench --help 2>&1)
 expect_contains "$out" "weld bench --bandwidth" "bench --help"
@@ -95,7 +110,9 @@ out=$("$weld" bench throughput --help 2>&1)
 expect_contains "$out" "--dataset" "bench throughput --help"
 
 # Bad usage: exit 2 with a message; a missing model: exit 1 naming it.
-for args in "-p 0 -m $model" "-r 0 -m $model" "-n -1 -m $model" "" "-m $model --probe-size 1K"; do
+for args in "-p 0 -m $model" "-r 0 -m $model" "-n -1 -m $model" "" "-m $model --probe-size 1K" \
+            "-m $model --pair mega" "-m $model --pair mega,fast" "-m $model --pair mega:0,ops" \
+            "-m $model --block 4"; do
   # shellcheck disable=SC2086
   out=$("$weld" bench $args 2>&1)
   rc=$?
