@@ -313,6 +313,82 @@ TEST(pieces_are_shared_with_a_slow_owner)
     tm_free(tm);
 }
 
+/* Decode-shaped steps in row pieces (exec_weights.piece_bytes made tiny: 32-row pieces of
+   O, FFN, DOWN): three sequences of one token each. With the last worker sleeping after
+   every piece it runs, the others join its decode instructions (joins > 0); logits
+   bit-identical to ref on every step, with the pieces' shared prepared input (serial set)
+   and without it (serial 0). */
+TEST(decode_row_pieces_are_shared)
+{
+    static const struct tspec sp = {ARCH_LLAMA, 96, 2, 6, 2, 16, 160, 70, 16,
+                                    false, false, false, false, 10000.0f};
+    struct tmodel *tm = tm_build(&sp, DT_Q8_0, 23);
+    const struct model_config *c = &tm->m.cfg;
+    struct weld_err e;
+    int32_t toks[3] = {5, 17, 42};
+    int pos[3] = {0, 0, 0};
+    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0}, {1, toks + 1, 1, 0, false, NULL, 0},
+                                {2, toks + 2, 1, 0, false, NULL, 0}};
+    struct batch b = {.seqs = seqs, .n_seqs = 3};
+    struct exec_weights *w = NULL;
+    struct kv_cache *kv = NULL;
+    struct kv_config kc = {.n_layer = sp.n_layer, .kv_dim = sp.n_kv * sp.head_dim,
+                           .head_dim = sp.head_dim, .max_seqs = 3, .max_ctx = TM_CTX,
+                           .type = DT_F16};
+    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    w->piece_bytes = 1;
+    REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
+    for (int s = 0; s < 3; s++)
+        REQUIRE(kv_seq_prepare(kv, s, 0, 1, &e) == WELD_OK);
+    const int32_t *tables[3] = {kv->seqs[0].blocks, kv->seqs[1].blocks, kv->seqs[2].blocks};
+    struct program *p0 = NULL;
+    REQUIRE(program_build(&p0, c, &b, 1, &e) == WELD_OK);
+    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
+    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
+    float *arena = calloc(p0->arena_floats + 1, sizeof(float));
+    struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks, .pos = pos,
+                           .tables = tables, .arena = arena, .logits = want};
+    void *state = NULL;
+    REQUIRE(exec_ref_impl.create(&state, c, NULL, &e) == WELD_OK);
+    REQUIRE(exec_ref_impl.run(state, &st, &e) == WELD_OK);
+    exec_ref_impl.free(state);
+    for (int n = 2; n <= 3; n++) {
+        struct program *p = NULL;
+        REQUIRE(program_build_ex(&p, c, &b, n, PROG_HEAD_DEPS, &e) == WELD_OK);
+        int cut = 0;
+        st.p = p;
+        for (int i = 0; i < p->n_instr; i++)
+            cut += exec_op_tiles(&st, &p->instrs[i]) > 1;
+        CHECK(cut >= 3 * sp.n_layer); /* O, FFN and DOWN of every layer */
+        float *ar = calloc(p->arena_floats + 1, sizeof(float));
+        struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
+                                 .test_slow_piece_us = 2000};
+        REQUIRE(exec_mega_impl.create(&state, c, &xp, &e) == WELD_OK);
+        st.arena = ar, st.logits = got;
+        int bad = 0;
+        for (int rep = 0; rep < 4; rep++) {
+            memset(got, 0, nf * sizeof(float));
+            st.serial = rep % 2 ? 100 + (uint64_t)rep : 0;
+            CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_OK);
+            bad += memcmp(got, want, nf * sizeof(float)) != 0;
+        }
+        struct exec_stats xs;
+        exec_mega_impl.stats(state, &xs, false);
+        fprintf(stderr, "  decode, %d workers: %lld steals, %lld joins in %lld steps\n", n,
+                xs.steals, xs.joins, xs.steps);
+        CHECK_EQ_INT(bad, 0);
+        CHECK(xs.joins > 0);
+        exec_mega_impl.free(state);
+        free(ar);
+        program_free(p);
+    }
+    free(want), free(got), free(arena);
+    program_free(p0);
+    kv_free(kv);
+    exec_weights_free(w);
+    tm_free(tm);
+}
+
 TEST(head_deps_programs_qwen3) { head_deps_with(&spec_qwen3, 12); }
 TEST(head_deps_programs_mqa) { head_deps_with(&spec_mqa, 15); } /* one group, spread */
 
@@ -615,6 +691,7 @@ int main(void)
     RUN(head_deps_programs_mqa);
     RUN(late_worker_is_stolen_from);
     RUN(pieces_are_shared_with_a_slow_owner);
+    RUN(decode_row_pieces_are_shared);
     RUN(bad_program_refused);
     RUN(stats);
     RUN(oversubscribed_steals_stay_exact);

@@ -50,6 +50,7 @@ struct cpu_ctx {
     float *rope;      /* (cap_rope, rope_dim) exec_rope_row of positions [0, cap_rope): made
                          once per position, not per QKV instruction and tile (pow, cos, sin) */
     int cap_rope;
+    uint64_t serial;  /* steps run (exec_step.serial) */
     struct logits_top *slices; /* (cap_slices) per (logit row, FINAL slice) tops of a step
                                   whose caller wants tops, merged per row after the run */
     size_t cap_slices;
@@ -270,7 +271,7 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
         .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
         .tables = c->tables, .arena = c->arena, .logits = logits,
         .rope = c->rope, /* NULL without rope (grow_rope makes none) */
-        .tops = tops ? c->slices : NULL,
+        .tops = tops ? c->slices : NULL, .serial = ++c->serial,
     };
     rc = c->ex->run(c->ex_state, &st, e);
     if (rc == WELD_OK && tops) {

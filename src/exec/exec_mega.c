@@ -44,16 +44,21 @@
  * and is either being run or will be claimed by its owner, whose earlier queue entries
  * are all finished.
  *
- * Pieces: an instruction whose tokens span several tiles (exec_op_tiles > 1: prefill) is
- * run one tile at a time, each handed out by a compare-and-swap on a cumulative counter
- * bounded by n_tiles * epoch (so, like the counters, it is never reset), and whoever
- * finishes the last piece (acq_rel on a cumulative done count) signals. A waiting worker
- * also joins a running signaller that still has pieces left (its inputs are ready:
- * checked, since an owner claims before it waits), so a prefill stage ends within one
- * tile of balanced even when a worker is slower or loses its core mid-slice; single-
- * piece instructions (decode) take none of this (no extra atomics). An owner that did not
- * finish its own instruction treats itself as robbed (above). Time running others' work
- * inside a wait does not count as waiting.
+ * Pieces: an instruction cut into several pieces (exec_op_tiles > 1: a prefill's token
+ * tiles; in a decode-shaped step, O / FFN / DOWN in row pieces of ~512 KiB of weights,
+ * ops.c) is run one piece at a time, each handed out by a compare-and-swap on a
+ * cumulative counter bounded by n_tiles * epoch (so, like the counters, it is never
+ * reset), and whoever finishes the last piece (acq_rel on a cumulative done count)
+ * signals. A waiting worker also joins a running signaller that still has pieces left
+ * (its inputs are ready: checked, since an owner claims before it waits), so a stage ends
+ * within one piece of balanced even when a worker is slower or loses its core mid-slice;
+ * single-piece instructions take none of this (no extra atomics). Decode needs it too: on
+ * a shared host one core often streams 5-10% slower than the other for seconds, and a
+ * static one-slice-per-worker plan left the fast one waiting at every stage (1B Q8_0, 2
+ * threads, `weld bench --pair mega,ops`: bubble 4.8-6.4% and 0.98-1.00x ops without row
+ * pieces, 1.5-1.8% and 1.02-1.03x with). An owner that did not finish its own
+ * instruction treats itself as robbed (above). Time running others' work inside a wait
+ * does not count as waiting.
  *
  * Memory ordering: an instruction's writes happen-before its release fetch_add; a waiter's
  * acquire load that reads a value >= the target reads from the release sequence of every
@@ -82,7 +87,7 @@
  * (ops.h).
  *
  * Deliberately not here: stealing beyond the counter a worker waits on (no general work
- * queue), splitting a single-token instruction, sleeping inside a step, instruction
+ * queue), pieces of QKV and FINAL at decode, sleeping inside a step, instruction
  * fusion across layers, re-planning from measured times.
  */
 #include "exec/exec.h"

@@ -59,15 +59,29 @@
                             (8 -> 32: llama-110m Q8_0 pp512 2,130 -> 2,400 tok/s) */
 #define OPS_ATT_ROWS 64   /* query rows per attention kernel call (rows of one KV head) */
 
-/* Token range [t0, t1) of an instruction's tokens an op call covers (exec_op_run_tiles). */
+/* What one op call covers (exec_op_run_tiles): tokens [t0, t1) of the instruction's
+   tokens and, for the row-pieced ops, rows [r0, r1) of its rows (else the instruction's). */
 struct span {
     int t0, t1;
+    int r0, r1;
 };
+
+/* Row pieces: a matrix instruction over one token tile (decode, small batches) is cut
+   into pieces of about exec_weights.piece_bytes (512 KiB) of weights, whole multiples of
+   OPS_PIECE_ALIGN rows (so repacked groups and decode pairs are never cut), which the
+   megakernel hands out like prefill's token tiles: a worker done with its own work joins
+   a late one's instruction instead of waiting for it. Each row's numbers are the same
+   whichever piece computes it (the gemm contract). The pieces of one instruction share
+   their prepared input (normalised, quantized: prep_memo), so cutting costs a
+   compare-and-swap per piece and nothing else. */
+#define OPS_PIECE_ALIGN 32
 
 struct scratch {
     float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kc, *vc;
     void *act, *act2;
     size_t act_bytes; /* of each */
+    uint64_t *memo;   /* (3) step serial, instruction, first token whose prepared input h /
+                         act / act2 hold (prep_memo); serial 0: nothing */
 };
 
 static int max_width(const struct model_config *c)
@@ -112,7 +126,7 @@ static size_t fixed_floats(const struct model_config *c)
 size_t exec_scratch_floats(const struct model_config *c)
 {
     size_t act = 2 * (size_t)OPS_TILE * act_bound_bytes(c) + 128;
-    return fixed_floats(c) + act / sizeof(float) + 64;
+    return fixed_floats(c) + act / sizeof(float) + 64 + 8;
 }
 
 static struct scratch scratch_split(const struct model_config *c, float *base)
@@ -132,6 +146,7 @@ static struct scratch scratch_split(const struct model_config *c, float *base)
     s.act_bytes = (size_t)OPS_TILE * act_bound_bytes(c);
     s.act = (void *)((a + 63) / 64 * 64);
     s.act2 = (uint8_t *)s.act + s.act_bytes;
+    s.memo = (uint64_t *)(void *)((uint8_t *)s.act2 + s.act_bytes);
     return s;
 }
 
@@ -140,6 +155,22 @@ static float *buf_ptr(const struct exec_step *st, int id)
     if (id == st->p->buf_logits)
         return st->logits;
     return st->arena + st->p->bufs[id].offset;
+}
+
+/* The worker's scratch holds in h / act / act2 the prepared input of instruction in's
+   token tile t0 in this step (a piece of it ran here before): true. Otherwise records that
+   it is about to (the caller prepares it) and returns false. Every op that writes h or
+   act passes through here (those that never share, with in NULL), so the record is never
+   stale. */
+static bool prep_memo(const struct exec_step *st, const struct prog_instr *in, int t0,
+                      const struct scratch *sc)
+{
+    uint64_t key[3] = {in ? st->serial : 0,
+                       in ? (uint64_t)(in - st->p->instrs) : 0, (uint64_t)(uint32_t)t0};
+    if (key[0] && !memcmp(key, sc->memo, sizeof key))
+        return true;
+    memcpy(sc->memo, key, sizeof key);
+    return false;
 }
 
 /* y[i * ldy + (r - r0)] = M[r] . x[i] for r in [r0, r1), i < nt. act holds the x rows
@@ -288,6 +319,7 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
     const int T = st->w->tok_tile;
     for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
         int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
+        (void)prep_memo(st, NULL, t0, sc);
         norm_tile(st, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
         if (!st->rope && in->row0 < c->n_head + c->n_kv_head)
             for (int i = 0; i < nt; i++)
@@ -416,9 +448,10 @@ static void op_proj_residual(const struct exec_step *st, const struct prog_instr
     for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
         int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
         const float *xs = src + (size_t)t0 * n_in;
-        mat_quant(st, M, xs, (size_t)n_in, nt, sc->act, sc);
-        for (int r = in->row0; r < in->row1; r += OPS_CHUNK) {
-            int cw = in->row1 - r < OPS_CHUNK ? in->row1 - r : OPS_CHUNK;
+        if (!prep_memo(st, in, t0, sc))
+            mat_quant(st, M, xs, (size_t)n_in, nt, sc->act, sc);
+        for (int r = sp.r0; r < sp.r1; r += OPS_CHUNK) {
+            int cw = sp.r1 - r < OPS_CHUNK ? sp.r1 - r : OPS_CHUNK;
             mat_gemm(st, M, r, r + cw, nt, xs, (size_t)n_in, sc->act, sc->y, OPS_CHUNK,
                      sc->row);
             for (int i = 0; i < nt; i++) {
@@ -444,12 +477,14 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
     const int T = st->w->tok_tile;
     for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
         int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
-        norm_tile(st, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
-        mat_quant(st, &L->gate, sc->h, ld, nt, sc->act, sc);
-        if (!shared)
-            mat_quant(st, &L->up, sc->h, ld, nt, act_up, sc);
-        for (int r = in->row0; r < in->row1; r += OPS_CHUNK) {
-            int cw = in->row1 - r < OPS_CHUNK ? in->row1 - r : OPS_CHUNK;
+        if (!prep_memo(st, in, t0, sc)) {
+            norm_tile(st, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
+            mat_quant(st, &L->gate, sc->h, ld, nt, sc->act, sc);
+            if (!shared)
+                mat_quant(st, &L->up, sc->h, ld, nt, act_up, sc);
+        }
+        for (int r = sp.r0; r < sp.r1; r += OPS_CHUNK) {
+            int cw = sp.r1 - r < OPS_CHUNK ? sp.r1 - r : OPS_CHUNK;
             mat_gemm(st, &L->gate, r, r + cw, nt, sc->h, ld, sc->act, g, OPS_CHUNK, sc->row);
             mat_gemm(st, &L->up, r, r + cw, nt, sc->h, ld, act_up, u, OPS_CHUNK, sc->row);
             for (int i = 0; i < nt; i++)
@@ -480,6 +515,7 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
     WELD_ASSERT(!st->tops || (slice >= 0 && slice < n_slices));
     for (int k0 = sp.t0; k0 < sp.t1; k0 += T) {
         int nk = sp.t1 - k0 < T ? sp.t1 - k0 : T;
+        (void)prep_memo(st, NULL, k0, sc);
         norm_tile(st, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
         mat_quant(st, M, sc->h, (size_t)c->dim, nk, sc->act, sc);
         mat_gemm(st, M, in->row0, in->row1, nk, sc->h, (size_t)c->dim, sc->act,
@@ -510,10 +546,31 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
     }
 }
 
+/* Rows per row piece of instruction in (0: not cut by rows): the matrix ops, when their
+   tokens fit one tile, in whole OPS_PIECE_ALIGN rows of about w->piece_bytes. */
+static int piece_rows(const struct exec_step *st, const struct prog_instr *in, int n_tok_tiles)
+{
+    if (n_tok_tiles != 1 || in->layer < 0)
+        return 0;
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
+    size_t rb;
+    switch (in->op) {
+    case OP_O_PROJ_RESIDUAL: rb = L->wo.row_bytes; break;
+    case OP_FFN_NORM_GATE_UP_SILU: rb = L->gate.row_bytes + L->up.row_bytes; break;
+    case OP_DOWN_PROJ_RESIDUAL: rb = L->down.row_bytes; break;
+    default: return 0;
+    }
+    size_t n = rb ? st->w->piece_bytes / rb / OPS_PIECE_ALIGN * OPS_PIECE_ALIGN : 0;
+    n = n < OPS_PIECE_ALIGN ? OPS_PIECE_ALIGN : n;
+    return in->row1 - in->row0 > (int)n ? (int)n : 0;
+}
+
 int exec_op_tiles(const struct exec_step *st, const struct prog_instr *in)
 {
     int tile, n = op_extent(st, in, &tile);
-    return n <= tile ? 1 : (n + tile - 1) / tile;
+    int tiles = n <= tile ? 1 : (n + tile - 1) / tile;
+    int pr = piece_rows(st, in, tiles);
+    return pr ? (in->row1 - in->row0 + pr - 1) / pr : tiles;
 }
 
 void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, float *scratch,
@@ -522,8 +579,17 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     struct scratch sc = scratch_split(&st->m->cfg, scratch);
     int tile, n = op_extent(st, in, &tile);
     WELD_ASSERT(tile0 >= 0 && tile0 < tile1 && tile1 <= exec_op_tiles(st, in));
-    struct span sp = {(int)((int64_t)tile0 * tile > n ? n : (int64_t)tile0 * tile),
-                      (int)((int64_t)tile1 * tile > n ? n : (int64_t)tile1 * tile)};
+    int tiles = n <= tile ? 1 : (n + tile - 1) / tile;
+    int pr = piece_rows(st, in, tiles);
+    struct span sp = {0, n, in->row0, in->row1};
+    if (pr) { /* row pieces [tile0, tile1) of the one token tile */
+        sp.r0 = in->row0 + tile0 * pr;
+        sp.r1 = (int64_t)in->row0 + (int64_t)tile1 * pr < in->row1 ? in->row0 + tile1 * pr
+                                                                    : in->row1;
+    } else {
+        sp.t0 = (int)((int64_t)tile0 * tile > n ? n : (int64_t)tile0 * tile);
+        sp.t1 = (int)((int64_t)tile1 * tile > n ? n : (int64_t)tile1 * tile);
+    }
     switch (in->op) {
     case OP_EMBED:
         op_embed(st, in);

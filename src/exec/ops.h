@@ -30,6 +30,9 @@ struct exec_step {
     float *logits;           /* (n_logit_rows, n_vocab) caller's output */
     const float *rope;       /* optional: (positions, rope_dim) exec_rope_row of every
                                 position the step's tokens are at; NULL: computed per tile */
+    uint64_t serial;         /* nonzero and new for every step run: ops share a prepared
+                                input between pieces of an instruction within a step (0:
+                                never) */
     struct logits_top *tops; /* optional: (n_logit_rows, exec_final_slices(p)) the top of
                                 each logit row's slice, written by the FINAL instruction
                                 that wrote the slice (logits_top.h); NULL: not wanted */
@@ -53,7 +56,8 @@ void exec_op_run(const struct exec_step *st, const struct prog_instr *in, float 
 
 /* The pieces instruction in's work is cut into (>= 1): its tokens in tiles (QKV, the
    projections, FFN: exec_weights.tok_tile tokens; ATTENTION: OPS_ATT_TOK of its sequence's tokens;
-   FINAL: tok_tile logit rows; EMBED: one piece). Pieces write disjoint outputs and read
+   FINAL: tok_tile logit rows; EMBED: one piece); O, FFN and DOWN over a single token tile
+   (decode) in row pieces of about 512 KiB of weights instead (ops.c). Pieces write disjoint outputs and read
    only the instruction's inputs, so any workers may run any of them in any order, each
    with its own scratch, and the numbers are those of exec_op_run (which runs them all). */
 int exec_op_tiles(const struct exec_step *st, const struct prog_instr *in);

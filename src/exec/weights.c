@@ -274,6 +274,7 @@ static int mats_create(struct exec_weights *w, struct weld_err *e)
             all_float = all_float && ms[i]->gemm && gemm_act_kind(ms[i]->wtype) == GEMM_ACT_F32;
     }
     w->tok_tile = all_float ? EXEC_TILE_FLOAT : EXEC_TILE;
+    w->piece_bytes = EXEC_PIECE_BYTES;
     return WELD_OK;
 }
 

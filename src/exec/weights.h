@@ -37,6 +37,8 @@
 /* Token tiles of the ops (exec_weights.tok_tile). */
 #define EXEC_TILE 16
 #define EXEC_TILE_FLOAT 32
+/* Weight bytes of one row piece of a decode-shaped matrix op (exec_weights.piece_bytes). */
+#define EXEC_PIECE_BYTES (512u << 10)
 
 /* One weight matrix as the ops multiply it: rows [0, rows) of k elements. */
 struct exec_mat {
@@ -73,6 +75,9 @@ struct exec_weights {
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct exec_mat output;          /* (n_vocab rows of dim) */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */
+    size_t piece_bytes;              /* O / FFN / DOWN over one token tile run in row
+                                        pieces of about this many weight bytes (ops.c):
+                                        EXEC_PIECE_BYTES (tests set it small) */
     int tok_tile;                    /* tokens per op tile (ops.c): EXEC_TILE_FLOAT when
                                         every layer matrix takes the float path (F16 /
                                         BF16 / F32: weights are the bytes that bound a
