@@ -673,6 +673,50 @@ TEST(first_pass_gives_the_full_pass_token)
     free(l);
 }
 
+/* Top-p without top-k on peaked rows (the prefix ends within the candidates) and on flat
+   ones (it does not: the full pass), with and without min-p. */
+TEST(first_pass_top_p)
+{
+    const int n = 5000;
+    float *l = malloc((size_t)n * sizeof *l);
+    struct rng g;
+    rng_seed(&g, 17);
+    int failures = 0;
+    long long hits = 0;
+    for (int it = 0; it < 120; it++) {
+        double scale = it % 3 == 0 ? 1.0 : it % 3 == 1 ? 6.0 : 20.0;
+        for (int i = 0; i < n; i++)
+            l[i] = (float)(rng_normal(&g) * scale);
+        if (it % 10 == 9) /* ties among the best */
+            for (int i = 0; i < 8; i++)
+                l[(i * 37) % n] = 90.0f;
+        struct sampler_params p = sampler_params_default();
+        p.temperature = 0.5f + (float)(it % 4) * 0.25f;
+        p.top_p = 0.6f + (float)(it % 7) * 0.05f;
+        p.min_p = it % 2 ? 0.02f : 0.0f;
+        p.seed = (uint64_t)it;
+        failures += first_pass_case(l, n, p, NULL, NULL, 0, &hits);
+    }
+    /* weights that tie although the logits differ (a high temperature flattens an ulp
+       away): the full pass ranks the tokens outside the candidates (lower ids, logit 4)
+       before the ones inside (logit 4 + ulp); the first pass must not cut there */
+    for (int it = 0; it < 40; it++) {
+        for (int i = 0; i < n; i++)
+            l[i] = i < 300 ? 4.0f : i < 500 ? nextafterf(4.0f, 5.0f) : i < 510 ? 5.0f : -30.0f;
+        struct sampler_params p = sampler_params_default();
+        p.temperature = 1000.0f;
+        p.top_p = 0.003f + (float)it * 0.0002f;
+        p.seed = (uint64_t)it;
+        long long h = 0;
+        failures += first_pass_case(l, n, p, NULL, NULL, 0, &h);
+    }
+    printf("first pass, top-p: %lld of %d draws\n", hits, 120 * 40);
+    CHECK_EQ_INT(failures, 0);
+    CHECK(hits > 120 * 40 / 3);
+    CHECK(hits < 120 * 40); /* the flat rows take the full pass */
+    free(l);
+}
+
 /* Vocabularies up to LOGITS_TOP_K: top holds every token. */
 TEST(first_pass_small_vocab)
 {
@@ -717,5 +761,6 @@ int main(void)
     RUN(speed_at_vocab_150k);
     RUN(first_pass_gives_the_full_pass_token);
     RUN(first_pass_small_vocab);
+    RUN(first_pass_top_p);
     return test_summary();
 }

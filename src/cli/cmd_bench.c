@@ -4,7 +4,8 @@
  *
  * Datasets (prompts are random token ids drawn from the vocabulary minus special and
  * end-of-generation tokens, seeded by --seed; every request generates exactly
- * --output-len tokens: ignore_eos, temperature 0):
+ * --output-len tokens: ignore_eos; greedy unless --temperature, --top-k, --top-p say
+ * otherwise, with each request seeded by --seed and its index):
  *   random         --num-prompts prompts of --input-len tokens.
  *   shared-prefix  --num-groups groups; each group's prompts start with the same
  *                  --prefix-len tokens, then --input-len tokens of their own;
@@ -41,6 +42,8 @@ struct bench_opts {
     int num_prompts, input_len, output_len, prefix_len, num_groups;
     int64_t seed;
     bool json;
+    float temperature, top_p; /* sampling of every request (default greedy) */
+    int top_k;
 };
 
 /* A conversation (multi-turn) or a single prompt: its tokens so far. */
@@ -174,7 +177,10 @@ static int send_turn(struct bench_run *br, int c, struct weld_err *e)
     p.n_prompt_ids = cv->n;
     p.max_tokens = br->o->output_len;
     p.ignore_eos = true;
-    p.sampling.temperature = 0;
+    p.sampling.temperature = br->o->temperature;
+    p.sampling.top_p = br->o->top_p;
+    p.sampling.top_k = br->o->top_k;
+    p.sampling.seed = (uint64_t)br->o->seed * 1000003u + (uint64_t)c;
     struct request_callbacks cb = {br, on_delta, on_finish};
     cv->turns_left--;
     return engine_add_request(br->eng, &p, &cb, &cv->cur_id, e);
@@ -325,6 +331,9 @@ static int check_opts(const struct bench_opts *o, struct weld_err *e)
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "--num-prompts %d is not a multiple of --num-groups %d",
                        o->num_prompts, o->num_groups);
+    if (!(o->temperature >= 0) || !(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--temperature must be >= 0, --top-p in "
+                       "(0, 1], --top-k >= 0");
     if (!strcmp(o->dataset, "random") && o->input_len < 1)
         return err_set(e, WELD_ERR_INVALID_ARG, "--input-len must be >= 1 for random");
     if (!strcmp(o->dataset, "shared-prefix") && o->prefix_len + o->input_len < 1)
@@ -397,8 +406,9 @@ int cmd_bench(int argc, char **argv)
     struct cli_engine_opts eo;
     cli_engine_opts_init(&eo);
     struct bench_opts o = {.dataset = "random", .num_prompts = 64, .input_len = 512,
-                           .output_len = 128, .prefix_len = 1024, .num_groups = 16, .seed = 0};
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 10];
+                           .output_len = 128, .prefix_len = 1024, .num_groups = 16, .seed = 0,
+                           .temperature = 0, .top_p = 1, .top_k = 0};
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 13];
     int n = cli_engine_opts_table(&eo, opts);
     const struct cli_opt more[] = {
         {"dataset", 0, OPT_STR, &o.dataset, "D", "random (default), shared-prefix or multi-turn"},
@@ -409,6 +419,9 @@ int cmd_bench(int argc, char **argv)
         {"num-groups", 0, OPT_INT, &o.num_groups, "G", "shared-prefix groups / multi-turn conversations (default 16)"},
         {"seed", 's', OPT_I64, &o.seed, "S", "seed of the random prompts (default 0)"},
         {"compare", 0, OPT_STR, &o.compare, "C", "also run with sequential (--max-num-seqs 1) or no-prefix-caching and print the ratio"},
+        {"temperature", 0, OPT_FLOAT, &o.temperature, "T", "sampling temperature of every request (default 0: greedy)"},
+        {"top-k", 0, OPT_INT, &o.top_k, "K", "top-k of every request (default 0: off)"},
+        {"top-p", 0, OPT_FLOAT, &o.top_p, "P", "top-p of every request (default 1: off)"},
         {"json", 0, OPT_FLAG, &o.json, NULL, "print the results as one JSON object on stdout"},
     };
     memcpy(opts + n, more, sizeof more);
@@ -417,7 +430,8 @@ int cmd_bench(int argc, char **argv)
     int n_pos;
     int prc = cli_parse(argc - 1, argv + 1, "bench throughput -m MODEL [options]",
                         "Offline throughput on a synthetic workload (random token prompts, exactly\n"
-                        "--output-len tokens each, greedy). Reports output and total tokens/s,\n"
+                        "--output-len tokens each, greedy unless --temperature / --top-k / --top-p).\n"
+                        "Reports output and total tokens/s,\n"
                         "prefix-cache hit rate and preemptions.",
                         opts, n, pos, 0, &n_pos);
     if (prc)

@@ -30,7 +30,10 @@
  * whenever top holds k unchanged tokens. It then costs O(k + edits + history) instead of
  * a copy and a selection over n_vocab (a 128k vocabulary: ~0.5 ms a token), and gives the
  * very token the full pass would, which it falls back to whenever it cannot be sure
- * (a NaN in the row, too few unchanged candidates, top-p or min-p without top-k, ...).
+ * (a NaN in the row, too few unchanged candidates, ...). Top-p without top-k (and without
+ * edits or penalties) still sums every token's weight, but takes the top-p prefix from
+ * the candidates when it ends within them, skipping the copy and the selection. Min-p
+ * alone, and logprobs, read the whole row.
  *
  * Logprobs (sampler_top_logprobs, sampler_logprob) are of the raw logits row, log_softmax
  * with no penalty or temperature applied, which is what vLLM reports by default.
