@@ -238,15 +238,89 @@ TEST(late_worker_is_stolen_from)
     program_free(p0), program_free(p);
     fixture_free(&f);
 }
+/* The step st (one program built with 1 split in st->p) on ref, then on mega with 2 and 3
+   workers, the last sleeping slow_us after every piece it runs: at least min_cut
+   instructions are in pieces, the others take the slow worker's work (steals > 0 for
+   each team, joins of running instructions > 0 over both), and the
+   logits are bit-identical to ref on every one of `reps` runs (counters and piece claims
+   carry over; odd runs with a step serial, so pieces share their prepared input). Whether
+   a helper joins a running instruction or steals it whole is timing: enough runs make a
+   join all but certain. */
+static void check_pieces_shared(const struct model_config *c, const struct batch *b,
+                                struct exec_step st, int min_cut, int slow_us, int reps,
+                                const char *label)
+{
+    struct weld_err e;
+    const struct program *p0 = st.p;
+    long long joins = 0;
+    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
+    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
+    float *arena = calloc(p0->arena_floats + 1, sizeof(float));
+    st.arena = arena, st.logits = want, st.serial = 0;
+    void *state = NULL;
+    REQUIRE(exec_ref_impl.create(&state, c, NULL, &e) == WELD_OK);
+    REQUIRE(exec_ref_impl.run(state, &st, &e) == WELD_OK);
+    exec_ref_impl.free(state);
+    for (int n = 2; n <= 3; n++) {
+        struct program *p = NULL;
+        REQUIRE(program_build_ex(&p, c, b, n, PROG_HEAD_DEPS, &e) == WELD_OK);
+        int cut = 0;
+        st.p = p;
+        for (int i = 0; i < p->n_instr; i++)
+            cut += exec_op_tiles(&st, &p->instrs[i]) > 1;
+        CHECK(cut >= min_cut);
+        float *ar = calloc(p->arena_floats + 1, sizeof(float));
+        struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
+                                 .test_slow_piece_us = slow_us};
+        REQUIRE(exec_mega_impl.create(&state, c, &xp, &e) == WELD_OK);
+        st.arena = ar, st.logits = got;
+        int bad = 0;
+        for (int rep = 0; rep < reps; rep++) {
+            memset(got, 0, nf * sizeof(float));
+            st.serial = rep % 2 ? 100 + (uint64_t)rep : 0;
+            CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_OK);
+            bad += memcmp(got, want, nf * sizeof(float)) != 0;
+        }
+        struct exec_stats xs;
+        exec_mega_impl.stats(state, &xs, false);
+        fprintf(stderr, "  %s, %d workers: %lld steals, %lld joins in %lld steps\n", label, n,
+                xs.steals, xs.joins, xs.steps);
+        CHECK_EQ_INT(bad, 0);
+        CHECK(xs.steals > 0);
+        joins += xs.joins;
+        exec_mega_impl.free(state);
+        free(ar);
+        program_free(p);
+    }
+    CHECK(joins > 0);
+    free(want), free(got), free(arena);
+}
+
+/* A KV cache and weights for tm with each of b's sequences prepared from position 0 (its
+   tables in tables[]), and the 1-split program of b; false on failure. */
+static bool pieces_fixture(struct tmodel *tm, const struct tspec *sp, const struct batch *b,
+                           struct exec_weights **w, struct kv_cache **kv,
+                           const int32_t **tables, struct program **p0)
+{
+    struct weld_err e;
+    struct kv_config kc = {.n_layer = sp->n_layer, .kv_dim = sp->n_kv * sp->head_dim,
+                           .head_dim = sp->head_dim, .max_seqs = b->n_seqs, .max_ctx = TM_CTX,
+                           .type = DT_F16};
+    if (exec_weights_create(w, &tm->m, &e) || kv_create(kv, &kc, &e))
+        return false;
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (kv_seq_prepare(*kv, s, 0, b->seqs[s].n_tokens, &e))
+            return false;
+        tables[s] = (*kv)->seqs[s].blocks;
+    }
+    return program_build(p0, &tm->m.cfg, b, 1, &e) == WELD_OK;
+}
+
 /* Instructions in pieces (exec_op_tiles > 1): a long prompt (40 tokens: 3 token tiles, 5
-   attention tiles) and a second one with every logit row (23: 2 tiles of FINAL). With the
-   last worker sleeping 3 ms after every piece it runs, the others join its running
-   instructions (joins > 0); logits bit-identical to ref on every step. */
+   attention tiles) and a second one with every logit row (23: 2 tiles of FINAL). */
 TEST(pieces_are_shared_with_a_slow_owner)
 {
     struct tmodel *tm = tm_build(&spec_gqa, DT_Q8_0, 21);
-    const struct model_config *c = &tm->m.cfg;
-    struct weld_err e;
     enum { N0 = 40, N1 = 23 };
     int32_t toks[N0 + N1];
     int pos[N0 + N1];
@@ -257,56 +331,15 @@ TEST(pieces_are_shared_with_a_slow_owner)
     struct batch b = {.seqs = seqs, .n_seqs = 2};
     struct exec_weights *w = NULL;
     struct kv_cache *kv = NULL;
-    struct kv_config kc = {.n_layer = spec_gqa.n_layer, .kv_dim = spec_gqa.n_kv * spec_gqa.head_dim,
-                           .head_dim = spec_gqa.head_dim, .max_seqs = 2, .max_ctx = TM_CTX,
-                           .type = DT_F16};
-    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
-    REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
-    REQUIRE(kv_seq_prepare(kv, 0, 0, N0, &e) == WELD_OK);
-    REQUIRE(kv_seq_prepare(kv, 1, 0, N1, &e) == WELD_OK);
-    const int32_t *tables[2] = {kv->seqs[0].blocks, kv->seqs[1].blocks};
+    const int32_t *tables[2];
     struct program *p0 = NULL;
-    REQUIRE(program_build(&p0, c, &b, 1, &e) == WELD_OK);
-    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
-    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
-    float *arena = calloc(p0->arena_floats + 1, sizeof(float));
-    struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks, .pos = pos,
-                           .tables = tables, .arena = arena, .logits = want};
-    void *state = NULL;
-    REQUIRE(exec_ref_impl.create(&state, c, NULL, &e) == WELD_OK);
-    REQUIRE(exec_ref_impl.run(state, &st, &e) == WELD_OK);
-    exec_ref_impl.free(state);
-    for (int n = 2; n <= 3; n++) {
-        struct program *p = NULL;
-        REQUIRE(program_build_ex(&p, c, &b, n, PROG_HEAD_DEPS, &e) == WELD_OK);
-        int multi = 0;
-        for (int i = 0; i < p->n_instr; i++) {
-            st.p = p;
-            multi += exec_op_tiles(&st, &p->instrs[i]) > 1;
-        }
-        CHECK(multi > p->n_instr / 2);
-        float *ar = calloc(p->arena_floats + 1, sizeof(float));
-        struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
-                                 .test_slow_piece_us = 3000};
-        REQUIRE(exec_mega_impl.create(&state, c, &xp, &e) == WELD_OK);
-        st.arena = ar, st.logits = got;
-        int bad = 0;
-        for (int rep = 0; rep < 3; rep++) { /* counters and piece claims carry over */
-            memset(got, 0, nf * sizeof(float));
-            CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_OK);
-            bad += memcmp(got, want, nf * sizeof(float)) != 0;
-        }
-        struct exec_stats xs;
-        exec_mega_impl.stats(state, &xs, false);
-        fprintf(stderr, "  %d workers: %lld steals, %lld joins in %lld steps\n", n, xs.steals,
-                xs.joins, xs.steps);
-        CHECK_EQ_INT(bad, 0);
-        CHECK(xs.joins > 0);
-        exec_mega_impl.free(state);
-        free(ar);
-        program_free(p);
+    if (pieces_fixture(tm, &spec_gqa, &b, &w, &kv, tables, &p0)) {
+        struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks,
+                               .pos = pos, .tables = tables};
+        check_pieces_shared(&tm->m.cfg, &b, st, p0->n_instr / 2, 3000, 4, "prefill");
+    } else {
+        CHECK(!"fixture");
     }
-    free(want), free(got), free(arena);
     program_free(p0);
     kv_free(kv);
     exec_weights_free(w);
@@ -314,75 +347,30 @@ TEST(pieces_are_shared_with_a_slow_owner)
 }
 
 /* Decode-shaped steps in row pieces (exec_weights.piece_bytes made tiny: 32-row pieces of
-   O, FFN, DOWN): three sequences of one token each. With the last worker sleeping after
-   every piece it runs, the others join its decode instructions (joins > 0); logits
-   bit-identical to ref on every step, with the pieces' shared prepared input (serial set)
-   and without it (serial 0). */
+   O, FFN, DOWN): three sequences of one token each. */
 TEST(decode_row_pieces_are_shared)
 {
     static const struct tspec sp = {ARCH_LLAMA, 96, 2, 6, 2, 16, 160, 70, 16,
                                     false, false, false, false, 10000.0f};
     struct tmodel *tm = tm_build(&sp, DT_Q8_0, 23);
-    const struct model_config *c = &tm->m.cfg;
-    struct weld_err e;
     int32_t toks[3] = {5, 17, 42};
     int pos[3] = {0, 0, 0};
-    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0}, {1, toks + 1, 1, 0, false, NULL, 0},
+    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0},
+                                {1, toks + 1, 1, 0, false, NULL, 0},
                                 {2, toks + 2, 1, 0, false, NULL, 0}};
     struct batch b = {.seqs = seqs, .n_seqs = 3};
     struct exec_weights *w = NULL;
     struct kv_cache *kv = NULL;
-    struct kv_config kc = {.n_layer = sp.n_layer, .kv_dim = sp.n_kv * sp.head_dim,
-                           .head_dim = sp.head_dim, .max_seqs = 3, .max_ctx = TM_CTX,
-                           .type = DT_F16};
-    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
-    w->piece_bytes = 1;
-    REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
-    for (int s = 0; s < 3; s++)
-        REQUIRE(kv_seq_prepare(kv, s, 0, 1, &e) == WELD_OK);
-    const int32_t *tables[3] = {kv->seqs[0].blocks, kv->seqs[1].blocks, kv->seqs[2].blocks};
+    const int32_t *tables[3];
     struct program *p0 = NULL;
-    REQUIRE(program_build(&p0, c, &b, 1, &e) == WELD_OK);
-    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
-    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
-    float *arena = calloc(p0->arena_floats + 1, sizeof(float));
-    struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks, .pos = pos,
-                           .tables = tables, .arena = arena, .logits = want};
-    void *state = NULL;
-    REQUIRE(exec_ref_impl.create(&state, c, NULL, &e) == WELD_OK);
-    REQUIRE(exec_ref_impl.run(state, &st, &e) == WELD_OK);
-    exec_ref_impl.free(state);
-    for (int n = 2; n <= 3; n++) {
-        struct program *p = NULL;
-        REQUIRE(program_build_ex(&p, c, &b, n, PROG_HEAD_DEPS, &e) == WELD_OK);
-        int cut = 0;
-        st.p = p;
-        for (int i = 0; i < p->n_instr; i++)
-            cut += exec_op_tiles(&st, &p->instrs[i]) > 1;
-        CHECK(cut >= 3 * sp.n_layer); /* O, FFN and DOWN of every layer */
-        float *ar = calloc(p->arena_floats + 1, sizeof(float));
-        struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
-                                 .test_slow_piece_us = 2000};
-        REQUIRE(exec_mega_impl.create(&state, c, &xp, &e) == WELD_OK);
-        st.arena = ar, st.logits = got;
-        int bad = 0;
-        for (int rep = 0; rep < 4; rep++) {
-            memset(got, 0, nf * sizeof(float));
-            st.serial = rep % 2 ? 100 + (uint64_t)rep : 0;
-            CHECK_EQ_INT(exec_mega_impl.run(state, &st, &e), WELD_OK);
-            bad += memcmp(got, want, nf * sizeof(float)) != 0;
-        }
-        struct exec_stats xs;
-        exec_mega_impl.stats(state, &xs, false);
-        fprintf(stderr, "  decode, %d workers: %lld steals, %lld joins in %lld steps\n", n,
-                xs.steals, xs.joins, xs.steps);
-        CHECK_EQ_INT(bad, 0);
-        CHECK(xs.joins > 0);
-        exec_mega_impl.free(state);
-        free(ar);
-        program_free(p);
+    if (pieces_fixture(tm, &sp, &b, &w, &kv, tables, &p0)) {
+        w->piece_bytes = 1;
+        struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks,
+                               .pos = pos, .tables = tables};
+        check_pieces_shared(&tm->m.cfg, &b, st, 3 * sp.n_layer, 2000, 16, "decode");
+    } else {
+        CHECK(!"fixture");
     }
-    free(want), free(got), free(arena);
     program_free(p0);
     kv_free(kv);
     exec_weights_free(w);

@@ -147,21 +147,28 @@ static int bm_prefill(struct bm_run *b, int depth, int n, double *dt, struct wel
     return rc;
 }
 
-/* Add the executor stats of the steps since the last reset to b->tg_stats. */
-static void bm_add_stats(struct bm_run *b)
+/* Add r's executor stats of the steps since the last reset to *acc (and reset them);
+   false when the executor keeps none. */
+static bool bm_stats_add(struct runner *r, struct exec_stats *acc)
 {
     struct exec_stats s;
     struct weld_err e;
-    b->have_stats = runner_exec_stats(b->r, &s, true, &e) == WELD_OK;
-    if (!b->have_stats)
-        return;
-    b->tg_stats.executor = s.executor;
-    b->tg_stats.n_workers = s.n_workers;
-    b->tg_stats.steps += s.steps;
-    b->tg_stats.tokens += s.tokens;
-    b->tg_stats.syncs += s.syncs;
-    b->tg_stats.wait_s += s.wait_s;
-    b->tg_stats.step_s += s.step_s;
+    if (runner_exec_stats(r, &s, true, &e) != WELD_OK)
+        return false;
+    acc->executor = s.executor;
+    acc->n_workers = s.n_workers;
+    acc->steps += s.steps;
+    acc->tokens += s.tokens;
+    acc->syncs += s.syncs;
+    acc->wait_s += s.wait_s;
+    acc->step_s += s.step_s;
+    return true;
+}
+
+/* Add the executor stats of the steps since the last reset to b->tg_stats. */
+static void bm_add_stats(struct bm_run *b)
+{
+    b->have_stats = bm_stats_add(b->r, &b->tg_stats);
 }
 
 /* An untimed prompt of max(depth, 1) tokens for each of the b->batch sequences, then n
@@ -492,23 +499,6 @@ static int bm_side_block(struct bm_run *b, struct bm_side *sd, int pos, int n, d
     return rc;
 }
 
-/* Add sd's executor stats since the last reset to sd->st. */
-static void bm_side_stats(struct bm_side *sd)
-{
-    struct exec_stats s;
-    struct weld_err e;
-    sd->have_stats = runner_exec_stats(sd->r, &s, true, &e) == WELD_OK;
-    if (!sd->have_stats)
-        return;
-    sd->st.executor = s.executor;
-    sd->st.n_workers = s.n_workers;
-    sd->st.steps += s.steps;
-    sd->st.tokens += s.tokens;
-    sd->st.syncs += s.syncs;
-    sd->st.wait_s += s.wait_s;
-    sd->st.step_s += s.step_s;
-}
-
 /* The workers side sd runs on (ref: one; else as bm_threads, with the side's own count). */
 static int bm_side_threads(const struct bm_opts *o, const struct bm_side *sd)
 {
@@ -593,7 +583,7 @@ static int bm_pair_rep(struct bm_run *b, const struct bm_opts *o, struct bm_side
     wfree(ta);
     wfree(tb);
     for (int k = 0; k < 2; k++) {
-        bm_side_stats(&sd[k]);
+        sd[k].have_stats = bm_stats_add(sd[k].r, &sd[k].st);
         bm_use(b, &sd[k]);
         bm_drop_all(b);
     }
