@@ -123,6 +123,24 @@ int file_write_all(const char *path, const void *data, size_t n, struct weld_err
     return WELD_OK;
 }
 
+void mfile_prefault(const void *p, size_t n)
+{
+    if (!p || !n)
+        return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p / page * page, hi = (uintptr_t)p + n;
+#ifdef MADV_POPULATE_READ
+    if (madvise((void *)lo, hi - lo, MADV_POPULATE_READ) == 0)
+        return;
+#endif
+    volatile const uint8_t *b = p;
+    uint8_t sink = 0;
+    for (uintptr_t a = lo < (uintptr_t)p ? lo + page : lo; a < hi; a += page)
+        sink ^= b[a - (uintptr_t)p];
+    sink ^= b[0];
+    (void)sink;
+}
+
 int mfile_release(const struct mfile *m, const void *p, size_t n)
 {
     const uint8_t *b = p;

@@ -28,6 +28,10 @@ void mfile_close(struct mfile *m); /* safe on a zeroed or closed mfile */
    is left alone) and only where the range lies inside it; returns 1 if pages were
    released. Used after weights were repacked into a copy. */
 int mfile_release(const struct mfile *m, const void *p, size_t n);
+/* Map every page of [p, p + n) (mapped memory) into the page tables now, so that reading
+   a random row of it later costs no page fault (MADV_POPULATE_READ, or one read a page
+   where the kernel lacks it). Used for the token embeddings, read one row a token. */
+void mfile_prefault(const void *p, size_t n);
 
 /* Read a whole (small) file into a NUL-terminated heap buffer; *len gets its size. */
 int file_read_all(const char *path, char **out, size_t *len, struct weld_err *e);

@@ -18,6 +18,7 @@
 #include "exec/weights.h"
 
 #include "core/alloc.h"
+#include "core/mfile.h"
 #include "core/progress.h"
 #include "kernels/cpu/kernels.h"
 
@@ -250,6 +251,13 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
         }
     }
     progress_end(&pr);
+    /* Decode reads one embedding row a token, a new page most of the time: as first
+       touches those were page faults of 12-25 us each in a VM (110M Q8_0, 2 threads:
+       0.3-0.5% of a decode step, which the other worker waited out, and a few of 1-7
+       ms). A table of its own is mapped in now; a tied one is the output matrix's
+       source, released above, and is left to fault (mapping it would keep two copies). */
+    if (w->m->tok_embd.data && w->m->tok_embd.data != w->m->output.data)
+        mfile_prefault(w->m->tok_embd.data, w->m->tok_embd.nbytes);
     return WELD_OK;
 }
 
