@@ -296,31 +296,48 @@ static void check_pieces_shared(const struct model_config *c, const struct batch
     free(want), free(got), free(arena);
 }
 
-/* A KV cache and weights for tm with each of b's sequences prepared from position 0 (its
-   tables in tables[]), and the 1-split program of b; false on failure. */
-static bool pieces_fixture(struct tmodel *tm, const struct tspec *sp, const struct batch *b,
-                           struct exec_weights **w, struct kv_cache **kv,
-                           const int32_t **tables, struct program **p0)
+/* One piece-sharing case: model sp (Q8_0, seed) with each of b's sequences prepared from
+   position 0, weights cut in row pieces of piece_bytes (0: the default), then
+   check_pieces_shared with the 1-split program of b (min_cut 0: half its instructions). */
+static void pieces_case(const struct tspec *sp, uint64_t seed, const struct batch *b,
+                        const int32_t *toks, const int *pos, size_t piece_bytes, int min_cut,
+                        int slow_us, int reps, const char *label)
 {
+    struct tmodel *tm = tm_build(sp, DT_Q8_0, seed);
     struct weld_err e;
+    struct exec_weights *w = NULL;
+    struct kv_cache *kv = NULL;
+    const int32_t *tables[8];
+    struct program *p0 = NULL;
     struct kv_config kc = {.n_layer = sp->n_layer, .kv_dim = sp->n_kv * sp->head_dim,
                            .head_dim = sp->head_dim, .max_seqs = b->n_seqs, .max_ctx = TM_CTX,
                            .type = DT_F16};
-    if (exec_weights_create(w, &tm->m, &e) || kv_create(kv, &kc, &e))
-        return false;
-    for (int s = 0; s < b->n_seqs; s++) {
-        if (kv_seq_prepare(*kv, s, 0, b->seqs[s].n_tokens, &e))
-            return false;
-        tables[s] = (*kv)->seqs[s].blocks;
+    bool ok = b->n_seqs <= 8 && exec_weights_create(&w, &tm->m, &e) == WELD_OK &&
+              kv_create(&kv, &kc, &e) == WELD_OK;
+    for (int s = 0; ok && s < b->n_seqs; s++) {
+        ok = kv_seq_prepare(kv, s, 0, b->seqs[s].n_tokens, &e) == WELD_OK;
+        tables[s] = ok ? kv->seqs[s].blocks : NULL;
     }
-    return program_build(p0, &tm->m.cfg, b, 1, &e) == WELD_OK;
+    ok = ok && program_build(&p0, &tm->m.cfg, b, 1, &e) == WELD_OK;
+    CHECK(ok);
+    if (ok) {
+        if (piece_bytes)
+            w->piece_bytes = piece_bytes;
+        struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks,
+                               .pos = pos, .tables = tables};
+        check_pieces_shared(&tm->m.cfg, b, st, min_cut ? min_cut : p0->n_instr / 2, slow_us,
+                            reps, label);
+    }
+    program_free(p0);
+    kv_free(kv);
+    exec_weights_free(w);
+    tm_free(tm);
 }
 
 /* Instructions in pieces (exec_op_tiles > 1): a long prompt (40 tokens: 3 token tiles, 5
    attention tiles) and a second one with every logit row (23: 2 tiles of FINAL). */
 TEST(pieces_are_shared_with_a_slow_owner)
 {
-    struct tmodel *tm = tm_build(&spec_gqa, DT_Q8_0, 21);
     enum { N0 = 40, N1 = 23 };
     int32_t toks[N0 + N1];
     int pos[N0 + N1];
@@ -329,21 +346,7 @@ TEST(pieces_are_shared_with_a_slow_owner)
     struct batch_seq seqs[2] = {{0, toks, N0, 0, false, NULL, 0},
                                 {1, toks + N0, N1, 0, true, NULL, 0}};
     struct batch b = {.seqs = seqs, .n_seqs = 2};
-    struct exec_weights *w = NULL;
-    struct kv_cache *kv = NULL;
-    const int32_t *tables[2];
-    struct program *p0 = NULL;
-    if (pieces_fixture(tm, &spec_gqa, &b, &w, &kv, tables, &p0)) {
-        struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks,
-                               .pos = pos, .tables = tables};
-        check_pieces_shared(&tm->m.cfg, &b, st, p0->n_instr / 2, 3000, 4, "prefill");
-    } else {
-        CHECK(!"fixture");
-    }
-    program_free(p0);
-    kv_free(kv);
-    exec_weights_free(w);
-    tm_free(tm);
+    pieces_case(&spec_gqa, 21, &b, toks, pos, 0, 0, 3000, 4, "prefill");
 }
 
 /* Decode-shaped steps in row pieces (exec_weights.piece_bytes made tiny: 32-row pieces of
@@ -352,29 +355,13 @@ TEST(decode_row_pieces_are_shared)
 {
     static const struct tspec sp = {ARCH_LLAMA, 96, 2, 6, 2, 16, 160, 70, 16,
                                     false, false, false, false, 10000.0f};
-    struct tmodel *tm = tm_build(&sp, DT_Q8_0, 23);
     int32_t toks[3] = {5, 17, 42};
     int pos[3] = {0, 0, 0};
     struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0},
                                 {1, toks + 1, 1, 0, false, NULL, 0},
                                 {2, toks + 2, 1, 0, false, NULL, 0}};
     struct batch b = {.seqs = seqs, .n_seqs = 3};
-    struct exec_weights *w = NULL;
-    struct kv_cache *kv = NULL;
-    const int32_t *tables[3];
-    struct program *p0 = NULL;
-    if (pieces_fixture(tm, &sp, &b, &w, &kv, tables, &p0)) {
-        w->piece_bytes = 1;
-        struct exec_step st = {.m = &tm->m, .w = w, .p = p0, .kv = kv, .tokens = toks,
-                               .pos = pos, .tables = tables};
-        check_pieces_shared(&tm->m.cfg, &b, st, 3 * sp.n_layer, 2000, 16, "decode");
-    } else {
-        CHECK(!"fixture");
-    }
-    program_free(p0);
-    kv_free(kv);
-    exec_weights_free(w);
-    tm_free(tm);
+    pieces_case(&sp, 23, &b, toks, pos, 1, 3 * sp.n_layer, 2000, 16, "decode");
 }
 
 TEST(head_deps_programs_qwen3) { head_deps_with(&spec_qwen3, 12); }
