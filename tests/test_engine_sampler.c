@@ -556,6 +556,8 @@ static void apply_edits(const float *l, int n, const struct sampler_edits *ed, f
    from the same row: (a) the first pass (top of the raw row + edits), (b) the full pass
    with the edits, (c) the full pass on an edited copy. All must give the same tokens and
    the same errors. */
+static long long stats_hits; /* temperature-path draws on the top's statistics */
+
 static int first_pass_case(const float *l, int n, struct sampler_params p,
                            const struct sampler_edits *ed, const int32_t *hist, int n_hist,
                            long long *hits)
@@ -566,8 +568,16 @@ static int first_pass_case(const float *l, int n, struct sampler_params p,
         sampler_accept(b, hist[i], i % 3 == 0);
         sampler_accept(c, hist[i], i % 3 == 0);
     }
-    struct logits_top top;
+    struct logits_top top = {0};
     logits_top_scan(&top, l, n, 0);
+    /* the temperature path's statistics, as the LM head makes them (of the raw row) */
+    const int nch = logits_n_chunks(n);
+    float *cmax = malloc((size_t)nch * sizeof *cmax), *csum = malloc((size_t)nch * sizeof *csum);
+    top.inv_t = sampler_stats_inv_t(&p, n);
+    top.chunk_max = cmax;
+    top.chunk_sum = csum;
+    if (top.inv_t > 0.0f)
+        logits_stats_chunks(&top, l, n, 0, nch, NULL);
     float *edited = malloc((size_t)n * sizeof *edited);
     apply_edits(l, n, ed, edited);
     int bad = 0;
@@ -593,8 +603,12 @@ static int first_pass_case(const float *l, int n, struct sampler_params p,
         }
     }
     *hits += sampler_top_hits(a);
+    stats_hits += sampler_stats_hits(a);
     CHECK_EQ_INT(sampler_top_hits(b), 0);
+    CHECK_EQ_INT(sampler_stats_hits(b), 0);
     free(edited);
+    free(cmax);
+    free(csum);
     sampler_free(a);
     sampler_free(b);
     sampler_free(c);
@@ -668,8 +682,10 @@ TEST(first_pass_gives_the_full_pass_token)
     }
     CHECK_EQ_INT(failures, 0);
     CHECK_EQ_INT(cases, 400);
-    printf("first pass: %lld of %d draws from the LM head's top\n", hits, 400 * 40);
+    printf("first pass: %lld of %d draws from the LM head's top, %lld temperature draws "
+           "on its statistics\n", hits, 400 * 40, stats_hits);
     CHECK(hits > 400 * 40 / 4); /* greedy or top-k <= 64 without NaN: about half the cases */
+    CHECK(stats_hits > 200); /* top_k 0, no top-p or min-p, no NaN: ~1/30 of the cases */
     free(l);
 }
 
@@ -717,6 +733,92 @@ TEST(first_pass_top_p)
     free(l);
 }
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+/* The temperature path at a 128k vocabulary (not a whole number of chunks): drawing on
+   the LM head's chunk statistics gives the tokens of the sampler's own pass and of a
+   plain sampler on an edited copy, with edits and penalties (their chunks recomputed);
+   statistics that lie (one chunk's sum changed) change the draws, so they are used. */
+TEST(temperature_path_on_statistics)
+{
+    const int n = 128000 + 77, nch = logits_n_chunks(n);
+    float *l = malloc((size_t)n * sizeof *l), *edited = malloc((size_t)n * sizeof *l);
+    float *cmax = malloc((size_t)nch * sizeof *cmax), *csum = malloc((size_t)nch * sizeof *csum);
+    struct rng g;
+    rng_seed(&g, 4242);
+    random_logits(l, n, 11, 3.0);
+    int32_t ids[6] = {5, 300, 70000, 128076, 1000, 64};
+    float vals[6] = {-INFINITY, 12.0f, 9.0f, 4.0f, -INFINITY, 2.0f};
+    struct sampler_edits ed = {ids, vals, 6};
+    apply_edits(l, n, &ed, edited);
+    const float temps[] = {0.5f, 1.0f, 1.7f};
+    double ms_top = 0.0, ms_full = 0.0;
+    int draws = 0, mismatches = 0;
+    for (int ti = 0; ti < 3; ti++) {
+        struct sampler_params p = sampler_params_default();
+        p.temperature = temps[ti];
+        p.seed = 77 + (uint64_t)ti;
+        p.repetition_penalty = ti == 1 ? 1.0f : 1.15f;
+        p.presence_penalty = ti == 2 ? 0.5f : 0.0f;
+        struct logits_top top = {0};
+        logits_top_scan(&top, l, n, 0);
+        top.inv_t = sampler_stats_inv_t(&p, n);
+        top.chunk_max = cmax;
+        top.chunk_sum = csum;
+        CHECK(top.inv_t == 1.0f / temps[ti]);
+        logits_stats_chunks(&top, l, n, 0, nch, NULL);
+        struct sampler *a = make(p, n), *b = make(p, n), *c = make(p, n);
+        for (int i = 0; i < 300; i++) {
+            int32_t t = (int32_t)(rng_u64(&g) % (uint64_t)n);
+            sampler_accept(a, t, true), sampler_accept(b, t, true), sampler_accept(c, t, true);
+        }
+        for (int d = 0; d < 200; d++, draws++) {
+            int ta = -1, tb = -2, tc = -3;
+            struct weld_err e;
+            double t0 = now_ms();
+            CHECK_EQ_INT(sampler_sample_ex(a, l, &top, &ed, &ta, &e), WELD_OK);
+            double t1 = now_ms();
+            CHECK_EQ_INT(sampler_sample_ex(b, l, NULL, &ed, &tb, &e), WELD_OK);
+            ms_top += t1 - t0, ms_full += now_ms() - t1;
+            CHECK_EQ_INT(sampler_sample(c, edited, &tc, &e), WELD_OK);
+            mismatches += ta != tb || tb != tc;
+            if (d % 8 == 7) {
+                sampler_accept(a, ta, false), sampler_accept(b, ta, false);
+                sampler_accept(c, ta, false);
+            }
+        }
+        CHECK_EQ_INT(sampler_stats_hits(a), 200);
+        CHECK_EQ_INT(sampler_stats_hits(b), 0);
+        sampler_free(a), sampler_free(b), sampler_free(c);
+        /* lying statistics: the sum of the chunk holding the best unmodified token x100 */
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (edited[i] > edited[best])
+                best = i;
+        csum[best / LOGITS_CHUNK] *= 100.0f;
+        a = make(p, n), b = make(p, n);
+        int differ = 0;
+        for (int d = 0; d < 200; d++) {
+            int ta, tb;
+            struct weld_err e;
+            sampler_sample_ex(a, l, &top, NULL, &ta, &e);
+            sampler_sample_ex(b, l, NULL, NULL, &tb, &e);
+            differ += ta != tb;
+        }
+        CHECK(differ > 0);
+        sampler_free(a), sampler_free(b);
+    }
+    CHECK_EQ_INT(mismatches, 0);
+    printf("temperature path at vocab %d: %.3f ms per token on the statistics, %.3f ms on "
+           "its own pass (%d draws)\n", n, ms_top / draws, ms_full / draws, draws);
+    free(l), free(edited), free(cmax), free(csum);
+}
+
 /* Vocabularies up to LOGITS_TOP_K: top holds every token. */
 TEST(first_pass_small_vocab)
 {
@@ -758,6 +860,7 @@ int main(void)
     RUN(same_seed_same_tokens_different_seed_differs);
     RUN(top_logprobs_match_brute_force);
     RUN(bad_input_is_reported);
+    RUN(temperature_path_on_statistics);
     RUN(speed_at_vocab_150k);
     RUN(first_pass_gives_the_full_pass_token);
     RUN(first_pass_small_vocab);

@@ -7,10 +7,14 @@
  * slices than the merge's cursors. End to end: runner_forward_top on tiny models, every
  * executor and several splits, prefill rows with every logit and decodes: each row's top
  * equals the reference computed from the logits the same step returned, so the executors
- * and splits agree with each other too.
+ * and splits agree with each other too; rows that ask for softmax statistics get, per
+ * LOGITS_CHUNK chunk, the scalar kernel's bits on the returned logits, whether the LM
+ * head's slices fall on chunk boundaries (a vocabulary of 8+ chunks per split) or cut
+ * chunks (the backend computes those), and rows that do not ask get nothing written.
  */
 #include "core/rng.h"
 #include "exec/logits_top.h"
+#include "kernels/cpu/gemm.h"
 #include "exec/runner.h"
 #include "test.h"
 #include "test_models.h"
@@ -140,6 +144,8 @@ TEST(all_nan_and_all_equal_rows)
 
 static const struct tspec spec_wide = {ARCH_LLAMA, 64, 2, 4, 2, 16, 96, 700, 16,
                                        false, false, false, false, 10000.0f};
+static const struct tspec spec_big = {ARCH_LLAMA, 64, 1, 4, 2, 16, 96, 4100, 16,
+                                      false, false, false, false, 10000.0f};
 static const struct tspec spec_narrow = {ARCH_QWEN3, 64, 2, 4, 2, 16, 96, 50, 16,
                                          false, true, false, false, 1000000.0f};
 
@@ -170,7 +176,10 @@ static void check_forward(const struct tspec *sp, int wtype, const struct cfg *x
         for (int i = 0; i < 9; i++)
             prompt[s][i] = (int32_t)(rng_u64(&g) % (uint64_t)V);
     float *logits = malloc((size_t)27 * V * sizeof *logits);
-    struct logits_top *tops = malloc(27 * sizeof *tops);
+    struct logits_top *tops = calloc(27, sizeof *tops);
+    const int nch = logits_n_chunks(V);
+    float *stats = malloc((size_t)27 * 2 * nch * sizeof *stats);
+    float *cmax = malloc((size_t)nch * sizeof *cmax), *csum = malloc((size_t)nch * sizeof *csum);
     int len[3] = {0, 0, 0};
     for (int step = 0; step < 6; step++) {
         struct batch_seq seqs[3];
@@ -182,8 +191,33 @@ static void check_forward(const struct tspec *sp, int wtype, const struct cfg *x
             len[s] += nt;
         }
         struct batch b = {.seqs = seqs, .n_seqs = 3};
-        REQUIRE(runner_forward_top(r, &b, logits, tops, &e) == WELD_OK);
         int rows = batch_n_logit_rows(&b);
+        for (int k = 0; k < rows; k++) { /* two rows in three ask, at two temperatures */
+            tops[k].inv_t = k % 3 == 2 ? 0.0f : k % 3 ? 1.0f : 1.0f / 0.7f;
+            tops[k].chunk_max = stats + (size_t)k * 2 * nch;
+            tops[k].chunk_sum = tops[k].chunk_max + nch;
+            for (int c = 0; c < 2 * nch; c++)
+                tops[k].chunk_max[c] = -1234.5f; /* must be overwritten, or kept (k % 3 == 2) */
+        }
+        REQUIRE(runner_forward_top(r, &b, logits, tops, &e) == WELD_OK);
+        for (int k = 0; k < rows; k++) {
+            struct logits_top want = tops[k];
+            want.chunk_max = cmax, want.chunk_sum = csum;
+            bool ok = true;
+            if (tops[k].inv_t > 0.0f) {
+                logits_stats_chunks(&want, logits + (size_t)k * V, V, 0, nch, &gemm_ops_scalar);
+                ok = !memcmp(cmax, tops[k].chunk_max, nch * sizeof *cmax) &&
+                     !memcmp(csum, tops[k].chunk_sum, nch * sizeof *csum);
+            } else {
+                for (int c = 0; c < 2 * nch; c++)
+                    ok &= tops[k].chunk_max[c] == -1234.5f;
+            }
+            if (!ok) {
+                fprintf(stderr, "  %s, %d threads, %d splits, vocab %d: step %d row %d stats\n",
+                        x->exec, x->n_threads, x->n_splits, V, step, k);
+                CHECK(!"softmax statistics == the scalar kernel's");
+            }
+        }
         for (int k = 0; k < rows; k++) {
             struct logits_top want;
             reference_top(logits + (size_t)k * V, V, &want);
@@ -196,6 +230,7 @@ static void check_forward(const struct tspec *sp, int wtype, const struct cfg *x
     }
     free(logits);
     free(tops);
+    free(stats), free(cmax), free(csum);
     runner_free(r);
     tm_free(tm);
 }
@@ -211,6 +246,11 @@ TEST(forward_tops_every_executor_and_split)
         check_forward(&spec_wide, DT_Q8_0, &cfgs[i]);
         check_forward(&spec_narrow, DT_F16, &cfgs[i]);
     }
+    /* 4100 ids = 16 chunks + 4: with 2 splits the LM head's slices fall on chunks, with 3
+       or more they cut them */
+    const struct cfg big[] = {{"ref", 1, 2}, {"mega", 2, 2}, {"ops", 2, 3}, {"mega", 3, 5}};
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++)
+        check_forward(&spec_big, DT_Q8_0, &big[i]);
 }
 
 int main(void)

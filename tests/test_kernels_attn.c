@@ -8,7 +8,11 @@
  *     after every chunk, for f32, f16 and bf16 rows read in place, head dims in whole
  *     vectors (16, 64, 128) and with partial last vectors (8, 12, 40, 100: tails of 8, 12,
  *     8 and 4 lanes), visible counts 0..16 mixed across rows, scores with large
- *     spreads (the running max moves up and down across chunks).
+ *     spreads (the running max moves up and down across chunks);
+ *   - the softmax statistics of logits chunks (attn_softmax_stats): the scalar reference
+ *     against a double-precision max and sum of exp, and every ISA bit-identical to it
+ *     for lengths 1..300 and 4096, temperatures from 0.05 to 20, rows holding -inf, NaN,
+ *     +inf, signed zeros and all -inf.
  */
 #include "core/fp16.h"
 #include "core/rng.h"
@@ -209,10 +213,89 @@ TEST(isa_bit_identical)
     }
 }
 
+/* One chunk's statistics through every ISA, compared with the scalar bits; returns the
+   number of ISAs that differ. */
+static int stats_diffs(const float *l, int n, float inv_t)
+{
+    float m0, s0;
+    int d = 0;
+    attn_softmax_stats_scalar(l, n, inv_t, &m0, &s0);
+    for (int lvl = ISA_SCALAR + 1; lvl < ISA_COUNT; lvl++) {
+        const struct gemm_ops *o = gemm_ops_for((enum isa_level)lvl);
+        if (!o)
+            continue;
+        float m1, s1;
+        o->softmax_stats(l, n, inv_t, &m1, &s1);
+        if (memcmp(&m0, &m1, sizeof m0) || memcmp(&s0, &s1, sizeof s0)) {
+            printf("  isa %s, n %d, inv_t %g: m %a / %a, s %a / %a\n", isa_name(o->isa), n,
+                   (double)inv_t, (double)m0, (double)m1, (double)s0, (double)s1);
+            d++;
+        }
+    }
+    return d;
+}
+
+TEST(softmax_stats)
+{
+    struct rng r;
+    rng_seed(&r, 7);
+    float *l = malloc(sizeof(float) * ATTN_STATS_MAX);
+    const float inv_ts[] = {1.0f, 1.0f / 0.05f, 1.0f / 0.7f, 1.0f / 20.0f};
+    int diffs = 0, calls = 0;
+    double worst = 0.0;
+    for (int n = 1; n <= ATTN_STATS_MAX; n = n < 300 ? n + 1 : ATTN_STATS_MAX + 1)
+        for (int ti = 0; ti < 4; ti++) {
+            fill(&r, l, (size_t)n, 4.0);
+            float m, s;
+            attn_softmax_stats_scalar(l, n, inv_ts[ti], &m, &s);
+            double dm = -INFINITY, ds = 0.0;
+            for (int j = 0; j < n; j++)
+                dm = l[j] > dm ? l[j] : dm;
+            for (int j = 0; j < n; j++)
+                ds += exp(((double)l[j] - dm) * inv_ts[ti]);
+            CHECK(m == (float)dm);
+            double rel = fabs(s - ds) / ds;
+            worst = rel > worst ? rel : worst;
+            diffs += stats_diffs(l, n, inv_ts[ti]);
+            calls++;
+        }
+    printf("  softmax stats: worst relative error of the sum %.3g over %d chunks\n", worst,
+           calls);
+    CHECK(worst < 2e-6);
+    /* edges: -inf and NaN entries count 0 (the max skips NaN), +inf makes every finite
+       entry 0 and itself NaN - NaN = 0; all -inf: max -inf, sum 0; zero max is +0 */
+    const int n = 37;
+    for (int j = 0; j < n; j++)
+        l[j] = (float)(j % 5) - 10.0f;
+    l[3] = -INFINITY;
+    l[20] = NAN;
+    float m, s;
+    attn_softmax_stats_scalar(l, n, 1.0f, &m, &s);
+    CHECK(m == -6.0f && s > 1.0f && isfinite(s));
+    diffs += stats_diffs(l, n, 1.0f);
+    l[30] = INFINITY;
+    attn_softmax_stats_scalar(l, n, 1.0f, &m, &s);
+    CHECK(isinf(m) && m > 0 && s == 0.0f);
+    diffs += stats_diffs(l, n, 1.0f);
+    for (int j = 0; j < n; j++)
+        l[j] = j % 2 ? -0.0f : -INFINITY;
+    attn_softmax_stats_scalar(l, n, 1.0f, &m, &s);
+    CHECK(m == 0.0f && !signbit(m) && s == 18.0f);
+    diffs += stats_diffs(l, n, 1.0f);
+    for (int j = 0; j < n; j++)
+        l[j] = -INFINITY;
+    attn_softmax_stats_scalar(l, n, 1.0f, &m, &s);
+    CHECK(isinf(m) && m < 0 && s == 0.0f);
+    diffs += stats_diffs(l, n, 1.0f);
+    CHECK(diffs == 0);
+    free(l);
+}
+
 int main(void)
 {
     RUN(exp_poly);
     RUN(scalar_vs_double);
     RUN(isa_bit_identical);
+    RUN(softmax_stats);
     return test_summary();
 }

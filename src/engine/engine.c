@@ -59,7 +59,9 @@ struct engine {
     bool in_step;
     float *logits;               /* (cap_rows, n_vocab) */
     struct logits_top *tops;     /* (cap_rows) each row's largest logits (the sampler's
-                                    first pass, made by the LM head) */
+                                    first pass, made by the LM head), and for rows that
+                                    sample at a plain temperature its softmax statistics */
+    float *chunk_stats;          /* (cap_rows, 2, logits_n_chunks(n_vocab)) their arrays */
     int cap_rows;
     struct batch_seq *bseqs;     /* (cap_bseqs) */
     int cap_bseqs;
@@ -304,6 +306,7 @@ void engine_free(struct engine *eng)
     model_free(eng->own_model);
     wfree(eng->logits);
     wfree(eng->tops);
+    wfree(eng->chunk_stats);
     wfree(eng->bseqs);
     wfree(eng->row_entry);
     wfree(eng->copies);
@@ -450,7 +453,11 @@ static bool step_buffers(struct engine *eng, int n, int n_copies)
         struct logits_top *tp = wrealloc(eng->tops, (size_t)n * sizeof *tp);
         if (tp)
             eng->tops = tp;
-        if (!l || !b || !re || !tp)
+        float *cs = wrealloc(eng->chunk_stats, (size_t)n * 2 *
+                             (size_t)logits_n_chunks(eng->n_vocab) * sizeof *cs);
+        if (cs)
+            eng->chunk_stats = cs;
+        if (!l || !b || !re || !tp || !cs)
             return false;
         eng->cap_rows = eng->cap_bseqs = n;
     }
@@ -479,6 +486,13 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
         struct engine_seq *es = en->seq->user;
         if (es->er->r->t_scheduled == 0)
             es->er->r->t_scheduled = time_now();
+        /* a row that samples at a plain temperature asks the LM head for the weights'
+           statistics (sampler.h's temperature path) */
+        const size_t nch = (size_t)logits_n_chunks(eng->n_vocab);
+        struct logits_top *t = &eng->tops[n];
+        t->inv_t = en->sample ? sampler_stats_inv_t(&es->er->r->p.sampling, eng->n_vocab) : 0;
+        t->chunk_max = eng->chunk_stats + (size_t)n * 2 * nch;
+        t->chunk_sum = t->chunk_max + nch;
         eng->row_entry[n] = k;
         eng->bseqs[n++] = (struct batch_seq){
             .seq_id = k,

@@ -26,6 +26,7 @@
 
 #include "core/alloc.h"
 #include "core/rng.h"
+#include "kernels/cpu/gemm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -53,6 +54,13 @@ struct sampler {
     struct cand *cand;      /* (n_vocab), lazily allocated */
     struct cand *tmp;       /* (n_vocab) radix-sort scratch of top-p, lazily allocated */
     long long top_hits;     /* draws made from a logits_top alone */
+    /* the temperature path (plain_*): per LOGITS_CHUNK chunk, lazily allocated */
+    float *cmax, *csum;     /* (n_chunks) softmax statistics of the edited row */
+    double *cw;             /* (n_chunks) chunk weights csum * attn_exp((cmax - m_all) / T) */
+    float m_all;            /* the edited row's max */
+    int32_t *mod;           /* (cap_mod) ids edits or penalties change, sorted */
+    int cap_mod;
+    long long stats_hits;   /* temperature draws on the step's statistics */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -131,6 +139,10 @@ void sampler_free(struct sampler *s)
     wfree(s->hist);
     wfree(s->cand);
     wfree(s->tmp);
+    wfree(s->cmax);
+    wfree(s->csum);
+    wfree(s->cw);
+    wfree(s->mod);
     wfree(s);
 }
 
@@ -558,6 +570,191 @@ static void apply_min_p(struct cand *c, size_t *nc, double *z, float min_p)
     *z = sum;
 }
 
+/* ------------------------------------------------------------------------------------- */
+/* the temperature path: no top-k, top-p or min-p */
+
+/* Sampling draws from every token's weight at a temperature (sampler_stats_inv_t). */
+static bool plain_path(const struct sampler_params *p, int n_vocab)
+{
+    return p->temperature >= SAMPLER_EPS && (p->top_k <= 0 || p->top_k >= n_vocab) &&
+           p->top_p >= 1.0f && p->min_p <= 0.0f;
+}
+
+float sampler_stats_inv_t(const struct sampler_params *p, int n_vocab)
+{
+    return plain_path(p, n_vocab) ? 1.0f / p->temperature : 0.0f;
+}
+
+long long sampler_stats_hits(const struct sampler *s) { return s->stats_hits; }
+
+static int cmp_i32(const void *x, const void *y)
+{
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* s->mod[0, *n) = the ids edits or penalties change, ascending, each once. */
+static int plain_modified(struct sampler *s, const struct sampler_edits *ed, int *n)
+{
+    const bool pen = penalties_on(&s->p);
+    const int need = (ed ? ed->n : 0) + (pen ? s->hist_used : 0);
+    if (need > s->cap_mod) {
+        int32_t *m = wrealloc(s->mod, (size_t)need * sizeof *m);
+        if (!m)
+            return WELD_ERR_NOMEM;
+        s->mod = m;
+        s->cap_mod = need;
+    }
+    int k = 0;
+    for (int i = 0; ed && i < ed->n; i++)
+        s->mod[k++] = ed->ids[i];
+    for (int i = 0; pen && i < s->hist_cap; i++)
+        if (s->hist[i].token != -1)
+            s->mod[k++] = s->hist[i].token;
+    qsort(s->mod, (size_t)k, sizeof *s->mod, cmp_i32);
+    int u = 0;
+    for (int i = 0; i < k; i++)
+        if (u == 0 || s->mod[i] != s->mod[u - 1])
+            s->mod[u++] = s->mod[i];
+    *n = u;
+    return WELD_OK;
+}
+
+/* Chunk c's values after edits and penalties: the row itself when none of mod[*mi, ...)
+   falls in it, else a copy in buf with them applied; *mi moves past the chunk's ids. */
+static const float *plain_chunk(const struct sampler *s, const float *logits,
+                                const struct sampler_edits *ed, int c, int n_mod, int *mi,
+                                float *buf)
+{
+    const int a = c * LOGITS_CHUNK;
+    const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+    if (*mi >= n_mod || s->mod[*mi] >= a + n)
+        return logits + a;
+    memcpy(buf, logits + a, (size_t)n * sizeof *buf);
+    for (; *mi < n_mod && s->mod[*mi] < a + n; (*mi)++)
+        buf[s->mod[*mi] - a] = final_logit(s, logits, ed, s->mod[*mi]);
+    return buf;
+}
+
+/* The weights of the edited row by chunks: s->cmax / csum per chunk (from top's, made by
+   the LM head, when it has them at this temperature and the row no NaN; else computed
+   here; chunks holding a changed id recomputed either way: the same kernel on the same
+   values, so the same bits), then each chunk's weight s->cw[c] and their sum *z.
+   Errors: a NaN left after the edits, a +inf, or nothing but -inf (sampler_sample's). */
+static int plain_weights(struct sampler *s, const float *logits, const struct logits_top *top,
+                         const struct sampler_edits *ed, int *n_mod, double *z,
+                         struct weld_err *e)
+{
+    const int nch = logits_n_chunks(s->n_vocab);
+    const float inv_t = 1.0f / s->p.temperature;
+    if (!s->cmax) {
+        s->cmax = wmalloc((size_t)nch * sizeof *s->cmax);
+        s->csum = wmalloc((size_t)nch * sizeof *s->csum);
+        s->cw = wmalloc((size_t)nch * sizeof *s->cw);
+    }
+    if (!s->cmax || !s->csum || !s->cw || plain_modified(s, ed, n_mod) != WELD_OK)
+        return err_set(e, WELD_ERR_NOMEM, "sampler: out of memory for %d chunks", nch);
+    const bool from_top = top && top->inv_t == inv_t && top->chunk_max && top->n_nan == 0;
+    if (!from_top)
+        for (int i = 0; i < s->n_vocab; i++)
+            if (isnan(logits[i]) && edit_find(ed, i) < 0)
+                return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
+    const struct gemm_ops *go = gemm_ops_get();
+    float buf[LOGITS_CHUNK];
+    float m_all = -INFINITY;
+    for (int c = 0, mi = 0; c < nch; c++) {
+        const int a = c * LOGITS_CHUNK, was = mi;
+        const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+        const float *v = plain_chunk(s, logits, ed, c, *n_mod, &mi, buf);
+        if (v == buf) {
+            for (int k = was; k < mi; k++)
+                if (isnan(buf[s->mod[k] - a]))
+                    return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN",
+                                   s->mod[k]);
+        }
+        if (from_top && v != buf) {
+            s->cmax[c] = top->chunk_max[c];
+            s->csum[c] = top->chunk_sum[c];
+        } else {
+            go->softmax_stats(v, n, inv_t, &s->cmax[c], &s->csum[c]);
+        }
+        if (s->cmax[c] > m_all)
+            m_all = s->cmax[c];
+        if (isinf(s->cmax[c]) && s->cmax[c] > 0) {
+            for (int j = 0; j < n; j++)
+                if (isinf(v[j]) && v[j] > 0)
+                    return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is +inf",
+                                   a + j);
+        }
+    }
+    if (isinf(m_all))
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[0] is -inf, as is every logit");
+    double sum = 0.0;
+    s->m_all = m_all;
+    for (int c = 0; c < nch; c++) {
+        s->cw[c] = (double)s->csum[c] * (double)attn_exp((s->cmax[c] - m_all) * inv_t);
+        sum += s->cw[c];
+    }
+    *z = sum;
+    if (from_top)
+        s->stats_hits++;
+    return WELD_OK;
+}
+
+/* A token from plain_weights' chunks: u in [0, z) picks the chunk whose running weight
+   passes it, then the token within the chunk (its weights attn_exp((l - max_c) / T)
+   scaled by the chunk's, summed on from the chunks before). Rounding can leave u past a
+   chunk's last token or past the last chunk: then the last token there with weight. */
+static int plain_draw(struct sampler *s, const float *logits, const struct sampler_edits *ed,
+                      int n_mod, double z)
+{
+    const int nch = logits_n_chunks(s->n_vocab);
+    const float inv_t = 1.0f / s->p.temperature;
+    const double u = rng_uniform(&s->rng) * z;
+    double acc = 0.0;
+    int c = 0;
+    while (c < nch - 1 && !(u < acc + s->cw[c]))
+        acc += s->cw[c++];
+    while (c > 0 && s->cw[c] == 0.0) /* past the end: back to a chunk with weight */
+        c--;
+    int mi = 0;
+    while (mi < n_mod && s->mod[mi] < c * LOGITS_CHUNK)
+        mi++;
+    float buf[LOGITS_CHUNK];
+    const float *v = plain_chunk(s, logits, ed, c, n_mod, &mi, buf);
+    const int a = c * LOGITS_CHUNK;
+    const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+    const double scale = (double)attn_exp((s->cmax[c] - s->m_all) * inv_t);
+    int last = a;
+    for (int j = 0; j < n; j++) {
+        const float w = attn_exp((v[j] - s->cmax[c]) * inv_t);
+        if (w > 0.0f) {
+            last = a + j;
+            acc += (double)w * scale;
+            if (u < acc)
+                return a + j;
+        }
+    }
+    return last;
+}
+
+/* sampler_probs of the temperature path: each token's weight over z. */
+static void plain_probs(struct sampler *s, const float *logits, int n_mod, double z,
+                        float *probs)
+{
+    const int nch = logits_n_chunks(s->n_vocab);
+    const float inv_t = 1.0f / s->p.temperature;
+    float buf[LOGITS_CHUNK];
+    for (int c = 0, mi = 0; c < nch; c++) {
+        const int a = c * LOGITS_CHUNK;
+        const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+        const float *v = plain_chunk(s, logits, NULL, c, n_mod, &mi, buf);
+        const double scale = (double)attn_exp((s->cmax[c] - s->m_all) * inv_t);
+        for (int j = 0; j < n; j++)
+            probs[a + j] = (float)((double)attn_exp((v[j] - s->cmax[c]) * inv_t) * scale / z);
+    }
+}
+
 /* Run steps 3-6 of sampler.h into s->cand[0, *nc) with weights summing to *z; for greedy
    *nc = 1 and the weight is 1. With top-k the survivors are in rank order (best first),
    so the sums and the draw below do not depend on how they were found. */
@@ -635,7 +832,14 @@ int sampler_sample_ex(struct sampler *s, const float *logits, const struct logit
 {
     size_t nc;
     double z;
-    int rc = build_candidates(s, logits, top, ed, &nc, &z, e);
+    int rc, n_mod;
+    if (plain_path(&s->p, s->n_vocab)) {
+        if ((rc = plain_weights(s, logits, top, ed, &n_mod, &z, e)) != WELD_OK)
+            return rc;
+        *token = plain_draw(s, logits, ed, n_mod, z);
+        return WELD_OK;
+    }
+    rc = build_candidates(s, logits, top, ed, &nc, &z, e);
     if (rc != WELD_OK)
         return rc;
     const struct cand *c = s->cand;
@@ -662,7 +866,14 @@ int sampler_probs(struct sampler *s, const float *logits, float *probs, struct w
 {
     size_t nc;
     double z;
-    int rc = build_candidates(s, logits, NULL, NULL, &nc, &z, e);
+    int rc, n_mod;
+    if (plain_path(&s->p, s->n_vocab)) {
+        if ((rc = plain_weights(s, logits, NULL, NULL, &n_mod, &z, e)) != WELD_OK)
+            return rc;
+        plain_probs(s, logits, n_mod, z, probs);
+        return WELD_OK;
+    }
+    rc = build_candidates(s, logits, NULL, NULL, &nc, &z, e);
     if (rc != WELD_OK)
         return rc;
     memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);

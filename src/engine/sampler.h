@@ -35,6 +35,18 @@
  * the candidates when it ends within them, skipping the copy and the selection. Min-p
  * alone, and logprobs, read the whole row.
  *
+ * The temperature path (a temperature, no top-k, top-p or min-p: the OpenAI API's
+ * default): steps 3-7 run on the row's weights by chunks of LOGITS_CHUNK ids, each with
+ * its max m_c and sum s_c of attn_exp((l - m_c) / T) (the kernels' softmax statistics,
+ * kernels/cpu/attn.h). The draw picks a chunk by the running sum of the chunk weights
+ * s_c * attn_exp((m_c - max) / T) (in double), then the token within it by its weights.
+ * The statistics come from the LM head when the caller asked the step for them at this
+ * temperature (logits_top.inv_t = sampler_stats_inv_t(...)); the sampler recomputes only
+ * the chunks holding tokens that edits or penalties change. Without them it computes
+ * every chunk itself, with the same kernel on the same values: the same token either way,
+ * for ~n_vocab / 256 chunk sums and one chunk's weights instead of a copy and two passes
+ * over the row.
+ *
  * Logprobs (sampler_top_logprobs, sampler_logprob) are of the raw logits row, log_softmax
  * with no penalty or temperature applied, which is what vLLM reports by default.
  */
@@ -93,6 +105,11 @@ int sampler_sample_ex(struct sampler *s, const float *logits, const struct logit
                       const struct sampler_edits *ed, int *token, struct weld_err *e);
 /* Tokens this sampler drew from a logits_top without a pass over the row (since create). */
 long long sampler_top_hits(const struct sampler *s);
+/* 1 / temperature when sampling with p takes the temperature path (see above): the
+   softmax statistics a caller should ask the step for (logits_top.inv_t); else 0. */
+float sampler_stats_inv_t(const struct sampler_params *p, int n_vocab);
+/* Temperature-path draws made on a logits_top's statistics (since create). */
+long long sampler_stats_hits(const struct sampler *s);
 /* The distribution sampler_sample draws from, after every step above: probs gets n_vocab
    values summing to 1, zero for filtered tokens (one-hot for greedy). */
 int sampler_probs(struct sampler *s, const float *logits, float *probs, struct weld_err *e);

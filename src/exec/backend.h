@@ -70,7 +70,8 @@ struct backend_iface {
     /* required: validate and run one step; logits is (batch_n_logit_rows, n_vocab);
        tops, if not NULL, (batch_n_logit_rows) gets each logit row's LOGITS_TOP_K largest
        logits (the sampler's first pass, made while the LM head wrote the row:
-       exec/logits_top.h). On a validation failure nothing changes; with internal
+       exec/logits_top.h), and the softmax statistics of the rows whose inv_t the caller
+       set > 0 (set it to 0 on every other row). On a validation failure nothing changes; with internal
        placement the batch's sequences are left as they were before any failure. With
        engine tables the backend keeps no per-sequence state: a failed run may have done
        the copies and written slots at positions >= pos, never below. */

@@ -235,6 +235,22 @@ static int grow_slices(struct cpu_ctx *c, const struct program *p, struct weld_e
     return WELD_OK;
 }
 
+/* The softmax statistics of the chunks of row a FINAL slice boundary cuts (the FINAL
+   instructions did the chunks inside their slices). */
+static void stats_cut_chunks(const struct cpu_ctx *c, const struct program *p,
+                             struct logits_top *t, const float *row)
+{
+    const int first = p->stage_first[p->n_stages - 1], V = c->m->cfg.n_vocab;
+    int done = -1;
+    for (int i = first + 1; i < p->n_instr; i++) {
+        const int b = p->instrs[i].row0, ch = b / LOGITS_CHUNK;
+        if (b % LOGITS_CHUNK && ch != done) {
+            logits_stats_chunks(t, row, V, ch, ch + 1, c->w->go);
+            done = ch;
+        }
+    }
+}
+
 static int cpu_forward(void *ctx, const struct batch *b, float *logits,
                        struct logits_top *tops, struct weld_err *e)
 {
@@ -271,13 +287,16 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
         .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
         .tables = c->tables, .arena = c->arena, .logits = logits,
         .rope = c->rope, /* NULL without rope (grow_rope makes none) */
-        .tops = tops ? c->slices : NULL, .serial = ++c->serial,
+        .tops = tops ? c->slices : NULL, .serial = ++c->serial, .rows = tops,
     };
     rc = c->ex->run(c->ex_state, &st, e);
     if (rc == WELD_OK && tops) {
         const int n = exec_final_slices(p);
-        for (int r = 0; r < p->n_logit_rows; r++)
+        for (int r = 0; r < p->n_logit_rows; r++) {
             logits_top_merge(&tops[r], c->slices + (size_t)r * n, n);
+            if (tops[r].inv_t > 0.0f)
+                stats_cut_chunks(c, p, &tops[r], logits + (size_t)r * c->m->cfg.n_vocab);
+        }
     }
     if (rc && !ext)
         for (int s = 0; s < b->n_seqs; s++)

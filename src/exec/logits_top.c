@@ -13,8 +13,10 @@
 #include "exec/logits_top.h"
 
 #include "core/err.h"
+#include "kernels/cpu/gemm.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Insert (v, id) into t's sorted list (not full, or v beats the last). */
 static void top_insert(struct logits_top *t, float v, int32_t id)
@@ -56,6 +58,26 @@ void logits_top_scan(struct logits_top *t, const float *l, int n, int32_t id0)
     }
 }
 
+void logits_stats_chunks(struct logits_top *t, const float *row, int n_vocab, int c0, int c1,
+                         const struct gemm_ops *so)
+{
+    if (!so)
+        so = gemm_ops_get();
+    for (int c = c0; c < c1; c++) {
+        const int a = c * LOGITS_CHUNK;
+        const int n = n_vocab - a < LOGITS_CHUNK ? n_vocab - a : LOGITS_CHUNK;
+        so->softmax_stats(row + a, n, t->inv_t, &t->chunk_max[c], &t->chunk_sum[c]);
+    }
+}
+
+static void top_copy(struct logits_top *out, const struct logits_top *in)
+{
+    out->n = in->n;
+    out->n_nan = in->n_nan;
+    memcpy(out->ids, in->ids, (size_t)in->n * sizeof *in->ids);
+    memcpy(out->vals, in->vals, (size_t)in->n * sizeof *in->vals);
+}
+
 void logits_top_merge(struct logits_top *out, const struct logits_top *parts, int n_parts)
 {
     int cur[64];
@@ -69,10 +91,10 @@ void logits_top_merge(struct logits_top *out, const struct logits_top *parts, in
         for (int p = 64; p < n_parts; p += 63) {
             int m = n_parts - p < 63 ? n_parts - p : 63;
             logits_top_merge(&tmp[0], parts + p, m);
-            tmp[1] = acc;
+            top_copy(&tmp[1], &acc);
             logits_top_merge(&acc, tmp, 2);
         }
-        *out = acc;
+        top_copy(out, &acc);
         return;
     }
     for (int p = 0; p < n_parts; p++) {

@@ -500,7 +500,8 @@ int exec_final_slices(const struct program *p)
 }
 
 /* The logits of the instruction's rows (vocab ids) for its logit rows, then, when the step
-   wants them, the top of each row's slice while it is still in cache (logits_top.h). */
+   wants them, the top of each row's slice and its chunks' softmax statistics while it is
+   still in cache (logits_top.h). */
 static void op_final(const struct exec_step *st, const struct prog_instr *in,
                      const struct scratch *sc, struct span sp)
 {
@@ -524,6 +525,14 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
             logits_top_scan(&st->tops[(size_t)k * n_slices + slice],
                             logits + (size_t)k * c->n_vocab + in->row0, in->row1 - in->row0,
                             in->row0);
+        /* the chunks wholly inside the slice (the backend does those a boundary cuts) */
+        const int cs0 = (in->row0 + LOGITS_CHUNK - 1) / LOGITS_CHUNK;
+        const int cs1 = in->row1 == c->n_vocab ? logits_n_chunks(c->n_vocab)
+                                               : in->row1 / LOGITS_CHUNK;
+        for (int k = k0; st->rows && cs0 < cs1 && k < k0 + nk; k++)
+            if (st->rows[k].inv_t > 0.0f)
+                logits_stats_chunks(&st->rows[k], logits + (size_t)k * c->n_vocab,
+                                    c->n_vocab, cs0, cs1, st->w->go);
     }
 }
 

@@ -36,6 +36,9 @@ struct exec_step {
     struct logits_top *tops; /* optional: (n_logit_rows, exec_final_slices(p)) the top of
                                 each logit row's slice, written by the FINAL instruction
                                 that wrote the slice (logits_top.h); NULL: not wanted */
+    struct logits_top *rows; /* optional: (n_logit_rows) the caller's structs; the FINAL
+                                instructions fill the softmax statistics of the chunks
+                                inside their slice for the rows whose inv_t > 0 */
 };
 
 /* FINAL_NORM_LOGITS instructions of program p (the last stage): the row slices of every

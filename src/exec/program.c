@@ -50,12 +50,15 @@
  *                  h = rmsnorm(x[t]) * output_norm; logits[k][r] = Woutput[r] . h; when
  *                  the step asks (exec_step.tops), also the LOGITS_TOP_K largest of
  *                  logits[k][rows] into the slot of (k, this instruction's place in the
- *                  stage): the sampler's first pass (exec/logits_top.h).
- *                  in X, out LOGITS.
+ *                  stage), and the softmax statistics of the LOGITS_CHUNK chunks inside
+ *                  its rows for the rows that ask (exec_step.rows): the sampler's first
+ *                  pass (exec/logits_top.h). in X, out LOGITS.
  *
  * Row splits of the matrix ops (O_PROJ, FFN, DOWN, FINAL) start at multiples of 16 rows
  * (the group size of repacked weights, kernels/cpu/gemm.h), so with fewer than 16 rows
- * per split there are fewer slices than n_splits; EMBED and QKV split by tokens / heads.
+ * per split there are fewer slices than n_splits; FINAL's at multiples of LOGITS_CHUNK
+ * when the vocabulary has at least 8 such chunks per split. EMBED and QKV split by tokens
+ * / heads.
  *
  * PROG_HEAD_DEPS: the QKV stage is cut into G = min(n_splits, n_kv_head) KV-head groups
  * (group g: KV heads [g * n_kv / G, (g + 1) * n_kv / G)); each group emits its query
@@ -75,6 +78,7 @@
 #include "exec/program.h"
 
 #include "core/alloc.h"
+#include "exec/logits_top.h"
 
 #include <limits.h>
 #include <stdatomic.h>
@@ -511,7 +515,11 @@ int program_build_ex(struct program **out, const struct model_config *c,
     emit_split(&bd, OP_EMBED, -1, p->n_tokens, 1, -1, p->buf_x);
     for (int l = 0; l < c->n_layer; l++)
         emit_layer(&bd, c, l);
-    emit_split(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, PROG_ROW_ALIGN, p->buf_x,
+    /* LM head slices on softmax-statistics chunks (logits_top.h) when the vocabulary has
+       enough of them that the slices stay even (else the backend does the cut chunks) */
+    const int fin_align = c->n_vocab >= LOGITS_CHUNK * 8 * p->n_splits ? LOGITS_CHUNK
+                                                                         : PROG_ROW_ALIGN;
+    emit_split(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, fin_align, p->buf_x,
                p->buf_logits);
     if (plan_buffers(p) || fill_stages(p))
         goto nomem;

@@ -34,7 +34,9 @@ int runner_create_ex(struct runner **out, const struct model *m,
 int runner_forward(struct runner *r, const struct batch *b, float *logits,
                    struct weld_err *e);
 /* The same, and each logit row's largest logits into tops (batch_n_logit_rows entries;
-   NULL: none), made by the LM head instructions as they write the row (logits_top.h). */
+   NULL: none), made by the LM head instructions as they write the row (logits_top.h),
+   with the softmax statistics of every row whose inv_t is > 0 (the caller sets inv_t and
+   the two arrays on every entry: inv_t 0 where none are wanted). */
 int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
                        struct logits_top *tops, struct weld_err *e);
 void runner_drop_seq(struct runner *r, int seq_id);

@@ -26,6 +26,13 @@
  * attn_exp is the polynomial below (not libm's expf), written with fmaf and exact
  * operations only, so a SIMD lane computes the same bits as the scalar function.
  *
+ * The same exp and fold give the softmax statistics of a logits chunk (attn_softmax_stats,
+ * the sampler's temperature pass fused into the LM head: exec/logits_top.h), for l[j],
+ * j < n <= ATTN_STATS_MAX, at inverse temperature inv_t:
+ *   m      = max_j l[j] (NaN ignored; -inf if none), then m + 0 (so a zero max is +0)
+ *   x_j    = (l[j] - m) * inv_t;  p_j = attn_exp(x_j)
+ *   s      = fold(lanes), lane j % 16 summing p_j by plain adds in increasing j
+ *
  * Reading the rows in place (no widened copy) matters at long contexts: a batch of decode
  * sequences reads more KV bytes per step than weights, and a copy doubled that traffic.
  * Not here: finding the rows in the block tables, q8_0, the final division, the causal
@@ -93,11 +100,17 @@ static inline float attn_exp(float x)
     return p;
 }
 
+#define ATTN_STATS_MAX 4096 /* the longest chunk attn_softmax_stats takes */
+
 /* The scalar reference of the contract (what every SIMD version must match bit for bit). */
 void attn_chunk_scalar(const struct attn_chunk_args *a);
+/* The softmax statistics above of l[0, n), 1 <= n <= ATTN_STATS_MAX, into *m and *s. */
+void attn_softmax_stats_scalar(const float *l, int n, float inv_t, float *m, float *s);
 #if defined(__x86_64__)
 void attn_chunk_avx2(const struct attn_chunk_args *a);
 void attn_chunk_avx512(const struct attn_chunk_args *a);
+void attn_softmax_stats_avx2(const float *l, int n, float inv_t, float *m, float *s);
+void attn_softmax_stats_avx512(const float *l, int n, float inv_t, float *m, float *s);
 #endif
 
 #endif

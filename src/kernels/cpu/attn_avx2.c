@@ -257,3 +257,48 @@ void attn_chunk_avx2(const struct attn_chunk_args *a)
     else
         chunk_typed(a, DT_F32);
 }
+
+/* attn.h's softmax statistics: the contract's 16 lanes are two ymm (lanes 0-7, 8-15); a
+   partial last 16 goes through a copy padded with -inf (max) whose exp lanes are 0.
+   _mm256_max_ps returns its second operand when either is NaN, so the new value goes
+   first and a NaN is skipped as the scalar compare skips it. */
+void attn_softmax_stats_avx2(const float *l, int n, float inv_t, float *m, float *s)
+{
+    float pad[16];
+    const int full = n / 16 * 16;
+    for (int i = 0; i < 16; i++)
+        pad[i] = full + i < n ? l[full + i] : -INFINITY;
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    for (int j = 0; j < full; j += 16) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(l + j), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(l + j + 8), m1);
+    }
+    if (full < n) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(pad), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(pad + 8), m1);
+    }
+    float lanes[16];
+    _mm256_storeu_ps(lanes, _mm256_max_ps(m0, m1));
+    float mf = -INFINITY;
+    for (int i = 0; i < 8; i++)
+        if (lanes[i] > mf)
+            mf = lanes[i];
+    mf += 0.0f;
+    const __m256 vm = _mm256_set1_ps(mf), vt = _mm256_set1_ps(inv_t);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (int j = 0; j < full; j += 16) {
+        a0 = _mm256_add_ps(a0, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(l + j), vm), vt)));
+        a1 = _mm256_add_ps(a1, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(l + j + 8), vm), vt)));
+    }
+    if (full < n) {
+        a0 = _mm256_add_ps(a0, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(pad), vm), vt)));
+        a1 = _mm256_add_ps(a1, exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(pad + 8), vm), vt)));
+    }
+    /* fold: w = 8 is lane i of a0 + lane i of a1, then w = 4, 2, 1 within the 8 */
+    _mm256_storeu_ps(lanes, _mm256_add_ps(a0, a1));
+    for (int w = 4; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++)
+            lanes[i] += lanes[i + w];
+    *m = mf;
+    *s = lanes[0];
+}

@@ -399,3 +399,28 @@ void attn_chunk_avx512(const struct attn_chunk_args *a)
     else
         chunk_typed(a, DT_F32);
 }
+
+/* attn.h's softmax statistics: one register of 16 lanes is the contract's lanes (lane j %
+   16), the last partial vector masked (max: -inf, sum: 0 in the lanes it lacks). Max with
+   the new value first: _mm512_max_ps returns its second operand when either is NaN, so a
+   NaN is skipped as the scalar compare skips it. */
+void attn_softmax_stats_avx512(const float *l, int n, float inv_t, float *m, float *s)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= n; j += 16)
+        mx = _mm512_max_ps(_mm512_loadu_ps(l + j), mx);
+    const __mmask16 tail = (__mmask16)((1u << (n - j)) - 1);
+    if (j < n)
+        mx = _mm512_mask_max_ps(mx, tail, _mm512_maskz_loadu_ps(tail, l + j), mx);
+    const float mf = _mm512_reduce_max_ps(mx) + 0.0f;
+    const __m512 vm = _mm512_set1_ps(mf), vt = _mm512_set1_ps(inv_t);
+    __m512 acc = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16)
+        acc = _mm512_add_ps(acc, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(l + j), vm), vt)));
+    if (j < n)
+        acc = _mm512_mask_add_ps(acc, tail, acc,
+                                 exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, l + j), vm), vt)));
+    *m = mf;
+    *s = fold16(acc);
+}

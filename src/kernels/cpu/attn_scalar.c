@@ -68,3 +68,17 @@ void attn_chunk_scalar(const struct attn_chunk_args *a)
                 acc[i] = fmaf(p[j], elem(a->kv_type, a->v[j], i), acc[i]);
     }
 }
+
+void attn_softmax_stats_scalar(const float *l, int n, float inv_t, float *m, float *s)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++)
+        if (l[j] > mx)
+            mx = l[j];
+    mx += 0.0f;
+    float lane[16] = {0};
+    for (int j = 0; j < n; j++)
+        lane[j % 16] += attn_exp((l[j] - mx) * inv_t);
+    *m = mx;
+    *s = fold16(lane);
+}

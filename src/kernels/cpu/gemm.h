@@ -65,8 +65,9 @@
  * may run disjoint row ranges of one product at once; repacked weights split at multiples
  * of 16 rows.
  *
- * Attention's inner step (attn.h) rides in the same table (gemm_ops.attn_chunk) so one ISA
- * pick covers it. Not here: rope, silu (libm expf, kernels.h), the thread split, types
+ * Attention's inner step (attn.h) rides in the same table (gemm_ops.attn_chunk), as do the
+ * softmax statistics of logits chunks under the same exp (gemm_ops.softmax_stats), so one
+ * ISA pick covers them. Not here: rope, silu (libm expf, kernels.h), the thread split, types
  * other than the seven above (exec falls back to kern_row_dot for those).
  */
 #ifndef WELD_KERNELS_CPU_GEMM_H
@@ -221,6 +222,8 @@ struct gemm_ops {
     void (*to_f16)(const float *x, void *dst, int64_t n);
     /* One chunk of attention under attn.h's contract. */
     void (*attn_chunk)(const struct attn_chunk_args *a);
+    /* Softmax statistics of a logits chunk under attn.h's contract. */
+    void (*softmax_stats)(const float *l, int n, float inv_t, float *m, float *s);
 };
 
 extern const struct gemm_ops gemm_ops_scalar;

@@ -243,5 +243,6 @@ const struct gemm_ops gemm_ops_amx = {
     .to_f32 = amx_to_f32,
     .rmsnorm = amx_rmsnorm,
     .attn_chunk = attn_chunk_avx512,
+    .softmax_stats = attn_softmax_stats_avx512,
     .to_f16 = amx_to_f16,
 };

@@ -575,5 +575,6 @@ const struct gemm_ops gemm_ops_scalar = {
     .to_f32 = scalar_to_f32,
     .rmsnorm = scalar_rmsnorm,
     .attn_chunk = attn_chunk_scalar,
+    .softmax_stats = attn_softmax_stats_scalar,
     .to_f16 = scalar_to_f16,
 };
