@@ -5,6 +5,8 @@
  * sequence alone, the prompt as one prefill step, then one-token decodes, argmax (lowest
  * index on ties). Every check compares engine tokens with it at temperature 0:
  *   - a single request on stories260K;
+ *   - sampled requests at several temperatures, with and without logprobs, batched: tokens
+ *     and logprobs equal to a seeded sampler on the reference runner's rows;
  *   - 64 requests with random prompts and lengths batched together under a small token
  *     budget (chunked prefill, mixed decode + prefill steps), on stories260K and on tiny
  *     random llama / qwen2 / qwen3 models from mkmodel;
@@ -51,9 +53,22 @@ static int argmax(const float *x, int n)
     return best;
 }
 
-/* Greedy tokens of one sequence alone on the runner (internal KV placement). */
+/* Tokens of one sequence alone on the runner (internal KV placement): greedy without sp,
+   else drawn by a sampler with sp (sampler_sample on the row: its own pass over it), with
+   each token's logprob and best top logprob (id, value) into lp[3 * k ...] when lp. */
+static int ref_run(const struct model *m, enum weld_dtype kv, const int32_t *prompt,
+                   int n_prompt, int n_gen, const struct sampler_params *sp, int32_t *out,
+                   float *lp);
+
 static int ref_greedy(const struct model *m, enum weld_dtype kv, const int32_t *prompt,
                       int n_prompt, int n_gen, int32_t *out)
+{
+    return ref_run(m, kv, prompt, n_prompt, n_gen, NULL, out, NULL);
+}
+
+static int ref_run(const struct model *m, enum weld_dtype kv, const int32_t *prompt,
+                   int n_prompt, int n_gen, const struct sampler_params *sp, int32_t *out,
+                   float *lp)
 {
     struct backend_params bp;
     backend_params_init(&bp, 1, n_prompt + n_gen + 1);
@@ -68,17 +83,34 @@ static int ref_greedy(const struct model *m, enum weld_dtype kv, const int32_t *
     float *logits = wmalloc((size_t)nv * sizeof *logits);
     struct batch_seq s = {.seq_id = 0, .tokens = prompt, .n_tokens = n_prompt, .pos = 0};
     struct batch b = {.seqs = &s, .n_seqs = 1};
+    struct sampler *smp = NULL;
+    if (sp && sampler_create(&smp, sp, nv, &e) != WELD_OK)
+        n_gen = 0;
+    for (int i = 0; smp && i < n_prompt; i++)
+        sampler_accept(smp, prompt[i], true);
     int k = 0;
     for (; k < n_gen; k++) {
         if (runner_forward(r, &b, logits, &e) != WELD_OK) {
             fprintf(stderr, "forward: %s\n", e.msg);
             break;
         }
-        out[k] = argmax(logits, nv);
+        if (!smp) {
+            out[k] = argmax(logits, nv);
+        } else if (sampler_sample(smp, logits, &out[k], &e) != WELD_OK ||
+                   sampler_accept(smp, out[k], false) != WELD_OK) {
+            break;
+        }
+        if (lp) {
+            int32_t top_id;
+            lp[3 * k] = sampler_logprob(logits, nv, out[k]);
+            sampler_top_logprobs(logits, nv, 1, &top_id, &lp[3 * k + 2]);
+            lp[3 * k + 1] = (float)top_id;
+        }
         s.pos += s.n_tokens;
         s.tokens = &out[k];
         s.n_tokens = 1;
     }
+    sampler_free(smp);
     wfree(logits);
     runner_free(r);
     return k;
@@ -88,6 +120,8 @@ static int ref_greedy(const struct model *m, enum weld_dtype kv, const int32_t *
 
 struct out_seq {
     int32_t tokens[MAXGEN + 1];
+    float lp[3 * (MAXGEN + 1)]; /* per token: logprob, best top id, its logprob */
+    int n_lp;
     int n_tokens;
     char text[2048];
     size_t len;
@@ -118,9 +152,14 @@ static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t 
 {
     struct col *c = user;
     struct out_seq *o = col_at(c, id, seq);
-    (void)lp;
     if (!o)
         return;
+    if (lp && o->n_lp <= MAXGEN) {
+        o->lp[3 * o->n_lp] = lp->logprob;
+        o->lp[3 * o->n_lp + 1] = lp->n_top ? (float)lp->top_ids[0] : -1.0f;
+        o->lp[3 * o->n_lp + 2] = lp->n_top ? lp->top_logprobs[0] : 0.0f;
+        o->n_lp++;
+    }
     if (!stop_utf8_valid(text, len))
         c->bad_utf8 = true;
     for (int i = 0; i < n_tokens && o->n_tokens <= MAXGEN; i++)
@@ -284,6 +323,58 @@ TEST(single_request_equals_runner)
     wfree(ptxt);
     free(all);
     wfree(ids);
+    CHECK(all_blocks_free(eng));
+    wfree(c.seqs);
+    engine_free(eng);
+}
+
+/* Sampled requests batched together, each at its own temperature, with and without
+   logprobs (the rows ask the LM head for softmax statistics at 1 / T, or at 1 for the
+   logprobs): tokens and logprobs equal, bit for bit, a sampler with the same seed doing
+   its own passes over the reference runner's rows. */
+TEST(sampled_and_logprobs_equal_runner)
+{
+    REQUIRE(g_stories);
+    struct engine *eng = mk_engine(g_stories, NULL, 4, 256, 0, true);
+    REQUIRE(eng);
+    enum { NREQ = 4, GEN = 24 };
+    struct col c;
+    REQUIRE(col_init(&c, NREQ, 1));
+    const float temps[NREQ] = {0.8f, 1.0f, 0.6f, 1.0f};
+    const int logprobs[NREQ] = {3, -1, -1, 2};
+    int32_t prompts[NREQ][12];
+    struct rng g;
+    rng_seed(&g, 3);
+    struct request_callbacks cb = {&c, on_delta, on_finish};
+    struct weld_err e;
+    struct sampler_params sp[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        for (int k = 0; k < 12; k++)
+            prompts[i][k] = (int32_t)(rng_u64(&g) % 512);
+        struct request_params p = greedy_ids(prompts[i], 12, GEN);
+        p.sampling.temperature = temps[i];
+        p.sampling.seed = 100 + (uint64_t)i;
+        p.has_seed = true;
+        p.logprobs = logprobs[i];
+        sp[i] = p.sampling;
+        REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+    }
+    CHECK(run_all(eng, 10000) > 0);
+    for (int i = 0; i < NREQ; i++) {
+        int32_t want[GEN];
+        float lp[3 * GEN];
+        REQUIRE(ref_run(g_stories, DT_F16, prompts[i], 12, GEN, &sp[i], want, lp) == GEN);
+        CHECK_EQ_INT(c.seqs[i].n_tokens, GEN);
+        if (memcmp(c.seqs[i].tokens, want, sizeof want)) {
+            fprintf(stderr, "  request %d (T %g): tokens differ from the reference\n", i,
+                    (double)temps[i]);
+            CHECK(!"sampled tokens == reference");
+        }
+        if (logprobs[i] >= 0) {
+            CHECK_EQ_INT(c.seqs[i].n_lp, GEN);
+            CHECK(!memcmp(c.seqs[i].lp, lp, sizeof lp));
+        }
+    }
     CHECK(all_blocks_free(eng));
     wfree(c.seqs);
     engine_free(eng);
@@ -779,6 +870,7 @@ int main(void)
         fprintf(stderr, "stories260K.gguf not available: its tests fail\n");
     (void)g_gguf;
     RUN_TIMED(single_request_equals_runner);
+    RUN_TIMED(sampled_and_logprobs_equal_runner);
     RUN_TIMED(batch64_stories);
     RUN_TIMED(batch64_tiny_archs);
     RUN_TIMED(prefix_cache_same_tokens);

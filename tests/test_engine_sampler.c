@@ -454,6 +454,25 @@ TEST(top_logprobs_match_brute_force)
     CHECK_NEAR(lp[0], log(0.5), 1e-6);
     CHECK_NEAR(lp[2], log(0.25), 1e-6);
     CHECK_EQ_INT(sampler_top_logprobs(small, 3, 0, ids, lp), 0);
+    /* from the first pass (the LM head's top and statistics at inv_t 1): the same bits */
+    const int nch = logits_n_chunks(n);
+    float *cmax = malloc((size_t)nch * sizeof *cmax), *csum = malloc((size_t)nch * sizeof *csum);
+    struct logits_top top = {.inv_t = 1.0f, .chunk_max = cmax, .chunk_sum = csum};
+    logits_top_scan(&top, l, n, 0);
+    logits_stats_chunks(&top, l, n, 0, nch, NULL);
+    const double lse_top = sampler_log_sum_exp(l, n, &top);
+    CHECK(lse_top == sampler_log_sum_exp(l, n, NULL));
+    CHECK_NEAR(lse_top, lse, 1e-6);
+    int32_t ids2[20];
+    float lp2[20];
+    CHECK_EQ_INT(sampler_top_logprobs(l, n, 20, ids, lp), 20);
+    CHECK_EQ_INT(sampler_top_logprobs_ex(l, n, 20, &top, lse_top, ids2, lp2), 20);
+    CHECK(!memcmp(ids, ids2, sizeof ids) && !memcmp(lp, lp2, sizeof lp));
+    csum[3] *= 2.0f; /* statistics that lie move the normalizer: they are used */
+    CHECK(sampler_log_sum_exp(l, n, &top) != lse_top);
+    top.inv_t = 0.5f; /* ... at inv_t 1 only */
+    CHECK(sampler_log_sum_exp(l, n, &top) == lse_top);
+    free(cmax), free(csum);
     free(l);
     free(pairs);
 }

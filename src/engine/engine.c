@@ -487,10 +487,14 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
         if (es->er->r->t_scheduled == 0)
             es->er->r->t_scheduled = time_now();
         /* a row that samples at a plain temperature asks the LM head for the weights'
-           statistics (sampler.h's temperature path) */
+           statistics (sampler.h's temperature path), one that reports logprobs for those
+           of the raw row (inv_t 1: its normalizer; the sampler makes its own if it draws
+           at another temperature, a fraction of the cost) */
         const size_t nch = (size_t)logits_n_chunks(eng->n_vocab);
+        const struct request *rq = es->er->r;
         struct logits_top *t = &eng->tops[n];
-        t->inv_t = en->sample ? sampler_stats_inv_t(&es->er->r->p.sampling, eng->n_vocab) : 0;
+        t->inv_t = !en->sample ? 0.0f : rq->p.logprobs >= 0 ? 1.0f
+                 : sampler_stats_inv_t(&rq->p.sampling, eng->n_vocab);
         t->chunk_max = eng->chunk_stats + (size_t)n * 2 * nch;
         t->chunk_sum = t->chunk_max + nch;
         eng->row_entry[n] = k;

@@ -561,9 +561,10 @@ int request_seq_step(struct request *r, int i, const float *logits,
     struct request_logprob lp = {.token = token, .top_ids = r->top_ids,
                                  .top_logprobs = r->top_lps};
     if (r->p.logprobs >= 0) {
-        lp.logprob = sampler_logprob(logits, r->n_vocab, token);
-        lp.n_top = r->p.logprobs ? sampler_top_logprobs(logits, r->n_vocab, r->p.logprobs,
-                                                        r->top_ids, r->top_lps)
+        const double lse = sampler_log_sum_exp(logits, r->n_vocab, top);
+        lp.logprob = (float)((double)logits[token] - lse);
+        lp.n_top = r->p.logprobs ? sampler_top_logprobs_ex(logits, r->n_vocab, r->p.logprobs,
+                                                           top, lse, r->top_ids, r->top_lps)
                                  : 0;
     }
     size_t used = 0;

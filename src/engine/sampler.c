@@ -611,7 +611,8 @@ static int plain_modified(struct sampler *s, const struct sampler_edits *ed, int
     for (int i = 0; pen && i < s->hist_cap; i++)
         if (s->hist[i].token != -1)
             s->mod[k++] = s->hist[i].token;
-    qsort(s->mod, (size_t)k, sizeof *s->mod, cmp_i32);
+    if (k > 1)
+        qsort(s->mod, (size_t)k, sizeof *s->mod, cmp_i32);
     int u = 0;
     for (int i = 0; i < k; i++)
         if (u == 0 || s->mod[i] != s->mod[u - 1])
@@ -885,25 +886,46 @@ int sampler_probs(struct sampler *s, const float *logits, float *probs, struct w
 /* ------------------------------------------------------------------------------------- */
 /* logprobs */
 
-static double log_sum_exp(const float *l, int n)
+/* log(sum_i exp(l_i)) of a raw row by LOGITS_CHUNK chunks: each chunk's max m_c and sum
+   s_c of attn_exp(l - m_c) (the LM head's statistics at inv_t 1 when top has them, else
+   the same kernel here), merged in chunk order online in double: M = max so far, z =
+   sum so far relative to M. +-inf when the row's max is. */
+double sampler_log_sum_exp(const float *logits, int n_vocab, const struct logits_top *top)
 {
-    float m = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (l[i] > m)
-            m = l[i];
-    if (isinf(m))
-        return m;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)l[i] - (double)m);
-    return (double)m + log(sum);
+    const bool have = top && top->inv_t == 1.0f && top->chunk_max && top->n_nan == 0;
+    const struct gemm_ops *go = gemm_ops_get();
+    const int nch = logits_n_chunks(n_vocab);
+    double M = -INFINITY, z = 0.0;
+    for (int c = 0; c < nch; c++) {
+        float m, sc;
+        if (have) {
+            m = top->chunk_max[c];
+            sc = top->chunk_sum[c];
+        } else {
+            const int a = c * LOGITS_CHUNK;
+            go->softmax_stats(logits + a, n_vocab - a < LOGITS_CHUNK ? n_vocab - a : LOGITS_CHUNK,
+                              1.0f, &m, &sc);
+        }
+        if (isinf(m)) {
+            if (m > 0)
+                return m;
+            continue;
+        }
+        if (m > M) {
+            z = z * exp(M - (double)m) + sc;
+            M = m;
+        } else {
+            z += sc * exp((double)m - M);
+        }
+    }
+    return isinf(M) ? M : M + log(z);
 }
 
 float sampler_logprob(const float *logits, int n_vocab, int token)
 {
     if (token < 0 || token >= n_vocab)
         return -INFINITY;
-    return (float)((double)logits[token] - log_sum_exp(logits, n_vocab));
+    return (float)((double)logits[token] - sampler_log_sum_exp(logits, n_vocab, NULL));
 }
 
 /* Min-heap on "better" over ids/vals: the root is the worst of the kept n. */
@@ -929,10 +951,25 @@ static void heap_sift_down(int32_t *ids, float *vals, int n, int i)
 int sampler_top_logprobs(const float *logits, int n_vocab, int n, int32_t *ids,
                          float *logprobs)
 {
+    return sampler_top_logprobs_ex(logits, n_vocab, n, NULL,
+                                   sampler_log_sum_exp(logits, n_vocab, NULL), ids, logprobs);
+}
+
+int sampler_top_logprobs_ex(const float *logits, int n_vocab, int n,
+                            const struct logits_top *top, double lse, int32_t *ids,
+                            float *logprobs)
+{
     if (n <= 0 || n_vocab <= 0)
         return 0;
     if (n > n_vocab)
         n = n_vocab;
+    if (top && top->n_nan == 0 && n <= top->n) { /* the same order: value, then lower id */
+        for (int i = 0; i < n; i++) {
+            ids[i] = top->ids[i];
+            logprobs[i] = (float)((double)top->vals[i] - lse);
+        }
+        return n;
+    }
     for (int i = 0; i < n; i++) {
         ids[i] = i;
         logprobs[i] = logits[i];
@@ -955,7 +992,6 @@ int sampler_top_logprobs(const float *logits, int n_vocab, int n, int32_t *ids,
         ids[end] = ti, logprobs[end] = tv;
         heap_sift_down(ids, logprobs, end, 0);
     }
-    const double lse = log_sum_exp(logits, n_vocab);
     for (int i = 0; i < n; i++)
         logprobs[i] = (float)((double)logprobs[i] - lse);
     return n;

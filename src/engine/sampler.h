@@ -48,7 +48,9 @@
  * over the row.
  *
  * Logprobs (sampler_top_logprobs, sampler_logprob) are of the raw logits row, log_softmax
- * with no penalty or temperature applied, which is what vLLM reports by default.
+ * with no penalty or temperature applied, which is what vLLM reports by default. The
+ * normalizer comes from chunk statistics at inv_t 1 (sampler_log_sum_exp), the LM head's
+ * when the caller asked for them, and the top tokens from the first pass's candidates.
  */
 #ifndef WELD_ENGINE_SAMPLER_H
 #define WELD_ENGINE_SAMPLER_H
@@ -120,5 +122,14 @@ int sampler_top_logprobs(const float *logits, int n_vocab, int n, int32_t *ids,
                          float *logprobs);
 /* log_softmax(logits)[token]. */
 float sampler_logprob(const float *logits, int n_vocab, int token);
+/* log(sum exp(logits)), by LOGITS_CHUNK chunks of softmax statistics: top's when it has
+   them at inv_t 1 (the LM head's), else computed here with the same kernel (the same
+   value either way). */
+double sampler_log_sum_exp(const float *logits, int n_vocab, const struct logits_top *top);
+/* sampler_top_logprobs with the row's log_sum_exp lse given, taking the n best from top
+   (NULL: none) when it holds them. */
+int sampler_top_logprobs_ex(const float *logits, int n_vocab, int n,
+                            const struct logits_top *top, double lse, int32_t *ids,
+                            float *logprobs);
 
 #endif
