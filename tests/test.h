@@ -117,20 +117,31 @@ static inline int test_rm_entry(const char *path, const struct stat *sb, int fla
     return remove(path);
 }
 
-/* A scratch directory for this test executable, under the build tree: tmp-<program>,
-   emptied at first use so runs do not pile up. */
+static char test_tmpdir_path[4096];
+
+static inline void test_tmpdir_remove(void)
+{
+    if (test_tmpdir_path[0])
+        nftw(test_tmpdir_path, test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A scratch directory for this test process, under the build tree: tmp-<program>-<pid>,
+   removed at exit. Per process, not per program: ctest runs one executable several times
+   at once (test_engine_engine and its _ref / _ops / _mega runs), and a shared directory
+   let one run empty it under another. */
 static inline const char *test_tmpdir(void)
 {
-    static char dir[4096];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/tmp-%s", WELD_BINARY_DIR, program_invocation_short_name);
-        nftw(dir, test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-        if (mkdir(dir, 0700) != 0) {
-            perror(dir);
+    if (!test_tmpdir_path[0]) {
+        snprintf(test_tmpdir_path, sizeof test_tmpdir_path, "%s/tmp-%s-%ld", WELD_BINARY_DIR,
+                 program_invocation_short_name, (long)getpid());
+        nftw(test_tmpdir_path, test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        if (mkdir(test_tmpdir_path, 0700) != 0) {
+            perror(test_tmpdir_path);
             exit(2);
         }
+        atexit(test_tmpdir_remove);
     }
-    return dir;
+    return test_tmpdir_path;
 }
 
 #endif
