@@ -11,15 +11,20 @@
  *     the penalties adjust it in place through the history table, and the filters then
  *     shrink a prefix cand[0, nc) of survivors whose values become unnormalized weights
  *     exp(l - max).
+ *   cmax / csum / cw: per LOGITS_CHUNK chunk, the temperature path's statistics of the
+ *     edited row and chunk weights; mod: the sorted ids edits or penalties change (the
+ *     chunks that cannot take the LM head's statistics as they are).
  *
- * Cost per sample at vocabulary V: O(V) for the copy, temperature and exp; top-k is a
+ * Cost per sample at vocabulary V, temperature path: O(V / 256 + edits + history) on the
+ * LM head's statistics (chunks holding changed ids recomputed, one chunk's weights for
+ * the draw), O(V) vectorized without them. Other paths: O(V) for the copy, temperature and exp; top-k is a
  * quickselect (O(V) expected) plus a sort of the k survivors only when top-p needs order;
  * top-p without top-k selects and sorts a growing head (256, 1024, ... tokens) until its
  * mass reaches p, so a peaked distribution never sorts the whole vocabulary; min-p is a
  * linear filter. No full sort happens unless top-p needs most of the vocabulary.
  *
- * Deliberately not done: logit bias, bad-word lists, grammar masks (they belong in front
- * of this, on the logits row), and vLLM's keeping of extra tokens tied with the k-th
+ * Deliberately not done: bad-word lists, grammar masks (they belong in front of this, as
+ * edits of the logits row), and vLLM's keeping of extra tokens tied with the k-th
  * largest under top-k (exactly k survive here).
  */
 #include "engine/sampler.h"

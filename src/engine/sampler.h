@@ -33,7 +33,7 @@
  * (a NaN in the row, too few unchanged candidates, ...). Top-p without top-k (and without
  * edits or penalties) still sums every token's weight, but takes the top-p prefix from
  * the candidates when it ends within them, skipping the copy and the selection. Min-p
- * alone, and logprobs, read the whole row.
+ * alone reads the whole row.
  *
  * The temperature path (a temperature, no top-k, top-p or min-p: the OpenAI API's
  * default): steps 3-7 run on the row's weights by chunks of LOGITS_CHUNK ids, each with
