@@ -453,6 +453,18 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
 }
 
 /* x[t][r] += W[r] . in[t] for the instruction's rows, every token. */
+/* Rows per product call of the row-split ops for nt tokens when the outputs may take
+   cap_floats of scratch: OPS_CHUNK, or for one token (decode) as many as fit, so a decode
+   piece is one call instead of one per 64 rows (each call restarts the weight stream:
+   110M decode 1-4% faster in --pair runs, 1B within 1%; prefill measured the same). */
+static int chunk_rows(int nt, size_t cap_floats)
+{
+    if (nt > 1)
+        return OPS_CHUNK;
+    size_t r = cap_floats / 16 * 16;
+    return r > OPS_CHUNK ? (int)(r < 1u << 20 ? r : 1u << 20) : OPS_CHUNK;
+}
+
 static void op_proj_residual(const struct exec_step *st, const struct prog_instr *in,
                              const struct exec_mat *M, const struct scratch *sc,
                              struct span sp)
@@ -466,13 +478,14 @@ static void op_proj_residual(const struct exec_step *st, const struct prog_instr
         const float *xs = src + (size_t)t0 * n_in;
         if (!prep_memo(st, in, t0, sc))
             mat_quant(st, M, xs, (size_t)n_in, nt, sc->act, sc);
-        for (int r = sp.r0; r < sp.r1; r += OPS_CHUNK) {
-            int cw = sp.r1 - r < OPS_CHUNK ? sp.r1 - r : OPS_CHUNK;
-            mat_gemm(st, M, r, r + cw, nt, xs, (size_t)n_in, sc->act, sc->y, OPS_CHUNK,
+        const int ch = chunk_rows(nt, (size_t)OPS_TILE * (size_t)y_width(&st->m->cfg));
+        for (int r = sp.r0; r < sp.r1; r += ch) {
+            int cw = sp.r1 - r < ch ? sp.r1 - r : ch;
+            mat_gemm(st, M, r, r + cw, nt, xs, (size_t)n_in, sc->act, sc->y, (size_t)ch,
                      sc->row);
             for (int i = 0; i < nt; i++) {
                 float *xr = x + (size_t)(t0 + i) * dim + r;
-                const float *yr = sc->y + (size_t)i * OPS_CHUNK;
+                const float *yr = sc->y + (size_t)i * ch;
                 for (int j = 0; j < cw; j++)
                     xr[j] += yr[j];
             }
@@ -499,12 +512,13 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
             if (!shared)
                 mat_quant(st, &L->up, sc->h, ld, nt, act_up, sc);
         }
-        for (int r = sp.r0; r < sp.r1; r += OPS_CHUNK) {
-            int cw = sp.r1 - r < OPS_CHUNK ? sp.r1 - r : OPS_CHUNK;
-            mat_gemm(st, &L->gate, r, r + cw, nt, sc->h, ld, sc->act, g, OPS_CHUNK, sc->row);
-            mat_gemm(st, &L->up, r, r + cw, nt, sc->h, ld, act_up, u, OPS_CHUNK, sc->row);
+        const int ch = chunk_rows(nt, (size_t)OPS_TILE * OPS_CHUNK);
+        for (int r = sp.r0; r < sp.r1; r += ch) {
+            int cw = sp.r1 - r < ch ? sp.r1 - r : ch;
+            mat_gemm(st, &L->gate, r, r + cw, nt, sc->h, ld, sc->act, g, (size_t)ch, sc->row);
+            mat_gemm(st, &L->up, r, r + cw, nt, sc->h, ld, act_up, u, (size_t)ch, sc->row);
             for (int i = 0; i < nt; i++)
-                kern_silu_mul(g + (size_t)i * OPS_CHUNK, u + (size_t)i * OPS_CHUNK,
+                kern_silu_mul(g + (size_t)i * ch, u + (size_t)i * ch,
                               hid + (size_t)(t0 + i) * c->ffn_dim + r, cw);
         }
     }
