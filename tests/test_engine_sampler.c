@@ -745,6 +745,47 @@ TEST(first_pass_top_p)
         long long h = 0;
         failures += first_pass_case(l, n, p, NULL, NULL, 0, &h);
     }
+    /* the total weight comes from the LM head's chunk statistics: statistics that lie
+       (every chunk's sum halved: the prefix is cut at half the mass) change the draws */
+    {
+        for (int i = 0; i < n; i++)
+            l[i] = (float)(rng_normal(&g) * 8.0); /* peaked: the prefix within the top 64 */
+        struct sampler_params p = sampler_params_default();
+        p.top_p = 0.9f;
+        p.seed = 5;
+        const int nch = logits_n_chunks(n);
+        float *cmax = malloc((size_t)nch * sizeof *cmax), *csum = malloc((size_t)nch * sizeof *csum);
+        struct logits_top top = {.inv_t = sampler_stats_inv_t(&p, n), .chunk_max = cmax,
+                                 .chunk_sum = csum};
+        CHECK(top.inv_t == 1.0f);
+        logits_top_scan(&top, l, n, 0);
+        logits_stats_chunks(&top, l, n, 0, nch, NULL);
+        struct sampler *a = make(p, n), *b = make(p, n);
+        int same = 1, differ = 0;
+        for (int d = 0; d < 100; d++) {
+            int ta, tb;
+            struct weld_err e;
+            sampler_sample_ex(a, l, &top, NULL, &ta, &e);
+            sampler_sample_ex(b, l, NULL, NULL, &tb, &e);
+            same &= ta == tb;
+        }
+        CHECK(same);
+        printf("  peaked top-p rows: %lld of 100 draws on the statistics, %lld from the top\n",
+               sampler_stats_hits(a), sampler_top_hits(a));
+        CHECK(sampler_stats_hits(a) == 100 && sampler_top_hits(a) == 100);
+        for (int c = 0; c < nch; c++)
+            csum[c] *= 0.5f;
+        for (int d = 0; d < 100; d++) {
+            int ta, tb;
+            struct weld_err e;
+            sampler_sample_ex(a, l, &top, NULL, &ta, &e);
+            sampler_sample_ex(b, l, NULL, NULL, &tb, &e);
+            differ += ta != tb;
+        }
+        CHECK(differ > 0);
+        sampler_free(a), sampler_free(b);
+        free(cmax), free(csum);
+    }
     printf("first pass, top-p: %lld of %d draws\n", hits, 120 * 40);
     CHECK_EQ_INT(failures, 0);
     CHECK(hits > 120 * 40 / 3);

@@ -344,7 +344,7 @@ static bool top_p_cut(const struct cand *c, size_t m, double target, size_t *nc,
 static bool top_p_gathered(struct sampler *s, size_t n, double target, size_t *nc, double *z)
 {
     enum { BUCKETS = 2048, SMALL = 4096 };
-    static const double margin = 1e-6;
+    static const double margin = 1e-4; /* z is the chunk statistics' total, within ~1e-5 */
     struct cand *c = s->cand, *t = s->tmp;
     double mass[BUCKETS] = {0};
     for (size_t i = 0; i < n; i++) {
@@ -518,9 +518,75 @@ static bool load_from_top(struct sampler *s, const float *logits, const struct l
     return p->temperature < SAMPLER_EPS || !isinf(c[0].v);
 }
 
-/* Top-p without top-k from the first pass: the total weight z needs one pass over the
-   row (the same expf and double sum, in token order, as the full path), but the top-p
-   prefix usually lies within the LOGITS_TOP_K best tokens. Their weights, ranked as the
+/* ---- chunk statistics (exec/logits_top.h): the weights' normalizer of the temperature
+   and top-p paths, the LM head's or computed here with the same kernel ---------------- */
+
+static bool stats_alloc(struct sampler *s)
+{
+    const int nch = logits_n_chunks(s->n_vocab);
+    if (!s->cmax)
+        s->cmax = wmalloc((size_t)nch * sizeof *s->cmax);
+    if (!s->csum)
+        s->csum = wmalloc((size_t)nch * sizeof *s->csum);
+    if (!s->cw)
+        s->cw = wmalloc((size_t)nch * sizeof *s->cw);
+    return s->cmax && s->csum && s->cw;
+}
+
+/* From s->cmax / csum (every chunk): the row's max into s->m_all, each chunk's weight
+   csum * attn_exp((cmax - m_all) / T) into s->cw, and their sum (in double, chunk order):
+   the total weight z. */
+static double chunks_total(struct sampler *s, float inv_t)
+{
+    const int nch = logits_n_chunks(s->n_vocab);
+    float m_all = -INFINITY;
+    for (int c = 0; c < nch; c++)
+        if (s->cmax[c] > m_all)
+            m_all = s->cmax[c];
+    s->m_all = m_all;
+    double sum = 0.0;
+    for (int c = 0; c < nch; c++) {
+        s->cw[c] = (double)s->csum[c] * (double)attn_exp((s->cmax[c] - m_all) * inv_t);
+        sum += s->cw[c];
+    }
+    return sum;
+}
+
+/* Statistics of the raw row at inv_t: top's when it has them at inv_t, else computed. */
+static void stats_of_row(struct sampler *s, const float *logits, const struct logits_top *top,
+                         float inv_t)
+{
+    const int nch = logits_n_chunks(s->n_vocab);
+    if (top && top->inv_t == inv_t && top->chunk_max && top->n_nan == 0) {
+        memcpy(s->cmax, top->chunk_max, (size_t)nch * sizeof *s->cmax);
+        memcpy(s->csum, top->chunk_sum, (size_t)nch * sizeof *s->csum);
+        s->stats_hits++;
+        return;
+    }
+    logits_stats_chunks(&(struct logits_top){.inv_t = inv_t, .chunk_max = s->cmax,
+                                             .chunk_sum = s->csum},
+                        logits, s->n_vocab, 0, nch, gemm_ops_get());
+}
+
+/* Statistics at inv_t of the values in c[0, n_vocab) (in token order: c[i].i == i). */
+static void stats_of_cand(struct sampler *s, const struct cand *c, float inv_t)
+{
+    const int nch = logits_n_chunks(s->n_vocab);
+    const struct gemm_ops *go = gemm_ops_get();
+    float buf[LOGITS_CHUNK];
+    for (int k = 0; k < nch; k++) {
+        const int a = k * LOGITS_CHUNK;
+        const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+        for (int j = 0; j < n; j++)
+            buf[j] = c[a + j].v;
+        go->softmax_stats(buf, n, inv_t, &s->cmax[k], &s->csum[k]);
+    }
+}
+
+/* Top-p without top-k from the first pass: the total weight z comes from the row's chunk
+   statistics (the LM head's when it made them at this temperature: then no pass over the
+   row at all; the full path takes z the same way), and the top-p prefix usually lies
+   within the LOGITS_TOP_K best tokens. Their weights, ranked as the
    full path ranks (weight, then id), give the same prefix and the same running sum up to
    the first position whose sum reaches top_p * z, provided that position's weight is
    above the smallest of the candidates (every token outside them weighs at most that).
@@ -533,9 +599,10 @@ static bool top_p_from_top(struct sampler *s, const float *logits, const struct 
         isinf(top->vals[0]))
         return false;
     const float maxv = top->vals[0], inv_t = 1.0f / s->p.temperature;
-    double sum = 0.0;
-    for (int i = 0; i < s->n_vocab; i++)
-        sum += expf((logits[i] - maxv) * inv_t);
+    if (!stats_alloc(s))
+        return false;
+    stats_of_row(s, logits, top, inv_t);
+    const double sum = chunks_total(s, inv_t);
     struct cand *c = s->cand;
     for (int j = 0; j < top->n; j++)
         c[j] = (struct cand){expf((top->vals[j] - maxv) * inv_t), top->ids[j]};
@@ -587,7 +654,9 @@ static bool plain_path(const struct sampler_params *p, int n_vocab)
 
 float sampler_stats_inv_t(const struct sampler_params *p, int n_vocab)
 {
-    return plain_path(p, n_vocab) ? 1.0f / p->temperature : 0.0f;
+    const bool top_p = p->temperature >= SAMPLER_EPS && (p->top_k <= 0 || p->top_k >= n_vocab) &&
+                       p->top_p < 1.0f;
+    return plain_path(p, n_vocab) || top_p ? 1.0f / p->temperature : 0.0f;
 }
 
 long long sampler_stats_hits(const struct sampler *s) { return s->stats_hits; }
@@ -653,12 +722,7 @@ static int plain_weights(struct sampler *s, const float *logits, const struct lo
 {
     const int nch = logits_n_chunks(s->n_vocab);
     const float inv_t = 1.0f / s->p.temperature;
-    if (!s->cmax) {
-        s->cmax = wmalloc((size_t)nch * sizeof *s->cmax);
-        s->csum = wmalloc((size_t)nch * sizeof *s->csum);
-        s->cw = wmalloc((size_t)nch * sizeof *s->cw);
-    }
-    if (!s->cmax || !s->csum || !s->cw || plain_modified(s, ed, n_mod) != WELD_OK)
+    if (!stats_alloc(s) || plain_modified(s, ed, n_mod) != WELD_OK)
         return err_set(e, WELD_ERR_NOMEM, "sampler: out of memory for %d chunks", nch);
     const bool from_top = top && top->inv_t == inv_t && top->chunk_max && top->n_nan == 0;
     if (!from_top)
@@ -695,13 +759,7 @@ static int plain_weights(struct sampler *s, const float *logits, const struct lo
     }
     if (isinf(m_all))
         return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[0] is -inf, as is every logit");
-    double sum = 0.0;
-    s->m_all = m_all;
-    for (int c = 0; c < nch; c++) {
-        s->cw[c] = (double)s->csum[c] * (double)attn_exp((s->cmax[c] - m_all) * inv_t);
-        sum += s->cw[c];
-    }
-    *z = sum;
+    *z = chunks_total(s, inv_t);
     if (from_top)
         s->stats_hits++;
     return WELD_OK;
@@ -813,9 +871,17 @@ static int build_candidates(struct sampler *s, const float *logits,
     *nc = n;
     const float inv_t = 1.0f / s->p.temperature;
     double sum = 0.0;
+    const bool z_stats = !topk && s->p.top_p < 1.0f; /* c in token order: the row */
+    if (z_stats && !stats_alloc(s))
+        return err_set(e, WELD_ERR_NOMEM, "sampler: out of memory for the chunk statistics");
+    if (z_stats) {
+        stats_of_cand(s, c, inv_t);
+        sum = chunks_total(s, inv_t);
+    }
     for (size_t i = 0; i < *nc; i++) {
         c[i].v = expf((c[i].v - maxv) * inv_t);
-        sum += c[i].v;
+        if (!z_stats)
+            sum += c[i].v;
     }
     *z = sum;
     int rc;

@@ -30,10 +30,11 @@
  * whenever top holds k unchanged tokens. It then costs O(k + edits + history) instead of
  * a copy and a selection over n_vocab (a 128k vocabulary: ~0.5 ms a token), and gives the
  * very token the full pass would, which it falls back to whenever it cannot be sure
- * (a NaN in the row, too few unchanged candidates, ...). Top-p without top-k (and without
- * edits or penalties) still sums every token's weight, but takes the top-p prefix from
- * the candidates when it ends within them, skipping the copy and the selection. Min-p
- * alone reads the whole row.
+ * (a NaN in the row, too few unchanged candidates, ...). Top-p without top-k takes the
+ * total weight from the row's chunk statistics (below: the LM head's, when the caller
+ * asked for them at this temperature, else computed over the edited row) and, without
+ * edits or penalties, the top-p prefix from the candidates when it ends within them: no
+ * pass over the row at all (peaked rows). Min-p alone reads the whole row.
  *
  * The temperature path (a temperature, no top-k, top-p or min-p: the OpenAI API's
  * default): steps 3-7 run on the row's weights by chunks of LOGITS_CHUNK ids, each with
@@ -107,10 +108,11 @@ int sampler_sample_ex(struct sampler *s, const float *logits, const struct logit
                       const struct sampler_edits *ed, int *token, struct weld_err *e);
 /* Tokens this sampler drew from a logits_top without a pass over the row (since create). */
 long long sampler_top_hits(const struct sampler *s);
-/* 1 / temperature when sampling with p takes the temperature path (see above): the
-   softmax statistics a caller should ask the step for (logits_top.inv_t); else 0. */
+/* 1 / temperature when sampling with p takes the temperature path or top-p without top-k
+   (see above): the softmax statistics a caller should ask the step for
+   (logits_top.inv_t); else 0. */
 float sampler_stats_inv_t(const struct sampler_params *p, int n_vocab);
-/* Temperature-path draws made on a logits_top's statistics (since create). */
+/* Draws that took a logits_top's softmax statistics (temperature and top-p paths). */
 long long sampler_stats_hits(const struct sampler *s);
 /* The distribution sampler_sample draws from, after every step above: probs gets n_vocab
    values summing to 1, zero for filtered tokens (one-hot for greedy). */
