@@ -654,14 +654,14 @@ TEST(first_pass_gives_the_full_pass_token)
         }
         struct sampler_params p = sampler_params_default();
         p.seed = rng_u64(&g);
-        int mode = (int)(rng_u64(&g) % 6);
+        int mode = (int)(rng_u64(&g) % 7);
         p.temperature = mode == 0 ? 0.0f : 0.3f + (float)(rng_u64(&g) % 10) / 10.0f;
         const int ks[] = {0, 1, 2, 5, 40, 63, 64, 65, 200};
         p.top_k = ks[rng_u64(&g) % 9];
-        if (mode >= 3)
+        if (mode >= 3 && mode <= 5)
             p.top_p = 0.5f + (float)(rng_u64(&g) % 50) / 100.0f;
-        if (mode >= 4)
-            p.min_p = (float)(rng_u64(&g) % 20) / 100.0f;
+        if (mode >= 4) /* 6: min-p alone */
+            p.min_p = (float)(1 + rng_u64(&g) % 20) / 100.0f;
         if (rng_u64(&g) % 3 == 0)
             p.repetition_penalty = rng_u64(&g) % 2 ? 1.3f : 0.7f;
         if (rng_u64(&g) % 3 == 0) {
@@ -786,6 +786,20 @@ TEST(first_pass_top_p)
         sampler_free(a), sampler_free(b);
         free(cmax), free(csum);
     }
+    /* min-p alone: peaked rows take their survivors from the candidates, flat ones (the
+       cut falls below the 64th) the full pass; the same tokens either way */
+    long long mp_hits = 0;
+    for (int it = 0; it < 40; it++) {
+        for (int i = 0; i < n; i++)
+            l[i] = (float)(rng_normal(&g) * (it % 2 ? 8.0 : 0.5));
+        struct sampler_params p = sampler_params_default();
+        p.temperature = 0.7f + (float)(it % 3) * 0.3f;
+        p.min_p = 0.02f + (float)(it % 5) * 0.05f;
+        p.seed = 900 + (uint64_t)it;
+        failures += first_pass_case(l, n, p, NULL, NULL, 0, &mp_hits);
+    }
+    printf("first pass, min-p alone: %lld of %d draws\n", mp_hits, 40 * 40);
+    CHECK(mp_hits >= 20 * 40 && mp_hits < 40 * 40); /* the peaked half, not the flat one */
     printf("first pass, top-p: %lld of %d draws\n", hits, 120 * 40);
     CHECK_EQ_INT(failures, 0);
     CHECK(hits > 120 * 40 / 3);

@@ -628,6 +628,43 @@ static bool top_p_from_top(struct sampler *s, const float *logits, const struct 
     return true;
 }
 
+/* Min-p alone (no top-k or top-p) from the first pass: the survivors are the tokens whose
+   weight expf((l - max) / T) is at least min_p, and when the candidates' last one falls
+   below that, every survivor is a candidate (a token outside weighs no more). Kept in token
+   order and summed in it, as the full path's filter over the row leaves them: the same
+   c[0, *nc) and *z. No edits or penalties (the full path then). */
+static bool min_p_from_top(struct sampler *s, const struct logits_top *top,
+                           const struct sampler_edits *ed, size_t *nc, double *z)
+{
+    if (!top || top->n_nan || top->n < 1 || (ed && ed->n) || penalties_on(&s->p) ||
+        isinf(top->vals[0]))
+        return false;
+    const float maxv = top->vals[0], inv_t = 1.0f / s->p.temperature;
+    const bool whole = top->n == s->n_vocab;
+    if (!whole && !(expf((top->vals[top->n - 1] - maxv) * inv_t) < s->p.min_p))
+        return false;
+    struct cand *c = s->cand;
+    size_t k = 0;
+    for (int j = 0; j < top->n; j++) {
+        const float w = expf((top->vals[j] - maxv) * inv_t);
+        if (w >= s->p.min_p)
+            c[k++] = (struct cand){w, top->ids[j]};
+    }
+    for (size_t i = 1; i < k; i++) { /* insertion sort by id: at most LOGITS_TOP_K */
+        struct cand x = c[i];
+        size_t j = i;
+        for (; j > 0 && c[j - 1].i > x.i; j--)
+            c[j] = c[j - 1];
+        c[j] = x;
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < k; i++)
+        sum += c[i].v;
+    *nc = k;
+    *z = sum;
+    return true;
+}
+
 /* Step 6: drop candidates whose weight is below min_p (the largest weight is exp(0) = 1). */
 static void apply_min_p(struct cand *c, size_t *nc, double *z, float min_p)
 {
@@ -837,6 +874,11 @@ static int build_candidates(struct sampler *s, const float *logits,
         s->top_hits++;
         if (s->p.min_p > 0.0f)
             apply_min_p(c, nc, z, s->p.min_p);
+        return WELD_OK;
+    }
+    if (!greedy && !topk && s->p.top_p >= 1.0f && s->p.min_p > 0.0f &&
+        min_p_from_top(s, top, ed, nc, z)) {
+        s->top_hits++;
         return WELD_OK;
     }
     if ((greedy || topk) && load_from_top(s, logits, top, ed, greedy ? 1 : (size_t)s->p.top_k)) {

@@ -34,7 +34,8 @@
  * total weight from the row's chunk statistics (below: the LM head's, when the caller
  * asked for them at this temperature, else computed over the edited row) and, without
  * edits or penalties, the top-p prefix from the candidates when it ends within them: no
- * pass over the row at all (peaked rows). Min-p alone reads the whole row.
+ * pass over the row at all (peaked rows). Min-p alone takes its survivors from the
+ * candidates when the last of them falls below the cut (every survivor is then one).
  *
  * The temperature path (a temperature, no top-k, top-p or min-p: the OpenAI API's
  * default): steps 3-7 run on the row's weights by chunks of LOGITS_CHUNK ids, each with
