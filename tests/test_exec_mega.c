@@ -140,7 +140,8 @@ static void fixture_free(struct fixture *f)
     tm_free(f->tm);
 }
 
-/* Run program p on executor x (n workers, the last one `lazy_us` late to every step);
+/* Run program p on executor x (n workers, the last one `lazy_us` late to every step, or
+   -lazy_us late to its last stage when negative);
    logits into out (n_logit_rows x vocab); the executor's stats in *stats if asked. */
 static int run_on_ex(struct fixture *f, const struct executor_impl *x, int n, int lazy_us,
                      const struct program *p, float *out, struct exec_stats *stats)
@@ -148,7 +149,8 @@ static int run_on_ex(struct fixture *f, const struct executor_impl *x, int n, in
     struct weld_err e;
     void *state = NULL;
     struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
-                             .test_lazy_us = lazy_us};
+                             .test_lazy_us = lazy_us > 0 ? lazy_us : 0,
+                             .test_late_tail_us = lazy_us < 0 ? -lazy_us : 0};
     int rc = x->create(&state, &f->tm->m.cfg, &xp, &e);
     float *arena = calloc(p->arena_floats + 1, sizeof(float));
     struct exec_step st = {.m = &f->tm->m, .w = f->w, .p = p, .kv = f->kv, .tokens = f->toks,
@@ -238,6 +240,51 @@ TEST(late_worker_is_stolen_from)
     program_free(p0), program_free(p);
     fixture_free(&f);
 }
+/* The end of a step is not left to a late worker: with the last of 2 workers 100 ms late
+   to the last stage of every step, the other runs the LM head slices in the late one's
+   queue (it waits on the last stage's counter and takes them instead of leaving); the
+   trace shows every FINAL instruction on worker 0, and the logits are ref's. */
+TEST(the_last_stage_is_not_left_to_a_late_worker)
+{
+    struct fixture f;
+    REQUIRE(fixture_init(&f, &spec_gqa, 16));
+    const struct model_config *c = &f.tm->m.cfg;
+    struct weld_err e;
+    struct program *p0 = NULL, *p = NULL;
+    REQUIRE(program_build(&p0, c, &f.b, 1, &e) == WELD_OK);
+    REQUIRE(program_build_ex(&p, c, &f.b, 2, PROG_HEAD_DEPS, &e) == WELD_OK);
+    CHECK(exec_final_slices(p) >= 2);
+    size_t nf = (size_t)p0->n_logit_rows * (size_t)c->n_vocab;
+    float *want = calloc(nf, sizeof(float)), *got = calloc(nf, sizeof(float));
+    REQUIRE(run_on(&f, &exec_ref_impl, 1, p0, want) == WELD_OK);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tail.json", test_tmpdir());
+    setenv("WELD_TRACE", path, 1);
+    setenv("WELD_TRACE_STEPS", "3", 1);
+    struct exec_stats st = {0};
+    CHECK_EQ_INT(run_on_ex(&f, &exec_mega_impl, 2, -100000, p, got, &st), WELD_OK);
+    unsetenv("WELD_TRACE");
+    unsetenv("WELD_TRACE_STEPS");
+    CHECK(memcmp(got, want, nf * sizeof(float)) == 0);
+    json_t *j = jload_file(path, &e);
+    REQUIRE(j != NULL);
+    int final_by[2] = {0, 0};
+    size_t i;
+    json_t *ev;
+    json_array_foreach(json_object_get(j, "traceEvents"), i, ev) {
+        const char *name = json_string_value(json_object_get(ev, "name"));
+        int tid = (int)json_integer_value(json_object_get(ev, "tid"));
+        if (name && !strcmp(name, "FINAL_NORM_LOGITS") && tid >= 0 && tid < 2)
+            final_by[tid]++;
+    }
+    CHECK_EQ_INT(final_by[0], 3 * exec_final_slices(p));
+    CHECK_EQ_INT(final_by[1], 0);
+    json_decref(j);
+    free(want), free(got);
+    program_free(p0), program_free(p);
+    fixture_free(&f);
+}
+
 /* The step st (one program built with 1 split in st->p) on ref, then on mega with 2 and 3
    workers, the last sleeping slow_us after every piece it runs: at least min_cut
    instructions are in pieces, the others take the slow worker's work (steals > 0 for
@@ -665,6 +712,7 @@ int main(void)
     RUN(head_deps_programs_qwen3);
     RUN(head_deps_programs_mqa);
     RUN(late_worker_is_stolen_from);
+    RUN(the_last_stage_is_not_left_to_a_late_worker);
     RUN(pieces_are_shared_with_a_slow_owner);
     RUN(decode_row_pieces_are_shared);
     RUN(bad_program_refused);

@@ -83,6 +83,44 @@ TEST(splits_and_counts)
     }
 }
 
+/* The LM head at decode: up to 64 slices of ~2048 vocabulary rows when the step has at
+   most 16 logit rows and more than one split, on 256-row chunks (logits_top.h) when the
+   vocabulary allows; n_splits slices otherwise. */
+TEST(final_slices)
+{
+    struct model_config c = small_cfg();
+    int32_t tok[20] = {0};
+    struct batch_seq s = {0, tok, 1, 5, false, NULL, 0};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
+    const struct {
+        int vocab, splits, n_tok;
+        bool all;
+        int want;
+    } cases[] = {
+        {128256, 2, 1, false, 62},  /* 1B-like decode: 128256 / 2048 */
+        {32000, 2, 1, false, 15},   /* 110M-like decode */
+        {300000, 2, 1, false, 64},  /* capped */
+        {32000, 1, 1, false, 1},    /* one split: ref */
+        {1000, 2, 1, false, 2},     /* small vocabulary: n_splits */
+        {32000, 2, 20, true, 2},    /* 20 logit rows: n_splits */
+        {32000, 2, 16, true, 15},   /* 16 logit rows: still decode-shaped */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        c.n_vocab = cases[k].vocab;
+        s.n_tokens = cases[k].n_tok, s.all_logits = cases[k].all;
+        struct program *p;
+        struct weld_err e;
+        REQUIRE(program_build(&p, &c, &b, cases[k].splits, &e) == WELD_OK);
+        CHECK_EQ_INT(count_op(p, OP_FINAL_NORM_LOGITS, -1), cases[k].want);
+        CHECK(covers(p, OP_FINAL_NORM_LOGITS, -1, cases[k].vocab));
+        const bool chunked = cases[k].vocab >= 256 * 8 * cases[k].want;
+        for (int i = 0; i < p->n_instr; i++)
+            if (p->instrs[i].op == OP_FINAL_NORM_LOGITS)
+                CHECK(p->instrs[i].row0 % (chunked ? 256 : 16) == 0);
+        program_free(p);
+    }
+}
+
 TEST(counter_chain)
 {
     struct model_config c = small_cfg();
@@ -246,6 +284,7 @@ TEST(kv_blocks)
 int main(void)
 {
     RUN(splits_and_counts);
+    RUN(final_slices);
     RUN(counter_chain);
     RUN(buffer_plan);
     RUN(shape_matching);

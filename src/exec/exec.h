@@ -38,6 +38,8 @@ struct exec_params {
     unsigned team_flags;  /* enum team_flags: TEAM_OVERSUBSCRIBE for tests */
     int test_lazy_us;     /* tests: the last worker sleeps this long at the start of every
                              step (mega: the others must run its instructions) */
+    int test_late_tail_us; /* tests: the last worker sleeps this long before it starts on
+                              the last stage (mega: the others must run that stage) */
     int test_slow_piece_us; /* tests: the last worker sleeps this long after each piece of
                                an instruction it runs in pieces (mega: others must join) */
 };

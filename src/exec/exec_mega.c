@@ -86,6 +86,11 @@
  * token) arithmetic does not depend on the worker, the split, the piece or the order
  * (ops.h).
  *
+ * End of a step: a worker done with its queue waits on the last stage's counter, and so
+ * runs the LM head's slices its late owner has not started (the program cuts the head
+ * into slices of ~2048 rows when a step has few logit rows) instead of leaving the step's
+ * tail to one worker.
+ *
  * Deliberately not here: stealing beyond the counter a worker waits on (no general work
  * queue), pieces of QKV and FINAL at decode, sleeping inside a step, instruction
  * fusion across layers, re-planning from measured times.
@@ -164,6 +169,7 @@ struct mega_state {
     struct team *team;
     int n_workers, spins;
     int lazy_us;             /* exec_params.test_lazy_us */
+    int tail_us;             /* exec_params.test_late_tail_us */
     int slow_piece_us;       /* exec_params.test_slow_piece_us */
     float *scratch;          /* (n_workers, stride) */
     size_t stride;
@@ -712,7 +718,7 @@ static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
     if (atomic_load_explicit(v, memory_order_acquire) >= target)
         return;
     int64_t t0 = now_ns(), worked = 0; /* time running others' work is not waiting */
-    const char *w2, *w1 = first_weights(x->st, in, &w2);
+    const char *w2 = NULL, *w1 = in ? first_weights(x->st, in, &w2) : NULL;
     for (int i = 0; atomic_load_explicit(v, memory_order_acquire) < target; i++) {
         if (i < MEGA_PREFETCH_LINES) {
             if (w1)
@@ -753,9 +759,15 @@ static void mega_worker_run(void *ctx, int w, int n)
     }
     bool robbed = false; /* once an instruction of ours ran elsewhere, the plan's pruned
                             waits (own earlier work, counters checked before) are unsafe */
+    bool napped = false;
     for (int q = x.pl->queue_first[w]; q < x.pl->queue_first[w + 1]; q++) {
         int i = x.pl->queue[q];
         const struct prog_instr *in = &p->instrs[i];
+        if (s->tail_us && w == n - 1 && n > 1 && !napped && in->stage == p->n_stages - 1) {
+            struct timespec nap = {0, (long)s->tail_us * 1000};
+            nanosleep(&nap, NULL);
+            napped = true;
+        }
         if (!claim(&x, i)) {
             robbed = true;
             continue;
@@ -773,6 +785,14 @@ static void mega_worker_run(void *ctx, int w, int n)
         if (!signalled)
             robbed = true;
     }
+    /* Done with the queue: rather than leave while the last stage (the LM head, a few
+       dozen slices at decode) runs late elsewhere, help it (its unclaimed slices, its
+       pieces) until it is complete. Counts as waiting (the bubble). */
+    const int last = p->instrs[p->n_instr - 1].signal;
+    if (n > 1 && last >= 0)
+        wait_counter(&x, last,
+                     (uint64_t)(x.pl->sig_first[last + 1] - x.pl->sig_first[last]) * x.epoch,
+                     NULL);
 }
 
 static int trace_prepare(struct mega_state *s, const struct mega_plan *pl, struct weld_err *e)
@@ -858,6 +878,7 @@ static int mega_create(void **out, const struct model_config *c, const struct ex
         goto fail;
     s->n_workers = team_size(s->team);
     s->lazy_us = xp && xp->test_lazy_us > 0 ? xp->test_lazy_us : 0;
+    s->tail_us = xp && xp->test_late_tail_us > 0 ? xp->test_late_tail_us : 0;
     s->slow_piece_us = xp && xp->test_slow_piece_us > 0 ? xp->test_slow_piece_us : 0;
     s->spins = s->n_workers > team_physical_cores() ? MEGA_SPINS_OVER : MEGA_SPINS;
     s->stats.n_workers = s->n_workers;

@@ -57,7 +57,9 @@
  * Row splits of the matrix ops (O_PROJ, FFN, DOWN, FINAL) start at multiples of 16 rows
  * (the group size of repacked weights, kernels/cpu/gemm.h), so with fewer than 16 rows
  * per split there are fewer slices than n_splits; FINAL's at multiples of LOGITS_CHUNK
- * when the vocabulary has at least 8 such chunks per split. EMBED and QKV split by tokens
+ * when the vocabulary has at least 8 such chunks per split, and FINAL is cut into up to
+ * 64 slices of ~2048 rows instead of n_splits when the step has at most 16 logit rows
+ * (the workers balance the step's end on them). EMBED and QKV split by tokens
  * / heads.
  *
  * PROG_HEAD_DEPS: the QKV stage is cut into G = min(n_splits, n_kv_head) KV-head groups
@@ -88,6 +90,9 @@
 #define PROG_MAX_SPLITS 4096
 #define PROG_ALIGN_FLOATS 16 /* 64 bytes */
 #define PROG_ROW_ALIGN 16    /* weight-row splits start at multiples of this (gemm.h) */
+#define PROG_FINAL_ROWS 2048 /* LM head rows per slice when a step has few logit rows... */
+#define PROG_FINAL_FEW_ROWS 16 /* ... at most this many */
+#define PROG_FINAL_MAX 64    /* and at most this many slices */
 
 static const char *const op_names[OP_COUNT] = {
     "EMBED", "ATTN_NORM_QKV_ROPE", "ATTENTION", "O_PROJ_RESIDUAL",
@@ -223,11 +228,11 @@ static void emit(struct builder *bd, int op, int layer, int seq, int row0, int r
 /* One stage of a row-range op over `total` units cut into n_splits slices. With align > 1
    every boundary but the last (total) is a multiple of align, so the gemm kernels may run
    weights repacked in 16-row groups (fewer slices when there are fewer groups). */
-static void emit_split(struct builder *bd, int op, int layer, int total, int align, int in,
-                       int out)
+static void emit_split_n(struct builder *bd, int op, int layer, int total, int align, int in,
+                         int out, int n_splits)
 {
     int groups = (int)(((long long)total + align - 1) / align);
-    int n = bd->p->n_splits < groups ? bd->p->n_splits : groups;
+    int n = n_splits < groups ? n_splits : groups;
     stage_begin(bd);
     for (int i = 0; i < n; i++) {
         int r0 = (int)((long long)groups * i / n) * align;
@@ -235,6 +240,12 @@ static void emit_split(struct builder *bd, int op, int layer, int total, int ali
         emit(bd, op, layer, -1, r0, r1, in, out);
     }
     stage_end(bd);
+}
+
+static void emit_split(struct builder *bd, int op, int layer, int total, int align, int in,
+                       int out)
+{
+    emit_split_n(bd, op, layer, total, align, in, out, bd->p->n_splits);
 }
 
 static int add_buf(struct program *p, enum prog_buf_kind kind, int layer, size_t rows,
@@ -464,7 +475,8 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
                        "n_kv_head %d", c->n_head, c->n_kv_head);
     /* QKV: at most 3 * n_splits (head groups), O / FFN / DOWN n_splits each */
     long long per_layer = 6LL * n_splits + (long long)p->n_seqs * c->n_kv_head;
-    *max_instr = 2LL * n_splits + per_layer * c->n_layer;
+    *max_instr = n_splits + (n_splits > PROG_FINAL_MAX ? n_splits : PROG_FINAL_MAX) +
+                 per_layer * c->n_layer; /* EMBED, FINAL (up to PROG_FINAL_MAX at decode) */
     if (*max_instr > INT_MAX / 2)
         return err_set(e, WELD_ERR_LIMIT, "program: %lld instructions is too many", *max_instr);
     /* largest buffer: n_tokens * max(dim, n_head*head_dim, ffn_dim) floats */
@@ -515,12 +527,19 @@ int program_build_ex(struct program **out, const struct model_config *c,
     emit_split(&bd, OP_EMBED, -1, p->n_tokens, 1, -1, p->buf_x);
     for (int l = 0; l < c->n_layer; l++)
         emit_layer(&bd, c, l);
-    /* LM head slices on softmax-statistics chunks (logits_top.h) when the vocabulary has
-       enough of them that the slices stay even (else the backend does the cut chunks) */
-    const int fin_align = c->n_vocab >= LOGITS_CHUNK * 8 * p->n_splits ? LOGITS_CHUNK
-                                                                         : PROG_ROW_ALIGN;
-    emit_split(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, fin_align, p->buf_x,
-               p->buf_logits);
+    /* The LM head is the step's last and largest matrix: with few logit rows (decode) it
+       is cut into slices of ~PROG_FINAL_ROWS vocabulary rows, so the workers balance its
+       end among themselves (exec_mega.c); on softmax-statistics chunks (logits_top.h) when
+       the vocabulary has enough of them that the slices stay even (else the backend does
+       the cut chunks). */
+    int n_fin = p->n_splits;
+    if (p->n_splits > 1 && p->n_logit_rows <= PROG_FINAL_FEW_ROWS &&
+        c->n_vocab / PROG_FINAL_ROWS > n_fin)
+        n_fin = c->n_vocab / PROG_FINAL_ROWS < PROG_FINAL_MAX ? c->n_vocab / PROG_FINAL_ROWS
+                                                              : PROG_FINAL_MAX;
+    const int fin_align = c->n_vocab >= LOGITS_CHUNK * 8 * n_fin ? LOGITS_CHUNK : PROG_ROW_ALIGN;
+    emit_split_n(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, fin_align, p->buf_x,
+                 p->buf_logits, n_fin);
     if (plan_buffers(p) || fill_stages(p))
         goto nomem;
     *out = p;
