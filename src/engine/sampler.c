@@ -576,7 +576,7 @@ static void stats_of_cand(struct sampler *s, const struct cand *c, float inv_t)
     float buf[LOGITS_CHUNK];
     for (int k = 0; k < nch; k++) {
         const int a = k * LOGITS_CHUNK;
-        const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+        const int n = logits_chunk_len(s->n_vocab, k);
         for (int j = 0; j < n; j++)
             buf[j] = c[a + j].v;
         go->softmax_stats(buf, n, inv_t, &s->cmax[k], &s->csum[k]);
@@ -739,7 +739,7 @@ static const float *plain_chunk(const struct sampler *s, const float *logits,
                                 float *buf)
 {
     const int a = c * LOGITS_CHUNK;
-    const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+    const int n = logits_chunk_len(s->n_vocab, c);
     if (*mi >= n_mod || s->mod[*mi] >= a + n)
         return logits + a;
     memcpy(buf, logits + a, (size_t)n * sizeof *buf);
@@ -771,7 +771,7 @@ static int plain_weights(struct sampler *s, const float *logits, const struct lo
     float m_all = -INFINITY;
     for (int c = 0, mi = 0; c < nch; c++) {
         const int a = c * LOGITS_CHUNK, was = mi;
-        const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+        const int n = logits_chunk_len(s->n_vocab, c);
         const float *v = plain_chunk(s, logits, ed, c, *n_mod, &mi, buf);
         if (v == buf) {
             for (int k = was; k < mi; k++)
@@ -824,7 +824,7 @@ static int plain_draw(struct sampler *s, const float *logits, const struct sampl
     float buf[LOGITS_CHUNK];
     const float *v = plain_chunk(s, logits, ed, c, n_mod, &mi, buf);
     const int a = c * LOGITS_CHUNK;
-    const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+    const int n = logits_chunk_len(s->n_vocab, c);
     const double scale = (double)attn_exp((s->cmax[c] - s->m_all) * inv_t);
     int last = a;
     for (int j = 0; j < n; j++) {
@@ -848,7 +848,7 @@ static void plain_probs(struct sampler *s, const float *logits, int n_mod, doubl
     float buf[LOGITS_CHUNK];
     for (int c = 0, mi = 0; c < nch; c++) {
         const int a = c * LOGITS_CHUNK;
-        const int n = s->n_vocab - a < LOGITS_CHUNK ? s->n_vocab - a : LOGITS_CHUNK;
+        const int n = logits_chunk_len(s->n_vocab, c);
         const float *v = plain_chunk(s, logits, NULL, c, n_mod, &mi, buf);
         const double scale = (double)attn_exp((s->cmax[c] - s->m_all) * inv_t);
         for (int j = 0; j < n; j++)
@@ -1015,8 +1015,7 @@ double sampler_log_sum_exp(const float *logits, int n_vocab, const struct logits
             m = top->chunk_max[c];
             sc = top->chunk_sum[c];
         } else {
-            const int a = c * LOGITS_CHUNK;
-            go->softmax_stats(logits + a, n_vocab - a < LOGITS_CHUNK ? n_vocab - a : LOGITS_CHUNK,
+            go->softmax_stats(logits + (size_t)c * LOGITS_CHUNK, logits_chunk_len(n_vocab, c),
                               1.0f, &m, &sc);
         }
         if (isinf(m)) {

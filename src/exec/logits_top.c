@@ -65,7 +65,7 @@ void logits_stats_chunks(struct logits_top *t, const float *row, int n_vocab, in
         so = gemm_ops_get();
     for (int c = c0; c < c1; c++) {
         const int a = c * LOGITS_CHUNK;
-        const int n = n_vocab - a < LOGITS_CHUNK ? n_vocab - a : LOGITS_CHUNK;
+        const int n = logits_chunk_len(n_vocab, c);
         so->softmax_stats(row + a, n, t->inv_t, &t->chunk_max[c], &t->chunk_sum[c]);
     }
 }

@@ -55,6 +55,13 @@ static inline int logits_n_chunks(int n_vocab)
     return (n_vocab + LOGITS_CHUNK - 1) / LOGITS_CHUNK;
 }
 
+/* Ids in chunk c (ids [c * LOGITS_CHUNK, ...)) of a row of n_vocab. */
+static inline int logits_chunk_len(int n_vocab, int c)
+{
+    const int a = c * LOGITS_CHUNK;
+    return n_vocab - a < LOGITS_CHUNK ? n_vocab - a : LOGITS_CHUNK;
+}
+
 /* The statistics of chunks [c0, c1) of row (n_vocab logits) at t->inv_t into t's arrays,
    with the instruction set's softmax_stats (gemm_ops_get()'s when so is NULL). */
 struct gemm_ops;
