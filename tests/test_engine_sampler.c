@@ -708,6 +708,22 @@ TEST(first_pass_gives_the_full_pass_token)
     free(l);
 }
 
+/* Draws of a (on top's first pass and statistics) and b (its own pass) from the same raw
+   row that differ, out of n. */
+static int draws_differ(struct sampler *a, struct sampler *b, const float *l,
+                        const struct logits_top *top, int n)
+{
+    int differ = 0;
+    for (int d = 0; d < n; d++) {
+        int ta = -1, tb = -2;
+        struct weld_err e;
+        sampler_sample_ex(a, l, top, NULL, &ta, &e);
+        sampler_sample_ex(b, l, NULL, NULL, &tb, &e);
+        differ += ta != tb;
+    }
+    return differ;
+}
+
 /* Top-p without top-k on peaked rows (the prefix ends within the candidates) and on flat
    ones (it does not: the full pass), with and without min-p. */
 TEST(first_pass_top_p)
@@ -761,28 +777,13 @@ TEST(first_pass_top_p)
         logits_top_scan(&top, l, n, 0);
         logits_stats_chunks(&top, l, n, 0, nch, NULL);
         struct sampler *a = make(p, n), *b = make(p, n);
-        int same = 1, differ = 0;
-        for (int d = 0; d < 100; d++) {
-            int ta, tb;
-            struct weld_err e;
-            sampler_sample_ex(a, l, &top, NULL, &ta, &e);
-            sampler_sample_ex(b, l, NULL, NULL, &tb, &e);
-            same &= ta == tb;
-        }
-        CHECK(same);
+        CHECK_EQ_INT(draws_differ(a, b, l, &top, 100), 0);
         printf("  peaked top-p rows: %lld of 100 draws on the statistics, %lld from the top\n",
                sampler_stats_hits(a), sampler_top_hits(a));
         CHECK(sampler_stats_hits(a) == 100 && sampler_top_hits(a) == 100);
         for (int c = 0; c < nch; c++)
             csum[c] *= 0.5f;
-        for (int d = 0; d < 100; d++) {
-            int ta, tb;
-            struct weld_err e;
-            sampler_sample_ex(a, l, &top, NULL, &ta, &e);
-            sampler_sample_ex(b, l, NULL, NULL, &tb, &e);
-            differ += ta != tb;
-        }
-        CHECK(differ > 0);
+        CHECK(draws_differ(a, b, l, &top, 100) > 0);
         sampler_free(a), sampler_free(b);
         free(cmax), free(csum);
     }
@@ -876,15 +877,7 @@ TEST(temperature_path_on_statistics)
                 best = i;
         csum[best / LOGITS_CHUNK] *= 100.0f;
         a = make(p, n), b = make(p, n);
-        int differ = 0;
-        for (int d = 0; d < 200; d++) {
-            int ta, tb;
-            struct weld_err e;
-            sampler_sample_ex(a, l, &top, NULL, &ta, &e);
-            sampler_sample_ex(b, l, NULL, NULL, &tb, &e);
-            differ += ta != tb;
-        }
-        CHECK(differ > 0);
+        CHECK(draws_differ(a, b, l, &top, 200) > 0);
         sampler_free(a), sampler_free(b);
     }
     CHECK_EQ_INT(mismatches, 0);
