@@ -4,6 +4,7 @@
  *
  *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|all]
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
+ *                     [--pairs 0|1]
  *
  * A type name ending in "r" (q8_0r, q4_0r, q4_Kr) runs the repacked 16-row form (gemm_repack).
  *
@@ -11,14 +12,22 @@
  * layer, plus the output head; embeddings are not read by decode) filled with valid blocks,
  * then:
  *   tg: one token at a time through every matrix (n_tok = 1); threads split each matrix's
- *       rows and meet at a barrier per token; reports tokens/s and weight GB/s, and that as
- *       a share of the probe's best with the same threads;
+ *       rows and meet at a barrier per token; reports tokens/s and weight GB/s (medians
+ *       over TG_ROUNDS), that as a share of the probe's best with the same threads, and
+ *       "of read": the kernels' speed over that of a plain read of the same bytes, split
+ *       the same way, as the probe's one-stream loop reads (alternated with the kernels,
+ *       median of the ratios: on a shared host the probe's best pass, minutes from the
+ *       kernels' runs, overstates what the memory gives them; this pairing does not);
+ *       --pairs sets GEMM_DECODE_PAIRS (default: the CPU's gemm_decode_flags);
  *   pp: N tokens (default 64) through every matrix as one matrix-matrix product; tokens/s
  *       of the products alone.
  * Not a unit test and not registered with ctest (tests/kernels_bench.cmake builds it).
  * Attention, norms and the executor are not included, so tg here is an upper bound of what
- * the engine can reach with these kernels.
+ * the engine can reach with these kernels. The weights live in huge-page-advised memory
+ * (wmap_huge), as the engine's weight pool does: from malloc (4 KiB pages) each page
+ * boundary stops the hardware prefetcher.
  */
+#include "core/alloc.h"
 #include "core/fp16.h"
 #include "core/rng.h"
 #include "format/dtype.h"
@@ -35,6 +44,7 @@ struct mat {
     int64_t rows, k;
     size_t rb;
     uint8_t *w;
+    size_t bytes; /* mapped at w (wmap_huge, as the engine's weight pool) */
 };
 
 struct model {
@@ -99,12 +109,14 @@ static int model_repack(struct model *md)
     int rt = -1;
     for (int i = 0; i < md->n_mat; i++) {
         struct mat *m = &md->m[i];
-        uint8_t *dst = malloc(gemm_repack_bytes(md->wtype, m->rows, m->k));
+        size_t nb = gemm_repack_bytes(md->wtype, m->rows, m->k);
+        uint8_t *dst = wmap_huge(nb);
         if (!dst)
             return -1;
         rt = gemm_repack(md->wtype, m->w, m->rb, m->rows, m->k, dst);
-        free(m->w);
+        wunmap(m->w, m->bytes);
         m->w = dst;
+        m->bytes = nb;
     }
     md->wtype = rt;
     return rt < 0 ? -1 : 0;
@@ -132,7 +144,8 @@ static int model_make(struct model *md, const struct preset *p, int t)
         else
             m->rows = p->dim, m->k = p->ffn;
         m->rb = row_bytes(t, m->k);
-        m->w = malloc(m->rb * (size_t)m->rows);
+        m->bytes = m->rb * (size_t)m->rows;
+        m->w = wmap_huge(m->bytes);
         if (!m->w)
             return -1;
         fill(t, m->w, m->rb * (size_t)m->rows);
@@ -148,8 +161,25 @@ static int model_make(struct model *md, const struct preset *p, int t)
 static void model_free(struct model *md)
 {
     for (int i = 0; i < md->n_mat; i++)
-        free(md->m[i].w);
+        wunmap(md->m[i].w, md->m[i].bytes);
     free(md->m);
+}
+
+/* gemm_args.flags of every product (--pairs; default gemm_decode_flags()), and whether a
+   pass only reads the weights (the paired reference of the tg figures). */
+static unsigned g_flags;
+static bool g_read_only;
+static volatile uint64_t g_sink;
+
+/* XOR of bytes [p, end) of a weight stream, as the probe's one-stream loop reads (from the
+   first cache line on, whole 256-byte steps). */
+static uint64_t read_span(const uint8_t *p, const uint8_t *end)
+{
+    const uint8_t *a = (const uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+    size_t n = end > a ? (size_t)(end - a) : 0;
+    if (isa_cpu_has(ISA_AVX512))
+        return bw_read_avx512(a, n & ~(size_t)255, 1, 2048, 4096, 0);
+    return bw_read_scalar(a, n & ~(size_t)(BW_STREAMS * 256 - 1));
 }
 
 struct job {
@@ -174,12 +204,17 @@ static void *job_main(void *arg)
                 r0 = j->id ? r0 / 16 * 16 : 0;
                 r1 = j->id + 1 < j->n_threads ? r1 / 16 * 16 : m->rows;
             }
+            if (g_read_only) {
+                g_sink ^= read_span(m->w + (size_t)r0 * m->rb, m->w + (size_t)r1 * m->rb);
+                continue;
+            }
             size_t arb = gemm_act_row_bytes(md->wtype, m->k);
             j->o->act_quant(md->wtype, j->x, (size_t)md->max_k, m->k, j->n_tok, j->act, arb);
             struct gemm_args a = {
                 .wtype = md->wtype, .w = m->w, .w_row_bytes = m->rb, .r0 = r0, .r1 = r1,
                 .k = m->k, .n_tok = j->n_tok, .x = j->x, .ldx = (size_t)md->max_k,
                 .act = j->act, .act_row_bytes = arb, .y = j->y + r0, .ldy = (size_t)md->max_rows,
+                .flags = g_flags,
             };
             j->o->gemm(&a);
         }
@@ -219,9 +254,17 @@ static double run(const struct model *md, const struct gemm_ops *o, int n, int n
     return dt;
 }
 
+#define TG_ROUNDS 7 /* kernel / read alternations of the tg figure; medians over them */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 int main(int argc, char **argv)
 {
-    int threads = 2, pp = 64;
+    int threads = 2, pp = 64, pairs = -1;
     double gib = 2.0, seconds = 2.0;
     const char *preset = "all", *types = "f16,bf16,q8_0,q4_0,q4_K,q6_K";
     const char *isa = NULL;
@@ -234,16 +277,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gib") && v) gib = atof(v), i++;
         else if (!strcmp(argv[i], "--seconds") && v) seconds = atof(v), i++;
         else if (!strcmp(argv[i], "--pp") && v) pp = atoi(v), i++;
+        else if (!strcmp(argv[i], "--pairs") && v) pairs = atoi(v), i++;
         else {
             fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|all] [--types a,b] "
-                    "[--gib G] [--seconds S] [--pp N]\n", argv[0]);
+                    "[--gib G] [--seconds S] [--pp N] [--pairs 0|1]\n", argv[0]);
             return 2;
         }
     }
-    if (threads < 1 || threads > 64 || pp < 0 || pp > 4096) {
-        fprintf(stderr, "threads must be 1..64, --pp 0..4096\n");
+    if (threads < 1 || threads > 64 || pp < 0 || pp > 4096 || pairs > 1) {
+        fprintf(stderr, "threads must be 1..64, --pp 0..4096, --pairs 0 or 1\n");
         return 2;
     }
+    g_flags = pairs < 0 ? gemm_decode_flags() : pairs ? GEMM_DECODE_PAIRS : 0u;
     struct weld_err e = {0};
     enum isa_level lvl;
     if (isa_resolve(isa, &lvl, &e) != WELD_OK) {
@@ -260,8 +305,9 @@ int main(int argc, char **argv)
         printf("bandwidth probe: %d threads, %.2f GiB, %s loop: best %.1f GB/s, median %.1f GB/s\n",
                threads, (double)bw.bytes / (1 << 30), bw.isa, bw.gb_s_best, bw.gb_s_median);
     }
-    printf("%-5s %-5s %-7s %9s %9s %8s %7s %10s\n", "model", "type", "isa", "MB", "tg tok/s",
-           "GB/s", "share", "pp tok/s");
+    printf("decode pairs (GEMM_DECODE_PAIRS): %s\n", g_flags & GEMM_DECODE_PAIRS ? "on" : "off");
+    printf("%-5s %-5s %-7s %9s %9s %8s %7s %7s %10s\n", "model", "type", "isa", "MB", "tg tok/s",
+           "GB/s", "share", "of read", "pp tok/s");
     for (size_t pi = 0; pi < sizeof presets / sizeof presets[0]; pi++) {
         if (strcmp(preset, "all") && strcmp(preset, presets[pi].name))
             continue;
@@ -284,16 +330,28 @@ int main(int argc, char **argv)
                 continue;
             }
             double one = run(&md, o, threads, 1, 1); /* warm-up, and sizes the timed run */
-            int iters = (int)(seconds / (one > 1e-6 ? one : 1e-6));
-            iters = iters < 3 ? 3 : iters;
-            double dt = run(&md, o, threads, 1, iters);
-            double tg = iters / dt, gbs = (double)md.bytes * tg / 1e9;
+            int iters = (int)(seconds / (one > 1e-6 ? one : 1e-6) / TG_ROUNDS);
+            iters = iters < 1 ? 1 : iters;
+            double tk[TG_ROUNDS], ratio[TG_ROUNDS]; /* seconds per pass; read / kernel */
+            for (int rd = 0; rd < TG_ROUNDS; rd++) { /* kernel and read alternate, ABBA */
+                double ts[2];
+                for (int h = 0; h < 2; h++) {
+                    g_read_only = (h ^ rd) & 1;
+                    ts[g_read_only] = run(&md, o, threads, 1, iters) / iters;
+                }
+                g_read_only = false;
+                tk[rd] = ts[0];
+                ratio[rd] = ts[1] / ts[0];
+            }
+            qsort(tk, TG_ROUNDS, sizeof tk[0], cmp_double);
+            qsort(ratio, TG_ROUNDS, sizeof ratio[0], cmp_double);
+            double tg = 1.0 / tk[TG_ROUNDS / 2], gbs = (double)md.bytes * tg / 1e9;
             double pps = pp > 0 ? pp / run(&md, o, threads, pp, 1) : 0.0;
             char tname[32];
             snprintf(tname, sizeof tname, "%s%s", dtype_name(t), repack ? "r" : "");
-            printf("%-5s %-5s %-7s %9.1f %9.1f %8.1f %6.0f%% %10.1f\n", md.name, tname,
+            printf("%-5s %-5s %-7s %9.1f %9.1f %8.1f %6.0f%% %6.0f%% %10.1f\n", md.name, tname,
                    isa_name(o->isa), md.bytes / 1e6, tg, gbs,
-                   gib > 0 ? 100.0 * gbs / bw.gb_s_best : 0.0, pps);
+                   gib > 0 ? 100.0 * gbs / bw.gb_s_best : 0.0, 100.0 * ratio[TG_ROUNDS / 2], pps);
             fflush(stdout);
             model_free(&md);
         }

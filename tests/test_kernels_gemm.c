@@ -135,6 +135,8 @@ static void case_free(struct gcase *c)
 
 /* Run ops o on rows [r0, r1) and tokens [t0, t0 + nt) of c; y is (c->n_tok, ldy). act is
    (re)quantized by o. */
+static unsigned g_flags; /* gemm_args.flags of run_ops */
+
 static void run_ops(const struct gemm_ops *o, const struct gcase *c, int64_t r0, int64_t r1,
                     int t0, int nt, void *act, float *y)
 {
@@ -143,7 +145,7 @@ static void run_ops(const struct gemm_ops *o, const struct gcase *c, int64_t r0,
     struct gemm_args a = {
         .wtype = c->t, .w = c->w, .w_row_bytes = c->stride, .r0 = r0, .r1 = r1, .k = c->k,
         .n_tok = nt, .x = x, .ldx = c->ldx, .act = act, .act_row_bytes = c->arb,
-        .y = y + (size_t)t0 * c->ldy + (size_t)r0, .ldy = c->ldy,
+        .y = y + (size_t)t0 * c->ldy + (size_t)r0, .ldy = c->ldy, .flags = g_flags,
     };
     o->gemm(&a);
 }
@@ -360,12 +362,18 @@ static void check_repacked_isas(const struct gcase *rc, int from, const float *y
         run_ops(o, rc, 0, rc->rows, 0, rc->n_tok, acto, yo);
         CHECK(memcmp(acts, acto, act_bytes(rc)) == 0);
         CHECK_EQ_INT(count_diff(ys, yo, rc), 0);
-        for (int t = 0; t < rc->n_tok; t++) {
-            int64_t mid = rc->rows > 16 ? 16 : rc->rows;
-            run_ops(o, rc, 0, mid, t, 1, acto, yd);
-            run_ops(o, rc, mid, rc->rows, t, 1, acto, yd);
+        for (int pairs = 0; pairs < 2; pairs++) { /* decode: one stream, or two (flags) */
+            g_flags = pairs ? GEMM_DECODE_PAIRS : 0u;
+            for (size_t i = 0; i < (size_t)rc->n_tok * rc->ldy; i++)
+                yd[i] = -7.0f;
+            for (int t = 0; t < rc->n_tok; t++) {
+                int64_t mid = rc->rows > 16 ? 16 : rc->rows;
+                run_ops(o, rc, 0, mid, t, 1, acto, yd);
+                run_ops(o, rc, mid, rc->rows, t, 1, acto, yd);
+            }
+            CHECK_EQ_INT(count_diff(yo, yd, rc), 0);
+            g_flags = 0;
         }
-        CHECK_EQ_INT(count_diff(yo, yd, rc), 0);
         for (int t = 0; t < rc->n_tok; t++)
             for (size_t r = (size_t)rc->rows; r < rc->ldy; r++)
                 CHECK(yo[(size_t)t * rc->ldy + r] == -7.0f);

@@ -36,8 +36,11 @@
  * "passes", "probe_gb_s", "probe_gb_s_median"} ("loop": the read loop of the best pass,
  * "probe_gb_s_median": that loop's median pass).
  *
- * --pair A,B (each EXEC or EXEC:THREADS, e.g. mega,ops or mega:2,ref:1): two runners on
- * the one loaded model, with those executors, measured interleaved in one process, for a
+ * --pair A,B (each EXEC or EXEC:THREADS, e.g. mega,ops or mega:2,ref:1, optionally
+ * followed by @WELD_NAME=VALUE settings that hold while that side's runner is made, e.g.
+ * mega,mega@WELD_DECODE_PAIRS=1: one executor, two ways of streaming the weights; only
+ * settings read when a runner is made can differ, not per-process ones like WELD_ISA):
+ * two runners on the one loaded model, with those executors, measured interleaved in one process, for a
  * host whose speed moves by tens of percent between seconds (other tenants' memory
  * traffic): separate runs a few seconds apart compare minutes, not executors. Per
  * repetition each side prefills (-p, A first on even repetitions) and then both decode
@@ -48,7 +51,7 @@
  * (linear drift cancels); the report is each side's tok/s, bubble and syncs, and the
  * median A/B speed ratio over all block pairs with its 10th-90th percentiles and how many
  * pairs A was slower in, and the pp ratio per repetition. JSON: {"model", "batch",
- * "block_steps", "sides": [{"executor", "threads", "pp_tok_s", "tg_tok_s", "bubble",
+ * "block_steps", "sides": [{"side" (as given), "executor", "threads", "pp_tok_s", "tg_tok_s", "bubble",
  * "syncs_per_token"} x 2], "tg_ratio": {"median", "p10", "p90", "pairs", "a_slower"},
  * "pp_ratio": {same}}.
  *
@@ -411,8 +414,13 @@ static int bm_run_bandwidth(const struct bm_opts *o, struct weld_err *e)
 
 #define BM_PAIR_BLOCK_S 0.05 /* default block: about this long of side A's decode */
 
+#define BM_SIDE_ENV 4
+
 struct bm_side {
     char exec[16];
+    char spec[96];         /* as given, for the report */
+    char env[BM_SIDE_ENV][48]; /* NAME=VALUE set while the side's runner is made */
+    int n_env;
     int threads;           /* 0: -t */
     struct runner *r;
     double pp_s, tg_s;     /* timed seconds */
@@ -421,9 +429,28 @@ struct bm_side {
     bool have_stats;
 };
 
-/* "EXEC" or "EXEC:THREADS" into sd; false when malformed or unknown. */
+/* "EXEC[:THREADS][@WELD_NAME=VALUE]..." into sd; false when malformed or unknown. */
 static bool bm_side_parse(const char *s, size_t n, struct bm_side *sd)
 {
+    if (n == 0 || n >= sizeof sd->spec)
+        return false;
+    memcpy(sd->spec, s, n);
+    sd->spec[n] = '\0';
+    const char *at = memchr(s, '@', n);
+    sd->n_env = 0;
+    for (const char *p = at; p;) { /* each assignment runs to the next '@' or the end */
+        const char *q = memchr(p + 1, '@', n - (size_t)(p + 1 - s));
+        size_t l = (size_t)((q ? q : s + n) - (p + 1));
+        const char *eq = memchr(p + 1, '=', l);
+        if (sd->n_env == BM_SIDE_ENV || l >= sizeof sd->env[0] || !eq || eq == p + 1 ||
+            strncmp(p + 1, "WELD_", 5))
+            return false;
+        memcpy(sd->env[sd->n_env], p + 1, l);
+        sd->env[sd->n_env++][l] = '\0';
+        p = q;
+    }
+    if (at)
+        n = (size_t)(at - s);
     const char *colon = memchr(s, ':', n);
     size_t nl = colon ? (size_t)(colon - s) : n;
     if (nl == 0 || nl >= sizeof sd->exec)
@@ -467,10 +494,30 @@ static int bm_side_open(const struct bm_run *b, const struct bm_opts *o, struct 
     if (old && !saved)
         return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
     setenv("WELD_EXEC", sd->exec, 1);
+    char *env_saved[BM_SIDE_ENV] = {0};
+    char name[BM_SIDE_ENV][48];
+    int rc = WELD_OK;
+    for (int i = 0; i < sd->n_env; i++) {
+        size_t l = (size_t)(strchr(sd->env[i], '=') - sd->env[i]);
+        memcpy(name[i], sd->env[i], l);
+        name[i][l] = '\0';
+        const char *v = getenv(name[i]);
+        if (v && !(env_saved[i] = wstrdup(v)))
+            rc = err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+        setenv(name[i], sd->env[i] + l + 1, 1);
+    }
     struct backend_params p;
     backend_params_init(&p, o->batch, bm_ctx(o));
     p.n_threads = sd->threads ? sd->threads : o->threads;
-    int rc = runner_create_ex(&sd->r, b->m, &p, e);
+    if (rc == WELD_OK)
+        rc = runner_create_ex(&sd->r, b->m, &p, e);
+    for (int i = sd->n_env - 1; i >= 0; i--) { /* last first: a name given twice ends as it was */
+        if (env_saved[i])
+            setenv(name[i], env_saved[i], 1);
+        else
+            unsetenv(name[i]);
+        wfree(env_saved[i]);
+    }
     if (saved)
         setenv("WELD_EXEC", saved, 1);
     else
@@ -645,8 +692,9 @@ static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int bl
     for (int k = 0; k < 2; k++) {
         double pps = sd[k].pp_s > 0 ? sd[k].pp_tok / sd[k].pp_s : 0;
         double tgs = sd[k].tg_s > 0 ? sd[k].tg_tok / sd[k].tg_s : 0;
-        json_t *js = json_pack("{s:s, s:i, s:f, s:f}", "executor", sd[k].exec, "threads",
-                               bm_side_threads(o, &sd[k]), "pp_tok_s", pps, "tg_tok_s", tgs);
+        json_t *js = json_pack("{s:s, s:s, s:i, s:f, s:f}", "side", sd[k].spec, "executor",
+                               sd[k].exec, "threads", bm_side_threads(o, &sd[k]), "pp_tok_s",
+                               pps, "tg_tok_s", tgs);
         const struct exec_stats *s = &sd[k].st;
         if (js && sd[k].have_stats && s->tokens > 0 && s->step_s > 0 && s->n_workers > 0) {
             json_object_set_new(js, "bubble", json_real(s->wait_s / (s->step_s * s->n_workers)));
@@ -663,12 +711,12 @@ static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int bl
         return;
     }
     printf("model %s\n%s (%d threads) against %s (%d threads), interleaved: %d repetitions of "
-           "pp%d, then tg%d in blocks of %d steps (batch %d)\n", o->model, sd[0].exec,
-           bm_side_threads(o, &sd[0]), sd[1].exec, bm_side_threads(o, &sd[1]), o->reps,
+           "pp%d, then tg%d in blocks of %d steps (batch %d)\n", o->model, sd[0].spec,
+           bm_side_threads(o, &sd[0]), sd[1].spec, bm_side_threads(o, &sd[1]), o->reps,
            o->n_prompt, o->n_gen, block, o->batch);
     for (int k = 0; k < 2; k++) {
         json_t *js = json_array_get(sides, (size_t)k);
-        printf("  %-6s pp %10.2f tok/s   tg %10.2f tok/s", sd[k].exec,
+        printf("  %-6s pp %10.2f tok/s   tg %10.2f tok/s", sd[k].spec,
                json_real_value(json_object_get(js, "pp_tok_s")),
                json_real_value(json_object_get(js, "tg_tok_s")));
         if (json_object_get(js, "bubble"))
@@ -682,12 +730,12 @@ static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int bl
     int slow[2] = {tg_slow, pp_slow};
     for (int k = 0; k < 2; k++)
         printf("  %s %s / %s: %.3fx median over %d %s (p10 %.3fx, p90 %.3fx), %s slower in %d\n",
-               lab[k], sd[0].exec, sd[1].exec,
+               lab[k], sd[0].spec, sd[1].spec,
                json_real_value(json_object_get(jr[k], "median")),
                (int)json_integer_value(json_object_get(jr[k], "pairs")),
                k ? "repetitions" : "block pairs",
                json_real_value(json_object_get(jr[k], "p10")),
-               json_real_value(json_object_get(jr[k], "p90")), sd[0].exec, slow[k]);
+               json_real_value(json_object_get(jr[k], "p90")), sd[0].spec, slow[k]);
     json_decref(j);
 }
 
@@ -699,8 +747,9 @@ static int bm_run_pair(const struct bm_opts *o, struct weld_err *e)
     memset(sd, 0, sizeof sd);
     struct bm_ratios pp = {0}, tg = {0};
     if (!bm_pair_parse(o->pair, sd))
-        return err_set(e, WELD_ERR_INVALID_ARG, "--pair '%s': want two executors EXEC[:THREADS] "
-                       "separated by a comma, e.g. mega,ops or mega:2,ref:1", o->pair);
+        return err_set(e, WELD_ERR_INVALID_ARG, "--pair '%s': want two executors "
+                       "EXEC[:THREADS][@WELD_NAME=VALUE] separated by a comma, e.g. mega,ops or "
+                       "mega:2,ref:1 or mega,mega@WELD_DECODE_PAIRS=1", o->pair);
     int block = 1;
     int rc = isa_init(e);
     if (rc == WELD_OK)
@@ -757,8 +806,9 @@ static int bm_check(const struct bm_opts *o)
     else if (o->block && !o->pair)
         what = "--block only applies to --pair";
     else if (o->pair && !bm_pair_parse(o->pair, (struct bm_side[2]){0}))
-        what = "--pair wants two executors EXEC[:THREADS] separated by a comma, e.g. mega,ops "
-               "or mega:2,ref:1 (executors: ref, ops, mega)";
+        what = "--pair wants two executors EXEC[:THREADS][@WELD_NAME=VALUE] separated by a "
+               "comma, e.g. mega,ops or mega:2,ref:1 or mega,mega@WELD_DECODE_PAIRS=1 "
+               "(executors: ref, ops, mega)";
     else if (o->pair && o->bandwidth)
         what = "--pair and --bandwidth do not go together";
     if (what)
@@ -780,7 +830,7 @@ int cmd_bench_model(int argc, char **argv)
         {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core)"},
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
         {"probe-size", 0, OPT_SIZE, &o.probe_size, "S", "bytes the probe reads per pass (default 2G)"},
-        {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS] (e.g. mega,ops) measured interleaved in one process; ratios A / B"},
+        {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS][@WELD_NAME=VALUE] (e.g. mega,ops) measured interleaved in one process; ratios A / B"},
         {"block", 0, OPT_INT, &o.block, "N", "--pair: decode steps per block (default: ~50 ms of A)"},
         {"json", 0, OPT_FLAG, &o.json, NULL, "print one JSON object on stdout"},
     };

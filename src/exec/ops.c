@@ -192,7 +192,8 @@ static void mat_gemm(const struct exec_step *st, const struct exec_mat *M, int64
     WELD_ASSERT(!M->repacked || (r0 % 16 == 0 && (r1 % 16 == 0 || r1 == M->rows)));
     struct gemm_args a = {.wtype = M->wtype, .w = M->data, .w_row_bytes = M->row_bytes,
                           .r0 = r0, .r1 = r1, .k = M->k, .n_tok = nt, .x = x, .ldx = ldx,
-                          .act = act, .act_row_bytes = M->act_row_bytes, .y = y, .ldy = ldy};
+                          .act = act, .act_row_bytes = M->act_row_bytes, .y = y, .ldy = ldy,
+                          .flags = st->w->gemm_flags};
     st->w->go->gemm(&a);
 }
 

@@ -23,6 +23,7 @@
 #include "kernels/cpu/kernels.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -261,12 +262,28 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
     return WELD_OK;
 }
 
+/* gemm_decode_flags(), or what WELD_DECODE_PAIRS (0 or 1) asks for. */
+static int decode_flags(unsigned *out, struct weld_err *e)
+{
+    const char *v = getenv("WELD_DECODE_PAIRS");
+    *out = gemm_decode_flags();
+    if (!v || !*v)
+        return WELD_OK;
+    if (strcmp(v, "0") && strcmp(v, "1"))
+        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_DECODE_PAIRS=%s: expected 0 (one weight "
+                       "stream per core) or 1 (two)", v);
+    *out = v[0] == '1' ? *out | GEMM_DECODE_PAIRS : *out & ~GEMM_DECODE_PAIRS;
+    return WELD_OK;
+}
+
 static int mats_create(struct exec_weights *w, struct weld_err *e)
 {
     int rc = isa_init(e);
     if (rc)
         return rc;
     w->go = gemm_ops_get();
+    if ((rc = decode_flags(&w->gemm_flags, e)))
+        return rc;
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
                        model_where(w->m));

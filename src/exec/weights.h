@@ -72,6 +72,8 @@ struct exec_weights {
     float rope_pos_scale;            /* 1 / linear rope factor, else 1 */
     float *mem;                      /* backing of every vector above */
     const struct gemm_ops *go;       /* kernels of the ISA picked at start */
+    unsigned gemm_flags;             /* gemm_args.flags of every product: the CPU's
+                                        gemm_decode_flags, or WELD_DECODE_PAIRS */
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct exec_mat output;          /* (n_vocab rows of dim) */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */

@@ -101,6 +101,18 @@ msg=$(printf '%s' "$out" | node -e '
 [ "$msg" == "ok" ] && ok || bad "bench --pair --json: [$out]"
 out=$("$weld" bench -m "$model" --pair mega,ops -r 1 -p 4 -n 16 2>&1)
 expect_contains "$out" "tg mega / ops:" "bench --pair table"
+# A setting per side: the same executor, one or two weight streams per core.
+out=$("$weld" bench -m "$model" --pair mega,mega@WELD_DECODE_PAIRS=1 -r 1 -p 4 -n 16 --json 2>/dev/null)
+msg=$(printf '%s' "$out" | node -e '
+  const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
+  const [a, b] = j.sides;
+  console.log(a.side === "mega" && b.side === "mega@WELD_DECODE_PAIRS=1" &&
+    b.executor === "mega" && b.tg_tok_s > 0 ? "ok" : "bad");' 2>&1)
+[ "$msg" == "ok" ] && ok || bad "bench --pair with a setting: [$out]"
+out=$("$weld" bench -m "$model" --pair mega,mega@WELD_DECODE_PAIRS=7 -r 1 -p 4 -n 4 2>&1)
+rc=$?
+[ $rc -eq 1 ] && ok || bad "bench --pair WELD_DECODE_PAIRS=7: exit $rc, want 1 [$out]"
+expect_contains "$out" "WELD_DECODE_PAIRS=7: expected 0" "bench --pair bad setting message"
 
 # Dispatch and help.
 out=$("$weld" bench --help 2>&1)
@@ -112,6 +124,7 @@ expect_contains "$out" "--dataset" "bench throughput --help"
 # Bad usage: exit 2 with a message; a missing model: exit 1 naming it.
 for args in "-p 0 -m $model" "-r 0 -m $model" "-n -1 -m $model" "" "-m $model --probe-size 1K" \
             "-m $model --pair mega" "-m $model --pair mega,fast" "-m $model --pair mega:0,ops" \
+            "-m $model --pair mega,mega@PATH=1" "-m $model --pair mega@WELD_X,ops" \
             "-m $model --block 4"; do
   # shellcheck disable=SC2086
   out=$("$weld" bench $args 2>&1)

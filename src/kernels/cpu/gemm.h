@@ -197,7 +197,22 @@ struct gemm_args {
     size_t act_row_bytes;   /* >= gemm_act_row_bytes(wtype, k), a multiple of 4 */
     float *y;               /* y[t * ldy + (r - r0)] */
     size_t ldy;
+    unsigned flags;         /* GEMM_* below: how to walk the weights, never the numbers */
 };
+
+/* gemm_args.flags. GEMM_DECODE_PAIRS: one-token products of repacked Q8_0 / Q4_0 on
+   AVX-512 walk two neighbouring 16-row groups side by side (two weight streams per core)
+   instead of one group after the other (one stream). Same bits either way; which is
+   faster depends on the core's prefetchers (gemm_decode_flags). */
+#define GEMM_DECODE_PAIRS 1u
+
+/* The flags this CPU's cores stream fastest with: GEMM_DECODE_PAIRS on Intel, where one
+   group at a time left the chains waiting (one SPR-class core: Q4_0 9-13 GB/s alone, 16
+   in pairs), and not elsewhere: two streams per core ran 10-19% slower on an AMD Zen 4
+   host (1B and 110M, Q8_0 and Q4_0, `weld bench --pair`), and the AVX2 kernels already
+   keep one stream (Zen 3: two rows at once halved Q6_K decode). WELD_DECODE_PAIRS=0|1
+   overrides it for the exec layer (exec_weights). */
+unsigned gemm_decode_flags(void);
 
 struct gemm_ops {
     enum isa_level isa;

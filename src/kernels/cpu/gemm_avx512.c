@@ -348,10 +348,12 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
         _mm512_mask_storeu_ps(tl->y0 + (size_t)t * tl->ldy, m, acc[t]);
 }
 
-/* Decode (one token) over two neighbouring 16-row groups, their blocks interleaved: the
-   second group's loads and chains overlap the first's. One group at a time streamed Q4_0
-   at 9-13 GB/s from memory on one Intel core, two at 16 (the read probe on that core:
-   15.5); Q8_0 13.3 -> 15.2. Each group's operations are tile_r16's, in the same order:
+/* Decode (one token) over two neighbouring 16-row groups, their blocks interleaved
+   (GEMM_DECODE_PAIRS; without it decode runs tile_r16 one group after the other, one
+   stream): the second group's loads and chains overlap the first's. One group at a time
+   streamed Q4_0 at 9-13 GB/s from memory on one Intel core, two at 16 (the read probe on
+   that core: 15.5); Q8_0 13.3 -> 15.2. On an AMD Zen 4 host the pairs' two streams per
+   core were the slower way, by 10-19% (gemm.h gemm_decode_flags). Each group's operations are tile_r16's, in the same order:
    same bits. Prefetches: the second group's stream runs on into the next pair's first
    group; the first group's, once past its own group (the second, read already), goes on
    in the next pair's second group, which would otherwise start cold once per 32 rows
@@ -415,7 +417,8 @@ static void gemm_r16(const struct gemm_args *a)
     const int64_t kb = a->n_tok > R16_TILE_TOK ? GEMM_R16_KBLOCKS : nb;
     WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
     int64_t r = a->r0;
-    if (a->n_tok == 1) /* pairs of groups; an odd last one goes alone below */
+    if (a->n_tok == 1 && (a->flags & GEMM_DECODE_PAIRS)) /* pairs of groups; an odd last
+                                                            one goes alone below */
         for (; a->r1 - r > 16; r += 32) {
             const int valid = a->r1 - r >= 32 ? 32 : (int)(a->r1 - r);
             const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;

@@ -97,6 +97,16 @@ const struct gemm_ops *gemm_ops_for(enum isa_level l)
     }
 }
 
+unsigned gemm_decode_flags(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") ? GEMM_DECODE_PAIRS : 0u;
+#else
+    return 0u;
+#endif
+}
+
 const struct gemm_ops *gemm_ops_get(void)
 {
     const struct gemm_ops *o = gemm_ops_for(isa_active());
