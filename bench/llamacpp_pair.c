@@ -1,0 +1,373 @@
+/*
+ * weld_llamacpp_pair - weld and llama.cpp in one process on the same GGUF file, their
+ * decode steps interleaved in blocks, for a host whose memory bandwidth moves by tens of
+ * percent between seconds (other tenants): runs of separate processes minutes apart
+ * compare minutes, not engines.
+ *
+ *   weld_llamacpp_pair -m MODEL [-t THREADS] [-p 512] [-n 128] [-r 5] [--block B] [--json]
+ *
+ * Built only when CMake is given -DWELD_LLAMACPP_BIN=DIR (a llama.cpp build's bin
+ * directory, with libllama.so; headers from DIR/../../include and DIR/../../ggml/include,
+ * or -DWELD_LLAMACPP_INCLUDE="dir1;dir2"); bench/vs-llamacpp-paired does that. Nothing of
+ * llama.cpp is in this repository: this file calls its public C API.
+ *
+ * llama.cpp runs as llama-bench runs it (tools/llama-bench at 81ff7abe): model with mmap
+ * and default parameters, a context of P + N positions, n_batch 2048, n_ubatch 512, f16
+ * K/V cache, flash attention "auto", a ggml threadpool of T threads with poll 50 attached;
+ * pp = one llama_decode of P random ids (BOS first when the vocabulary adds one) on an
+ * empty cache; tg = N one-token decodes from an empty cache, each synchronized. weld runs
+ * as `weld bench` does: a runner with the default executor (WELD_EXEC), T workers, f16
+ * KV cache, pp = one P-token step at position 0, tg = N one-token steps from position 0.
+ *
+ * Method (as `weld bench --pair`): a warm-up of both, then per repetition each side's pp
+ * (weld first on even repetitions), then both sides' tg in blocks of B steps (default:
+ * about 50 ms of weld's decode), weld, llama, weld, ...; each llama block is compared
+ * with the mean of the weld blocks either side of it (linear drift cancels). Between its
+ * blocks a side's threads sleep: weld's team is parked (runner_park), llama's threadpool
+ * paused (ggml_threadpool_pause), so the other side has the cores. Report: each side's
+ * tok/s over the timed work, and the median weld / llama speed ratio over the block pairs
+ * (tg) and the repetitions (pp) with its 10th and 90th percentiles.
+ *
+ * JSON (--json): {"model", "threads", "block_steps", "weld": {"pp_tok_s", "tg_tok_s"},
+ * "llama": {same}, "tg_ratio": {"median", "p10", "p90", "pairs"}, "pp_ratio": {same}}.
+ */
+#include "core/alloc.h"
+#include "core/err.h"
+#include "core/json.h"
+#include "core/rng.h"
+#include "exec/runner.h"
+#include "model/model.h"
+
+#include "llamacpp_side.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct opts {
+    const char *model;
+    int threads, n_prompt, n_gen, reps, block;
+    bool json;
+};
+
+struct side_w { /* weld */
+    struct model *m;
+    struct runner *r;
+    float *logits;
+};
+
+struct ratios {
+    double *v;
+    int n;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static struct rng g_rng;
+
+/* Untimed pause after every block, so the side that ran lets go of the cores before the
+   other starts: llama.cpp built with OpenMP (its default) keeps its threads spinning for
+   some milliseconds after a graph (libgomp's spin count; ggml_threadpool_pause has no
+   effect there), which took a core from weld's next block: weld 206 tok/s in one process
+   against 286 alone, 110M Q8_0. */
+#define GAP_MS 20
+
+static void gap(void)
+{
+    struct timespec ts = {0, GAP_MS * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int32_t rand_id(int n_vocab) { return (int32_t)(rng_u64(&g_rng) % (uint64_t)n_vocab); }
+
+/* ---- weld ---------------------------------------------------------------------------- */
+
+static int w_open(struct side_w *w, const struct opts *o, struct weld_err *e)
+{
+    int rc = model_load(&w->m, o->model, e);
+    if (rc)
+        return rc;
+    struct backend_params p;
+    backend_params_init(&p, 1, o->n_prompt + o->n_gen + 1);
+    p.n_threads = o->threads;
+    if ((rc = runner_create_ex(&w->r, w->m, &p, e)))
+        return rc;
+    if (!(w->logits = wmalloc((size_t)w->m->cfg.n_vocab * sizeof(float))))
+        return err_set(e, WELD_ERR_NOMEM, "out of memory");
+    return WELD_OK;
+}
+
+static int w_step(struct side_w *w, const int32_t *ids, int n, int pos, struct weld_err *e)
+{
+    struct batch_seq s = {.seq_id = 0, .tokens = ids, .n_tokens = n, .pos = pos};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
+    return runner_forward(w->r, &b, w->logits, e);
+}
+
+static void w_close(struct side_w *w)
+{
+    runner_free(w->r);
+    model_free(w->m);
+    wfree(w->logits);
+}
+
+/* ---- measurement --------------------------------------------------------------------- */
+
+struct run {
+    const struct opts *o;
+    struct side_w w;
+    struct lside *l;
+    int32_t *ids;
+    int n_vocab;
+    int32_t bos;
+    double w_pp_s, l_pp_s, w_tg_s, l_tg_s;
+    long long pp_tok, tg_tok;
+};
+
+static void fill_ids(struct run *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        r->ids[i] = rand_id(r->n_vocab);
+    if (r->bos >= 0)
+        r->ids[0] = r->bos;
+}
+
+/* Seconds of one side's pp of P tokens on an empty cache. */
+static int pp_w(struct run *r, double *dt, struct weld_err *e)
+{
+    fill_ids(r, r->o->n_prompt);
+    runner_drop_seq(r->w.r, 0);
+    double t0 = now_s();
+    int rc = w_step(&r->w, r->ids, r->o->n_prompt, 0, e);
+    *dt = now_s() - t0;
+    runner_drop_seq(r->w.r, 0);
+    runner_park(r->w.r);
+    gap();
+    return rc;
+}
+
+static int pp_l(struct run *r, double *dt, struct weld_err *e)
+{
+    fill_ids(r, r->o->n_prompt);
+    lside_clear(r->l);
+    lside_resume(r->l);
+    double t0 = now_s();
+    int rc = lside_decode(r->l, r->ids, r->o->n_prompt);
+    *dt = now_s() - t0;
+    lside_pause(r->l);
+    lside_clear(r->l);
+    gap();
+    return rc ? err_set(e, WELD_ERR_INTERNAL, "llama_decode of %d tokens failed (%d)",
+                        r->o->n_prompt, rc) : WELD_OK;
+}
+
+/* n decode steps of weld from position pos (seconds in *dt). */
+static int tg_w(struct run *r, int pos, int n, double *dt, struct weld_err *e)
+{
+    int rc = WELD_OK;
+    double t0 = now_s();
+    for (int i = 0; rc == WELD_OK && i < n; i++) {
+        int32_t id = rand_id(r->n_vocab);
+        rc = w_step(&r->w, &id, 1, pos + i, e);
+    }
+    *dt = now_s() - t0;
+    runner_park(r->w.r);
+    gap();
+    return rc;
+}
+
+static int tg_l(struct run *r, int n, double *dt, struct weld_err *e)
+{
+    int rc = 0;
+    lside_resume(r->l);
+    double t0 = now_s();
+    for (int i = 0; rc == 0 && i < n; i++) {
+        int32_t id = rand_id(r->n_vocab);
+        rc = lside_decode(r->l, &id, 1);
+    }
+    *dt = now_s() - t0;
+    lside_pause(r->l);
+    gap();
+    return rc ? err_set(e, WELD_ERR_INTERNAL, "llama_decode of one token failed (%d)", rc)
+              : WELD_OK;
+}
+
+static void push(struct ratios *x, double v)
+{
+    double *nv = realloc(x->v, (size_t)(x->n + 1) * sizeof *nv);
+    if (!nv)
+        return;
+    x->v = nv;
+    x->v[x->n++] = v;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(const struct ratios *x, double p)
+{
+    if (x->n == 0)
+        return 0;
+    int i = (int)(p * (x->n - 1) + 0.5);
+    return x->v[i];
+}
+
+/* One repetition: both pp's, then tg in alternating blocks. */
+static int rep(struct run *r, int k, struct ratios *pp, struct ratios *tg, struct weld_err *e)
+{
+    const struct opts *o = r->o;
+    double dw, dl;
+    int rc = k % 2 ? pp_l(r, &dl, e) : pp_w(r, &dw, e);
+    if (rc == WELD_OK)
+        rc = k % 2 ? pp_w(r, &dw, e) : pp_l(r, &dl, e);
+    if (rc)
+        return rc;
+    r->w_pp_s += dw;
+    r->l_pp_s += dl;
+    r->pp_tok += o->n_prompt;
+    push(pp, dl / dw);
+    runner_drop_seq(r->w.r, 0);
+    lside_clear(r->l);
+    double prev_w = -1, cur_l = -1; /* seconds per step of the last blocks */
+    for (int done = 0; rc == WELD_OK && done < o->n_gen; done += o->block) {
+        int n = o->n_gen - done < o->block ? o->n_gen - done : o->block;
+        if ((rc = tg_w(r, done, n, &dw, e)))
+            break;
+        r->w_tg_s += dw;
+        if (cur_l > 0 && prev_w > 0) /* the llama block between two weld blocks */
+            push(tg, cur_l / ((prev_w + dw / n) / 2));
+        prev_w = dw / n;
+        if ((rc = tg_l(r, n, &dl, e)))
+            break;
+        r->l_tg_s += dl;
+        r->tg_tok += n;
+        cur_l = dl / n;
+    }
+    runner_drop_seq(r->w.r, 0);
+    lside_clear(r->l);
+    return rc;
+}
+
+static int measure(const struct opts *oi, struct weld_err *e)
+{
+    struct opts o = *oi;
+    struct run r = {.o = &o};
+    struct ratios pp = {0}, tg = {0};
+    rng_seed(&g_rng, 1);
+    int rc = w_open(&r.w, &o, e);
+    char msg[256];
+    if (rc == WELD_OK && lside_open(&r.l, o.model, o.threads, o.n_prompt + o.n_gen, msg,
+                                    sizeof msg))
+        rc = err_set(e, WELD_ERR_INTERNAL, "%s", msg);
+    if (rc == WELD_OK) {
+        int lv = lside_n_vocab(r.l);
+        r.n_vocab = r.w.m->cfg.n_vocab < lv ? r.w.m->cfg.n_vocab : lv;
+        r.bos = lside_bos(r.l);
+        if (!(r.ids = wmalloc((size_t)o.n_prompt * sizeof *r.ids)))
+            rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
+    }
+    double dw = 0, dl = 0;
+    if (rc == WELD_OK) /* warm-up: both pp's and a few decode steps each */
+        rc = pp_w(&r, &dw, e);
+    if (rc == WELD_OK)
+        rc = pp_l(&r, &dl, e);
+    if (rc == WELD_OK)
+        rc = tg_w(&r, 0, 8, &dw, e);
+    if (rc == WELD_OK)
+        rc = tg_l(&r, 8, &dl, e);
+    if (r.w.r)
+        runner_drop_seq(r.w.r, 0);
+    if (rc == WELD_OK)
+        lside_clear(r.l);
+    if (rc == WELD_OK && o.block <= 0) { /* ~50 ms of weld's decode, at least 4 per rep */
+        int b = dw > 0 ? (int)(0.05 / (dw / 8)) : 8;
+        b = b < 1 ? 1 : b;
+        o.block = b > o.n_gen / 4 ? (o.n_gen / 4 > 0 ? o.n_gen / 4 : 1) : b;
+    }
+    for (int k = 0; rc == WELD_OK && k < o.reps; k++)
+        rc = rep(&r, k, &pp, &tg, e);
+    if (rc == WELD_OK) {
+        qsort(pp.v, (size_t)pp.n, sizeof *pp.v, cmp_double);
+        qsort(tg.v, (size_t)tg.n, sizeof *tg.v, cmp_double);
+        double wpp = r.pp_tok / r.w_pp_s, lpp = r.pp_tok / r.l_pp_s;
+        double wtg = r.tg_tok / r.w_tg_s, ltg = r.tg_tok / r.l_tg_s;
+        if (o.json) {
+            json_t *j = json_pack(
+                "{s:s, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, s:{s:f, s:f, s:f, s:i}, "
+                "s:{s:f, s:f, s:f, s:i}}", "model", o.model, "threads", o.threads,
+                "block_steps", o.block, "weld", "pp_tok_s", wpp, "tg_tok_s", wtg, "llama",
+                "pp_tok_s", lpp, "tg_tok_s", ltg, "tg_ratio", "median", pct(&tg, 0.5), "p10",
+                pct(&tg, 0.1), "p90", pct(&tg, 0.9), "pairs", tg.n, "pp_ratio", "median",
+                pct(&pp, 0.5), "p10", pct(&pp, 0.1), "p90", pct(&pp, 0.9), "pairs", pp.n);
+            char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+            if (txt)
+                printf("%s\n", txt);
+            else
+                rc = err_set(e, WELD_ERR_NOMEM, "out of memory for the JSON");
+            free(txt);
+            json_decref(j);
+        }
+        else {
+            printf("model %s, %d threads: %d repetitions of pp%d, then tg%d in blocks of %d "
+                   "steps, weld and llama.cpp interleaved in one process\n", o.model,
+                   o.threads, o.reps, o.n_prompt, o.n_gen, o.block);
+            printf("  weld    pp %10.2f tok/s   tg %10.2f tok/s\n", wpp, wtg);
+            printf("  llama   pp %10.2f tok/s   tg %10.2f tok/s\n", lpp, ltg);
+            printf("  tg weld / llama: %.3fx median over %d block pairs (p10 %.3fx, p90 %.3fx)\n",
+                   pct(&tg, 0.5), tg.n, pct(&tg, 0.1), pct(&tg, 0.9));
+            printf("  pp weld / llama: %.3fx median over %d repetitions (p10 %.3fx, p90 %.3fx)\n",
+                   pct(&pp, 0.5), pp.n, pct(&pp, 0.1), pct(&pp, 0.9));
+        }
+    }
+    free(pp.v);
+    free(tg.v);
+    wfree(r.ids);
+    lside_close(r.l);
+    w_close(&r.w);
+    return rc;
+}
+
+static int usage(const char *argv0)
+{
+    fprintf(stderr, "usage: %s -m MODEL [-t THREADS] [-p 512] [-n 128] [-r 5] [--block B] "
+            "[--json]\n", argv0);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {.threads = 2, .n_prompt = 512, .n_gen = 128, .reps = 5};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "-m") && v) o.model = v, i++;
+        else if (!strcmp(argv[i], "-t") && v) o.threads = atoi(v), i++;
+        else if (!strcmp(argv[i], "-p") && v) o.n_prompt = atoi(v), i++;
+        else if (!strcmp(argv[i], "-n") && v) o.n_gen = atoi(v), i++;
+        else if (!strcmp(argv[i], "-r") && v) o.reps = atoi(v), i++;
+        else if (!strcmp(argv[i], "--block") && v) o.block = atoi(v), i++;
+        else if (!strcmp(argv[i], "--json")) o.json = true;
+        else
+            return usage(argv[0]);
+    }
+    if (!o.model || o.threads < 1 || o.threads > 256 || o.n_prompt < 1 || o.n_prompt > 2048 ||
+        o.n_gen < 2 || o.reps < 1 || o.block < 0)
+        return usage(argv[0]);
+    lside_init();
+    struct weld_err e = {0};
+    int rc = measure(&o, &e);
+    lside_fini();
+    if (rc) {
+        fprintf(stderr, "weld_llamacpp_pair: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}
