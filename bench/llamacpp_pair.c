@@ -21,7 +21,9 @@
  *
  * Method (as `weld bench --pair`): a warm-up of both, then per repetition each side's pp
  * (weld first on even repetitions), then both sides' tg in blocks of B steps (default:
- * about 50 ms of weld's decode), weld, llama, weld, ...; each llama block is compared
+ * about 200 ms of weld's decode, at least 4 steps: the first step after a side's threads
+ * slept pays their wake-up, so one-step blocks would charge it to every token), weld,
+ * llama, weld, ...; each llama block is compared
  * with the mean of the weld blocks either side of it (linear drift cancels). Between its
  * blocks a side's threads sleep: weld's team is parked (runner_park), llama's threadpool
  * paused (ggml_threadpool_pause), so the other side has the cores. Report: each side's
@@ -288,9 +290,9 @@ static int measure(const struct opts *oi, struct weld_err *e)
         runner_drop_seq(r.w.r, 0);
     if (rc == WELD_OK)
         lside_clear(r.l);
-    if (rc == WELD_OK && o.block <= 0) { /* ~50 ms of weld's decode, at least 4 per rep */
-        int b = dw > 0 ? (int)(0.05 / (dw / 8)) : 8;
-        b = b < 1 ? 1 : b;
+    if (rc == WELD_OK && o.block <= 0) { /* ~200 ms of weld's decode, 4 to n/4 steps */
+        int b = dw > 0 ? (int)(0.2 / (dw / 8)) : 8;
+        b = b < 4 ? 4 : b;
         o.block = b > o.n_gen / 4 ? (o.n_gen / 4 > 0 ? o.n_gen / 4 : 1) : b;
     }
     for (int k = 0; rc == WELD_OK && k < o.reps; k++)
