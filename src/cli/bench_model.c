@@ -40,9 +40,10 @@
  * followed by @WELD_NAME=VALUE settings that hold while that side's runner is made, e.g.
  * mega,mega@WELD_DECODE_PAIRS=1: one executor, two ways of streaming the weights; only
  * settings read when a runner is made can differ, not per-process ones like WELD_ISA):
- * two runners on the one loaded model, with those executors, measured interleaved in one process, for a
- * host whose speed moves by tens of percent between seconds (other tenants' memory
- * traffic): separate runs a few seconds apart compare minutes, not executors. Per
+ * two runners on the one loaded model, with those executors, measured interleaved in one
+ * process, for a host whose speed moves by tens of percent between seconds (other
+ * tenants' memory traffic): separate runs a few seconds apart compare minutes, not
+ * executors. Per
  * repetition each side prefills (-p, A first on even repetitions) and then both decode
  * the same positions in blocks of --block steps (default: about 50 ms of A's decode, at
  * least 8 blocks a repetition), A, B, A, B, ...; after every block the side's team is
@@ -51,8 +52,8 @@
  * (linear drift cancels); the report is each side's tok/s, bubble and syncs, and the
  * median A/B speed ratio over all block pairs with its 10th-90th percentiles and how many
  * pairs A was slower in, and the pp ratio per repetition. JSON: {"model", "batch",
- * "block_steps", "sides": [{"side" (as given), "executor", "threads", "pp_tok_s", "tg_tok_s", "bubble",
- * "syncs_per_token"} x 2], "tg_ratio": {"median", "p10", "p90", "pairs", "a_slower"},
+ * "block_steps", "sides": [{"side" (as given), "executor", "threads", "pp_tok_s",
+ * "tg_tok_s", "bubble", "syncs_per_token"} x 2], "tg_ratio": {"median", "p10", "p90", "pairs", "a_slower"},
  * "pp_ratio": {same}}.
  *
  * Not here: the engine's scheduling (see `weld bench throughput`).
