@@ -20,12 +20,18 @@
  * are every layer weight, the output norm and the output matrix once; the token embedding
  * table is not counted when the output matrix is separate (a step reads one of its rows),
  * and is counted once, as the output matrix, when the embeddings are tied. The share is
- * that figure over the best pass of bw_probe run in the same invocation with the same
- * number of threads (default 2 GiB, 5 passes; --probe-size changes it).
+ * that figure over the best pass of the read probe (bandwidth.h) run in the same invocation
+ * with the same number of threads (default 2 GiB, 5 passes of each read loop;
+ * --probe-size changes it), before the measurements. The paired share: after each
+ * repetition's decode one more pass of the probe's best loop over the same buffer, and the
+ * median over repetitions of that decode's GB/s over that pass's. On a shared host the
+ * best of 30 passes is an outlier of minutes before; the pass seconds from the decode is
+ * the memory that decode had.
  *
  * Output: a table on stdout, or with --json exactly one JSON object on stdout:
  *   {"model", "threads", "isa", "pp": {"tokens", "tok_s_median", "tok_s_min",
- *    "tok_s_max"}, "tg": {same}, "bandwidth": {"gb_s", "probe_gb_s", "share"},
+ *    "tok_s_max"}, "tg": {same}, "bandwidth": {"gb_s", "probe_gb_s", "share",
+ *    "paired_share"},
  *    "executor", "bubble", "syncs_per_token"}
  * The last three describe the timed decode steps (batch B): the executor's name, the
  * share of worker time spent waiting on dependency counters or barriers, and those waits
@@ -265,13 +271,18 @@ static void bm_close(struct bm_run *b)
     wfree(b->seqs);
 }
 
-/* Warm-up, then -r repetitions of pp and tg. */
+/* Warm-up, then -r repetitions of pp and tg; with a probe session, one pass of `loop`
+   right after each tg, and in *paired the median over repetitions of that tg's weight
+   GB/s over the pass's. */
 static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat *pp,
-                      struct bm_stat *tg, struct weld_err *e)
+                      struct bm_stat *tg, struct bw_session *ses, const char *loop,
+                      double *paired, struct weld_err *e)
 {
-    double *v = wcalloc(2 * (size_t)o->reps, sizeof *v), dt;
+    double *v = wcalloc(3 * (size_t)o->reps, sizeof *v), dt;
     if (!v)
         return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    double *share = v + 2 * (size_t)o->reps;
+    const double bytes = (double)bm_decode_bytes(b->m);
     int rc = bm_prefill(b, 0, o->n_prompt, &dt, e);
     if (rc == WELD_OK)
         rc = bm_decode(b, 0, 1, false, &dt, e);
@@ -281,10 +292,15 @@ static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat 
         if (rc == WELD_OK)
             rc = bm_decode(b, o->depth, o->n_gen, true, &dt, e);
         v[o->reps + i] = dt > 0 ? (double)o->n_gen * o->batch / dt : 0;
+        double probe = 0;
+        if (rc == WELD_OK && ses)
+            rc = bw_session_pass(ses, loop, &probe, e);
+        share[i] = probe > 0 ? bytes * v[o->reps + i] / o->batch / 1e9 / probe : 0;
     }
     if (rc == WELD_OK) {
         *pp = bm_stats(v, o->reps, o->n_prompt);
         *tg = bm_stats(v + o->reps, o->reps, o->n_gen * o->batch);
+        *paired = bm_stats(share, o->reps, 0).median;
     }
     wfree(v);
     return rc;
@@ -298,10 +314,12 @@ static int bm_threads(const struct bm_opts *o)
     return o->threads > 0 && o->threads < cores ? o->threads : cores;
 }
 
+#define BM_PROBE_PASSES 5 /* per read loop */
+
 static int bm_probe(const struct bm_opts *o, int threads, struct bw_result *bw,
                     struct weld_err *e)
 {
-    return bw_probe((size_t)o->probe_size, threads, 5, bw, e);
+    return bw_probe((size_t)o->probe_size, threads, BM_PROBE_PASSES, bw, e);
 }
 
 static json_t *bm_stat_json(const struct bm_stat *s)
@@ -333,7 +351,7 @@ static bool bm_exec_figures(const struct bm_run *b, double *bubble, double *sync
 
 static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threads,
                       const struct bm_stat *pp, const struct bm_stat *tg,
-                      const struct bw_result *bw)
+                      const struct bw_result *bw, double paired)
 {
     size_t bytes = bm_decode_bytes(b->m);
     double gb_s = (double)bytes * tg->median / o->batch / 1e9;
@@ -342,10 +360,11 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
     double bubble = 0, syncs = 0;
     bool ex = bm_exec_figures(b, &bubble, &syncs);
     if (o->json) {
-        json_t *j = json_pack("{s:s, s:i, s:s, s:o, s:o, s:{s:f, s:f, s:f}}", "model",
+        json_t *j = json_pack("{s:s, s:i, s:s, s:o, s:o, s:{s:f, s:f, s:f, s:f}}", "model",
                               o->model, "threads", threads, "isa", isa, "pp",
                               bm_stat_json(pp), "tg", bm_stat_json(tg), "bandwidth",
-                              "gb_s", gb_s, "probe_gb_s", bw->gb_s_best, "share", share);
+                              "gb_s", gb_s, "probe_gb_s", bw->gb_s_best, "share", share,
+                              "paired_share", paired);
         if (j && o->batch > 1)
             json_object_set_new(j, "batch", json_integer(o->batch));
         if (j && ex) {
@@ -366,6 +385,8 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
            "%.2f GB/s (best of %d passes x %d read loops over %.2f GiB: %s)\n",
            gb_s, (double)bytes / 1e6, 100 * share, bw->gb_s_best, bw->passes, bw->loops,
            (double)bw->bytes / (1024.0 * 1024 * 1024), bw->loop);
+    printf("                  %.1f%% of a pass of that loop run right after each repetition's "
+           "decode (median of the ratios)\n", 100 * paired);
     if (ex)
         printf("executor %s: bubble %.1f%% (batch %d), %.1f syncs/token\n",
                b->tg_stats.executor, 100 * bubble, o->batch, syncs);
@@ -377,16 +398,21 @@ static int bm_run_model(const struct bm_opts *o, struct weld_err *e)
     memset(&b, 0, sizeof b);
     struct bm_stat pp = {0}, tg = {0};
     struct bw_result bw = {0};
+    struct bw_session *ses = NULL;
+    double paired = 0;
     int threads = bm_threads(o);
     int rc = isa_init(e);
     if (rc == WELD_OK)
         rc = bm_open(&b, o, e);
     if (rc == WELD_OK)
-        rc = bm_measure(&b, o, &pp, &tg, e);
+        rc = bw_session_open(&ses, (size_t)o->probe_size, threads, e);
     if (rc == WELD_OK)
-        rc = bm_probe(o, threads, &bw, e);
+        rc = bw_session_probe(ses, BM_PROBE_PASSES, &bw, e);
     if (rc == WELD_OK)
-        bm_report(o, &b, threads, &pp, &tg, &bw);
+        rc = bm_measure(&b, o, &pp, &tg, ses, bw.loop, &paired, e);
+    if (rc == WELD_OK)
+        bm_report(o, &b, threads, &pp, &tg, &bw, paired);
+    bw_session_close(ses);
     bm_close(&b);
     return rc;
 }

@@ -48,8 +48,9 @@ msg=$(printf '%s' "$out" | node -e '
     if (Object.keys(s).length !== 4) errs.push(k + ": extra fields");
   }
   const b = j.bandwidth || {};
-  for (const f of ["gb_s", "probe_gb_s", "share"]) num(b[f], "bandwidth." + f);
-  if (!(b.gb_s > 0 && b.probe_gb_s > 0 && b.share > 0)) errs.push("bandwidth not positive");
+  for (const f of ["gb_s", "probe_gb_s", "share", "paired_share"]) num(b[f], "bandwidth." + f);
+  if (!(b.gb_s > 0 && b.probe_gb_s > 0 && b.share > 0 && b.paired_share > 0))
+    errs.push("bandwidth not positive");
   if (Math.abs(b.share * b.probe_gb_s - b.gb_s) > 1e-6 * b.gb_s) errs.push("share != gb_s / probe_gb_s");
   if (Object.keys(j).sort().join() !== "bandwidth,isa,model,pp,tg,threads") errs.push("top-level keys " + Object.keys(j));
   console.log(errs.length ? errs.join("; ") : "ok");
@@ -78,6 +79,7 @@ out=$("$weld" bench -m "$model" -r 1 -p 16 -n 8 -t 1 --probe-size 64M 2>&1)
 expect_contains "$out" "pp             16" "table pp row"
 expect_contains "$out" "tg              8" "table tg row"
 expect_contains "$out" "decode bandwidth:" "table bandwidth line"
+expect_contains "$out" "run right after each repetition" "table paired bandwidth line"
 
 # The probe alone.
 out=$("$weld" bench --bandwidth -t 1 --probe-size 32M --json 2>/dev/null)

@@ -161,6 +161,123 @@ static int bw_run(struct bw_shared *sh, int n, double *rate, struct weld_err *e)
     return WELD_OK;
 }
 
+struct bw_session {
+    uint8_t *raw;
+    size_t total;
+    int n_threads;
+    size_t slice;
+    int loop0, n_loops; /* the loops this CPU runs: bw_loops[loop0 .. loop0 + n_loops) */
+};
+
+int bw_session_open(struct bw_session **out, size_t bytes, int n_threads, struct weld_err *e)
+{
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 256 || bytes < (1u << 20))
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "bandwidth probe: bytes %zu (>= 1 MiB), threads %d (1..256): out of range",
+                       bytes, n_threads);
+    const size_t unit = (size_t)BW_STREAMS * 4096; /* whole pages per stream */
+    const size_t slice = bytes / (size_t)n_threads / unit * unit;
+    if (slice == 0)
+        return err_set(e, WELD_ERR_INVALID_ARG, "bandwidth probe: %zu bytes is too small for "
+                       "%d threads", bytes, n_threads);
+    struct bw_session *s = wcalloc(1, sizeof *s);
+    if (!s)
+        return err_set(e, WELD_ERR_NOMEM, "bandwidth probe: out of memory");
+    s->n_threads = n_threads;
+    s->slice = slice;
+    s->total = slice * (size_t)n_threads;
+    const int avx512 = isa_cpu_has(ISA_AVX512);
+    s->loop0 = avx512 ? 0 : BW_N_LOOPS - 1;
+    s->n_loops = avx512 ? BW_N_LOOPS - 1 : 1;
+    if (!(s->raw = wmap_huge(s->total))) { /* page aligned */
+        wfree(s);
+        return err_set(e, WELD_ERR_NOMEM, "bandwidth probe: cannot allocate %zu bytes",
+                       slice * (size_t)n_threads);
+    }
+    for (size_t i = 0; i < s->total; i += 4096) /* back every page, vary the contents */
+        memset(s->raw + i, (int)(i >> 12), 4096);
+    *out = s;
+    return WELD_OK;
+}
+
+void bw_session_close(struct bw_session *s)
+{
+    if (!s)
+        return;
+    wunmap(s->raw, s->total);
+    wfree(s);
+}
+
+/* `passes` passes of each of loops [loop0, loop0 + n_loops) into rate (loop-major);
+   *checksum gets the XOR of the last pass's sums. */
+static int session_passes(struct bw_session *s, int loop0, int n_loops, int passes,
+                          double *rate, uint64_t *checksum, struct weld_err *e)
+{
+    struct bw_shared sh = {0};
+    sh.buf = s->raw;
+    sh.slice = s->slice;
+    sh.passes = passes;
+    sh.loop0 = loop0;
+    sh.n_loops = n_loops;
+    if (pthread_barrier_init(&sh.bar, NULL, (unsigned)s->n_threads) != 0)
+        return err_set(e, WELD_ERR_INTERNAL, "bandwidth probe: pthread_barrier_init failed");
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_cond_init(&sh.cv, NULL);
+    int st = bw_run(&sh, s->n_threads, rate, e);
+    pthread_cond_destroy(&sh.cv);
+    pthread_mutex_destroy(&sh.mu);
+    pthread_barrier_destroy(&sh.bar);
+    *checksum = 0;
+    for (int i = 0; st == WELD_OK && i < s->n_threads; i++)
+        *checksum ^= sh.sums[i];
+    return st;
+}
+
+int bw_session_probe(struct bw_session *s, int passes, struct bw_result *out,
+                     struct weld_err *e)
+{
+    memset(out, 0, sizeof *out);
+    if (passes < 1 || passes > 1000)
+        return err_set(e, WELD_ERR_INVALID_ARG, "bandwidth probe: passes %d (1..1000): out of "
+                       "range", passes);
+    double *rate = wcalloc((size_t)passes * (size_t)s->n_loops, sizeof(double));
+    if (!rate)
+        return err_set(e, WELD_ERR_NOMEM, "bandwidth probe: out of memory");
+    int st = session_passes(s, s->loop0, s->n_loops, passes, rate, &out->checksum, e);
+    if (st == WELD_OK) {
+        int best = 0; /* the loop with the best pass */
+        for (int l = 0; l < s->n_loops; l++) {
+            double *r = rate + (size_t)l * (size_t)passes;
+            qsort(r, (size_t)passes, sizeof(double), cmp_double);
+            if (r[passes - 1] > rate[(size_t)best * (size_t)passes + (size_t)passes - 1])
+                best = l;
+        }
+        out->gb_s_best = rate[(size_t)best * (size_t)passes + (size_t)passes - 1];
+        out->gb_s_median = rate[(size_t)best * (size_t)passes + (size_t)passes / 2];
+        out->bytes = s->total;
+        out->threads = s->n_threads;
+        out->passes = passes;
+        out->loops = s->n_loops;
+        out->isa = s->loop0 == 0 ? "avx512" : "scalar";
+        out->loop = bw_loops[s->loop0 + best].name;
+    }
+    wfree(rate);
+    return st;
+}
+
+int bw_session_pass(struct bw_session *s, const char *loop, double *gb_s, struct weld_err *e)
+{
+    *gb_s = 0;
+    for (int l = s->loop0; l < s->loop0 + s->n_loops; l++)
+        if (loop && !strcmp(loop, bw_loops[l].name)) {
+            uint64_t sum;
+            return session_passes(s, l, 1, 1, gb_s, &sum, e);
+        }
+    return err_set(e, WELD_ERR_INVALID_ARG, "bandwidth probe: no read loop '%s' on this CPU",
+                   loop ? loop : "(null)");
+}
+
 int bw_probe(size_t bytes, int n_threads, int passes, struct bw_result *out, struct weld_err *e)
 {
     memset(out, 0, sizeof *out);
@@ -168,58 +285,10 @@ int bw_probe(size_t bytes, int n_threads, int passes, struct bw_result *out, str
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "bandwidth probe: bytes %zu (>= 1 MiB), threads %d (1..256), passes %d "
                        "(1..1000): out of range", bytes, n_threads, passes);
-    struct bw_shared sh = {0};
-    const size_t unit = (size_t)BW_STREAMS * 4096; /* whole pages per stream */
-    sh.slice = bytes / (size_t)n_threads / unit * unit;
-    if (sh.slice == 0)
-        return err_set(e, WELD_ERR_INVALID_ARG, "bandwidth probe: %zu bytes is too small for "
-                       "%d threads", bytes, n_threads);
-    sh.passes = passes;
-    const int avx512 = isa_cpu_has(ISA_AVX512);
-    sh.loop0 = avx512 ? 0 : BW_N_LOOPS - 1;
-    sh.n_loops = avx512 ? BW_N_LOOPS - 1 : 1;
-    const size_t total = sh.slice * (size_t)n_threads;
-    uint8_t *raw = wmap_huge(total); /* page aligned */
-    double *rate = wcalloc((size_t)passes * (size_t)sh.n_loops, sizeof(double));
-    int st = WELD_OK;
-    if (!raw || !rate) {
-        st = err_set(e, WELD_ERR_NOMEM, "bandwidth probe: cannot allocate %zu bytes", total);
-        goto free_bufs;
-    }
-    sh.buf = raw;
-    for (size_t i = 0; i < total; i += 4096) /* back every page, vary the contents */
-        memset((uint8_t *)sh.buf + i, (int)(i >> 12), 4096);
-    if (pthread_barrier_init(&sh.bar, NULL, (unsigned)n_threads) != 0) {
-        st = err_set(e, WELD_ERR_INTERNAL, "bandwidth probe: pthread_barrier_init failed");
-        goto free_bufs;
-    }
-    pthread_mutex_init(&sh.mu, NULL);
-    pthread_cond_init(&sh.cv, NULL);
-    st = bw_run(&sh, n_threads, rate, e);
-    pthread_cond_destroy(&sh.cv);
-    pthread_mutex_destroy(&sh.mu);
-    pthread_barrier_destroy(&sh.bar);
-    if (st != WELD_OK)
-        goto free_bufs;
-    for (int i = 0; i < n_threads; i++)
-        out->checksum ^= sh.sums[i];
-    int best = 0; /* the loop with the best pass */
-    for (int l = 0; l < sh.n_loops; l++) {
-        double *r = rate + (size_t)l * (size_t)passes;
-        qsort(r, (size_t)passes, sizeof(double), cmp_double);
-        if (r[passes - 1] > rate[(size_t)best * (size_t)passes + (size_t)passes - 1])
-            best = l;
-    }
-    out->gb_s_best = rate[(size_t)best * (size_t)passes + (size_t)passes - 1];
-    out->gb_s_median = rate[(size_t)best * (size_t)passes + (size_t)passes / 2];
-    out->bytes = total;
-    out->threads = n_threads;
-    out->passes = passes;
-    out->loops = sh.n_loops;
-    out->isa = avx512 ? "avx512" : "scalar";
-    out->loop = bw_loops[sh.loop0 + best].name;
-free_bufs:
-    wfree(rate);
-    wunmap(raw, total);
+    struct bw_session *s;
+    int st = bw_session_open(&s, bytes, n_threads, e);
+    if (st == WELD_OK)
+        st = bw_session_probe(s, passes, out, e);
+    bw_session_close(s);
     return st;
 }

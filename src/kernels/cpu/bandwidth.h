@@ -47,6 +47,16 @@ struct bw_result {
 int bw_probe(size_t bytes, int n_threads, int passes, struct bw_result *out,
              struct weld_err *e);
 
+/* The same in steps, for pairing probe passes with other work: a session holds the
+   buffer (bytes, n_threads as bw_probe; memory stays mapped until close); a probe is
+   bw_probe's passes over every loop; a pass is one timed pass of the loop named `loop`
+   (a bw_result.loop), its rate in *gb_s. */
+struct bw_session;
+int bw_session_open(struct bw_session **out, size_t bytes, int n_threads, struct weld_err *e);
+int bw_session_probe(struct bw_session *s, int passes, struct bw_result *out,
+                     struct weld_err *e);
+int bw_session_pass(struct bw_session *s, const char *loop, double *gb_s, struct weld_err *e);
+void bw_session_close(struct bw_session *s);
 /* The read loops: XOR-fold of n bytes at p (p 64-byte aligned, n a multiple of
    BW_STREAMS * 256). The scalar one reads BW_STREAMS interleaved streams; the AVX-512 one
    `streams` (1..BW_STREAMS, n a multiple of streams * 256) of them, prefetching pf bytes
