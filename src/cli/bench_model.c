@@ -293,8 +293,10 @@ static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat 
             rc = bm_decode(b, o->depth, o->n_gen, true, &dt, e);
         v[o->reps + i] = dt > 0 ? (double)o->n_gen * o->batch / dt : 0;
         double probe = 0;
-        if (rc == WELD_OK && ses)
+        if (rc == WELD_OK && ses) {
+            runner_park(b->r); /* its spinning workers would share the cores with the pass */
             rc = bw_session_pass(ses, loop, &probe, e);
+        }
         share[i] = probe > 0 ? bytes * v[o->reps + i] / o->batch / 1e9 / probe : 0;
     }
     if (rc == WELD_OK) {
