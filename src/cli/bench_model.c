@@ -23,8 +23,9 @@
  * that figure over the best pass of the read probe (bandwidth.h) run in the same invocation
  * with the same number of threads (default 2 GiB, 5 passes of each read loop;
  * --probe-size changes it), before the measurements. The paired share: after each
- * repetition's decode one more pass of the probe's best loop over the same buffer, and the
- * median over repetitions of that decode's GB/s over that pass's. On a shared host the
+ * repetition's decode, passes of the probe's best loop over the same buffer for a quarter
+ * of that decode's time (at least one, at most BM_PAIRED_MAX), and the median over
+ * repetitions of that decode's GB/s over those passes' together. On a shared host the
  * best of 30 passes is an outlier of minutes before; the pass seconds from the decode is
  * the memory that decode had.
  *
@@ -271,9 +272,12 @@ static void bm_close(struct bm_run *b)
     wfree(b->seqs);
 }
 
-/* Warm-up, then -r repetitions of pp and tg; with a probe session, one pass of `loop`
-   right after each tg, and in *paired the median over repetitions of that tg's weight
-   GB/s over the pass's. */
+#define BM_PROBE_PASSES 5 /* per read loop */
+#define BM_PAIRED_MAX 64  /* probe passes after one repetition's decode, at most */
+
+/* Warm-up, then -r repetitions of pp and tg; with a probe session, passes of `loop` right
+   after each tg (for a quarter of its time), and in *paired the median over repetitions of
+   that tg's weight GB/s over theirs. */
 static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat *pp,
                       struct bm_stat *tg, struct bw_session *ses, const char *loop,
                       double *paired, struct weld_err *e)
@@ -295,7 +299,13 @@ static int bm_measure(struct bm_run *b, const struct bm_opts *o, struct bm_stat 
         double probe = 0;
         if (rc == WELD_OK && ses) {
             runner_park(b->r); /* its spinning workers would share the cores with the pass */
-            rc = bw_session_pass(ses, loop, &probe, e);
+            double t0 = time_now(), inv = 0; /* passes for a quarter of the decode's time */
+            int k = 0;
+            for (double r; rc == WELD_OK && k < BM_PAIRED_MAX &&
+                           (k == 0 || time_now() - t0 < dt / 4); k++)
+                if ((rc = bw_session_pass(ses, loop, &r, e)) == WELD_OK)
+                    inv += 1 / r;
+            probe = inv > 0 ? k / inv : 0; /* the rate of all k passes together */
         }
         share[i] = probe > 0 ? bytes * v[o->reps + i] / o->batch / 1e9 / probe : 0;
     }
@@ -316,7 +326,6 @@ static int bm_threads(const struct bm_opts *o)
     return o->threads > 0 && o->threads < cores ? o->threads : cores;
 }
 
-#define BM_PROBE_PASSES 5 /* per read loop */
 
 static int bm_probe(const struct bm_opts *o, int threads, struct bw_result *bw,
                     struct weld_err *e)
