@@ -157,6 +157,30 @@ TEST(bandwidth_probe)
     printf("probe (64 MiB, 2 threads, mostly cache): best %.1f GB/s\n", r.gb_s_best);
 }
 
+/* The probe in steps (weld bench's paired share): one buffer, the probe, then single
+   passes of the loop it picked; an unknown loop is refused by name. */
+TEST(bandwidth_session)
+{
+    struct bw_session *s = NULL;
+    struct weld_err e = {0};
+    CHECK_EQ_INT(bw_session_open(&s, 1000, 1, &e), WELD_ERR_INVALID_ARG);
+    CHECK(s == NULL);
+    REQUIRE(bw_session_open(&s, 16u << 20, 2, &e) == WELD_OK);
+    struct bw_result r;
+    CHECK_EQ_INT(bw_session_probe(s, 0, &r, &e), WELD_ERR_INVALID_ARG);
+    REQUIRE(bw_session_probe(s, 2, &r, &e) == WELD_OK);
+    CHECK(r.gb_s_best > 0.1 && r.passes == 2 && r.threads == 2 && r.loop != NULL);
+    double gb_s = 0;
+    for (int i = 0; i < 3; i++) {
+        REQUIRE(bw_session_pass(s, r.loop, &gb_s, &e) == WELD_OK);
+        CHECK(gb_s > 0.1 && gb_s < 1e4);
+    }
+    CHECK_EQ_INT(bw_session_pass(s, "no such loop", &gb_s, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "no such loop") != NULL);
+    bw_session_close(s);
+    bw_session_close(NULL);
+}
+
 int main(void)
 {
     RUN(detection_matches_cpuinfo);
@@ -165,5 +189,6 @@ int main(void)
     RUN(init_once);
     RUN(bandwidth_read_loops);
     RUN(bandwidth_probe);
+    RUN(bandwidth_session);
     return test_summary();
 }
