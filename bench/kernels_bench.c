@@ -6,7 +6,8 @@
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
  *                     [--pairs 0|1]
  *
- * A type name ending in "r" (q8_0r, q4_0r, q4_Kr) runs the repacked 16-row form (gemm_repack).
+ * A type name ending in "r" (q8_0r, q4_0r, q4_Kr, f16r) runs the repacked 16-row form
+ * (gemm_repack) of the matrices that have one (floats: K of two GEMM_FSEG segments or more).
  *
  * For each preset and type it builds the model's matrices (q, k, v, o, gate, up, down per
  * layer, plus the output head; embeddings are not read by decode) filled with valid blocks,
@@ -41,6 +42,7 @@
 #include <time.h>
 
 struct mat {
+    int wtype; /* the model's type, or its repacked form */
     int64_t rows, k;
     size_t rb;
     uint8_t *w;
@@ -103,23 +105,26 @@ static void fill(int t, uint8_t *w, size_t n)
         memcpy(w + off, pat, n - off < pb ? n - off : pb);
 }
 
-/* Replace every matrix by its repacked form (gemm_repack); md->wtype becomes the R16 id. */
+/* Replace every matrix that has one by its repacked form (gemm_repack), as the engine
+   does (floats: only rows of at least two GEMM_FSEG segments). */
 static int model_repack(struct model *md)
 {
-    int rt = -1;
+    int n = 0;
     for (int i = 0; i < md->n_mat; i++) {
         struct mat *m = &md->m[i];
         size_t nb = gemm_repack_bytes(md->wtype, m->rows, m->k);
+        if (nb == 0)
+            continue;
         uint8_t *dst = wmap_huge(nb);
         if (!dst)
             return -1;
-        rt = gemm_repack(md->wtype, m->w, m->rb, m->rows, m->k, dst);
+        m->wtype = gemm_repack(md->wtype, m->w, m->rb, m->rows, m->k, dst);
         wunmap(m->w, m->bytes);
         m->w = dst;
         m->bytes = nb;
+        n++;
     }
-    md->wtype = rt;
-    return rt < 0 ? -1 : 0;
+    return n > 0 ? 0 : -1;
 }
 
 static int model_make(struct model *md, const struct preset *p, int t)
@@ -143,6 +148,7 @@ static int model_make(struct model *md, const struct preset *p, int t)
             m->rows = p->ffn, m->k = p->dim;
         else
             m->rows = p->dim, m->k = p->ffn;
+        m->wtype = t;
         m->rb = row_bytes(t, m->k);
         m->bytes = m->rb * (size_t)m->rows;
         m->w = wmap_huge(m->bytes);
@@ -200,7 +206,7 @@ static void *job_main(void *arg)
         for (int i = 0; i < md->n_mat; i++) {
             const struct mat *m = &md->m[i];
             int64_t r0 = m->rows * j->id / j->n_threads, r1 = m->rows * (j->id + 1) / j->n_threads;
-            if (gemm_act_kind(md->wtype) == GEMM_ACT_Q8_R) { /* groups of 16 rows */
+            if (m->wtype != md->wtype) { /* repacked: groups of 16 rows */
                 r0 = j->id ? r0 / 16 * 16 : 0;
                 r1 = j->id + 1 < j->n_threads ? r1 / 16 * 16 : m->rows;
             }
@@ -208,10 +214,10 @@ static void *job_main(void *arg)
                 g_sink ^= read_span(m->w + (size_t)r0 * m->rb, m->w + (size_t)r1 * m->rb);
                 continue;
             }
-            size_t arb = gemm_act_row_bytes(md->wtype, m->k);
-            j->o->act_quant(md->wtype, j->x, (size_t)md->max_k, m->k, j->n_tok, j->act, arb);
+            size_t arb = gemm_act_row_bytes(m->wtype, m->k);
+            j->o->act_quant(m->wtype, j->x, (size_t)md->max_k, m->k, j->n_tok, j->act, arb);
             struct gemm_args a = {
-                .wtype = md->wtype, .w = m->w, .w_row_bytes = m->rb, .r0 = r0, .r1 = r1,
+                .wtype = m->wtype, .w = m->w, .w_row_bytes = m->rb, .r0 = r0, .r1 = r1,
                 .k = m->k, .n_tok = j->n_tok, .x = j->x, .ldx = (size_t)md->max_k,
                 .act = j->act, .act_row_bytes = arb, .y = j->y + r0, .ldy = (size_t)md->max_rows,
                 .flags = g_flags,
@@ -234,7 +240,8 @@ static double run(const struct model *md, const struct gemm_ops *o, int n, int n
         jobs[i] = (struct job){md, o, i, n, n_tok, iters, NULL, NULL, NULL, &bar};
         jobs[i].x = calloc((size_t)n_tok * (size_t)md->max_k, sizeof(float));
         jobs[i].y = calloc((size_t)n_tok * (size_t)md->max_rows, sizeof(float));
-        jobs[i].act = calloc((size_t)n_tok, gemm_act_row_bytes(md->wtype, md->max_k) + 64);
+        jobs[i].act = calloc((size_t)n_tok, gemm_act_row_bytes(md->wtype, md->max_k) +
+                                                gemm_act_row_bytes(md->wtype + 0x100, md->max_k) + 64);
         for (int64_t e = 0; e < (int64_t)n_tok * md->max_k; e++)
             jobs[i].x[e] = (float)((e * 7919) % 201 - 100) * 0.01f;
     }
@@ -315,7 +322,7 @@ int main(int argc, char **argv)
         snprintf(tl, sizeof tl, "%s", types);
         for (char *sv = NULL, *tn = strtok_r(tl, ",", &sv); tn; tn = strtok_r(NULL, ",", &sv)) {
             size_t tnl = strlen(tn);
-            int repack = tnl > 1 && tn[tnl - 1] == 'r' && (tn[tnl - 2] == '0' || tn[tnl - 2] == 'K');
+            int repack = tnl > 1 && tn[tnl - 1] == 'r';
             if (repack)
                 tn[tnl - 1] = 0;
             int t = dtype_from_name(tn);

@@ -222,6 +222,11 @@ static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64, 2, 4, 2, 16, 128, 45, 16
 static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 4, 2, 32, 96, 60, 32,
                                         true, false, false, false, 1000000.0f};
 
+/* An FFN of two GEMM_FSEG segments: the float down projection runs repacked
+   (GEMM_F*_R16) on AVX-512, the other matrices (K = 64) as they are. */
+static const struct tspec spec_long = {ARCH_LLAMA, 64, 2, 4, 2, 16, 2 * GEMM_FSEG, 40, 16,
+                                       false, false, false, false, 10000.0f};
+
 /* Widths that are whole K-quant super-blocks (256), for Q4_K / Q6_K weights. */
 static const struct tspec spec_kquant = {ARCH_LLAMA, 256, 2, 4, 2, 64, 512, 40, 64,
                                          false, false, false, false, 10000.0f};
@@ -302,6 +307,8 @@ TEST(qwen2_bias_f32) { check_against_ref(&spec_qwen2, DT_F32, 13); }
 TEST(qwen3_qknorm_f32) { check_against_ref(&spec_qwen3, DT_F32, 14); }
 TEST(llama_f16) { check_against_ref(&spec_llama, DT_F16, 15); }
 TEST(qwen3_bf16) { check_against_ref(&spec_qwen3, DT_BF16, 16); }
+TEST(llama_f16_long_rows) { check_against_ref(&spec_long, DT_F16, 28); }
+TEST(llama_bf16_long_rows) { check_against_ref(&spec_long, DT_BF16, 29); }
 /* Integer-path weights (Q8_0, Q4_0, Q4_K, Q6_K): the gemm kernels quantize activations to
    int8 per block of 32 or 256 (d = max|x| / 127), as llama.cpp does, so the exact
    reference is not the right oracle by itself.
@@ -369,8 +376,41 @@ static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
     tm_free(tm);
 }
 
+/* Floats: only rows of two GEMM_FSEG segments or more (the down projection here), and
+   only where the ISA has the kernels (AVX-512); WELD_REPACK=0 keeps them all as they are. */
+static void check_plan_long(int wtype, uint64_t seed)
+{
+    struct tmodel *tm = tm_build(&spec_long, wtype, seed);
+    for (int off = 0; off < 2; off++) {
+        struct exec_weights *w = NULL;
+        struct weld_err e = {0};
+        if (off)
+            setenv("WELD_REPACK", "0", 1);
+        int rc = exec_weights_create(&w, &tm->m, &e);
+        unsetenv("WELD_REPACK");
+        REQUIRE(rc == WELD_OK);
+        bool pays = !off && gemm_repack_pays(w->go, wtype);
+        for (int l = 0; l < spec_long.n_layer; l++) {
+            const struct exec_layer_mats *M = &w->mats[l];
+            CHECK(M->down.repacked == pays && !M->up.repacked && !M->wo.repacked);
+            CHECK_EQ_INT(M->down.wtype, pays ? wtype + 0x100 : wtype);
+        }
+        exec_weights_free(w);
+    }
+    struct exec_weights *w = NULL;
+    struct weld_err e = {0};
+    setenv("WELD_REPACK", "yes", 1);
+    CHECK(exec_weights_create(&w, &tm->m, &e) == WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "WELD_REPACK=yes") != NULL);
+    unsetenv("WELD_REPACK");
+    exec_weights_free(w);
+    tm_free(tm);
+}
+
 TEST(repack_plan)
 {
+    check_plan_long(DT_F16, 34);
+    check_plan_long(DT_BF16, 35);
     check_plan(&spec_llama, DT_Q4_0, 31);
     check_plan(&spec_llama_neox, DT_Q8_0, 32);
     check_plan(&spec_qwen2, DT_Q5_0, 33);
@@ -825,6 +865,8 @@ int main(void)
     RUN(qwen2_bias_f32);
     RUN(qwen3_qknorm_f32);
     RUN(llama_f16);
+    RUN(llama_f16_long_rows);
+    RUN(llama_bf16_long_rows);
     RUN(qwen3_bf16);
     RUN(qwen2_q8_0);
     RUN(llama_neox_q8_0);

@@ -439,14 +439,14 @@ TEST(repacked)
                 }
 }
 
-/* Repacked Q4_K / Q6_K: the same contract as the GGUF layout, so every ISA on the repacked form
-   must give exactly the scalar kernel's bits on the GGUF form; plus row splits at
-   multiples of 16 and rows past the matrix left alone. */
+/* Repacked Q4_K / Q6_K (and floats): the same contract as the GGUF layout, so every ISA on
+   the repacked form must give exactly the scalar kernel's bits on the GGUF form; plus row
+   splits at multiples of 16 and rows past the matrix left alone. */
 static void check_r16k(struct gcase *c)
 {
     uint8_t *rw;
     struct gcase rc;
-    if (!repacked_case(c, c->t == DT_Q4_K ? GEMM_Q4_K_R16 : GEMM_Q6_K_R16, &rc, &rw)) {
+    if (!repacked_case(c, c->t + 0x100, &rc, &rw)) {
         free(rw);
         return;
     }
@@ -484,6 +484,35 @@ TEST(repacked_kquants)
                     struct gcase c;
                     case_make(&c, &r, ti ? DT_Q6_K : DT_Q4_K, rows_list[ir], ks[ik], tok_list[it],
                               (ir + it) % 2, (ir + ik) % 2);
+                    check_r16k(&c);
+                    case_free(&c);
+                }
+}
+
+/* Repacked floats (GEMM_F*_R16: rows in segments of GEMM_FSEG): the float contract, so
+   every ISA on the repacked form gives the scalar kernel's bits on the GGUF rows; row
+   splits at 16; token tiles of 6 (AVX-512) and their remainders. */
+TEST(repacked_floats)
+{
+    static const int rows_list[] = {1, 16, 17, 40};
+    static const int64_t ks[] = {2 * GEMM_FSEG, 3 * GEMM_FSEG};
+    static const int tok_list[] = {1, 3, 7, 13};
+    static const int types[] = {DT_F32, DT_F16, DT_BF16};
+    struct rng r;
+    rng_seed(&r, 13);
+    CHECK_EQ_INT(gemm_repack_bytes(DT_F16, 16, GEMM_FSEG), 0);     /* one segment */
+    CHECK_EQ_INT(gemm_repack_bytes(DT_F16, 16, 2 * GEMM_FSEG + 16), 0);
+    CHECK(gemm_repack_bytes(DT_BF16, 17, 2 * GEMM_FSEG) == 32 * 2 * 2 * GEMM_FSEG);
+    CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_F16) == isa_cpu_has(ISA_AVX512));
+    CHECK(!gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_F16));
+    CHECK(!gemm_repack_pays(&gemm_ops_scalar, DT_F32));
+    for (int ti = 0; ti < 3; ti++)
+        for (int ir = 0; ir < 4; ir++)
+            for (int ik = 0; ik < 2; ik++)
+                for (int it = 0; it < 4; it++) {
+                    struct gcase c;
+                    case_make(&c, &r, types[ti], rows_list[ir], ks[ik], tok_list[it],
+                              (ir + it) % 2, (ir + ik + ti) % 2);
                     check_r16k(&c);
                     case_free(&c);
                 }
@@ -734,5 +763,6 @@ int main(void)
     RUN(q6_K);
     RUN(repacked);
     RUN(repacked_kquants);
+    RUN(repacked_floats);
     return test_summary();
 }

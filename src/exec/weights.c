@@ -203,7 +203,7 @@ static size_t mats_plan(struct exec_weights *w)
         if (!x->gemm)
             continue;
         bool aligned = !per_head || c->head_dim % 16 == 0;
-        x->repacked = aligned && gemm_repack_pays(w->go, t->type) &&
+        x->repacked = w->repack && aligned && gemm_repack_pays(w->go, t->type) &&
                       gemm_repack_bytes(t->type, x->rows, x->k) > 0;
         total += mat_pool_bytes(x, t);
     }
@@ -276,13 +276,28 @@ static int decode_flags(unsigned *out, struct weld_err *e)
     return WELD_OK;
 }
 
+/* Whether matrices go into their repacked forms where those pay: WELD_REPACK (0 or 1,
+   default 1; 0 keeps every matrix in its GGUF layout, same numbers, for comparisons). */
+static int repack_wanted(bool *out, struct weld_err *e)
+{
+    const char *v = getenv("WELD_REPACK");
+    *out = true;
+    if (!v || !*v)
+        return WELD_OK;
+    if (strcmp(v, "0") && strcmp(v, "1"))
+        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_REPACK=%s: expected 1 (repack weights "
+                       "where that runs faster, the default) or 0 (keep the file's layout)", v);
+    *out = v[0] == '1';
+    return WELD_OK;
+}
+
 static int mats_create(struct exec_weights *w, struct weld_err *e)
 {
     int rc = isa_init(e);
     if (rc)
         return rc;
     w->go = gemm_ops_get();
-    if ((rc = decode_flags(&w->gemm_flags, e)))
+    if ((rc = decode_flags(&w->gemm_flags, e)) || (rc = repack_wanted(&w->repack, e)))
         return rc;
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",

@@ -11,8 +11,9 @@
  * f32 once, so kernels never convert them per token. Every matrix the gemm kernels run is
  * moved, once, into one pool of anonymous memory (wmap_huge: 2 MiB aligned, huge pages
  * advised) owned by exec_weights: Q8_0 / Q4_0 / Q4_K / Q6_K matrices on ISAs where the
- * 16-row interleaved form runs faster (gemm_repack_pays) are repacked into it, the others
- * copied as they are. Streaming weights out of the file's page-cache pages decodes slower
+ * 16-row interleaved form runs faster (gemm_repack_pays), and F32 / F16 / BF16 matrices of
+ * long rows (K of two GEMM_FSEG segments or more) on AVX-512, are repacked into it
+ * (WELD_REPACK=0 keeps every matrix as it is), the others copied as they are. Streaming weights out of the file's page-cache pages decodes slower
  * than out of anonymous memory: 1B F16, 2 threads, 63-67% of the read probe mapped, 84%
  * copied (docs/BENCHMARKS.md). The source pages then leave the resident set, so resident
  * memory stays at about one copy of the weights; the file stays mapped for the embedding
@@ -74,6 +75,7 @@ struct exec_weights {
     const struct gemm_ops *go;       /* kernels of the ISA picked at start */
     unsigned gemm_flags;             /* gemm_args.flags of every product: the CPU's
                                         gemm_decode_flags, or WELD_DECODE_PAIRS */
+    bool repack;                     /* repack where it pays (WELD_REPACK, default 1) */
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct exec_mat output;          /* (n_vocab rows of dim) */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */

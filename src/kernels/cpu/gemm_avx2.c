@@ -1022,6 +1022,10 @@ static void avx2_gemm(const struct gemm_args *a)
         gemm_scalar_r16q6(a);
         return;
     }
+    if (gemm_base_type(a->wtype) != a->wtype) { /* the floats: likewise */
+        gemm_scalar_fr16(a);
+        return;
+    }
     if (KQ_MIN_TOK <= a->n_tok && (a->wtype == DT_Q4_K || a->wtype == DT_Q6_K)) {
         if (a->wtype == DT_Q4_K)
             kquant_rows(a, 1);

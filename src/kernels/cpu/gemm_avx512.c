@@ -193,6 +193,8 @@ struct tile {
     size_t ldx;
     float *y0;          /* y of token 0, row 0 (row r at y0 + r) */
     size_t ldy;
+    int64_t seg_k;      /* float path, repacked (GEMM_F*_R16): elements per segment, and */
+    size_t seg_bytes;   /* bytes from a row's segment to its next; seg_k 0: whole rows */
 };
 
 AI __m512 pair_scale(const uint8_t *w0, const uint8_t *w1)
@@ -789,7 +791,8 @@ AI void float_step(const struct tile *tl, __m512 acc[FLOAT_TILE_ROW][FLOAT_TILE_
     }
 }
 
-/* nr rows x nt tokens: each x load serves nr rows, each widened weight vector nt tokens. */
+/* nr rows x nt tokens: each x load serves nr rows, each widened weight vector nt tokens.
+   Repacked rows (seg_k) run segment after segment, the accumulators carried over. */
 AI void tile_float(const struct tile *tl, const int nt, const int nr, const int wt)
 {
     __m512 acc[FLOAT_TILE_ROW][FLOAT_TILE_TOK];
@@ -798,23 +801,29 @@ AI void tile_float(const struct tile *tl, const int nt, const int nr, const int 
         UNROLL8
         for (int t = 0; t < nt; t++)
             acc[r][t] = _mm512_setzero_ps();
-    const int64_t k = tl->k;
-    int64_t i = 0;
-    if (nt == 1 && nr == 1) { /* decode: one line per step, prefetched ahead */
-        const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es;
-        for (; i + step <= k; i += step) {
-            _mm_prefetch((const char *)tl->w0 + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
-            if (GEMM_PREFETCH_L2)
-                _mm_prefetch((const char *)tl->w0 + es * i + GEMM_PREFETCH_L2, _MM_HINT_T1);
-            UNROLL
-            for (int64_t j = 0; j < step; j += 16)
-                float_step(tl, acc, i + j, 0xffff, nt, nr, wt);
+    const int64_t kseg = tl->seg_k ? tl->seg_k : tl->k;
+    for (int64_t c0 = 0; c0 < tl->k; c0 += kseg) {
+        struct tile ts = *tl;
+        ts.w0 = tl->w0 + (size_t)(c0 / kseg) * tl->seg_bytes;
+        ts.x = tl->x + c0;
+        const int64_t k = tl->k - c0 < kseg ? tl->k - c0 : kseg;
+        int64_t i = 0;
+        if (nt == 1 && nr == 1) { /* decode: one line per step, prefetched ahead */
+            const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es;
+            for (; i + step <= k; i += step) {
+                _mm_prefetch((const char *)ts.w0 + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
+                if (GEMM_PREFETCH_L2)
+                    _mm_prefetch((const char *)ts.w0 + es * i + GEMM_PREFETCH_L2, _MM_HINT_T1);
+                UNROLL
+                for (int64_t j = 0; j < step; j += 16)
+                    float_step(&ts, acc, i + j, 0xffff, nt, nr, wt);
+            }
         }
+        for (; i + 16 <= k; i += 16)
+            float_step(&ts, acc, i, 0xffff, nt, nr, wt);
+        if (i < k)
+            float_step(&ts, acc, i, (__mmask16)((1u << (k - i)) - 1), nt, nr, wt);
     }
-    for (; i + 16 <= k; i += 16)
-        float_step(tl, acc, i, 0xffff, nt, nr, wt);
-    if (i < k)
-        float_step(tl, acc, i, (__mmask16)((1u << (k - i)) - 1), nt, nr, wt);
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL8
@@ -887,15 +896,22 @@ static void run_tile(int wt, const struct tile *tl, int nt, int nr)
    of the other order (llama-110m F16 pp512, 2 threads: 770 -> 815 and 746 -> 830 tok/s). */
 static void gemm_tile_at(const struct gemm_args *a, int64_t r, int64_t t0, int nr, int nt, bool flt)
 {
+    const int bt = gemm_base_type(a->wtype);
+    const size_t sb = bt != a->wtype ? GEMM_FSEG * dtype_row_bytes(bt, 1) : 0;
     struct tile tl = {
         .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes, .w_stride = a->w_row_bytes,
+        .seg_k = sb ? GEMM_FSEG : 0, .seg_bytes = 16 * sb,
         .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
         .act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL,
         .x = a->x ? a->x + (size_t)t0 * a->ldx : NULL,
         .y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0),
     };
+    if (sb) { /* repacked floats: the tile's rows lie in one group (r0 % 16 == 0, nr | 16) */
+        tl.w0 = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes + (size_t)(r % 16) * sb;
+        tl.w_stride = sb;
+    }
     if (flt)
-        run_float_tile(a->wtype, &tl, nt, nr);
+        run_float_tile(bt, &tl, nt, nr);
     else
         run_tile(a->wtype, &tl, nt, nr);
 }
@@ -942,6 +958,45 @@ AI void float_decode(const struct gemm_args *a, const int wt)
     }
 }
 
+/* One token x rows [r0, r1) of a repacked float matrix (GEMM_F*_R16): per group of 16
+   rows, segment c of each row in turn, then segment c + 1, which is the order of the
+   bytes, so the weights stream in one line with the prefetches simply ahead of it, and
+   the activations of a segment stay in L1 for the group's 16 rows. Each row's
+   accumulator carries over from one segment to its next: tile_float(1, 1)'s operations
+   on each row, so the same bits. */
+AI void float_decode_r16(const struct gemm_args *a, const int wt)
+{
+    const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es, nseg = a->k / GEMM_FSEG;
+    const size_t sb = (size_t)(GEMM_FSEG * es);
+    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->k % GEMM_FSEG == 0);
+    for (int64_t g0 = a->r0; g0 < a->r1; g0 += 16) {
+        const int nr = a->r1 - g0 < 16 ? (int)(a->r1 - g0) : 16;
+        const uint8_t *grp = (const uint8_t *)a->w + (size_t)g0 * a->w_row_bytes;
+        __m512 acc[16];
+        for (int r = 0; r < nr; r++)
+            acc[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < nseg; c++) {
+            const float *x = a->x + c * GEMM_FSEG;
+            for (int r = 0; r < nr; r++) {
+                const uint8_t *w = grp + (size_t)(16 * c + r) * sb;
+                __m512 s = acc[r];
+                for (int64_t i = 0; i < GEMM_FSEG; i += step) {
+                    _mm_prefetch((const char *)w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
+                    if (GEMM_PREFETCH_L2)
+                        _mm_prefetch((const char *)w + es * i + GEMM_PREFETCH_L2, _MM_HINT_T1);
+                    UNROLL
+                    for (int64_t j = 0; j < step; j += 16)
+                        s = _mm512_fmadd_ps(load_w16(w, i + j, 0xffff, wt),
+                                            _mm512_loadu_ps(x + i + j), s);
+                }
+                acc[r] = s;
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            a->y[g0 + r - a->r0] = fold16(acc[r]);
+    }
+}
+
 static void avx512_gemm(const struct gemm_args *a)
 {
     WELD_ASSERT(gemm_act_kind(a->wtype) != GEMM_ACT_NONE && a->n_tok >= 1 && a->r0 <= a->r1);
@@ -951,6 +1006,15 @@ static void avx512_gemm(const struct gemm_args *a)
     }
     if (a->wtype == GEMM_Q4_K_R16 || a->wtype == GEMM_Q6_K_R16) {
         gemm_r16kq(a, a->wtype == GEMM_Q6_K_R16);
+        return;
+    }
+    if (a->n_tok == 1 && gemm_base_type(a->wtype) != a->wtype) {
+        if (a->wtype == GEMM_F16_R16)
+            float_decode_r16(a, DT_F16);
+        else if (a->wtype == GEMM_BF16_R16)
+            float_decode_r16(a, DT_BF16);
+        else
+            float_decode_r16(a, DT_F32);
         return;
     }
     if (a->n_tok == 1 && gemm_act_kind(a->wtype) == GEMM_ACT_F32) {

@@ -21,6 +21,9 @@
 _Static_assert(sizeof(struct gemm_act_b64) == 192, "gemm_act_b64 is 192 bytes");
 _Static_assert(sizeof(struct gemm_act_bk) == 320, "gemm_act_bk is 320 bytes");
 _Static_assert(sizeof(struct gemm_act_br) == 40, "gemm_act_br is 40 bytes");
+_Static_assert(GEMM_F32_R16 == 0x100 + DT_F32 && GEMM_F16_R16 == 0x100 + DT_F16 &&
+                   GEMM_BF16_R16 == 0x100 + DT_BF16 && GEMM_Q8_0_R16 == 0x100 + DT_Q8_0,
+               "repacked ids are 0x100 + the GGUF type");
 
 enum gemm_act_kind gemm_act_kind(int t)
 {
@@ -28,6 +31,9 @@ enum gemm_act_kind gemm_act_kind(int t)
     case DT_F32:
     case DT_F16:
     case DT_BF16:
+    case GEMM_F32_R16:
+    case GEMM_F16_R16:
+    case GEMM_BF16_R16:
         return GEMM_ACT_F32;
     case DT_Q8_0:
     case DT_Q4_0:
@@ -213,21 +219,46 @@ static float fold(float *s, int n)
     return s[0];
 }
 
+/* Element i of a float row at p, widened. */
+static float ld_float(int t, const uint8_t *p, int64_t i)
+{
+    float w;
+    if (t == DT_F32)
+        memcpy(&w, p + 4 * i, 4);
+    else if (t == DT_F16)
+        w = ld_f16(p + 2 * i);
+    else
+        w = bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+    return w;
+}
+
 static float scalar_row_dot(int t, const void *row, const float *x, int64_t n)
 {
     float s[16] = {0};
-    const uint8_t *p = row;
-    for (int64_t i = 0; i < n; i++) {
-        float w;
-        if (t == DT_F32)
-            memcpy(&w, p + 4 * i, 4);
-        else if (t == DT_F16)
-            w = ld_f16(p + 2 * i);
-        else
-            w = bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
-        s[i % 16] = fmaf(w, x[i], s[i % 16]);
-    }
+    for (int64_t i = 0; i < n; i++)
+        s[i % 16] = fmaf(ld_float(t, row, i), x[i], s[i % 16]);
     return fold(s, 16);
+}
+
+/* Repacked floats (GEMM_F*_R16): each (row, token) as scalar_row_dot over the row's
+   segments in order of k. */
+void gemm_scalar_fr16(const struct gemm_args *a)
+{
+    const int bt = gemm_base_type(a->wtype);
+    const size_t es = bt == DT_F32 ? 4 : 2, sb = GEMM_FSEG * es;
+    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->k % GEMM_FSEG == 0);
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const uint8_t *row = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes +
+                             (size_t)(r % 16) * sb;
+        for (int t = 0; t < a->n_tok; t++) {
+            const float *x = a->x + (size_t)t * a->ldx;
+            float s[16] = {0};
+            for (int64_t i = 0; i < a->k; i++)
+                s[i % 16] = fmaf(ld_float(bt, row + (size_t)(i / GEMM_FSEG) * 16 * sb,
+                                          i % GEMM_FSEG), x[i], s[i % 16]);
+            a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = fold(s, 16);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -342,6 +373,10 @@ static void scalar_gemm(const struct gemm_args *a)
         gemm_scalar_r16q6(a);
         return;
     }
+    if (gemm_base_type(a->wtype) != a->wtype) { /* the floats: the only ones left */
+        gemm_scalar_fr16(a);
+        return;
+    }
     for (int64_t r = a->r0; r < a->r1; r++) {
         const uint8_t *w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
         for (int t = 0; t < a->n_tok; t++) {
@@ -364,6 +399,10 @@ static void scalar_gemm(const struct gemm_args *a)
 
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k)
 {
+    if (t == DT_F32 || t == DT_F16 || t == DT_BF16)
+        return k >= 2 * GEMM_FSEG && k % GEMM_FSEG == 0 && rows >= 0
+                   ? (size_t)((rows + 15) / 16 * 16) * dtype_row_bytes(t, k)
+                   : 0;
     const int64_t bs = t == DT_Q4_K || t == DT_Q6_K ? 256 : 32;
     if ((t != DT_Q8_0 && t != DT_Q4_0 && t != DT_Q4_K && t != DT_Q6_K) || k <= 0 || k % bs != 0 ||
         rows < 0)
@@ -471,6 +510,16 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
     if (total == 0)
         return -1;
     memset(dst, 0, total);
+    if (t == DT_F32 || t == DT_F16 || t == DT_BF16) {
+        const size_t sb = GEMM_FSEG * dtype_row_bytes(t, 1);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
+            uint8_t *grp = (uint8_t *)dst + (size_t)(r / 16) * 16 * dtype_row_bytes(t, k);
+            for (int64_t c = 0; c < k / GEMM_FSEG; c++)
+                memcpy(grp + (size_t)(16 * c + r % 16) * sb, src + (size_t)c * sb, sb);
+        }
+        return t + 0x100;
+    }
     if (t == DT_Q4_K || t == DT_Q6_K) {
         const int q6 = t == DT_Q6_K;
         const size_t bs = q6 ? 210 : 144, sbs = 16 * bs;
@@ -511,6 +560,8 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
 {
+    if (t == DT_F32 || t == DT_F16 || t == DT_BF16) /* AVX-512 only (AVX2: the reference) */
+        return o && (o->isa == ISA_AVX512 || o->isa == ISA_AMX);
     if (t == DT_Q6_K) /* only the AVX-512 levels have a repacked Q6_K kernel */
         return o && (o->isa == ISA_AVX512 || o->isa == ISA_AMX);
     return o && o->isa != ISA_SCALAR && (t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_K);
