@@ -2,7 +2,7 @@
  * weld_kernel_bench - time the gemm kernels (kernels/cpu/gemm.h) on the weight shapes of a
  * whole model and compare decode with the read-bandwidth probe run in the same process.
  *
- *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|all]
+ *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|8b-4l|all]
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
  *                     [--pairs 0|1]
  *
@@ -66,6 +66,7 @@ struct preset {
 static const struct preset presets[] = {
     {"110m", 768, 12, 768, 768, 2048, 32000},
     {"1b", 2048, 16, 2048, 512, 8192, 128256},
+    {"8b-4l", 4096, 4, 4096, 1024, 14336, 128256}, /* 4 of Llama-3-8B's 32 layers */
 };
 
 static double now_s(void)
@@ -240,8 +241,9 @@ static double run(const struct model *md, const struct gemm_ops *o, int n, int n
         jobs[i] = (struct job){md, o, i, n, n_tok, iters, NULL, NULL, NULL, &bar};
         jobs[i].x = calloc((size_t)n_tok * (size_t)md->max_k, sizeof(float));
         jobs[i].y = calloc((size_t)n_tok * (size_t)md->max_rows, sizeof(float));
-        jobs[i].act = calloc((size_t)n_tok, gemm_act_row_bytes(md->wtype, md->max_k) +
-                                                gemm_act_row_bytes(md->wtype + 0x100, md->max_k) + 64);
+        size_t arb = gemm_act_row_bytes(md->wtype, md->max_k) +
+                     gemm_act_row_bytes(md->wtype + 0x100, md->max_k); /* either layout */
+        jobs[i].act = calloc((size_t)n_tok, arb + 64);
         for (int64_t e = 0; e < (int64_t)n_tok * md->max_k; e++)
             jobs[i].x[e] = (float)((e * 7919) % 201 - 100) * 0.01f;
     }
@@ -286,7 +288,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--pp") && v) pp = atoi(v), i++;
         else if (!strcmp(argv[i], "--pairs") && v) pairs = atoi(v), i++;
         else {
-            fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|all] [--types a,b] "
+            fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|8b-4l|all] [--types a,b] "
                     "[--gib G] [--seconds S] [--pp N] [--pairs 0|1]\n", argv[0]);
             return 2;
         }

@@ -907,7 +907,8 @@ static void gemm_tile_at(const struct gemm_args *a, int64_t r, int64_t t0, int n
         .y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0),
     };
     if (sb) { /* repacked floats: the tile's rows lie in one group (r0 % 16 == 0, nr | 16) */
-        tl.w0 = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes + (size_t)(r % 16) * sb;
+        tl.w0 = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes +
+                (size_t)(r % 16) * sb;
         tl.w_stride = sb;
     }
     if (flt)
