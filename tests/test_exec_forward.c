@@ -223,7 +223,7 @@ static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 4, 2, 32, 96, 60, 32,
                                         true, false, false, false, 1000000.0f};
 
 /* An FFN of two GEMM_FSEG segments: the float down projection runs repacked
-   (GEMM_F*_R16) on AVX-512, the other matrices (K = 64) as they are. */
+   (GEMM_F*_R16) on AVX-512 and AVX2, the other matrices (K = 64) as they are. */
 static const struct tspec spec_long = {ARCH_LLAMA, 64, 2, 4, 2, 16, 2 * GEMM_FSEG, 40, 16,
                                        false, false, false, false, 10000.0f};
 
@@ -377,7 +377,7 @@ static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
 }
 
 /* Floats: only rows of two GEMM_FSEG segments or more (the down projection here), and
-   only where the ISA has the kernels (AVX-512); WELD_REPACK=0 keeps them all as they are. */
+   only where the ISA has the kernels (AVX-512, AVX2); WELD_REPACK=0 keeps them all as they are. */
 static void check_plan_long(int wtype, uint64_t seed)
 {
     struct tmodel *tm = tm_build(&spec_long, wtype, seed);

@@ -504,7 +504,7 @@ TEST(repacked_floats)
     CHECK_EQ_INT(gemm_repack_bytes(DT_F16, 16, 2 * GEMM_FSEG + 16), 0);
     CHECK(gemm_repack_bytes(DT_BF16, 17, 2 * GEMM_FSEG) == 32 * 2 * 2 * GEMM_FSEG);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_F16) == isa_cpu_has(ISA_AVX512));
-    CHECK(!gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_F16));
+    CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_BF16) == isa_cpu_has(ISA_AVX2));
     CHECK(!gemm_repack_pays(&gemm_ops_scalar, DT_F32));
     for (int ti = 0; ti < 3; ti++)
         for (int ir = 0; ir < 4; ir++)

@@ -50,7 +50,7 @@
  * numeric contract). Measured on a Zen 5 core (AVX-512), 110M shapes, one thread: decode
  * Q4_0 20 -> 39 GB/s, Q8_0 29 -> 41 GB/s; prefill (64 tokens) 950 -> 2100-2400 tok/s. On a
  * Zen 3 core (AVX2), weld_kernel_bench pp64: Q8_0 184 -> 343 tok/s, Q4_0 122 -> 382.
- * F32 / F16 / BF16 matrices of long rows are repacked on AVX-512 into segments
+ * F32 / F16 / BF16 matrices of long rows are repacked on AVX-512 and AVX2 into segments
  * (GEMM_F*_R16 below: the float contract, so the same bits) so that one-token products keep
  * their activations in L1.
  * Q4_K (AVX2 and AVX-512) and Q6_K (AVX-512 only) are repacked too (GEMM_Q4_K_R16,

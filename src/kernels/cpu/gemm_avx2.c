@@ -154,6 +154,8 @@ struct tile {
     size_t ldx;
     float *y;
     size_t ldy;
+    int64_t seg_k;    /* float path, repacked (GEMM_F*_R16): elements per segment, and */
+    size_t seg_bytes; /* bytes from a row's segment to its next; seg_k 0: whole rows */
 };
 
 #define ACT(tl, T, t, b) ((const T *)((tl)->act + (size_t)(t) * (tl)->act_stride) + (b))
@@ -323,29 +325,35 @@ AI __m256 load_w8(const uint8_t *w, int64_t i, const int wt)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* One row x nt tokens. Repacked rows (seg_k, a multiple of 16) run segment after
+   segment, the accumulators carried over. */
 AI void tile_float(const struct tile *tl, const int nt, const int wt)
 {
     __m256 lo[GEMM_TILE_TOK], hi[GEMM_TILE_TOK];
     UNROLL
     for (int t = 0; t < nt; t++)
         lo[t] = hi[t] = _mm256_setzero_ps();
-    const int64_t k = tl->k, k16 = k / 16 * 16;
+    const int64_t k = tl->k, k16 = k / 16 * 16, ks = tl->seg_k ? tl->seg_k : k16;
     const int64_t es = wt == DT_F32 ? 4 : 2;
-    for (int64_t i = 0; i < k16; i += 16) {
-        if (nt == 1 && ((es * i) & 63) == 0) { /* decode: prefetches per cache line */
-            _mm_prefetch((const char *)tl->w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
-            if (AVX2_PREFETCH_L2)
-                _mm_prefetch((const char *)tl->w + es * i + AVX2_PREFETCH_L2, _MM_HINT_T1);
-        }
-        const __m256 w0 = load_w8(tl->w, i, wt), w1 = load_w8(tl->w, i + 8, wt);
-        UNROLL
-        for (int t = 0; t < nt; t++) {
-            const float *x = tl->x + (size_t)t * tl->ldx + i;
-            lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), lo[t]);
-            hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), hi[t]);
+    for (int64_t c0 = 0; c0 < k16; c0 += ks) {
+        const uint8_t *w = tl->w + (size_t)(c0 / (ks ? ks : 1)) * tl->seg_bytes;
+        const int64_t ke = k16 - c0 < ks ? k16 - c0 : ks;
+        for (int64_t i = 0; i < ke; i += 16) {
+            if (nt == 1 && ((es * i) & 63) == 0) { /* decode: prefetches per cache line */
+                _mm_prefetch((const char *)w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
+                if (AVX2_PREFETCH_L2)
+                    _mm_prefetch((const char *)w + es * i + AVX2_PREFETCH_L2, _MM_HINT_T1);
+            }
+            const __m256 w0 = load_w8(w, i, wt), w1 = load_w8(w, i + 8, wt);
+            UNROLL
+            for (int t = 0; t < nt; t++) {
+                const float *x = tl->x + (size_t)t * tl->ldx + c0 + i;
+                lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), lo[t]);
+                hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), hi[t]);
+            }
         }
     }
-    if (k16 < k) {
+    if (k16 < k) { /* whole rows only (repacked K is a multiple of GEMM_FSEG) */
         /* Zero-padded copies: the padding adds 0 * 0 to lanes the scalar path leaves alone. */
         uint8_t wb[64] = {0};
         float xb[16];
@@ -380,9 +388,11 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
 #define FT_NC 24
 #endif
 
-/* FT_ROW rows (w0, w0 + ws, ...) x nt tokens (nt <= FT_TOK), same lanes as tile_float. */
-AI void tile_float_rows(const uint8_t *w0, size_t ws, const float *x, size_t ldx, int64_t k,
-                        float *y, size_t ldy, const int nt, const int wt)
+/* FT_ROW rows (w0, w0 + ws, ...) x nt tokens (nt <= FT_TOK), same lanes as tile_float;
+   repacked rows (seg_k > 0) segment after segment, as tile_float. */
+AI void tile_float_rows(const uint8_t *w0, size_t ws, int64_t seg_k, size_t seg_bytes,
+                        const float *x, size_t ldx, int64_t k, float *y, size_t ldy,
+                        const int nt, const int wt)
 {
     __m256 acc[2][FT_ROW][FT_TOK];
     UNROLL
@@ -392,20 +402,24 @@ AI void tile_float_rows(const uint8_t *w0, size_t ws, const float *x, size_t ldx
             UNROLL
             for (int t = 0; t < nt; t++)
                 acc[h][r][t] = _mm256_setzero_ps();
-    const int64_t k16 = k / 16 * 16;
-    for (int64_t i = 0; i < k16; i += 16) {
-        UNROLL
-        for (int h = 0; h < 2; h++) {
-            __m256 w[FT_ROW];
+    const int64_t k16 = k / 16 * 16, ks = seg_k ? seg_k : k16;
+    for (int64_t c0 = 0; c0 < k16; c0 += ks) {
+        const uint8_t *wc = w0 + (size_t)(c0 / (ks ? ks : 1)) * seg_bytes;
+        const int64_t ke = k16 - c0 < ks ? k16 - c0 : ks;
+        for (int64_t i = 0; i < ke; i += 16) {
             UNROLL
-            for (int r = 0; r < FT_ROW; r++)
-                w[r] = load_w8(w0 + (size_t)r * ws, i + 8 * h, wt);
-            UNROLL
-            for (int t = 0; t < nt; t++) {
-                const __m256 xv = _mm256_loadu_ps(x + (size_t)t * ldx + i + 8 * h);
+            for (int h = 0; h < 2; h++) {
+                __m256 w[FT_ROW];
                 UNROLL
                 for (int r = 0; r < FT_ROW; r++)
-                    acc[h][r][t] = _mm256_fmadd_ps(w[r], xv, acc[h][r][t]);
+                    w[r] = load_w8(wc + (size_t)r * ws, i + 8 * h, wt);
+                UNROLL
+                for (int t = 0; t < nt; t++) {
+                    const __m256 xv = _mm256_loadu_ps(x + (size_t)t * ldx + c0 + i + 8 * h);
+                    UNROLL
+                    for (int r = 0; r < FT_ROW; r++)
+                        acc[h][r][t] = _mm256_fmadd_ps(w[r], xv, acc[h][r][t]);
+                }
             }
         }
     }
@@ -441,30 +455,32 @@ AI void tile_float_rows(const uint8_t *w0, size_t ws, const float *x, size_t ldx
 static void run_tile(int wt, const struct tile *tl, int nt);
 
 /* Rows [r0, r1) x all tokens of a float-path product, FT_ROW rows at a time (the rest one
-   row at a time through tile_float). */
-AI void float_rows(const struct gemm_args *a, const int wt)
+   row at a time through tile_float); row r at w + (r - r0) * ws, in segments of seg_k
+   elements seg_bytes apart if seg_k > 0 (repacked: one 16-row group per call). */
+AI void float_rows_at(const struct gemm_args *a, const uint8_t *w, size_t ws, int64_t seg_k,
+                      size_t seg_bytes, int64_t r0, int64_t r1, const int wt)
 {
-    int64_t r = a->r0;
+    int64_t r = r0;
     for (int tb = 0; tb < a->n_tok; tb += FT_NC) /* a block of tokens stays in L1 / L2 */
-    for (r = a->r0; r + FT_ROW <= a->r1; r += FT_ROW) {
-        const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
+    for (r = r0; r + FT_ROW <= r1; r += FT_ROW) {
+        const uint8_t *w0 = w + (size_t)(r - r0) * ws;
         const int te = a->n_tok - tb < FT_NC ? a->n_tok : tb + FT_NC;
         for (int t0 = tb; t0 < te; t0 += FT_TOK) {
             const int nt = te - t0 < FT_TOK ? te - t0 : FT_TOK;
             const float *x = a->x + (size_t)t0 * a->ldx;
             float *y = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
             if (nt == FT_TOK)
-                tile_float_rows(w0, a->w_row_bytes, x, a->ldx, a->k, y, a->ldy, FT_TOK, wt);
+                tile_float_rows(w0, ws, seg_k, seg_bytes, x, a->ldx, a->k, y, a->ldy, FT_TOK, wt);
             else if (nt == 1)
-                tile_float_rows(w0, a->w_row_bytes, x, a->ldx, a->k, y, a->ldy, 1, wt);
+                tile_float_rows(w0, ws, seg_k, seg_bytes, x, a->ldx, a->k, y, a->ldy, 1, wt);
             else
-                tile_float_rows(w0, a->w_row_bytes, x, a->ldx, a->k, y, a->ldy, 2, wt);
+                tile_float_rows(w0, ws, seg_k, seg_bytes, x, a->ldx, a->k, y, a->ldy, 2, wt);
         }
     }
-    for (; r < a->r1; r++) {
+    for (; r < r1; r++) {
         struct tile tl = {
-            .w = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes,
-            .k = a->k, .ldx = a->ldx, .ldy = a->ldy,
+            .w = w + (size_t)(r - r0) * ws, .k = a->k, .ldx = a->ldx, .ldy = a->ldy,
+            .seg_k = seg_k, .seg_bytes = seg_bytes,
         };
         for (int t0 = 0; t0 < a->n_tok; t0 += GEMM_TILE_TOK) {
             int nt = a->n_tok - t0 < GEMM_TILE_TOK ? a->n_tok - t0 : GEMM_TILE_TOK;
@@ -482,6 +498,57 @@ AI void float_rows(const struct gemm_args *a, const int wt)
     case 3: { const int n_ = 3; call; break; }                                              \
     default: { const int n_ = 4; call; break; }                                             \
     }
+
+AI void float_rows(const struct gemm_args *a, const int wt)
+{
+    float_rows_at(a, (const uint8_t *)a->w + (size_t)a->r0 * a->w_row_bytes, a->w_row_bytes, 0,
+                  0, a->r0, a->r1, wt);
+}
+
+/* The repacked floats (GEMM_F*_R16) for several tokens: each 16-row group is rows of
+   GEMM_FSEG-element segments, row i of a segment i segments in. */
+AI void float_rows_r16(const struct gemm_args *a, const int wt)
+{
+    const size_t sb = GEMM_FSEG * (wt == DT_F32 ? 4 : 2);
+    for (int64_t g = a->r0; g < a->r1; g += 16)
+        float_rows_at(a, (const uint8_t *)a->w + (size_t)g * a->w_row_bytes, sb, GEMM_FSEG,
+                      16 * sb, g, a->r1 - g < 16 ? a->r1 : g + 16, wt);
+}
+
+/* One token x the repacked floats: segment c of a group's rows one after the other, as
+   the bytes lie (AVX-512's float_decode_r16, in two ymm per row: tile_float's lanes). */
+AI void float_decode_r16(const struct gemm_args *a, const int wt)
+{
+    const int64_t es = wt == DT_F32 ? 4 : 2, nseg = a->k / GEMM_FSEG;
+    const size_t sb = (size_t)(GEMM_FSEG * es);
+    for (int64_t g0 = a->r0; g0 < a->r1; g0 += 16) {
+        const int nr = a->r1 - g0 < 16 ? (int)(a->r1 - g0) : 16;
+        const uint8_t *grp = (const uint8_t *)a->w + (size_t)g0 * a->w_row_bytes;
+        __m256 lo[16], hi[16];
+        for (int r = 0; r < nr; r++)
+            lo[r] = hi[r] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < nseg; c++) {
+            const float *x = a->x + c * GEMM_FSEG;
+            for (int r = 0; r < nr; r++) {
+                const uint8_t *w = grp + (size_t)(16 * c + r) * sb;
+                __m256 l = lo[r], h = hi[r];
+                for (int64_t i = 0; i < GEMM_FSEG; i += 16) {
+                    if (((es * i) & 63) == 0) {
+                        _mm_prefetch((const char *)w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
+                        if (AVX2_PREFETCH_L2)
+                            _mm_prefetch((const char *)w + es * i + AVX2_PREFETCH_L2, _MM_HINT_T1);
+                    }
+                    l = _mm256_fmadd_ps(load_w8(w, i, wt), _mm256_loadu_ps(x + i), l);
+                    h = _mm256_fmadd_ps(load_w8(w, i + 8, wt), _mm256_loadu_ps(x + i + 8), h);
+                }
+                lo[r] = l;
+                hi[r] = h;
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            a->y[g0 + r - a->r0] = fold8(_mm256_add_ps(lo[r], hi[r]));
+    }
+}
 
 static void run_tile(int wt, const struct tile *tl, int nt)
 {
@@ -1022,8 +1089,21 @@ static void avx2_gemm(const struct gemm_args *a)
         gemm_scalar_r16q6(a);
         return;
     }
-    if (gemm_base_type(a->wtype) != a->wtype) { /* the floats: likewise */
-        gemm_scalar_fr16(a);
+    if (gemm_base_type(a->wtype) != a->wtype) { /* the floats */
+        const int bt = gemm_base_type(a->wtype);
+        WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->k % GEMM_FSEG == 0);
+        if (a->n_tok == 1 && bt == DT_F16)
+            float_decode_r16(a, DT_F16);
+        else if (a->n_tok == 1 && bt == DT_BF16)
+            float_decode_r16(a, DT_BF16);
+        else if (a->n_tok == 1)
+            float_decode_r16(a, DT_F32);
+        else if (bt == DT_F16)
+            float_rows_r16(a, DT_F16);
+        else if (bt == DT_BF16)
+            float_rows_r16(a, DT_BF16);
+        else
+            float_rows_r16(a, DT_F32);
         return;
     }
     if (KQ_MIN_TOK <= a->n_tok && (a->wtype == DT_Q4_K || a->wtype == DT_Q6_K)) {

@@ -560,8 +560,8 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)
 {
-    if (t == DT_F32 || t == DT_F16 || t == DT_BF16) /* AVX-512 only (AVX2: the reference) */
-        return o && (o->isa == ISA_AVX512 || o->isa == ISA_AMX);
+    if (t == DT_F32 || t == DT_F16 || t == DT_BF16)
+        return o && o->isa != ISA_SCALAR;
     if (t == DT_Q6_K) /* only the AVX-512 levels have a repacked Q6_K kernel */
         return o && (o->isa == ISA_AVX512 || o->isa == ISA_AMX);
     return o && o->isa != ISA_SCALAR && (t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_K);
