@@ -262,32 +262,35 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
     return WELD_OK;
 }
 
-/* gemm_decode_flags(), or what WELD_DECODE_PAIRS (0 or 1) asks for. */
-static int decode_flags(unsigned *out, struct weld_err *e)
+/* A 0 / 1 switch from the environment: *out keeps its default when `name` is unset or
+   empty; anything but "0" or "1" is an error that says what each means. */
+static int env_switch(const char *name, const char *means0, const char *means1, bool *out,
+                      struct weld_err *e)
 {
-    const char *v = getenv("WELD_DECODE_PAIRS");
-    *out = gemm_decode_flags();
+    const char *v = getenv(name);
     if (!v || !*v)
         return WELD_OK;
     if (strcmp(v, "0") && strcmp(v, "1"))
-        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_DECODE_PAIRS=%s: expected 0 (one weight "
-                       "stream per core) or 1 (two)", v);
-    *out = v[0] == '1' ? *out | GEMM_DECODE_PAIRS : *out & ~GEMM_DECODE_PAIRS;
+        return err_set(e, WELD_ERR_INVALID_ARG, "%s=%s: expected 0 (%s) or 1 (%s)", name, v,
+                       means0, means1);
+    *out = v[0] == '1';
     return WELD_OK;
 }
 
-/* Whether matrices go into their repacked forms where those pay: WELD_REPACK (0 or 1,
-   default 1; 0 keeps every matrix in its GGUF layout, same numbers, for comparisons). */
-static int repack_wanted(bool *out, struct weld_err *e)
+/* gemm_decode_flags(), or what WELD_DECODE_PAIRS (0 or 1) asks for; and whether matrices
+   go into their repacked forms where those pay: WELD_REPACK (default 1; 0 keeps every
+   matrix in its file's layout, same numbers, for comparisons). */
+static int env_settings(struct exec_weights *w, struct weld_err *e)
 {
-    const char *v = getenv("WELD_REPACK");
-    *out = true;
-    if (!v || !*v)
-        return WELD_OK;
-    if (strcmp(v, "0") && strcmp(v, "1"))
-        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_REPACK=%s: expected 1 (repack weights "
-                       "where that runs faster, the default) or 0 (keep the file's layout)", v);
-    *out = v[0] == '1';
+    w->gemm_flags = gemm_decode_flags();
+    bool pairs = w->gemm_flags & GEMM_DECODE_PAIRS;
+    w->repack = true;
+    int rc = env_switch("WELD_DECODE_PAIRS", "one weight stream per core", "two", &pairs, e);
+    if (rc || (rc = env_switch("WELD_REPACK", "keep the file's layout",
+                               "repack weights where that runs faster, the default",
+                               &w->repack, e)))
+        return rc;
+    w->gemm_flags = pairs ? w->gemm_flags | GEMM_DECODE_PAIRS : w->gemm_flags & ~GEMM_DECODE_PAIRS;
     return WELD_OK;
 }
 
@@ -297,7 +300,7 @@ static int mats_create(struct exec_weights *w, struct weld_err *e)
     if (rc)
         return rc;
     w->go = gemm_ops_get();
-    if ((rc = decode_flags(&w->gemm_flags, e)) || (rc = repack_wanted(&w->repack, e)))
+    if ((rc = env_settings(w, e)))
         return rc;
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
