@@ -1032,6 +1032,8 @@ static void avx512_gemm(const struct gemm_args *a)
                                           : a->r1 - a->r0;
     const int tr = gemm_act_kind(a->wtype) == GEMM_ACT_F32 ? FLOAT_TILE_ROW : GEMM_TILE_ROW;
     rb = rb < tr ? tr : rb / tr * tr;
+    if (gemm_base_type(a->wtype) != a->wtype) /* repacked floats: whole 16-row groups, whose */
+        rb = rb < 16 ? 16 : rb / 16 * 16;     /* bytes are contiguous (a part of one is not) */
     for (int64_t r = a->r0; r < a->r1; r += rb)
         gemm_rows(a, r, a->r1 - r < rb ? a->r1 : r + rb, multi);
 }
