@@ -474,8 +474,12 @@ TEST(kv_rows_per_head)
             const float *got = kv_read_head(kv, at, back);
             CHECK(memcmp(got, want + h * HD, sizeof(float) * HD) == 0);
             CHECK((got == back) == (kv_types[k] != DT_F32)); /* f32 is read in place */
-            /* head-major layout: (layer 1, block 2, head h, slot 3) of V, nowhere in K */
-            CHECK(at == kv->v + (((size_t)(1 * 3 + 2) * NH + h) * 4 + 3) * kv->head_bytes);
+            /* layout (layer, head, block, slot): (layer 1, head h, block 2, slot 3) of V,
+               nowhere in K */
+            CHECK(at == kv->v + (((size_t)(1 * NH + h) * 3 + 2) * 4 + 3) * kv->head_bytes);
+            /* one head's runs of consecutive blocks follow one another */
+            CHECK(kv_slot_head(kv, kv->v, 1, 1, 0, h) + 4 * kv->head_bytes ==
+                  kv_slot_head(kv, kv->v, 1, 2, 0, h));
         }
         /* one head's positions of a block are contiguous */
         CHECK(kv_slot_head(kv, kv->v, 1, 2, 1, 1) + kv->head_bytes ==

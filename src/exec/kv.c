@@ -239,13 +239,14 @@ const float *kv_read_head(const struct kv_cache *kv, const uint8_t *src, float *
 
 void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
 {
-    size_t tile = (size_t)kv->block_size * kv->row_bytes;
-    for (int l = 0; l < kv->n_layer; l++) {
-        memcpy(kv_slot_head(kv, kv->k, l, dst, 0, 0), kv_slot_head(kv, kv->k, l, src, 0, 0),
-               tile);
-        memcpy(kv_slot_head(kv, kv->v, l, dst, 0, 0), kv_slot_head(kv, kv->v, l, src, 0, 0),
-               tile);
-    }
+    size_t run = (size_t)kv->block_size * kv->head_bytes;
+    for (int l = 0; l < kv->n_layer; l++)
+        for (int h = 0; h < kv->n_kv_head; h++) {
+            memcpy(kv_slot_head(kv, kv->k, l, dst, 0, h), kv_slot_head(kv, kv->k, l, src, 0, h),
+                   run);
+            memcpy(kv_slot_head(kv, kv->v, l, dst, 0, h), kv_slot_head(kv, kv->v, l, src, 0, h),
+                   run);
+        }
 }
 
 /* ---- engine tables --------------------------------------------------------------------- */

@@ -363,9 +363,17 @@ static void attn_rows(const struct exec_step *st, int layer, const int32_t *tabl
     const int hd = kv->head_dim;
     const bool in_place = kv->type == DT_F32 || (!shared && kv->type != DT_Q8_0);
     a->kv_type = in_place ? kv->type : DT_F32;
-    for (int j = 0; j < nc; j++) {
-        const uint8_t *kr = kv_pos_head(kv, kv->k, layer, table, c0 + j, h);
-        const uint8_t *vr = kv_pos_head(kv, kv->v, layer, table, c0 + j, h);
+    /* a block's slots of one head are consecutive rows: one table lookup per block and
+       two divisions per chunk, instead of both per position (32 divisions a chunk) */
+    int b = c0 / kv->block_size, slot = c0 % kv->block_size;
+    const uint8_t *kr = kv_slot_head(kv, kv->k, layer, table[b], slot, h);
+    const uint8_t *vr = kv_slot_head(kv, kv->v, layer, table[b], slot, h);
+    for (int j = 0; j < nc; j++, slot++, kr += kv->head_bytes, vr += kv->head_bytes) {
+        if (slot == kv->block_size) {
+            b++, slot = 0;
+            kr = kv_slot_head(kv, kv->k, layer, table[b], 0, h);
+            vr = kv_slot_head(kv, kv->v, layer, table[b], 0, h);
+        }
         if (in_place) {
             a->k[j] = kr, a->v[j] = vr;
             continue;
@@ -409,9 +417,9 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
     const float *qp[OPS_ATT_ROWS];
     int nvis[OPS_ATT_ROWS];
     struct attn_chunk_args a = {.hd = hd, .q = qp, .n = nvis, .scale = 1.0f / sqrtf((float)hd)};
-    for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
-        const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
-        for (int h = h0; h < h1; h++) {
+    for (int h = h0; h < h1; h++) /* one head at a time: its K and V runs are two streams */
+        for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
+            const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
             attn_rows(st, layer, table, h, c0, nc, rows_h > 1, &a, sc);
             for (int r0 = 0; r0 < rows_h; r0 += OPS_ATT_ROWS) {
                 const int nr = rows_h - r0 < OPS_ATT_ROWS ? rows_h - r0 : OPS_ATT_ROWS;
@@ -427,7 +435,6 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
                 st->w->go->attn_chunk(&a);
             }
         }
-    }
     for (int h = h0; h < h1; h++)
         for (int r = 0; r < rows_h; r++) {
             const size_t s = (size_t)(h - h0) * rows_h + r;
