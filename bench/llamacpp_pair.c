@@ -4,7 +4,8 @@
  * percent between seconds (other tenants): runs of separate processes minutes apart
  * compare minutes, not engines.
  *
- *   weld_llamacpp_pair -m MODEL [-t THREADS] [-p 512] [-n 128] [-r 5] [--block B] [--json]
+ *   weld_llamacpp_pair -m MODEL [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 5] [--block B]
+ *                      [--json]
  *
  * Built only when CMake is given -DWELD_LLAMACPP_BIN=DIR (a llama.cpp build's bin
  * directory, with libllama.so; headers from DIR/../../include and DIR/../../ggml/include,
@@ -18,6 +19,10 @@
  * empty cache; tg = N one-token decodes from an empty cache, each synchronized. weld runs
  * as `weld bench` does: a runner with the default executor (WELD_EXEC), T workers, f16
  * KV cache, pp = one P-token step at position 0, tg = N one-token steps from position 0.
+ * With -d D (llama-bench's -d), both sides first take D random ids (untimed, in decodes
+ * of up to 512) before every pp and every repetition's tg, which then start at
+ * position D: decode speed at a long context, where attention reads more KV than a short
+ * one.
  *
  * Method (as `weld bench --pair`): a warm-up of both, then per repetition each side's pp
  * (weld first on even repetitions), then both sides' tg in blocks of B steps (default:
@@ -30,7 +35,7 @@
  * tok/s over the timed work, and the median weld / llama speed ratio over the block pairs
  * (tg) and the repetitions (pp) with its 10th and 90th percentiles.
  *
- * JSON (--json): {"model", "threads", "block_steps", "weld": {"pp_tok_s", "tg_tok_s"},
+ * JSON (--json): {"model", "threads", "depth", "block_steps", "weld": {"pp_tok_s", "tg_tok_s"},
  * "llama": {same}, "tg_ratio": {"median", "p10", "p90", "pairs"}, "pp_ratio": {same}}.
  */
 #include "core/alloc.h"
@@ -49,7 +54,7 @@
 
 struct opts {
     const char *model;
-    int threads, n_prompt, n_gen, reps, block;
+    int threads, n_prompt, n_gen, depth, reps, block;
     bool json;
 };
 
@@ -96,7 +101,7 @@ static int w_open(struct side_w *w, const struct opts *o, struct weld_err *e)
     if (rc)
         return rc;
     struct backend_params p;
-    backend_params_init(&p, 1, o->n_prompt + o->n_gen + 1);
+    backend_params_init(&p, 1, o->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen) + 1);
     p.n_threads = o->threads;
     if ((rc = runner_create_ex(&w->r, w->m, &p, e)))
         return rc;
@@ -140,13 +145,41 @@ static void fill_ids(struct run *r, int n)
         r->ids[0] = r->bos;
 }
 
-/* Seconds of one side's pp of P tokens on an empty cache. */
+#define DEPTH_PIECE 512 /* tokens per decode of the untimed depth prefill */
+
+/* An empty cache, then D random ids on each side (untimed), the pause after it included. */
+static int depth_w(struct run *r, struct weld_err *e)
+{
+    const int d = r->o->depth;
+    int rc = WELD_OK;
+    runner_drop_seq(r->w.r, 0);
+    fill_ids(r, d);
+    for (int i = 0; rc == WELD_OK && i < d; i += DEPTH_PIECE)
+        rc = w_step(&r->w, r->ids + i, d - i < DEPTH_PIECE ? d - i : DEPTH_PIECE, i, e);
+    return rc;
+}
+
+static int depth_l(struct run *r, struct weld_err *e)
+{
+    const int d = r->o->depth;
+    int rc = 0;
+    lside_clear(r->l);
+    fill_ids(r, d);
+    for (int i = 0; rc == 0 && i < d; i += DEPTH_PIECE)
+        rc = lside_decode(r->l, r->ids + i, d - i < DEPTH_PIECE ? d - i : DEPTH_PIECE);
+    return rc ? err_set(e, WELD_ERR_INTERNAL, "llama_decode of the depth's %d tokens failed (%d)",
+                        d, rc) : WELD_OK;
+}
+
+/* Seconds of one side's pp of P tokens on a cache holding D. */
 static int pp_w(struct run *r, double *dt, struct weld_err *e)
 {
+    int rc = depth_w(r, e);
+    if (rc)
+        return rc;
     fill_ids(r, r->o->n_prompt);
-    runner_drop_seq(r->w.r, 0);
     double t0 = now_s();
-    int rc = w_step(&r->w, r->ids, r->o->n_prompt, 0, e);
+    rc = w_step(&r->w, r->ids, r->o->n_prompt, r->o->depth, e);
     *dt = now_s() - t0;
     runner_drop_seq(r->w.r, 0);
     runner_park(r->w.r);
@@ -156,11 +189,15 @@ static int pp_w(struct run *r, double *dt, struct weld_err *e)
 
 static int pp_l(struct run *r, double *dt, struct weld_err *e)
 {
-    fill_ids(r, r->o->n_prompt);
-    lside_clear(r->l);
     lside_resume(r->l);
+    int rc = depth_l(r, e);
+    if (rc) {
+        lside_pause(r->l);
+        return rc;
+    }
+    fill_ids(r, r->o->n_prompt);
     double t0 = now_s();
-    int rc = lside_decode(r->l, r->ids, r->o->n_prompt);
+    rc = lside_decode(r->l, r->ids, r->o->n_prompt);
     *dt = now_s() - t0;
     lside_pause(r->l);
     lside_clear(r->l);
@@ -237,12 +274,19 @@ static int rep(struct run *r, int k, struct ratios *pp, struct ratios *tg, struc
     r->l_pp_s += dl;
     r->pp_tok += o->n_prompt;
     push(pp, dl / dw);
-    runner_drop_seq(r->w.r, 0);
-    lside_clear(r->l);
+    if ((rc = depth_w(r, e)))
+        return rc;
+    runner_park(r->w.r);
+    lside_resume(r->l);
+    rc = depth_l(r, e);
+    lside_pause(r->l);
+    if (rc)
+        return rc;
+    gap();
     double prev_w = -1, cur_l = -1; /* seconds per step of the last blocks */
     for (int done = 0; rc == WELD_OK && done < o->n_gen; done += o->block) {
         int n = o->n_gen - done < o->block ? o->n_gen - done : o->block;
-        if ((rc = tg_w(r, done, n, &dw, e)))
+        if ((rc = tg_w(r, o->depth + done, n, &dw, e)))
             break;
         r->w_tg_s += dw;
         if (cur_l > 0 && prev_w > 0) /* the llama block between two weld blocks */
@@ -267,14 +311,15 @@ static int measure(const struct opts *oi, struct weld_err *e)
     rng_seed(&g_rng, 1);
     int rc = w_open(&r.w, &o, e);
     char msg[256];
-    if (rc == WELD_OK && lside_open(&r.l, o.model, o.threads, o.n_prompt + o.n_gen, msg,
-                                    sizeof msg))
+    const int most = o.n_prompt > o.n_gen ? o.n_prompt : o.n_gen;
+    if (rc == WELD_OK && lside_open(&r.l, o.model, o.threads, o.depth + most, msg, sizeof msg))
         rc = err_set(e, WELD_ERR_INTERNAL, "%s", msg);
     if (rc == WELD_OK) {
         int lv = lside_n_vocab(r.l);
         r.n_vocab = r.w.m->cfg.n_vocab < lv ? r.w.m->cfg.n_vocab : lv;
         r.bos = lside_bos(r.l);
-        if (!(r.ids = wmalloc((size_t)o.n_prompt * sizeof *r.ids)))
+        if (!(r.ids = wmalloc((size_t)(o.n_prompt > o.depth ? o.n_prompt : o.depth) *
+                              sizeof *r.ids)))
             rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
     }
     double dw = 0, dl = 0;
@@ -304,9 +349,9 @@ static int measure(const struct opts *oi, struct weld_err *e)
         double wtg = r.tg_tok / r.w_tg_s, ltg = r.tg_tok / r.l_tg_s;
         if (o.json) {
             json_t *j = json_pack(
-                "{s:s, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, s:{s:f, s:f, s:f, s:i}, "
+                "{s:s, s:i, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, s:{s:f, s:f, s:f, s:i}, "
                 "s:{s:f, s:f, s:f, s:i}}", "model", o.model, "threads", o.threads,
-                "block_steps", o.block, "weld", "pp_tok_s", wpp, "tg_tok_s", wtg, "llama",
+                "depth", o.depth, "block_steps", o.block, "weld", "pp_tok_s", wpp, "tg_tok_s", wtg, "llama",
                 "pp_tok_s", lpp, "tg_tok_s", ltg, "tg_ratio", "median", pct(&tg, 0.5), "p10",
                 pct(&tg, 0.1), "p90", pct(&tg, 0.9), "pairs", tg.n, "pp_ratio", "median",
                 pct(&pp, 0.5), "p10", pct(&pp, 0.1), "p90", pct(&pp, 0.9), "pairs", pp.n);
@@ -320,8 +365,8 @@ static int measure(const struct opts *oi, struct weld_err *e)
         }
         else {
             printf("model %s, %d threads: %d repetitions of pp%d, then tg%d in blocks of %d "
-                   "steps, weld and llama.cpp interleaved in one process\n", o.model,
-                   o.threads, o.reps, o.n_prompt, o.n_gen, o.block);
+                   "steps, at depth %d, weld and llama.cpp interleaved in one process\n",
+                   o.model, o.threads, o.reps, o.n_prompt, o.n_gen, o.block, o.depth);
             printf("  weld    pp %10.2f tok/s   tg %10.2f tok/s\n", wpp, wtg);
             printf("  llama   pp %10.2f tok/s   tg %10.2f tok/s\n", lpp, ltg);
             printf("  tg weld / llama: %.3fx median over %d block pairs (p10 %.3fx, p90 %.3fx)\n",
@@ -340,8 +385,8 @@ static int measure(const struct opts *oi, struct weld_err *e)
 
 static int usage(const char *argv0)
 {
-    fprintf(stderr, "usage: %s -m MODEL [-t THREADS] [-p 512] [-n 128] [-r 5] [--block B] "
-            "[--json]\n", argv0);
+    fprintf(stderr, "usage: %s -m MODEL [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 5] "
+            "[--block B] [--json]\n", argv0);
     return 2;
 }
 
@@ -354,6 +399,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-t") && v) o.threads = atoi(v), i++;
         else if (!strcmp(argv[i], "-p") && v) o.n_prompt = atoi(v), i++;
         else if (!strcmp(argv[i], "-n") && v) o.n_gen = atoi(v), i++;
+        else if (!strcmp(argv[i], "-d") && v) o.depth = atoi(v), i++;
         else if (!strcmp(argv[i], "-r") && v) o.reps = atoi(v), i++;
         else if (!strcmp(argv[i], "--block") && v) o.block = atoi(v), i++;
         else if (!strcmp(argv[i], "--json")) o.json = true;
@@ -361,7 +407,7 @@ int main(int argc, char **argv)
             return usage(argv[0]);
     }
     if (!o.model || o.threads < 1 || o.threads > 256 || o.n_prompt < 1 || o.n_prompt > 2048 ||
-        o.n_gen < 2 || o.reps < 1 || o.block < 0)
+        o.n_gen < 2 || o.depth < 0 || o.depth > 1 << 20 || o.reps < 1 || o.block < 0)
         return usage(argv[0]);
     lside_init();
     struct weld_err e = {0};
