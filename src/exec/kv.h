@@ -11,8 +11,10 @@
  * order; the block managers hand out ids in increasing order, so a prompt's blocks are
  * usually consecutive and that walk is one stream. With the block index outside the head
  * (the layout until 2026-12-03) every run was a separate 2 KiB island 24 KiB (110M) from
- * the next, and decode attention ran at a quarter of the streaming speed (ns per chunk of
- * 16 positions, one row, hd 64, 2 KiB runs 24 KiB apart / back to back: 750 / 195).
+ * the next, and decode attention ran at about a third of the streaming speed
+ * (weld_attn_bench, one core, one row, hd 64, f16: 640-670 ns per chunk of 16 positions
+ * as islands, 177-230 back to back; 110M Q8_0 decode at a context of 1536, `weld bench
+ * --pair mega,mega@...` against that layout: 1.21-1.28x; at short contexts the same).
  * A block copy (copy-on-write) moves n_layer * n_kv_head runs. A block id means the same
  * slots in every layer. kv_dim = n_kv_head * head_dim; row_bytes = bytes of kv_dim
  * elements.

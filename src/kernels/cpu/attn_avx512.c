@@ -6,8 +6,13 @@
  * row's 16 lanes of all 16 positions as 16 registers (see "many query rows" below): no
  * shuffles per row, value vectors loaded once per 8 rows. Fewer rows (decode: one row per
  * KV head, or a GQA group of 2-4) take the full-chunk kernel when every row sees all 16
- * positions (every chunk of a decode but the last; see "full chunks" below: 1.7x faster
- * than the row kernel for one row, 2.3x for four, hot in L1), else the row kernel:
+ * positions (every chunk of a decode but the last; see "full chunks" below), else the
+ * row kernel. weld_attn_bench, hd 64, f16, in L1, one Zen 4 core: one row 186-191 ns per
+ * chunk with the row kernel, 163-166 with the full-chunk one; four rows 547-566 and
+ * 327-340. (There attn_avx2.c's one-row kernel takes 110 ns, likely because Zen 4 runs
+ * a zmm operation as two halves and the ymm fold needs fewer shuffles; the same bits, but
+ * not picked by CPU vendor yet.)
+ * The row kernel:
  *
  * Scores: one zmm accumulator per position (element i in lane i % 16, fmadd in increasing
  * i, exactly the contract's lanes), then the 16 accumulators are folded together in a
