@@ -17,6 +17,8 @@
  *            in the cache's layout since 2026-12-03: one stream per plane);
  *   islands: one run every 12 runs (the layout before: a block's heads side by side, so
  *            one head's next block was n_kv_head runs away; 12 heads as llama-110m).
+ * Rows "avx512z" are attn_chunk_avx512_zmm: AVX-512 without the per-CPU choice that hands
+ * one-row chunks to the AVX2 kernel on Zen 4 (attn_avx512.c).
  * Prints ns per chunk and the KV bytes read per second (K and V: 2 * 16 * hd * element
  * size per chunk), the best of 3 passes of --seconds each. KV memory is huge-page advised
  * (wmap_huge) as the engine's cache is. Not a unit test and not registered with ctest.
@@ -30,6 +32,7 @@
 #include "kernels/cpu/isa.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +58,8 @@ struct setup {
 
 /* Seconds per chunk over at least `seconds`: chunks at run index i * gap (mod n_runs,
    which is what wraps the walk), n_used distinct chunks. */
-static double time_chunks(struct setup *s, const struct gemm_ops *o, size_t n_used, size_t gap,
-                          double seconds)
+static double time_chunks(struct setup *s, void (*chunk)(const struct attn_chunk_args *),
+                          size_t n_used, size_t gap, double seconds)
 {
     const float *qp[MAX_ROWS];
     int n[MAX_ROWS];
@@ -77,7 +80,7 @@ static double time_chunks(struct setup *s, const struct gemm_ops *o, size_t n_us
                 a.k[j] = s->k + at + (size_t)j * s->hd * s->esz;
                 a.v[j] = s->v + at + (size_t)j * s->hd * s->esz;
             }
-            o->attn_chunk(&a);
+            chunk(&a);
         }
         calls += (long long)n_used;
         t = now_s() - t0;
@@ -157,26 +160,32 @@ int main(int argc, char **argv)
            (double)plane / 1048576.0);
     printf("isa     rows   hot ns  (GB/s)   stream ns  (GB/s)   islands ns  (GB/s)\n");
     const double bytes = 2.0 * (double)s.run;
-    for (int lvl = ISA_SCALAR; lvl < ISA_COUNT; lvl++) {
-        const struct gemm_ops *o = gemm_ops_for((enum isa_level)lvl);
+    /* the ISAs' kernels, and on AVX-512 also attn_chunk_avx512_zmm ("avx512z"): the same
+       without the per-CPU one-row choice (attn_avx512.c) */
+    for (int lvl = ISA_SCALAR; lvl <= ISA_COUNT; lvl++) {
+        const bool zmm = lvl == ISA_COUNT;
+        const struct gemm_ops *o = gemm_ops_for(zmm ? ISA_AVX512 : (enum isa_level)lvl);
         if (!o || lvl == ISA_AMX) /* AMX runs the AVX-512 attention kernel */
             continue;
-        if (isas ? !strstr(isas, isa_name(o->isa)) : lvl == ISA_SCALAR)
+        const char *name = zmm ? "avx512z" : isa_name(o->isa);
+        if (isas ? !strstr(isas, zmm ? "avx512" : name) : lvl == ISA_SCALAR)
             continue; /* the scalar reference only when asked: ~40x slower */
+        void (*chunk)(const struct attn_chunk_args *) = zmm ? attn_chunk_avx512_zmm
+                                                            : o->attn_chunk;
         for (const char *p = rows; *p;) {
             int nq = atoi(p);
             if (nq >= 1 && nq <= MAX_ROWS) {
                 s.nq = nq;
                 double best[3] = {1e9, 1e9, 1e9};
                 for (int pass = 0; pass < 3; pass++) {
-                    double t[3] = {time_chunks(&s, o, 4, 1, seconds / 3),
-                                   time_chunks(&s, o, s.n_runs, 1, seconds / 3),
-                                   time_chunks(&s, o, s.n_runs / ISLAND_GAP, ISLAND_GAP,
+                    double t[3] = {time_chunks(&s, chunk, 4, 1, seconds / 3),
+                                   time_chunks(&s, chunk, s.n_runs, 1, seconds / 3),
+                                   time_chunks(&s, chunk, s.n_runs / ISLAND_GAP, ISLAND_GAP,
                                                seconds / 3)};
                     for (int k = 0; k < 3; k++)
                         best[k] = t[k] < best[k] ? t[k] : best[k];
                 }
-                printf("%-7s %4d %8.1f %7.1f %11.1f %7.1f %12.1f %7.1f\n", isa_name(o->isa), nq,
+                printf("%-7s %4d %8.1f %7.1f %11.1f %7.1f %12.1f %7.1f\n", name, nq,
                        best[0] * 1e9, bytes / best[0] / 1e9, best[1] * 1e9,
                        bytes / best[1] / 1e9, best[2] * 1e9, bytes / best[2] / 1e9);
             }

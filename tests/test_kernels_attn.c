@@ -151,7 +151,8 @@ static void store_rows(int t, const float *x, size_t n, uint8_t *dst)
    every chunk; 1-4 rows (decode: the full-chunk kernels on even chunks, where every row
    sees 16 positions, and the row-pair kernel on odd ones, where counts are random), 9 and
    70 (the transposed-keys kernel: two passes of up to 64 rows, groups of 3 and 8 with
-   remainders, rows with nothing visible). */
+   remainders, rows with nothing visible). On AVX-512 also attn_chunk_avx512_zmm, the
+   kernels a Zen 4 host does not pick for one row. */
 TEST(isa_bit_identical)
 {
     struct rng rg;
@@ -172,10 +173,11 @@ TEST(isa_bit_identical)
                       *vf = malloc(sizeof(float) * 16 * hd);
                 uint8_t *kb = malloc(4 * 16 * (size_t)hd), *vb = malloc(4 * 16 * (size_t)hd);
                 float *acc0 = calloc((size_t)nq * hd, sizeof(float)),
-                      *acc1 = calloc((size_t)nq * hd, sizeof(float));
-                float m0[70], l0[70], m1[70], l1[70];
+                      *acc1 = calloc((size_t)nq * hd, sizeof(float)),
+                      *acc2 = calloc((size_t)nq * hd, sizeof(float));
+                float m0[70], l0[70], m1[70], l1[70], m2[70], l2[70];
                 for (int r = 0; r < nq; r++)
-                    m0[r] = m1[r] = -INFINITY, l0[r] = l1[r] = 0.0f;
+                    m0[r] = m1[r] = m2[r] = -INFINITY, l0[r] = l1[r] = l2[r] = 0.0f;
                 fill(&rg, q, (size_t)nq * hd, 1.0);
                 const size_t esz = t == DT_F32 ? 4 : 2;
                 for (int c = 0; c < 12; c++) {
@@ -207,8 +209,19 @@ TEST(isa_bit_identical)
                     if (memcmp(m0, m1, sizeof(float) * nq) || memcmp(l0, l1, sizeof(float) * nq) ||
                         memcmp(acc0, acc1, sizeof(float) * nq * hd))
                         diffs++;
+#if defined(__x86_64__)
+                    if (lvl >= ISA_AVX512) { /* also without the per-CPU one-row choice */
+                        a.m = m2, a.l = l2, a.acc = acc2;
+                        attn_chunk_avx512_zmm(&a);
+                        if (memcmp(m0, m2, sizeof(float) * nq) ||
+                            memcmp(l0, l2, sizeof(float) * nq) ||
+                            memcmp(acc0, acc2, sizeof(float) * nq * hd))
+                            diffs++;
+                    }
+#endif
                 }
-                free(q), free(kf), free(vf), free(kb), free(vb), free(acc0), free(acc1);
+                free(q), free(kf), free(vf), free(kb), free(vb), free(acc0), free(acc1),
+                    free(acc2);
             }
         printf("  isa %s: %d of %d chunk calls differ from the scalar reference\n",
                isa_name(o->isa), diffs, calls);

@@ -109,6 +109,8 @@ void attn_softmax_stats_scalar(const float *l, int n, float inv_t, float *m, flo
 #if defined(__x86_64__)
 void attn_chunk_avx2(const struct attn_chunk_args *a);
 void attn_chunk_avx512(const struct attn_chunk_args *a);
+/* attn_chunk_avx512 without the per-CPU choice of the one-row kernel (for tests). */
+void attn_chunk_avx512_zmm(const struct attn_chunk_args *a);
 void attn_softmax_stats_avx2(const float *l, int n, float inv_t, float *m, float *s);
 void attn_softmax_stats_avx512(const float *l, int n, float inv_t, float *m, float *s);
 #endif

@@ -9,9 +9,9 @@
  * positions (every chunk of a decode but the last; see "full chunks" below), else the
  * row kernel. weld_attn_bench, hd 64, f16, in L1, one Zen 4 core: one row 186-191 ns per
  * chunk with the row kernel, 163-166 with the full-chunk one; four rows 547-566 and
- * 327-340. (There attn_avx2.c's one-row kernel takes 110 ns, likely because Zen 4 runs
- * a zmm operation as two halves and the ymm fold needs fewer shuffles; the same bits, but
- * not picked by CPU vendor yet.)
+ * 327-340. On Zen 4 attn_chunk_avx512 hands one-row full chunks to attn_avx2.c's row
+ * kernel instead (110 ns there; same bits): see attn_avx512_pick at the end.
+ * attn_chunk_avx512_zmm never does.
  * The row kernel:
  *
  * Scores: one zmm accumulator per position (element i in lane i % 16, fmadd in increasing
@@ -28,6 +28,7 @@
  * ran the chunk at half speed (one core, hd 64, 32 rows: 140 -> 64 ns per row and chunk). */
 #include "kernels/cpu/attn.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
@@ -543,7 +544,7 @@ AI void chunk_typed(const struct attn_chunk_args *a, const int t)
         rows_typed(a, t, live[0], 1);
 }
 
-void attn_chunk_avx512(const struct attn_chunk_args *a)
+void attn_chunk_avx512_zmm(const struct attn_chunk_args *a)
 {
     if (a->kv_type == DT_F16)
         chunk_typed(a, DT_F16);
@@ -551,6 +552,36 @@ void attn_chunk_avx512(const struct attn_chunk_args *a)
         chunk_typed(a, DT_BF16);
     else
         chunk_typed(a, DT_F32);
+}
+
+/* Whether a one-row full chunk runs faster through attn_avx2.c's row kernel: on AMD family
+   0x19 (Zen 4, the only one of that family with AVX-512), which executes a zmm operation as
+   two 256-bit halves. weld_attn_bench, one core, hd 64, f16: 110 ns per chunk in L1 against
+   163-166 here, 150-173 against 177-230 streamed. Zen 5 (0x1A) and Intel parts have full
+   512-bit units and keep this file's kernels. Decided once, at load. */
+static bool g_one_row_ymm;
+
+__attribute__((constructor)) static void attn_avx512_pick(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_is("amd"))
+        return;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return;
+    unsigned fam = (a >> 8) & 0xf;
+    if (fam == 0xf)
+        fam += (a >> 20) & 0xff;
+    g_one_row_ymm = fam == 0x19;
+}
+
+void attn_chunk_avx512(const struct attn_chunk_args *a)
+{
+    if (g_one_row_ymm && a->nq == 1 && a->n[0] == ATTN_CHUNK) {
+        attn_chunk_avx2(a);
+        return;
+    }
+    attn_chunk_avx512_zmm(a);
 }
 
 /* attn.h's softmax statistics: one register of 16 lanes is the contract's lanes (lane j %
