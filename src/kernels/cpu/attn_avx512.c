@@ -54,26 +54,62 @@ static inline __m512 exp16(__m512 x)
     return _mm512_maskz_mov_ps(ok, p);
 }
 
-/* Lanes i + w added to lanes i of pairs of registers, the transposed fold: see the file
-   comment. Returns the 16 folded values, position j in lane j. */
-static inline __m512 fold16x16(__m512 d[16])
+#define AI static inline __attribute__((always_inline))
+#define UNROLL4 _Pragma("GCC unroll 4")
+#define UNROLL _Pragma("GCC unroll 16")
+#define UNROLL8 _Pragma("GCC unroll 8")
+
+/* The transposed fold (see the file comment: lanes i + w added to lanes i of pairs of
+   registers) of P position accumulators, as far as their positions reach: P = 16 runs
+   every step (w = 8, 4, 2, 1), 8 stops after w = 2, 4 after w = 4. */
+AI __m512 fold_group(const __m512 *d, const int P)
 {
     __m512 w1[8], w2[4], w3[2];
-    for (int k = 0; k < 8; k++) /* w = 8: low halves + high halves of positions 2k, 2k+1 */
+    UNROLL8
+    for (int k = 0; k < P / 2; k++)
         w1[k] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0x44),
                               _mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0xEE));
-    for (int k = 0; k < 4; k++) /* w = 4: quarters 0, 2 + quarters 1, 3 */
+    UNROLL4
+    for (int k = 0; k < P / 4; k++)
         w2[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w1[2 * k], w1[2 * k + 1], 0x88),
                               _mm512_shuffle_f32x4(w1[2 * k], w1[2 * k + 1], 0xDD));
-    for (int k = 0; k < 2; k++) /* w = 2: elements 0, 1 + elements 2, 3 of each quarter */
+    if (P == 4)
+        return w2[0];
+    for (int k = 0; k < P / 8; k++)
         w3[k] = _mm512_add_ps(_mm512_shuffle_ps(w2[2 * k], w2[2 * k + 1], 0x44),
                               _mm512_shuffle_ps(w2[2 * k], w2[2 * k + 1], 0xEE));
-    /* w = 1: element 0 + element 1 */
-    __m512 f = _mm512_add_ps(_mm512_shuffle_ps(w3[0], w3[1], 0x88),
-                             _mm512_shuffle_ps(w3[0], w3[1], 0xDD));
-    /* Lane 4q + k now holds position q + 4k; position p comes from lane 4 (p % 4) + p / 4. */
+    if (P == 8)
+        return w3[0];
+    return _mm512_add_ps(_mm512_shuffle_ps(w3[0], w3[1], 0x88),
+                         _mm512_shuffle_ps(w3[0], w3[1], 0xDD));
+}
+
+/* The tree's last steps from the partial folds of 16 / P groups, then the permute that
+   puts position j in lane j (after the tree, lane 4q + k holds position q + 4k). */
+AI __m512 fold_finish(const __m512 *g, const int P)
+{
+    __m512 w3[2], f;
+    if (P == 16) {
+        f = g[0];
+    } else {
+        if (P == 4)
+            for (int k = 0; k < 2; k++)
+                w3[k] = _mm512_add_ps(_mm512_shuffle_ps(g[2 * k], g[2 * k + 1], 0x44),
+                                      _mm512_shuffle_ps(g[2 * k], g[2 * k + 1], 0xEE));
+        else
+            w3[0] = g[0], w3[1] = g[1];
+        f = _mm512_add_ps(_mm512_shuffle_ps(w3[0], w3[1], 0x88),
+                          _mm512_shuffle_ps(w3[0], w3[1], 0xDD));
+    }
     const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_ps(idx, f);
+}
+
+/* The 16 folded values of 16 position accumulators, position j in lane j. */
+AI __m512 fold16x16(const __m512 d[16])
+{
+    const __m512 g = fold_group(d, 16);
+    return fold_finish(&g, 16);
 }
 
 /* The contract's fold of one register's 16 lanes (w = 8, 4, 2, 1). */
@@ -96,10 +132,6 @@ static inline __m512 load16(int t, const uint8_t *row, int i, __mmask16 m)
                        : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-#define AI static inline __attribute__((always_inline))
-#define UNROLL4 _Pragma("GCC unroll 4")
-#define UNROLL _Pragma("GCC unroll 16")
-#define UNROLL8 _Pragma("GCC unroll 8")
 
 /* The contract's softmax step of row r given its 16 dots (position j in lane j): the
    running max and denominator updated, p_j into pj, corr returned. */
@@ -184,52 +216,6 @@ AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, c
    a time for every row (4R accumulator chains in flight, each key of the chain the
    contract's fmaf in increasing j). No position count checks: n = 16 for every row. */
 #define FULL_VB 4 /* head vectors per pass of the value accumulation */
-
-/* One group's P accumulators folded through the tree steps its positions reach: P = 16
-   gives the finished 16 dots (position j in lane j, before the permute), 8 the w = 2
-   step's output, 4 the w = 4 step's. */
-AI __m512 fold_group(__m512 *d, const int P)
-{
-    __m512 w1[8], w2[4], w3[2];
-    UNROLL8
-    for (int k = 0; k < P / 2; k++)
-        w1[k] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0x44),
-                              _mm512_shuffle_f32x4(d[2 * k], d[2 * k + 1], 0xEE));
-    UNROLL4
-    for (int k = 0; k < P / 4; k++)
-        w2[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w1[2 * k], w1[2 * k + 1], 0x88),
-                              _mm512_shuffle_f32x4(w1[2 * k], w1[2 * k + 1], 0xDD));
-    if (P == 4)
-        return w2[0];
-    for (int k = 0; k < P / 8; k++)
-        w3[k] = _mm512_add_ps(_mm512_shuffle_ps(w2[2 * k], w2[2 * k + 1], 0x44),
-                              _mm512_shuffle_ps(w2[2 * k], w2[2 * k + 1], 0xEE));
-    if (P == 8)
-        return w3[0];
-    return _mm512_add_ps(_mm512_shuffle_ps(w3[0], w3[1], 0x88),
-                         _mm512_shuffle_ps(w3[0], w3[1], 0xDD));
-}
-
-/* The tree's last steps from the partial folds of 16 / P groups, then the permute that
-   puts position j in lane j (as fold16x16). */
-AI __m512 fold_finish(const __m512 *g, const int P)
-{
-    __m512 w3[2], f;
-    if (P == 16) {
-        f = g[0];
-    } else {
-        if (P == 4)
-            for (int k = 0; k < 2; k++)
-                w3[k] = _mm512_add_ps(_mm512_shuffle_ps(g[2 * k], g[2 * k + 1], 0x44),
-                                      _mm512_shuffle_ps(g[2 * k], g[2 * k + 1], 0xEE));
-        else
-            w3[0] = g[0], w3[1] = g[1];
-        f = _mm512_add_ps(_mm512_shuffle_ps(w3[0], w3[1], 0x88),
-                          _mm512_shuffle_ps(w3[0], w3[1], 0xDD));
-    }
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(idx, f);
-}
 
 AI void rows_full(const struct attn_chunk_args *a, const int t, const int r0, const int R)
 {
