@@ -454,32 +454,42 @@ TEST(kv_rows_per_head)
     rng_seed(&r, 20);
     for (int i = 0; i < KD; i++)
         src[i] = (float)rng_normal(&r) * (i < HD ? 0.01f : 3.0f);
-    for (int k = 0; k < 4; k++) {
-        struct kv_config kc = {.n_layer = 2, .kv_dim = KD, .head_dim = HD, .max_seqs = 1,
+    for (int k = 0; k < 8; k++) { /* each type in both layouts: one sequence, two */
+        const int ms = 1 + k / 4;
+        struct kv_config kc = {.n_layer = 2, .kv_dim = KD, .head_dim = HD, .max_seqs = ms,
                                .max_ctx = 8, .block_size = 4, .n_blocks = 3,
-                               .type = kv_types[k]};
+                               .type = kv_types[k % 4]};
         struct kv_cache *kv = NULL;
         struct weld_err e;
         REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
-        CHECK(kv->row_bytes == dtype_row_bytes(kv_types[k], KD));
+        CHECK(kv->row_bytes == dtype_row_bytes(kv_types[k % 4], KD));
         uint8_t *whole = malloc(kv->row_bytes);
         for (int h = NH - 1; h >= 0; h--) /* any order: heads share no quantization block */
             kv_write_head(kv, kv_slot_head(kv, kv->v, 1, 2, 3, h), src + h * HD);
-        dtype_quantize_row(kv_types[k], src, whole, KD);
-        dtype_dequantize_row(kv_types[k], whole, want, KD);
+        dtype_quantize_row(kv_types[k % 4], src, whole, KD);
+        dtype_dequantize_row(kv_types[k % 4], whole, want, KD);
         for (int h = 0; h < NH; h++) {
             uint8_t *at = kv_slot_head(kv, kv->v, 1, 2, 3, h);
             /* each head's bytes equal that head's slice of the whole row quantized at once */
             CHECK(memcmp(at, whole + h * kv->head_bytes, kv->head_bytes) == 0);
             const float *got = kv_read_head(kv, at, back);
             CHECK(memcmp(got, want + h * HD, sizeof(float) * HD) == 0);
-            CHECK((got == back) == (kv_types[k] != DT_F32)); /* f32 is read in place */
-            /* layout (layer, head, block, slot): (layer 1, head h, block 2, slot 3) of V,
-               nowhere in K */
-            CHECK(at == kv->v + (((size_t)(1 * NH + h) * 3 + 2) * 4 + 3) * kv->head_bytes);
-            /* one head's runs of consecutive blocks follow one another */
-            CHECK(kv_slot_head(kv, kv->v, 1, 1, 0, h) + 4 * kv->head_bytes ==
-                  kv_slot_head(kv, kv->v, 1, 2, 0, h));
+            CHECK((got == back) == (kv_types[k % 4] != DT_F32)); /* f32 is read in place */
+            /* (layer 1, block 2, head h, slot 3) of V, nowhere in K: per-head (layer,
+               head, block, slot) for one sequence, else block-major (layer, block, head,
+               slot) */
+            CHECK(kv->per_head == (ms == 1));
+            if (ms == 1) {
+                CHECK(at == kv->v + (((size_t)(1 * NH + h) * 3 + 2) * 4 + 3) * kv->head_bytes);
+                /* one head's runs of consecutive blocks follow one another */
+                CHECK(kv_slot_head(kv, kv->v, 1, 1, 0, h) + 4 * kv->head_bytes ==
+                      kv_slot_head(kv, kv->v, 1, 2, 0, h));
+            } else {
+                CHECK(at == kv->v + (((size_t)(1 * 3 + 2) * NH + h) * 4 + 3) * kv->head_bytes);
+                /* a block's heads follow one another */
+                CHECK(kv_slot_head(kv, kv->v, 1, 2, 0, 0) + 4 * kv->head_bytes ==
+                      kv_slot_head(kv, kv->v, 1, 2, 0, 1));
+            }
         }
         /* one head's positions of a block are contiguous */
         CHECK(kv_slot_head(kv, kv->v, 1, 2, 1, 1) + kv->head_bytes ==

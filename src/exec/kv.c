@@ -113,6 +113,7 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     kv->n_kv_head = cfg->kv_dim / hd;
     size_t nbs = nb ? (size_t)nb : 1;
     kv->plane_bytes = plane;
+    kv->per_head = cfg->max_seqs == 1;
     kv->k = wmap_huge(plane);
     kv->v = wmap_huge(plane);
     kv->free_ids = wcalloc(nbs, sizeof(int32_t));
@@ -239,9 +240,11 @@ const float *kv_read_head(const struct kv_cache *kv, const uint8_t *src, float *
 
 void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
 {
-    size_t run = (size_t)kv->block_size * kv->head_bytes;
+    /* block-major: the heads' runs of a block are one tile; per-head: one run per head */
+    const int nh = kv->per_head ? kv->n_kv_head : 1;
+    size_t run = (size_t)kv->block_size * kv->head_bytes * (size_t)(kv->n_kv_head / nh);
     for (int l = 0; l < kv->n_layer; l++)
-        for (int h = 0; h < kv->n_kv_head; h++) {
+        for (int h = 0; h < nh; h++) {
             memcpy(kv_slot_head(kv, kv->k, l, dst, 0, h), kv_slot_head(kv, kv->k, l, src, 0, h),
                    run);
             memcpy(kv_slot_head(kv, kv->v, l, dst, 0, h), kv_slot_head(kv, kv->v, l, src, 0, h),

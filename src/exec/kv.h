@@ -2,22 +2,28 @@
  * kv - the paged key/value cache: a pool of physical blocks, and who places sequences in it.
  *
  * Storage: a pool of n_blocks fixed-size blocks (block_size token slots, 16 by default),
- * indexed by physical block id in [0, n_blocks); each layer and KV head has its own run of
- * every block, in the K and in the V plane:
+ * indexed by physical block id in [0, n_blocks); each layer has its own K and V plane, in
+ * one of two layouts (kv->per_head), both with one KV head's keys (values) for a block's
+ * positions as one contiguous run of block_size * head_bytes bytes (2 KiB for f16 heads
+ * of 64):
+ *   block-major (caches of several sequences):
+ *     k, v: (n_layer, n_blocks, n_kv_head, block_size, head_bytes)
+ *     one block of one layer is one tile of every head; a batched decode's attention
+ *     instruction takes all heads of one sequence, and with the blocks a prompt got
+ *     (consecutive ids: the block managers hand them out in increasing order) it reads
+ *     one stream, chunk by chunk across the heads.
+ *   per-head (a cache of one sequence):
  *     k, v: (n_layer, n_kv_head, n_blocks, block_size, head_bytes)
- * so one KV head's keys (values) for a block's positions are one contiguous run of
- * block_size * head_bytes bytes (2 KiB for f16 heads of 64), and the runs of consecutive
- * block ids follow one another. Attention walks one head over a sequence's blocks in
- * order; the block managers hand out ids in increasing order, so a prompt's blocks are
- * usually consecutive and that walk is one stream. With the block index outside the head
- * (the layout until 2026-12-03) every run was a separate 2 KiB island 24 KiB (110M) from
- * the next, and decode attention ran at about a third of the streaming speed
- * (weld_attn_bench, one core, one row, hd 64, f16: 640-670 ns per chunk of 16 positions
- * as islands, 177-230 back to back; 110M Q8_0 decode at a context of 1536, `weld bench
- * --pair mega,mega@...` against that layout: 1.21-1.28x; at short contexts the same).
- * A block copy (copy-on-write) moves n_layer * n_kv_head runs. A block id means the same
- * slots in every layer. kv_dim = n_kv_head * head_dim; row_bytes = bytes of kv_dim
- * elements.
+ *     the runs of consecutive block ids of one head follow one another. One sequence's
+ *     attention is split by heads across the workers, and block-major it left each
+ *     worker reading half of every block's tile, 12 KiB of each 24 KiB (110M), at a
+ *     fraction of the streaming speed; per-head, each worker streams its heads.
+ * Measured with `weld bench --pair` in one process, 110M Q8_0 (both orders, the pair's
+ * position bias is up to 5% here): one sequence at a context of 1536, per-head over
+ * block-major 1.17-1.37x; 16 sequences at 512, block-major over per-head 1.14-1.17x;
+ * equal at short contexts. A block copy (copy-on-write) moves n_layer tiles or
+ * n_layer * n_kv_head runs. A block id means the same slots in every layer. kv_dim =
+ * n_kv_head * head_dim; row_bytes = bytes of kv_dim elements.
  *
  * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Entries are
  * written one (position, head) at a time by kv_write_head() with the dtype
@@ -82,7 +88,8 @@ struct kv_cache {
     size_t row_bytes;   /* bytes of one kv_dim row */
     size_t head_bytes;  /* bytes of one head_dim slice of a row */
     int n_kv_head;      /* kv_dim / head_dim */
-    uint8_t *k, *v;     /* (n_layer, n_kv_head, n_blocks, block_size, head_bytes),
+    bool per_head;      /* layout: per-head (max_seqs 1) or block-major, see above */
+    uint8_t *k, *v;     /* per the layout (block_size, head_bytes innermost),
                            wmap_huge mappings */
     size_t plane_bytes; /* bytes of each */
     int32_t *free_ids;  /* (n_blocks) stack; first n_free are free */
@@ -142,9 +149,10 @@ int kv_n_free_blocks(const struct kv_cache *kv);
 static inline uint8_t *kv_slot_head(const struct kv_cache *kv, uint8_t *plane, int layer,
                                     int32_t block, int slot, int head)
 {
-    size_t idx = (((size_t)layer * (size_t)kv->n_kv_head + (size_t)head) *
-                      (size_t)kv->n_blocks + (size_t)block) * (size_t)kv->block_size +
-                 (size_t)slot;
+    const size_t nh = (size_t)kv->n_kv_head, nb = (size_t)kv->n_blocks;
+    size_t run = kv->per_head ? ((size_t)layer * nh + (size_t)head) * nb + (size_t)block
+                              : ((size_t)layer * nb + (size_t)block) * nh + (size_t)head;
+    size_t idx = run * (size_t)kv->block_size + (size_t)slot;
     return plane + idx * kv->head_bytes;
 }
 /* Head `head` of position pos of a sequence whose block table is `table`. */

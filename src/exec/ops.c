@@ -417,24 +417,29 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
     const float *qp[OPS_ATT_ROWS];
     int nvis[OPS_ATT_ROWS];
     struct attn_chunk_args a = {.hd = hd, .q = qp, .n = nvis, .scale = 1.0f / sqrtf((float)hd)};
-    for (int h = h0; h < h1; h++) /* one head at a time: its K and V runs are two streams */
-        for (int c0 = 0; c0 < n_max; c0 += ATTN_CHUNK) {
-            const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
-            attn_rows(st, layer, table, h, c0, nc, rows_h > 1, &a, sc);
-            for (int r0 = 0; r0 < rows_h; r0 += OPS_ATT_ROWS) {
-                const int nr = rows_h - r0 < OPS_ATT_ROWS ? rows_h - r0 : OPS_ATT_ROWS;
-                for (int k = 0; k < nr; k++) {
-                    const int i = (r0 + k) / group, g = (r0 + k) % group;
-                    const int n = st->pos[t0 + i] + 1 - c0;
-                    nvis[k] = n <= 0 ? 0 : n < ATTN_CHUNK ? n : ATTN_CHUNK;
-                    qp[k] = q + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
-                }
-                const size_t base = (size_t)(h - h0) * rows_h + r0;
-                a.nq = nr;
-                a.m = sc->mx + base, a.l = sc->sum + base, a.acc = sc->acc + base * hd;
-                st->w->go->attn_chunk(&a);
+    /* the order that streams the cache's layout (exec/kv.h): per-head, one head over all
+       its chunks, then the next; block-major, chunk by chunk across the heads */
+    const int nch = (n_max + ATTN_CHUNK - 1) / ATTN_CHUNK, nh = h1 - h0;
+    const bool per_head = st->kv->per_head;
+    for (int it = 0; it < nh * nch; it++) {
+        const int h = h0 + (per_head ? it / nch : it % nh);
+        const int c0 = (per_head ? it % nch : it / nh) * ATTN_CHUNK;
+        const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
+        attn_rows(st, layer, table, h, c0, nc, rows_h > 1, &a, sc);
+        for (int r0 = 0; r0 < rows_h; r0 += OPS_ATT_ROWS) {
+            const int nr = rows_h - r0 < OPS_ATT_ROWS ? rows_h - r0 : OPS_ATT_ROWS;
+            for (int k = 0; k < nr; k++) {
+                const int i = (r0 + k) / group, g = (r0 + k) % group;
+                const int n = st->pos[t0 + i] + 1 - c0;
+                nvis[k] = n <= 0 ? 0 : n < ATTN_CHUNK ? n : ATTN_CHUNK;
+                qp[k] = q + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
             }
+            const size_t base = (size_t)(h - h0) * rows_h + r0;
+            a.nq = nr;
+            a.m = sc->mx + base, a.l = sc->sum + base, a.acc = sc->acc + base * hd;
+            st->w->go->attn_chunk(&a);
         }
+    }
     for (int h = h0; h < h1; h++)
         for (int r = 0; r < rows_h; r++) {
             const size_t s = (size_t)(h - h0) * rows_h + r;
