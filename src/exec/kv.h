@@ -19,7 +19,7 @@
  *     worker reading half of every block's tile, 12 KiB of each 24 KiB (110M), at a
  *     fraction of the streaming speed; per-head, each worker streams its heads.
  * Measured with `weld bench --pair` in one process, 110M Q8_0 (both orders, the pair's
- * position bias is up to 5% here): one sequence at a context of 1536, per-head over
+ * position bias is up to ~7% here): one sequence at a context of 1536, per-head over
  * block-major 1.17-1.37x; 16 sequences at 512, block-major over per-head 1.14-1.17x;
  * equal at short contexts. A block copy (copy-on-write) moves n_layer tiles or
  * n_layer * n_kv_head runs. A block id means the same slots in every layer. kv_dim =
