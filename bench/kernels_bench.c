@@ -2,12 +2,12 @@
  * weld_kernel_bench - time the gemm kernels (kernels/cpu/gemm.h) on the weight shapes of a
  * whole model and compare decode with the read-bandwidth probe run in the same process.
  *
- *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|8b-4l|all]
+ *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|8b-4l|7b2-4l|all]
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
  *                     [--pairs 0|1]
  *
  * A type name ending in "r" (q8_0r, q4_0r, q4_Kr, f16r) runs the repacked 16-row form
- * (gemm_repack) of the matrices that have one (floats: K of two GEMM_FSEG segments or more).
+ * (gemm_repack) of the matrices that have one (floats: K of at least 2 * GEMM_FSEG, gemm_fseg).
  *
  * For each preset and type it builds the model's matrices (q, k, v, o, gate, up, down per
  * layer, plus the output head; embeddings are not read by decode) filled with valid blocks,
@@ -67,6 +67,7 @@ static const struct preset presets[] = {
     {"110m", 768, 12, 768, 768, 2048, 32000},
     {"1b", 2048, 16, 2048, 512, 8192, 128256},
     {"8b-4l", 4096, 4, 4096, 1024, 14336, 128256}, /* 4 of Llama-3-8B's 32 layers */
+    {"7b2-4l", 4096, 4, 4096, 4096, 11008, 32000},  /* 4 of Llama-2-7B's: K = 11008 */
 };
 
 static double now_s(void)
@@ -107,7 +108,7 @@ static void fill(int t, uint8_t *w, size_t n)
 }
 
 /* Replace every matrix that has one by its repacked form (gemm_repack), as the engine
-   does (floats: only rows of at least two GEMM_FSEG segments). */
+   does (floats: only rows of at least 2 * GEMM_FSEG, gemm_fseg). */
 static int model_repack(struct model *md)
 {
     int n = 0;
@@ -288,8 +289,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--pp") && v) pp = atoi(v), i++;
         else if (!strcmp(argv[i], "--pairs") && v) pairs = atoi(v), i++;
         else {
-            fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|8b-4l|all] [--types a,b] "
-                    "[--gib G] [--seconds S] [--pp N] [--pairs 0|1]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|8b-4l|7b2-4l|all] "
+                    "[--types a,b] [--gib G] [--seconds S] [--pp N] [--pairs 0|1]\n", argv[0]);
             return 2;
         }
     }

@@ -222,9 +222,9 @@ static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64, 2, 4, 2, 16, 128, 45, 16
 static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 4, 2, 32, 96, 60, 32,
                                         true, false, false, false, 1000000.0f};
 
-/* An FFN of two GEMM_FSEG segments: the float down projection runs repacked
-   (GEMM_F*_R16) on AVX-512 and AVX2, the other matrices (K = 64) as they are. */
-static const struct tspec spec_long = {ARCH_LLAMA, 64, 2, 4, 2, 16, 2 * GEMM_FSEG, 40, 16,
+/* Qwen2.5-0.5B's FFN width, 4864: the float down projection runs repacked (GEMM_F*_R16,
+   four segments of 1216) on AVX-512 and AVX2, the other matrices (K = 64) as they are. */
+static const struct tspec spec_long = {ARCH_LLAMA, 64, 2, 4, 2, 16, 4864, 40, 16,
                                        false, false, false, false, 10000.0f};
 
 /* Widths that are whole K-quant super-blocks (256), for Q4_K / Q6_K weights. */
@@ -376,7 +376,7 @@ static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
     tm_free(tm);
 }
 
-/* Floats: only rows of two GEMM_FSEG segments or more (the down projection here), and
+/* Floats: only rows of at least 2 * GEMM_FSEG (the down projection here; gemm_fseg), and
    only where the ISA has the kernels (AVX-512, AVX2); WELD_REPACK=0 keeps them all as they are. */
 static void check_plan_long(int wtype, uint64_t seed)
 {
@@ -812,7 +812,8 @@ TEST(ref_checks_schedule)
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     struct kv_config kc = {.n_layer = tm->m.cfg.n_layer,
                            .kv_dim = tm->m.cfg.n_kv_head * tm->m.cfg.head_dim,
-                           .max_seqs = 1, .max_ctx = 8, .type = DT_F32};
+                           .head_dim = tm->m.cfg.head_dim, .max_seqs = 1, .max_ctx = 8,
+                           .type = DT_F32};
     REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
     REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
     REQUIRE(kv_seq_prepare(kv, 0, 0, 3, &e) == WELD_OK);

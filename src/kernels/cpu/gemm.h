@@ -136,20 +136,40 @@ enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c, GEMM
    Numeric contract: exactly Q6_K's, so again the same bits as the GGUF layout. */
 
 /* Repacked float matrices (GEMM_F32_R16, GEMM_F16_R16, GEMM_BF16_R16): groups of 16 rows
-   with each row cut in segments of GEMM_FSEG elements, segment c of the group's 16 rows
-   one after the other, then segment c + 1. Same bytes as the original (rows rounded up to
-   16, the extra rows zero); segment c of row i of group g at
-     w + 16 * g * row_bytes + (16 * c + i) * GEMM_FSEG * (element bytes).
-   Only for K a multiple of GEMM_FSEG and at least two segments (gemm_repack_bytes). Why:
-   a one-token product then reads its weights in one stream while the f32 activations of
-   one segment (8 KB) stay in L1 for 16 rows. In row order, rows of K = 8192 (the down
-   projection of 1B-class models) re-read all 32 KB of activations from L2 for every 16
-   KB of F16 weights: 60-78% of a plain read of the same bytes on a Zen 4 host, against
-   94-99% for the model's K = 2048 matrices, and 89-102% (median 95%) once repacked.
-   Numeric contract: the float path's (16 lanes per row, each in order of k), so the
-   same bits as the GGUF layout on every ISA. */
+   with each row cut in segments of S = gemm_fseg(K) elements, segment c of the group's 16
+   rows one after the other, then segment c + 1. Same bytes as the original (rows rounded
+   up to 16, the extra rows zero); segment c of row i of group g at
+     w + 16 * g * row_bytes + (16 * c + i) * S * (element bytes).
+   Only for K of at least 2 * GEMM_FSEG (gemm_fseg > 0). Why: a one-token product then
+   reads its weights in one stream while the f32 activations of one segment (at most 8 KB)
+   stay in L1 for 16 rows. In row order, rows of K = 8192 (the down projection of 1B-class
+   models) re-read all 32 KB of activations from L2 for every 16 KB of F16 weights: 60-78%
+   of a plain read of the same bytes on a Zen 4 host, against 94-99% for the model's K =
+   2048 matrices, and 89-102% (median 95%) once repacked.
+   S is the largest multiple of 32 that divides K and is at most GEMM_FSEG (2048 for K =
+   8192 or 14336; 1376 for Llama-2-7B's K = 11008, 1216 for Qwen2.5-0.5B's 4864, 1792 for
+   Qwen2.5-1.5B's 8960): every segment the same length, so one stride per matrix and no
+   shorter last segment for the kernels to special-case, and every segment whole 64-byte
+   lines of F16 / BF16. K with no such S of at least GEMM_FSEG_MIN (K = 32 times a prime
+   above 64, say) stay in row order.
+   Numeric contract: the float path's (16 lanes per row, each in order of k; S is a
+   multiple of 16, so element k stays in lane k % 16), so the same bits as the GGUF layout
+   on every ISA. */
 enum { GEMM_F32_R16 = 0x100, GEMM_F16_R16 = 0x101, GEMM_BF16_R16 = 0x11e };
 #define GEMM_FSEG 2048
+#define GEMM_FSEG_MIN 256
+
+/* Segment length of a repacked float matrix of rows of k elements (see above), or 0 if
+   such rows stay in row order. */
+static inline int64_t gemm_fseg(int64_t k)
+{
+    if (k < 2 * GEMM_FSEG)
+        return 0;
+    for (int64_t s = GEMM_FSEG; s >= GEMM_FSEG_MIN; s -= 32)
+        if (k % s == 0)
+            return s;
+    return 0;
+}
 
 /* The GGUF type a repacked type was made from (every id is 0x100 + that type), or t. */
 static inline int gemm_base_type(int t) { return t >= 0x100 ? t - 0x100 : t; }
@@ -162,7 +182,7 @@ struct gemm_act_br {
 };
 
 /* Bytes of the repacked form of a (rows, k) matrix of type t (Q8_0, Q4_0, Q4_K, Q6_K; F32,
-   F16, BF16 when K is a multiple of GEMM_FSEG of at least 2 * GEMM_FSEG): rows rounded
+   F16, BF16 when gemm_fseg(k) > 0): rows rounded
    up to 16; 0 if t has no repacked form or k is not a multiple of its block. */
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k);
 

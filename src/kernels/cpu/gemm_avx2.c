@@ -353,7 +353,7 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
             }
         }
     }
-    if (k16 < k) { /* whole rows only (repacked K is a multiple of GEMM_FSEG) */
+    if (k16 < k) { /* whole rows only (repacked segments are multiples of 32) */
         /* Zero-padded copies: the padding adds 0 * 0 to lanes the scalar path leaves alone. */
         uint8_t wb[64] = {0};
         float xb[16];
@@ -506,21 +506,22 @@ AI void float_rows(const struct gemm_args *a, const int wt)
 }
 
 /* The repacked floats (GEMM_F*_R16) for several tokens: each 16-row group is rows of
-   GEMM_FSEG-element segments, row i of a segment i segments in. */
+   gemm_fseg(k)-element segments, row i of a segment i segments in. */
 AI void float_rows_r16(const struct gemm_args *a, const int wt)
 {
-    const size_t sb = GEMM_FSEG * (wt == DT_F32 ? 4 : 2);
+    const int64_t seg = gemm_fseg(a->k);
+    const size_t sb = (size_t)seg * (wt == DT_F32 ? 4 : 2);
     for (int64_t g = a->r0; g < a->r1; g += 16)
-        float_rows_at(a, (const uint8_t *)a->w + (size_t)g * a->w_row_bytes, sb, GEMM_FSEG,
-                      16 * sb, g, a->r1 - g < 16 ? a->r1 : g + 16, wt);
+        float_rows_at(a, (const uint8_t *)a->w + (size_t)g * a->w_row_bytes, sb, seg, 16 * sb,
+                      g, a->r1 - g < 16 ? a->r1 : g + 16, wt);
 }
 
 /* One token x the repacked floats: segment c of a group's rows one after the other, as
    the bytes lie (AVX-512's float_decode_r16, in two ymm per row: tile_float's lanes). */
 AI void float_decode_r16(const struct gemm_args *a, const int wt)
 {
-    const int64_t es = wt == DT_F32 ? 4 : 2, nseg = a->k / GEMM_FSEG;
-    const size_t sb = (size_t)(GEMM_FSEG * es);
+    const int64_t es = wt == DT_F32 ? 4 : 2, seg = gemm_fseg(a->k), nseg = a->k / seg;
+    const size_t sb = (size_t)(seg * es);
     for (int64_t g0 = a->r0; g0 < a->r1; g0 += 16) {
         const int nr = a->r1 - g0 < 16 ? (int)(a->r1 - g0) : 16;
         const uint8_t *grp = (const uint8_t *)a->w + (size_t)g0 * a->w_row_bytes;
@@ -528,11 +529,11 @@ AI void float_decode_r16(const struct gemm_args *a, const int wt)
         for (int r = 0; r < nr; r++)
             lo[r] = hi[r] = _mm256_setzero_ps();
         for (int64_t c = 0; c < nseg; c++) {
-            const float *x = a->x + c * GEMM_FSEG;
+            const float *x = a->x + c * seg;
             for (int r = 0; r < nr; r++) {
                 const uint8_t *w = grp + (size_t)(16 * c + r) * sb;
                 __m256 l = lo[r], h = hi[r];
-                for (int64_t i = 0; i < GEMM_FSEG; i += 16) {
+                for (int64_t i = 0; i < seg; i += 16) {
                     if (((es * i) & 63) == 0) {
                         _mm_prefetch((const char *)w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
                         if (AVX2_PREFETCH_L2)
@@ -1091,7 +1092,7 @@ static void avx2_gemm(const struct gemm_args *a)
     }
     if (gemm_base_type(a->wtype) != a->wtype) { /* the floats */
         const int bt = gemm_base_type(a->wtype);
-        WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->k % GEMM_FSEG == 0);
+        WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && gemm_fseg(a->k) > 0);
         if (a->n_tok == 1 && bt == DT_F16)
             float_decode_r16(a, DT_F16);
         else if (a->n_tok == 1 && bt == DT_BF16)

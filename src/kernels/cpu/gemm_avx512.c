@@ -897,10 +897,11 @@ static void run_tile(int wt, const struct tile *tl, int nt, int nr)
 static void gemm_tile_at(const struct gemm_args *a, int64_t r, int64_t t0, int nr, int nt, bool flt)
 {
     const int bt = gemm_base_type(a->wtype);
-    const size_t sb = bt != a->wtype ? GEMM_FSEG * dtype_row_bytes(bt, 1) : 0;
+    const int64_t seg = bt != a->wtype ? gemm_fseg(a->k) : 0;
+    const size_t sb = (size_t)seg * dtype_row_bytes(bt, 1);
     struct tile tl = {
         .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes, .w_stride = a->w_row_bytes,
-        .seg_k = sb ? GEMM_FSEG : 0, .seg_bytes = 16 * sb,
+        .seg_k = seg, .seg_bytes = 16 * sb,
         .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
         .act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL,
         .x = a->x ? a->x + (size_t)t0 * a->ldx : NULL,
@@ -967,9 +968,10 @@ AI void float_decode(const struct gemm_args *a, const int wt)
    on each row, so the same bits. */
 AI void float_decode_r16(const struct gemm_args *a, const int wt)
 {
-    const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es, nseg = a->k / GEMM_FSEG;
-    const size_t sb = (size_t)(GEMM_FSEG * es);
-    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->k % GEMM_FSEG == 0);
+    const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es, seg = gemm_fseg(a->k);
+    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && seg > 0);
+    const int64_t nseg = a->k / seg;
+    const size_t sb = (size_t)(seg * es);
     for (int64_t g0 = a->r0; g0 < a->r1; g0 += 16) {
         const int nr = a->r1 - g0 < 16 ? (int)(a->r1 - g0) : 16;
         const uint8_t *grp = (const uint8_t *)a->w + (size_t)g0 * a->w_row_bytes;
@@ -977,11 +979,11 @@ AI void float_decode_r16(const struct gemm_args *a, const int wt)
         for (int r = 0; r < nr; r++)
             acc[r] = _mm512_setzero_ps();
         for (int64_t c = 0; c < nseg; c++) {
-            const float *x = a->x + c * GEMM_FSEG;
+            const float *x = a->x + c * seg;
             for (int r = 0; r < nr; r++) {
                 const uint8_t *w = grp + (size_t)(16 * c + r) * sb;
                 __m512 s = acc[r];
-                for (int64_t i = 0; i < GEMM_FSEG; i += step) {
+                for (int64_t i = 0; i < seg; i += step) {
                     _mm_prefetch((const char *)w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
                     if (GEMM_PREFETCH_L2)
                         _mm_prefetch((const char *)w + es * i + GEMM_PREFETCH_L2, _MM_HINT_T1);

@@ -245,8 +245,9 @@ static float scalar_row_dot(int t, const void *row, const float *x, int64_t n)
 void gemm_scalar_fr16(const struct gemm_args *a)
 {
     const int bt = gemm_base_type(a->wtype);
-    const size_t es = bt == DT_F32 ? 4 : 2, sb = GEMM_FSEG * es;
-    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && a->k % GEMM_FSEG == 0);
+    const int64_t seg = gemm_fseg(a->k);
+    const size_t es = bt == DT_F32 ? 4 : 2, sb = (size_t)seg * es;
+    WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && seg > 0);
     for (int64_t r = a->r0; r < a->r1; r++) {
         const uint8_t *row = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes +
                              (size_t)(r % 16) * sb;
@@ -254,8 +255,8 @@ void gemm_scalar_fr16(const struct gemm_args *a)
             const float *x = a->x + (size_t)t * a->ldx;
             float s[16] = {0};
             for (int64_t i = 0; i < a->k; i++)
-                s[i % 16] = fmaf(ld_float(bt, row + (size_t)(i / GEMM_FSEG) * 16 * sb,
-                                          i % GEMM_FSEG), x[i], s[i % 16]);
+                s[i % 16] = fmaf(ld_float(bt, row + (size_t)(i / seg) * 16 * sb, i % seg), x[i],
+                                 s[i % 16]);
             a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = fold(s, 16);
         }
     }
@@ -400,7 +401,7 @@ static void scalar_gemm(const struct gemm_args *a)
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k)
 {
     if (t == DT_F32 || t == DT_F16 || t == DT_BF16)
-        return k >= 2 * GEMM_FSEG && k % GEMM_FSEG == 0 && rows >= 0
+        return gemm_fseg(k) > 0 && rows >= 0
                    ? (size_t)((rows + 15) / 16 * 16) * dtype_row_bytes(t, k)
                    : 0;
     const int64_t bs = t == DT_Q4_K || t == DT_Q6_K ? 256 : 32;
@@ -511,11 +512,12 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
         return -1;
     memset(dst, 0, total);
     if (t == DT_F32 || t == DT_F16 || t == DT_BF16) {
-        const size_t sb = GEMM_FSEG * dtype_row_bytes(t, 1);
+        const int64_t seg = gemm_fseg(k);
+        const size_t sb = (size_t)seg * dtype_row_bytes(t, 1);
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
             uint8_t *grp = (uint8_t *)dst + (size_t)(r / 16) * 16 * dtype_row_bytes(t, k);
-            for (int64_t c = 0; c < k / GEMM_FSEG; c++)
+            for (int64_t c = 0; c < k / seg; c++)
                 memcpy(grp + (size_t)(16 * c + r % 16) * sb, src + (size_t)c * sb, sb);
         }
         return t + 0x100;
