@@ -413,6 +413,58 @@ TEST(many_sequences_mixed)
     mixed_case(ARCH_QWEN2, DT_Q8_0, 12);
     mixed_case(ARCH_LLAMA, DT_BF16, 13);
     mixed_case(ARCH_QWEN2, DT_F32, 14);
+    /* the same in the two other layouts (exec/kv.h): one head group, one per head */
+    setenv("WELD_KV_GROUPS", "1", 1);
+    mixed_case(ARCH_LLAMA, DT_F16, 15);
+    setenv("WELD_KV_GROUPS", "2", 1);
+    mixed_case(ARCH_QWEN2, DT_Q8_0, 16);
+    unsetenv("WELD_KV_GROUPS");
+}
+
+/* ---- the KV layout changes no number ----------------------------------------------------- */
+
+/* A prompt of 23 tokens (6 blocks of 4) in a cache of one head group (block-major), two
+   (one per head here), more than the heads (clamped), and the backend's choice (the
+   splits), with attention cut into 1 or 2 head ranges: the same logits to the bit. A bad
+   WELD_KV_GROUPS is refused by name. */
+TEST(kv_layouts_agree)
+{
+    enum { N = 23 };
+    struct tmodel *tm = tm_build(ARCH_LLAMA, 31);
+    int32_t toks[N];
+    rand_tokens(32, toks, N);
+    static float want[N * V], got[N * V];
+    static const char *groups[4] = {NULL, "1", "2", "9"};
+    for (int ti = 0; ti < 4; ti++)
+        for (int ns = 1; ns <= 2; ns++)
+            for (int gi = 0; gi < 4; gi++) {
+                n_splits = ns;
+                if (groups[gi])
+                    setenv("WELD_KV_GROUPS", groups[gi], 1);
+                run_alone(&tm->m, kv_types[ti], toks, N, gi ? got : want);
+                unsetenv("WELD_KV_GROUPS");
+                if (gi)
+                    CHECK(memcmp(want, got, sizeof want) == 0);
+            }
+    n_splits = 0;
+    for (int gi = 1; gi < 4; gi++) { /* the layout is what was asked for */
+        setenv("WELD_KV_GROUPS", groups[gi], 1);
+        struct runner *r = make_runner(&tm->m, 2, 0, DT_F16);
+        REQUIRE(r != NULL);
+        char in[40];
+        snprintf(in, sizeof in, "in %d head group", gi == 1 ? 1 : 2);
+        CHECK(strstr(runner_describe(r), in) != NULL);
+        runner_free(r);
+    }
+    setenv("WELD_KV_GROUPS", "two", 1);
+    struct backend_params bp;
+    backend_params_init(&bp, 1, 64);
+    struct runner *r = NULL;
+    struct weld_err e;
+    CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_INVALID_ARG);
+    CHECK(r == NULL && strstr(e.msg, "WELD_KV_GROUPS='two'") != NULL);
+    unsetenv("WELD_KV_GROUPS");
+    tm_free(tm);
 }
 
 /* ---- the KV type is used --------------------------------------------------------------- */
@@ -454,14 +506,20 @@ TEST(kv_rows_per_head)
     rng_seed(&r, 20);
     for (int i = 0; i < KD; i++)
         src[i] = (float)rng_normal(&r) * (i < HD ? 0.01f : 3.0f);
-    for (int k = 0; k < 8; k++) { /* each type in both layouts: one sequence, two */
-        const int ms = 1 + k / 4;
+    /* each type in four layouts: one sequence (per-head by default), two (block-major by
+       default), two heads groups of unequal size ([0, 1) and [1, 3)), and 5 groups asked
+       for (clamped to one per head) */
+    static const int lay_seqs[4] = {1, 2, 2, 1}, lay_groups[4] = {0, 0, 2, 5},
+                     lay_g[4] = {NH, 1, 2, NH};
+    for (int k = 0; k < 16; k++) {
+        const int ms = lay_seqs[k / 4], G = lay_g[k / 4];
         struct kv_config kc = {.n_layer = 2, .kv_dim = KD, .head_dim = HD, .max_seqs = ms,
                                .max_ctx = 8, .block_size = 4, .n_blocks = 3,
-                               .type = kv_types[k % 4]};
+                               .n_groups = lay_groups[k / 4], .type = kv_types[k % 4]};
         struct kv_cache *kv = NULL;
         struct weld_err e;
         REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
+        CHECK_EQ_INT(kv->n_groups, G);
         CHECK(kv->row_bytes == dtype_row_bytes(kv_types[k % 4], KD));
         uint8_t *whole = malloc(kv->row_bytes);
         for (int h = NH - 1; h >= 0; h--) /* any order: heads share no quantization block */
@@ -475,21 +533,22 @@ TEST(kv_rows_per_head)
             const float *got = kv_read_head(kv, at, back);
             CHECK(memcmp(got, want + h * HD, sizeof(float) * HD) == 0);
             CHECK((got == back) == (kv_types[k % 4] != DT_F32)); /* f32 is read in place */
-            /* (layer 1, block 2, head h, slot 3) of V, nowhere in K: per-head (layer,
-               head, block, slot) for one sequence, else block-major (layer, block, head,
-               slot) */
-            CHECK(kv->per_head == (ms == 1));
-            if (ms == 1) {
-                CHECK(at == kv->v + (((size_t)(1 * NH + h) * 3 + 2) * 4 + 3) * kv->head_bytes);
-                /* one head's runs of consecutive blocks follow one another */
-                CHECK(kv_slot_head(kv, kv->v, 1, 1, 0, h) + 4 * kv->head_bytes ==
-                      kv_slot_head(kv, kv->v, 1, 2, 0, h));
-            } else {
-                CHECK(at == kv->v + (((size_t)(1 * 3 + 2) * NH + h) * 4 + 3) * kv->head_bytes);
-                /* a block's heads follow one another */
-                CHECK(kv_slot_head(kv, kv->v, 1, 2, 0, 0) + 4 * kv->head_bytes ==
-                      kv_slot_head(kv, kv->v, 1, 2, 0, 1));
-            }
+            /* (layer 1, block 2, head h, slot 3) of V, nowhere in K: (layer, head group,
+               block, head in group, slot), group g of G holding heads [g NH / G, (g + 1)
+               NH / G) */
+            int g = 0;
+            while ((g + 1) * NH / G <= h)
+                g++;
+            const int g0 = g * NH / G, gn = (g + 1) * NH / G - g0;
+            CHECK_EQ_INT(kv->head_group_end[h], g0 + gn);
+            CHECK(at == kv->v + ((((size_t)1 * NH + g0) * 3 + 2 * gn + (h - g0)) * 4 + 3) *
+                                    kv->head_bytes);
+            /* the group's tiles of a block follow one another, and its blocks too */
+            if (h + 1 < g0 + gn)
+                CHECK(kv_slot_head(kv, kv->v, 1, 2, 0, h) + 4 * kv->head_bytes ==
+                      kv_slot_head(kv, kv->v, 1, 2, 0, h + 1));
+            CHECK(kv_slot_head(kv, kv->v, 1, 1, 0, g0 + gn - 1) + 4 * kv->head_bytes ==
+                  kv_slot_head(kv, kv->v, 1, 2, 0, g0));
         }
         /* one head's positions of a block are contiguous */
         CHECK(kv_slot_head(kv, kv->v, 1, 2, 1, 1) + kv->head_bytes ==
@@ -631,6 +690,7 @@ int main(void)
     RUN(shared_prefix_blocks);
     RUN(copy_on_write_fork);
     RUN(many_sequences_mixed);
+    RUN(kv_layouts_agree);
     RUN(kv_type_is_used);
     RUN(kv_rows_per_head);
     RUN(table_errors);

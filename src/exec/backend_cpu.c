@@ -28,6 +28,7 @@
 #include "exec/exec.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PROG_CACHE 4
@@ -77,6 +78,25 @@ static void cpu_ctx_free(void *ctx)
     wfree(c);
 }
 
+/* The KV layout's head groups (exec/kv.h): the programs' attention head ranges, n_splits
+   of them, unless WELD_KV_GROUPS (1 = block-major .. n_kv_head = per-head) asks for
+   another, to compare layouts (`weld bench --pair mega,mega@WELD_KV_GROUPS=1`). */
+static int kv_groups(int n_splits, int *out, struct weld_err *e)
+{
+    const char *v = getenv("WELD_KV_GROUPS");
+    *out = n_splits;
+    if (!v || !*v)
+        return WELD_OK;
+    char *end;
+    long g = strtol(v, &end, 10);
+    if (*end || g < 1 || g > 4096)
+        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_KV_GROUPS='%s': give a number of KV "
+                       "head groups from 1 (block-major) to the model's KV heads (per-head), "
+                       "or unset it", v);
+    *out = (int)g;
+    return WELD_OK;
+}
+
 static int cpu_ctx_create(void **out, const struct model *m, const struct backend_params *p,
                           struct weld_err *e)
 {
@@ -102,19 +122,24 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         .n_threads = p->n_threads ? p->n_threads : team_default_size(),
         .team_flags = p->oversubscribe ? TEAM_OVERSUBSCRIBE : 0,
     };
-    if ((rc = kv_create(&c->kv, &kc, e)) || (rc = executor_from_env(&c->ex, xp.n_threads, e)) ||
+    if ((rc = executor_from_env(&c->ex, xp.n_threads, e)) ||
         (rc = c->ex->create(&c->ex_state, &m->cfg, &xp, e)))
         goto fail;
     int n_workers = c->ex->n_workers(c->ex_state);
     if (!c->params.n_splits)
         c->params.n_splits = c->ex->n_splits(c->ex_state);
+    if ((rc = kv_groups(c->params.n_splits, &kc.n_groups, e)) ||
+        (rc = kv_create(&c->kv, &kc, e)))
+        goto fail;
     if (!(c->tables = wcalloc((size_t)p->max_seqs, sizeof *c->tables))) {
         rc = err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
         goto fail;
     }
     snprintf(c->desc, sizeof c->desc, "cpu: %s executor, %d thread%s, %d splits, kv %s %d "
-             "blocks of %d", c->ex->name, n_workers, n_workers == 1 ? "" : "s",
-             c->params.n_splits, dtype_name(c->kv->type), c->kv->n_blocks, c->kv->block_size);
+             "blocks of %d in %d head group%s", c->ex->name, n_workers,
+             n_workers == 1 ? "" : "s", c->params.n_splits, dtype_name(c->kv->type),
+             c->kv->n_blocks, c->kv->block_size, c->kv->n_groups,
+             c->kv->n_groups == 1 ? "" : "s");
     *out = c;
     return WELD_OK;
 fail:

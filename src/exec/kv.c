@@ -113,7 +113,22 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     kv->n_kv_head = cfg->kv_dim / hd;
     size_t nbs = nb ? (size_t)nb : 1;
     kv->plane_bytes = plane;
-    kv->per_head = cfg->max_seqs == 1;
+    int G = cfg->n_groups ? cfg->n_groups : cfg->max_seqs == 1 ? kv->n_kv_head : 1;
+    kv->n_groups = G < 1 ? 1 : G > kv->n_kv_head ? kv->n_kv_head : G;
+    kv->head_run0 = wcalloc((size_t)kv->n_kv_head, sizeof *kv->head_run0);
+    kv->head_stride = wcalloc((size_t)kv->n_kv_head, sizeof *kv->head_stride);
+    kv->head_group_end = wcalloc((size_t)kv->n_kv_head, sizeof *kv->head_group_end);
+    if (!kv->head_run0 || !kv->head_stride || !kv->head_group_end)
+        goto nomem;
+    for (int g = 0; g < kv->n_groups; g++) {
+        const int h0 = (int)((long long)g * kv->n_kv_head / kv->n_groups),
+                  h1 = (int)((long long)(g + 1) * kv->n_kv_head / kv->n_groups);
+        for (int h = h0; h < h1; h++) {
+            kv->head_run0[h] = (size_t)h0 * (size_t)kv->n_blocks + (size_t)(h - h0);
+            kv->head_stride[h] = h1 - h0;
+            kv->head_group_end[h] = h1;
+        }
+    }
     kv->k = wmap_huge(plane);
     kv->v = wmap_huge(plane);
     kv->free_ids = wcalloc(nbs, sizeof(int32_t));
@@ -153,6 +168,9 @@ void kv_free(struct kv_cache *kv)
     wfree(kv->write_gen);
     wfree(kv->use_seq);
     wfree(kv->write_seq);
+    wfree(kv->head_run0);
+    wfree(kv->head_stride);
+    wfree(kv->head_group_end);
     wfree(kv);
 }
 
@@ -240,11 +258,11 @@ const float *kv_read_head(const struct kv_cache *kv, const uint8_t *src, float *
 
 void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
 {
-    /* block-major: the heads' runs of a block are one tile; per-head: one run per head */
-    const int nh = kv->per_head ? kv->n_kv_head : 1;
-    size_t run = (size_t)kv->block_size * kv->head_bytes * (size_t)(kv->n_kv_head / nh);
+    /* a block's tiles of one head group are one run */
     for (int l = 0; l < kv->n_layer; l++)
-        for (int h = 0; h < nh; h++) {
+        for (int h = 0; h < kv->n_kv_head; h = kv->head_group_end[h]) {
+            const size_t run = (size_t)kv->block_size * kv->head_bytes *
+                               (size_t)kv->head_stride[h];
             memcpy(kv_slot_head(kv, kv->k, l, dst, 0, h), kv_slot_head(kv, kv->k, l, src, 0, h),
                    run);
             memcpy(kv_slot_head(kv, kv->v, l, dst, 0, h), kv_slot_head(kv, kv->v, l, src, 0, h),

@@ -2,28 +2,33 @@
  * kv - the paged key/value cache: a pool of physical blocks, and who places sequences in it.
  *
  * Storage: a pool of n_blocks fixed-size blocks (block_size token slots, 16 by default),
- * indexed by physical block id in [0, n_blocks); each layer has its own K and V plane, in
- * one of two layouts (kv->per_head), both with one KV head's keys (values) for a block's
- * positions as one contiguous run of block_size * head_bytes bytes (2 KiB for f16 heads
- * of 64):
- *   block-major (caches of several sequences):
- *     k, v: (n_layer, n_blocks, n_kv_head, block_size, head_bytes)
- *     one block of one layer is one tile of every head; a batched decode's attention
- *     instruction takes all heads of one sequence, and with the blocks a prompt got
- *     (consecutive ids: the block managers hand them out in increasing order) it reads
- *     one stream, chunk by chunk across the heads.
- *   per-head (a cache of one sequence):
- *     k, v: (n_layer, n_kv_head, n_blocks, block_size, head_bytes)
- *     the runs of consecutive block ids of one head follow one another. One sequence's
- *     attention is split by heads across the workers, and block-major it left each
- *     worker reading half of every block's tile, 12 KiB of each 24 KiB (110M), at a
- *     fraction of the streaming speed; per-head, each worker streams its heads.
- * Measured with `weld bench --pair` in one process, 110M Q8_0 (both orders, the pair's
- * position bias is up to ~7% here): one sequence at a context of 1536, per-head over
- * block-major 1.17-1.37x; 16 sequences at 512, block-major over per-head 1.14-1.17x;
- * equal at short contexts. A block copy (copy-on-write) moves n_layer tiles or
- * n_layer * n_kv_head runs. A block id means the same slots in every layer. kv_dim =
- * n_kv_head * head_dim; row_bytes = bytes of kv_dim elements.
+ * indexed by physical block id in [0, n_blocks); each layer has its own K and V plane.
+ * One KV head's keys (values) for a block's positions are one contiguous run of
+ * block_size * head_bytes bytes (a tile: 2 KiB for f16 heads of 64), and the heads are cut
+ * into n_groups head groups (group g: heads [g * n_kv_head / G, (g + 1) * n_kv_head / G)),
+ * laid out as
+ *     k, v: (n_layer, head group, n_blocks, head in group, block_size, head_bytes)
+ * so a group's tiles of one block follow one another, and a group's blocks of consecutive
+ * ids (the block managers hand them out in increasing order) follow one another too: a
+ * group's keys over a sequence are one stream. The groups are the program's attention
+ * head ranges (exec/program.h: a sequence's attention is cut into min(n_splits, n_kv_head)
+ * KV-head ranges with the same bounds; the backend makes the cache with G = that), so:
+ *   - one sequence's decode, its heads split across the workers: each worker streams its
+ *     own group (block-major, G = 1, left each worker half of every block's tiles, 12 KiB
+ *     islands of each 24 KiB on the 110M model, at a fraction of the streaming speed);
+ *   - a batched decode, whose attention instruction takes all heads of a sequence: G
+ *     streams, walked group after group (ops.c attend_tile), each as long as the
+ *     sequence (per-head, G = n_kv_head, gave n_kv_head short streams: 16 sequences at a
+ *     context of 512, 0.86-0.88x of block-major).
+ * G = 1 is block-major (layer, block, head, slot), G = n_kv_head per-head (layer, head,
+ * block, slot). Measured with `weld bench --pair` in both orders, 110M Q8_0, 2 workers
+ * (G = 2) against WELD_KV_GROUPS (exec/backend_cpu.c): one sequence at a context of 1536,
+ * 1.17-1.24x block-major and equal to per-head (0.985x, 1.003x); 16 sequences at 512,
+ * 0.96x block-major (0.955-0.989x over four runs) and 1.12-1.15x per-head. Before, a
+ * cache of one sequence was per-head and one of several block-major, so a server (several
+ * slots) serving one long-context user read it block-major. A block copy (copy-on-write) moves n_layer * G runs. A block id means the
+ * same slots in every layer. kv_dim = n_kv_head * head_dim; row_bytes = bytes of kv_dim
+ * elements.
  *
  * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Entries are
  * written one (position, head) at a time by kv_write_head() with the dtype
@@ -71,6 +76,8 @@ struct kv_config {
     int max_seqs;
     int max_ctx;        /* positions per sequence */
     int block_size;     /* 0: KV_DEFAULT_BLOCK_SIZE */
+    int n_groups;       /* head groups of the layout, clamped to [1, n_kv_head]; 0: one
+                           per head if max_seqs == 1, else 1 */
     int n_blocks;       /* 0: enough for max_seqs full sequences */
     enum weld_dtype type; /* DT_F32, DT_F16, DT_BF16 or DT_Q8_0 */
 };
@@ -88,7 +95,10 @@ struct kv_cache {
     size_t row_bytes;   /* bytes of one kv_dim row */
     size_t head_bytes;  /* bytes of one head_dim slice of a row */
     int n_kv_head;      /* kv_dim / head_dim */
-    bool per_head;      /* layout: per-head (max_seqs 1) or block-major, see above */
+    int n_groups;       /* head groups of the layout, see above */
+    size_t *head_run0;  /* (n_kv_head) per head: its tile's index in block 0 of layer 0 */
+    int *head_stride;   /* (n_kv_head) tiles from one block to the next: its group's size */
+    int *head_group_end; /* (n_kv_head) first head past its group */
     uint8_t *k, *v;     /* per the layout (block_size, head_bytes innermost),
                            wmap_huge mappings */
     size_t plane_bytes; /* bytes of each */
@@ -149,10 +159,9 @@ int kv_n_free_blocks(const struct kv_cache *kv);
 static inline uint8_t *kv_slot_head(const struct kv_cache *kv, uint8_t *plane, int layer,
                                     int32_t block, int slot, int head)
 {
-    const size_t nh = (size_t)kv->n_kv_head, nb = (size_t)kv->n_blocks;
-    size_t run = kv->per_head ? ((size_t)layer * nh + (size_t)head) * nb + (size_t)block
-                              : ((size_t)layer * nb + (size_t)block) * nh + (size_t)head;
-    size_t idx = run * (size_t)kv->block_size + (size_t)slot;
+    const size_t tiles = (size_t)layer * (size_t)kv->n_kv_head * (size_t)kv->n_blocks +
+                         kv->head_run0[head] + (size_t)block * (size_t)kv->head_stride[head];
+    size_t idx = tiles * (size_t)kv->block_size + (size_t)slot;
     return plane + idx * kv->head_bytes;
 }
 /* Head `head` of position pos of a sequence whose block table is `table`. */

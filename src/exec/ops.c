@@ -417,27 +417,29 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
     const float *qp[OPS_ATT_ROWS];
     int nvis[OPS_ATT_ROWS];
     struct attn_chunk_args a = {.hd = hd, .q = qp, .n = nvis, .scale = 1.0f / sqrtf((float)hd)};
-    /* the order that streams the cache's layout (exec/kv.h): per-head, one head over all
-       its chunks, then the next; block-major, chunk by chunk across the heads */
-    const int nch = (n_max + ATTN_CHUNK - 1) / ATTN_CHUNK, nh = h1 - h0;
-    const bool per_head = st->kv->per_head;
-    for (int it = 0; it < nh * nch; it++) {
-        const int h = h0 + (per_head ? it / nch : it % nh);
-        const int c0 = (per_head ? it % nch : it / nh) * ATTN_CHUNK;
-        const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
-        attn_rows(st, layer, table, h, c0, nc, rows_h > 1, &a, sc);
-        for (int r0 = 0; r0 < rows_h; r0 += OPS_ATT_ROWS) {
-            const int nr = rows_h - r0 < OPS_ATT_ROWS ? rows_h - r0 : OPS_ATT_ROWS;
-            for (int k = 0; k < nr; k++) {
-                const int i = (r0 + k) / group, g = (r0 + k) % group;
-                const int n = st->pos[t0 + i] + 1 - c0;
-                nvis[k] = n <= 0 ? 0 : n < ATTN_CHUNK ? n : ATTN_CHUNK;
-                qp[k] = q + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
+    /* the order that streams the cache's layout (exec/kv.h): head group after head group,
+       each chunk by chunk across its heads (per-head: one head over all its chunks, then
+       the next; block-major: chunk by chunk across all heads) */
+    const int nch = (n_max + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    for (int g0 = h0, g1; g0 < h1; g0 = g1) {
+        g1 = st->kv->head_group_end[g0] < h1 ? st->kv->head_group_end[g0] : h1;
+        for (int it = 0; it < (g1 - g0) * nch; it++) {
+            const int h = g0 + it % (g1 - g0), c0 = it / (g1 - g0) * ATTN_CHUNK;
+            const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
+            attn_rows(st, layer, table, h, c0, nc, rows_h > 1, &a, sc);
+            for (int r0 = 0; r0 < rows_h; r0 += OPS_ATT_ROWS) {
+                const int nr = rows_h - r0 < OPS_ATT_ROWS ? rows_h - r0 : OPS_ATT_ROWS;
+                for (int k = 0; k < nr; k++) {
+                    const int i = (r0 + k) / group, g = (r0 + k) % group;
+                    const int n = st->pos[t0 + i] + 1 - c0;
+                    nvis[k] = n <= 0 ? 0 : n < ATTN_CHUNK ? n : ATTN_CHUNK;
+                    qp[k] = q + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
+                }
+                const size_t base = (size_t)(h - h0) * rows_h + r0;
+                a.nq = nr;
+                a.m = sc->mx + base, a.l = sc->sum + base, a.acc = sc->acc + base * hd;
+                st->w->go->attn_chunk(&a);
             }
-            const size_t base = (size_t)(h - h0) * rows_h + r0;
-            a.nq = nr;
-            a.m = sc->mx + base, a.l = sc->sum + base, a.acc = sc->acc + base * hd;
-            st->w->go->attn_chunk(&a);
         }
     }
     for (int h = h0; h < h1; h++)
@@ -457,6 +459,9 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
     const float *q = buf_ptr(st, in->in);
     float *att = buf_ptr(st, in->out);
     int s = in->seq;
+    /* the cache's heads are the model's (its layout's head groups index by them) */
+    WELD_ASSERT(st->kv->n_kv_head == st->m->cfg.n_kv_head &&
+                st->kv->head_dim == st->m->cfg.head_dim);
     const int32_t *table = st->tables[s];
     const int t_end = p->seq_tok0[s] + sp.t1;
     for (int t0 = p->seq_tok0[s] + sp.t0; t0 < t_end; t0 += OPS_ATT_TOK) {
