@@ -58,10 +58,18 @@
  * workers. Each B block is compared with the mean of the A blocks either side of it
  * (linear drift cancels); the report is each side's tok/s, bubble and syncs, and the
  * median A/B speed ratio over all block pairs with its 10th-90th percentiles and how many
- * pairs A was slower in, and the pp ratio per repetition. JSON: {"model", "batch",
+ * pairs A was slower in, and the pp ratio per repetition.
+ * Both creation orders: the -r repetitions run twice, first with A's runner made first,
+ * then, both runners remade, with B's first. On a Zen 4 host the runner made first ran up
+ * to ~7% slower than an identical second one (`--pair mega,mega`: 0.93-0.99x, changing from
+ * hour to hour), which is as large as the differences measured. Taking the ratio's median r1 in
+ * one order and r2 in the other, sqrt(r1 * r2) is the ratio with that bias cancelled (if
+ * it multiplies), and sqrt(r1 / r2) the bias itself; the median reported is the former,
+ * the percentiles and counts are over the pairs of both orders. JSON: {"model", "batch",
  * "block_steps", "sides": [{"side" (as given), "executor", "threads", "pp_tok_s",
- * "tg_tok_s", "bubble", "syncs_per_token"} x 2], "tg_ratio": {"median", "p10", "p90", "pairs", "a_slower"},
- * "pp_ratio": {same}}.
+ * "tg_tok_s", "bubble", "syncs_per_token"} x 2], "tg_ratio": {"median", "p10", "p90",
+ * "pairs", "a_slower", "a_first", "b_first", "order_bias"}, "pp_ratio": {same}}, where
+ * a_first / b_first are the medians of each order.
  *
  * Not here: the engine's scheduling (see `weld bench throughput`).
  */
@@ -78,6 +86,7 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -710,22 +719,42 @@ static double bm_quantile(double *v, int n, double q)
     return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
 }
 
-static json_t *bm_ratio_json(struct bm_ratios *r, int *slower)
+/* The ratios of both creation orders r[0] (A made first) and r[1]: the bias-cancelled
+   median sqrt(m0 * m1), each order's median, the bias sqrt(m0 / m1), and the pooled
+   percentiles and counts (see the file comment). */
+static json_t *bm_ratio_json(struct bm_ratios r[2], int *slower)
 {
+    struct bm_ratios all = {0};
     *slower = 0;
-    for (int i = 0; i < r->n; i++)
-        *slower += r->v[i] < 1.0;
-    double med = bm_quantile(r->v, r->n, 0.5), p10 = bm_quantile(r->v, r->n, 0.1),
-           p90 = bm_quantile(r->v, r->n, 0.9);
-    return json_pack("{s:f, s:f, s:f, s:i, s:i}", "median", med, "p10", p10, "p90", p90,
-                     "pairs", r->n, "a_slower", *slower);
+    for (int o = 0; o < 2; o++)
+        for (int i = 0; i < r[o].n; i++) {
+            *slower += r[o].v[i] < 1.0;
+            if (!bm_ratio_add(&all, r[o].v[i])) {
+                wfree(all.v);
+                return NULL;
+            }
+        }
+    double m0 = bm_quantile(r[0].v, r[0].n, 0.5), m1 = bm_quantile(r[1].v, r[1].n, 0.5);
+    double med = m0 > 0 && m1 > 0 ? sqrt(m0 * m1) : m0 > 0 ? m0 : m1,
+           bias = m0 > 0 && m1 > 0 ? sqrt(m0 / m1) : 1.0;
+    double p10 = bm_quantile(all.v, all.n, 0.1), p90 = bm_quantile(all.v, all.n, 0.9);
+    json_t *j = json_pack("{s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:f}", "median", med, "p10",
+                          p10, "p90", p90, "pairs", all.n, "a_slower", *slower, "a_first", m0,
+                          "b_first", m1, "order_bias", bias);
+    wfree(all.v);
+    return j;
 }
 
-static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int block,
-                           struct bm_ratios *pp, struct bm_ratios *tg)
+static int bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int block,
+                          struct bm_ratios pp[2], struct bm_ratios tg[2], struct weld_err *e)
 {
     int pp_slow, tg_slow;
     json_t *jpp = bm_ratio_json(pp, &pp_slow), *jtg = bm_ratio_json(tg, &tg_slow);
+    if (!jpp || !jtg) {
+        json_decref(jpp);
+        json_decref(jtg);
+        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
+    }
     json_t *sides = json_array();
     for (int k = 0; k < 2; k++) {
         double pps = sd[k].pp_s > 0 ? sd[k].pp_tok / sd[k].pp_s : 0;
@@ -746,12 +775,12 @@ static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int bl
                           sides, "tg_ratio", jtg, "pp_ratio", jpp);
     if (o->json) {
         bm_print_json(j);
-        return;
+        return WELD_OK;
     }
     printf("model %s\n%s (%d threads) against %s (%d threads), interleaved: %d repetitions of "
-           "pp%d, then tg%d in blocks of %d steps (batch %d)\n", o->model, sd[0].spec,
-           bm_side_threads(o, &sd[0]), sd[1].spec, bm_side_threads(o, &sd[1]), o->reps,
-           o->n_prompt, o->n_gen, block, o->batch);
+           "pp%d, then tg%d in blocks of %d steps (batch %d), in each creation order\n",
+           o->model, sd[0].spec, bm_side_threads(o, &sd[0]), sd[1].spec,
+           bm_side_threads(o, &sd[1]), o->reps, o->n_prompt, o->n_gen, block, o->batch);
     for (int k = 0; k < 2; k++) {
         json_t *js = json_array_get(sides, (size_t)k);
         printf("  %-6s pp %10.2f tok/s   tg %10.2f tok/s", sd[k].spec,
@@ -766,7 +795,7 @@ static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int bl
     const char *lab[2] = {"tg", "pp"};
     json_t *jr[2] = {jtg, jpp};
     int slow[2] = {tg_slow, pp_slow};
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
         printf("  %s %s / %s: %.3fx median over %d %s (p10 %.3fx, p90 %.3fx), %s slower in %d\n",
                lab[k], sd[0].spec, sd[1].spec,
                json_real_value(json_object_get(jr[k], "median")),
@@ -774,7 +803,13 @@ static void bm_pair_report(const struct bm_opts *o, struct bm_side sd[2], int bl
                k ? "repetitions" : "block pairs",
                json_real_value(json_object_get(jr[k], "p10")),
                json_real_value(json_object_get(jr[k], "p90")), sd[0].spec, slow[k]);
+        printf("     medians %.3fx with A's runner made first, %.3fx with B's: order bias "
+               "%.3fx\n", json_real_value(json_object_get(jr[k], "a_first")),
+               json_real_value(json_object_get(jr[k], "b_first")),
+               json_real_value(json_object_get(jr[k], "order_bias")));
+    }
     json_decref(j);
+    return WELD_OK;
 }
 
 static int bm_run_pair(const struct bm_opts *o, struct weld_err *e)
@@ -783,7 +818,7 @@ static int bm_run_pair(const struct bm_opts *o, struct weld_err *e)
     memset(&b, 0, sizeof b);
     struct bm_side sd[2];
     memset(sd, 0, sizeof sd);
-    struct bm_ratios pp = {0}, tg = {0};
+    struct bm_ratios pp[2] = {{0}}, tg[2] = {{0}};
     if (!bm_pair_parse(o->pair, sd))
         return err_set(e, WELD_ERR_INVALID_ARG, "--pair '%s': want two executors "
                        "EXEC[:THREADS][@WELD_NAME=VALUE] separated by a comma, e.g. mega,ops or "
@@ -792,28 +827,34 @@ static int bm_run_pair(const struct bm_opts *o, struct weld_err *e)
     int rc = isa_init(e);
     if (rc == WELD_OK)
         rc = bm_open(&b, o, e);
-    for (int k = 0; rc == WELD_OK && k < 2; k++)
-        if ((rc = bm_side_open(&b, o, &sd[k], e)) == WELD_OK)
-            runner_park(sd[k].r);
-    if (rc == WELD_OK) /* warm-up of both, then the block size from A's decode */
-        for (int k = 0; rc == WELD_OK && k < 2; k++) {
-            double dt;
-            bm_use(&b, &sd[k]);
-            rc = bm_prefill(&b, 0, o->n_prompt, &dt, e);
-            runner_park(sd[k].r);
+    for (int ord = 0; rc == WELD_OK && ord < 2; ord++) { /* A made first, then B */
+        for (int i = 0; rc == WELD_OK && i < 2; i++)
+            if ((rc = bm_side_open(&b, o, &sd[i ^ ord], e)) == WELD_OK)
+                runner_park(sd[i ^ ord].r);
+        if (rc == WELD_OK) /* warm-up of both, then (once) the block size from A's decode */
+            for (int k = 0; rc == WELD_OK && k < 2; k++) {
+                double dt;
+                bm_use(&b, &sd[k]);
+                rc = bm_prefill(&b, 0, o->n_prompt, &dt, e);
+                runner_park(sd[k].r);
+            }
+        if (rc == WELD_OK && ord == 0)
+            rc = bm_pair_block(&b, o, &sd[0], &block, e);
+        for (int i = 0; rc == WELD_OK && i < o->reps; i++)
+            rc = bm_pair_rep(&b, o, sd, i, block, &pp[ord], &tg[ord], e);
+        b.r = NULL;
+        for (int k = 0; k < 2; k++) {
+            runner_free(sd[k].r);
+            sd[k].r = NULL;
         }
+    }
     if (rc == WELD_OK)
-        rc = bm_pair_block(&b, o, &sd[0], &block, e);
-    for (int i = 0; rc == WELD_OK && i < o->reps; i++)
-        rc = bm_pair_rep(&b, o, sd, i, block, &pp, &tg, e);
-    if (rc == WELD_OK)
-        bm_pair_report(o, sd, block, &pp, &tg);
-    b.r = NULL;
-    for (int k = 0; k < 2; k++)
-        runner_free(sd[k].r);
+        rc = bm_pair_report(o, sd, block, pp, tg, e);
     bm_close(&b);
-    wfree(pp.v);
-    wfree(tg.v);
+    for (int k = 0; k < 2; k++) {
+        wfree(pp[k].v);
+        wfree(tg[k].v);
+    }
     return rc;
 }
 
@@ -868,7 +909,7 @@ int cmd_bench_model(int argc, char **argv)
         {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core)"},
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
         {"probe-size", 0, OPT_SIZE, &o.probe_size, "S", "bytes the probe reads per pass (default 2G)"},
-        {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS][@WELD_NAME=VALUE] (e.g. mega,ops) measured interleaved in one process; ratios A / B"},
+        {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS][@WELD_NAME=VALUE] (e.g. mega,ops) measured interleaved in one process, in both creation orders; ratios A / B"},
         {"block", 0, OPT_INT, &o.block, "N", "--pair: decode steps per block (default: ~50 ms of A)"},
         {"json", 0, OPT_FLAG, &o.json, NULL, "print one JSON object on stdout"},
     };
@@ -884,8 +925,10 @@ int cmd_bench_model(int argc, char **argv)
                         "default, or ops) also its bubble (share of worker time spent waiting)\n"
                         "and synchronizations per token during decode. With --pair, two executors\n"
                         "(e.g. mega,ops or mega:2,ref:1) on the same model, interleaved in blocks\n"
-                        "of decode steps so both see the same moments of a noisy machine; prints\n"
-                        "each one's tok/s and the median A / B ratio over the block pairs.",
+                        "of decode steps so both see the same moments of a noisy machine, -r\n"
+                        "repetitions with A's runner made first and -r with B's (the order can\n"
+                        "bias a few %); prints each one's tok/s and the median A / B ratio of\n"
+                        "the block pairs, the two orders' medians combined so their bias cancels.",
                         opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;

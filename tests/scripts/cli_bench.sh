@@ -89,16 +89,19 @@ msg=$(printf '%s' "$out" | node -e '
               j.probe_gb_s >= j.probe_gb_s_median ? "ok" : "bad");' 2>&1)
 [ "$msg" == "ok" ] && ok || bad "bench --bandwidth --json: [$out]"
 
-# Two executors interleaved: both sides, ratios, block size as asked.
+# Two executors interleaved: both sides, ratios, block size as asked; -r repetitions in each
+# creation order, the median the two orders' medians combined.
 out=$("$weld" bench -m "$model" --pair mega:2,ref:1 --block 4 -r 2 -p 8 -n 16 --json 2>/dev/null)
 msg=$(printf '%s' "$out" | node -e '
   const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
   const [a, b] = j.sides;
   const ok = a.executor === "mega" && b.executor === "ref" && b.threads === 1 &&
     a.tg_tok_s > 0 && b.tg_tok_s > 0 && a.pp_tok_s > 0 && a.bubble >= 0 && !("bubble" in b) &&
-    j.block_steps === 4 && j.tg_ratio.pairs === 8 && j.pp_ratio.pairs === 2 &&
+    j.block_steps === 4 && j.tg_ratio.pairs === 16 && j.pp_ratio.pairs === 4 &&
     j.tg_ratio.p10 <= j.tg_ratio.median && j.tg_ratio.median <= j.tg_ratio.p90 &&
-    j.tg_ratio.median > 0;
+    j.tg_ratio.median > 0 &&
+    Math.abs(j.tg_ratio.median - Math.sqrt(j.tg_ratio.a_first * j.tg_ratio.b_first)) < 1e-9 &&
+    Math.abs(j.tg_ratio.order_bias - Math.sqrt(j.tg_ratio.a_first / j.tg_ratio.b_first)) < 1e-9;
   console.log(ok ? "ok" : "bad");' 2>&1)
 [ "$msg" == "ok" ] && ok || bad "bench --pair --json: [$out]"
 out=$("$weld" bench -m "$model" --pair mega,ops -r 1 -p 4 -n 16 2>&1)
