@@ -33,10 +33,15 @@
  * blocks a side's threads sleep: weld's team is parked (runner_park), llama's threadpool
  * paused (ggml_threadpool_pause), so the other side has the cores. Report: each side's
  * tok/s over the timed work, and the median weld / llama speed ratio over the block pairs
- * (tg) and the repetitions (pp) with its 10th and 90th percentiles.
+ * (tg) and the repetitions (pp) with its 10th and 90th percentiles. All of it twice, both
+ * sides made anew: weld's runner made first, then llama.cpp's (as `weld bench --pair`: on
+ * a Zen 4 host the side made first ran a few % slower); the median reported is
+ * sqrt(m1 * m2) of the two orders' medians, which cancels that bias, printed beside it as
+ * sqrt(m1 / m2); the percentiles are over both orders' pairs.
  *
  * JSON (--json): {"model", "threads", "depth", "block_steps", "weld": {"pp_tok_s", "tg_tok_s"},
- * "llama": {same}, "tg_ratio": {"median", "p10", "p90", "pairs"}, "pp_ratio": {same}}.
+ * "llama": {same}, "tg_ratio": {"median", "p10", "p90", "pairs", "weld_first",
+ * "llama_first", "order_bias"}, "pp_ratio": {same}}.
  */
 #include "core/alloc.h"
 #include "core/err.h"
@@ -47,6 +52,7 @@
 
 #include "llamacpp_side.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,58 +309,108 @@ static int rep(struct run *r, int k, struct ratios *pp, struct ratios *tg, struc
     return rc;
 }
 
+/* Both sides, in creation order ord (0: weld first; llama.cpp first otherwise). */
+static int open_sides(struct run *r, int ord, struct weld_err *e)
+{
+    char msg[256];
+    const struct opts *o = r->o;
+    const int most = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
+    int rc = WELD_OK;
+    for (int i = 0; rc == WELD_OK && i < 2; i++) {
+        if ((i ^ ord) == 0)
+            rc = w_open(&r->w, o, e);
+        else if (lside_open(&r->l, o->model, o->threads, o->depth + most, msg, sizeof msg))
+            rc = err_set(e, WELD_ERR_INTERNAL, "%s", msg);
+    }
+    if (rc == WELD_OK) {
+        int lv = lside_n_vocab(r->l);
+        r->n_vocab = r->w.m->cfg.n_vocab < lv ? r->w.m->cfg.n_vocab : lv;
+        r->bos = lside_bos(r->l);
+    }
+    return rc;
+}
+
+static void close_sides(struct run *r)
+{
+    lside_close(r->l);
+    r->l = NULL;
+    w_close(&r->w);
+    memset(&r->w, 0, sizeof r->w);
+}
+
+/* Sorted copy of both orders' ratios, for the pooled percentiles. */
+static struct ratios pooled(struct ratios x[2])
+{
+    struct ratios all = {0};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < x[k].n; i++)
+            push(&all, x[k].v[i]);
+    qsort(all.v, (size_t)all.n, sizeof *all.v, cmp_double);
+    return all;
+}
+
+/* The ratio with the creation-order bias cancelled: sqrt(m0 * m1) of the orders' medians
+   m0 (weld made first) and m1; *bias = sqrt(m0 / m1). */
+static double combined(struct ratios x[2], double *m0, double *m1, double *bias)
+{
+    for (int k = 0; k < 2; k++)
+        qsort(x[k].v, (size_t)x[k].n, sizeof *x[k].v, cmp_double);
+    *m0 = pct(&x[0], 0.5), *m1 = pct(&x[1], 0.5);
+    *bias = *m0 > 0 && *m1 > 0 ? sqrt(*m0 / *m1) : 1.0;
+    return *m0 > 0 && *m1 > 0 ? sqrt(*m0 * *m1) : *m0 > 0 ? *m0 : *m1;
+}
+
 static int measure(const struct opts *oi, struct weld_err *e)
 {
     struct opts o = *oi;
     struct run r = {.o = &o};
-    struct ratios pp = {0}, tg = {0};
+    struct ratios pp[2] = {{0}}, tg[2] = {{0}};
     rng_seed(&g_rng, 1);
-    int rc = w_open(&r.w, &o, e);
-    char msg[256];
-    const int most = o.n_prompt > o.n_gen ? o.n_prompt : o.n_gen;
-    if (rc == WELD_OK && lside_open(&r.l, o.model, o.threads, o.depth + most, msg, sizeof msg))
-        rc = err_set(e, WELD_ERR_INTERNAL, "%s", msg);
-    if (rc == WELD_OK) {
-        int lv = lside_n_vocab(r.l);
-        r.n_vocab = r.w.m->cfg.n_vocab < lv ? r.w.m->cfg.n_vocab : lv;
-        r.bos = lside_bos(r.l);
-        if (!(r.ids = wmalloc((size_t)(o.n_prompt > o.depth ? o.n_prompt : o.depth) *
-                              sizeof *r.ids)))
-            rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
+    int rc = WELD_OK;
+    if (!(r.ids = wmalloc((size_t)(o.n_prompt > o.depth ? o.n_prompt : o.depth) *
+                          sizeof *r.ids)))
+        rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
+    for (int ord = 0; rc == WELD_OK && ord < 2; ord++) {
+        rc = open_sides(&r, ord, e);
+        double dw = 0, dl = 0;
+        if (rc == WELD_OK) /* warm-up: both pp's and a few decode steps each */
+            rc = pp_w(&r, &dw, e);
+        if (rc == WELD_OK)
+            rc = pp_l(&r, &dl, e);
+        if (rc == WELD_OK)
+            rc = tg_w(&r, 0, 8, &dw, e);
+        if (rc == WELD_OK)
+            rc = tg_l(&r, 8, &dl, e);
+        if (r.w.r)
+            runner_drop_seq(r.w.r, 0);
+        if (rc == WELD_OK)
+            lside_clear(r.l);
+        if (rc == WELD_OK && o.block <= 0) { /* ~200 ms of weld's decode, 4 to n/4 steps */
+            int b = dw > 0 ? (int)(0.2 / (dw / 8)) : 8;
+            b = b < 4 ? 4 : b;
+            o.block = b > o.n_gen / 4 ? (o.n_gen / 4 > 0 ? o.n_gen / 4 : 1) : b;
+        }
+        for (int k = 0; rc == WELD_OK && k < o.reps; k++)
+            rc = rep(&r, k, &pp[ord], &tg[ord], e);
+        close_sides(&r);
     }
-    double dw = 0, dl = 0;
-    if (rc == WELD_OK) /* warm-up: both pp's and a few decode steps each */
-        rc = pp_w(&r, &dw, e);
-    if (rc == WELD_OK)
-        rc = pp_l(&r, &dl, e);
-    if (rc == WELD_OK)
-        rc = tg_w(&r, 0, 8, &dw, e);
-    if (rc == WELD_OK)
-        rc = tg_l(&r, 8, &dl, e);
-    if (r.w.r)
-        runner_drop_seq(r.w.r, 0);
-    if (rc == WELD_OK)
-        lside_clear(r.l);
-    if (rc == WELD_OK && o.block <= 0) { /* ~200 ms of weld's decode, 4 to n/4 steps */
-        int b = dw > 0 ? (int)(0.2 / (dw / 8)) : 8;
-        b = b < 4 ? 4 : b;
-        o.block = b > o.n_gen / 4 ? (o.n_gen / 4 > 0 ? o.n_gen / 4 : 1) : b;
-    }
-    for (int k = 0; rc == WELD_OK && k < o.reps; k++)
-        rc = rep(&r, k, &pp, &tg, e);
     if (rc == WELD_OK) {
-        qsort(pp.v, (size_t)pp.n, sizeof *pp.v, cmp_double);
-        qsort(tg.v, (size_t)tg.n, sizeof *tg.v, cmp_double);
+        double tm0, tm1, tbias, pm0, pm1, pbias;
+        double tmed = combined(tg, &tm0, &tm1, &tbias), pmed = combined(pp, &pm0, &pm1, &pbias);
+        struct ratios tga = pooled(tg), ppa = pooled(pp);
         double wpp = r.pp_tok / r.w_pp_s, lpp = r.pp_tok / r.l_pp_s;
         double wtg = r.tg_tok / r.w_tg_s, ltg = r.tg_tok / r.l_tg_s;
         if (o.json) {
             json_t *j = json_pack(
-                "{s:s, s:i, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, s:{s:f, s:f, s:f, s:i}, "
-                "s:{s:f, s:f, s:f, s:i}}", "model", o.model, "threads", o.threads,
-                "depth", o.depth, "block_steps", o.block, "weld", "pp_tok_s", wpp, "tg_tok_s", wtg, "llama",
-                "pp_tok_s", lpp, "tg_tok_s", ltg, "tg_ratio", "median", pct(&tg, 0.5), "p10",
-                pct(&tg, 0.1), "p90", pct(&tg, 0.9), "pairs", tg.n, "pp_ratio", "median",
-                pct(&pp, 0.5), "p10", pct(&pp, 0.1), "p90", pct(&pp, 0.9), "pairs", pp.n);
+                "{s:s, s:i, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, "
+                "s:{s:f, s:f, s:f, s:i, s:f, s:f, s:f}, s:{s:f, s:f, s:f, s:i, s:f, s:f, s:f}}",
+                "model", o.model, "threads", o.threads, "depth", o.depth, "block_steps",
+                o.block, "weld", "pp_tok_s", wpp, "tg_tok_s", wtg, "llama", "pp_tok_s", lpp,
+                "tg_tok_s", ltg, "tg_ratio", "median", tmed, "p10", pct(&tga, 0.1), "p90",
+                pct(&tga, 0.9), "pairs", tga.n, "weld_first", tm0, "llama_first", tm1,
+                "order_bias", tbias, "pp_ratio", "median", pmed, "p10", pct(&ppa, 0.1), "p90",
+                pct(&ppa, 0.9), "pairs", ppa.n, "weld_first", pm0, "llama_first", pm1,
+                "order_bias", pbias);
             char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
             if (txt)
                 printf("%s\n", txt);
@@ -365,21 +421,27 @@ static int measure(const struct opts *oi, struct weld_err *e)
         }
         else {
             printf("model %s, %d threads: %d repetitions of pp%d, then tg%d in blocks of %d "
-                   "steps, at depth %d, weld and llama.cpp interleaved in one process\n",
-                   o.model, o.threads, o.reps, o.n_prompt, o.n_gen, o.block, o.depth);
+                   "steps, at depth %d, weld and llama.cpp interleaved in one process, in "
+                   "each creation order\n", o.model, o.threads, o.reps, o.n_prompt, o.n_gen,
+                   o.block, o.depth);
             printf("  weld    pp %10.2f tok/s   tg %10.2f tok/s\n", wpp, wtg);
             printf("  llama   pp %10.2f tok/s   tg %10.2f tok/s\n", lpp, ltg);
-            printf("  tg weld / llama: %.3fx median over %d block pairs (p10 %.3fx, p90 %.3fx)\n",
-                   pct(&tg, 0.5), tg.n, pct(&tg, 0.1), pct(&tg, 0.9));
-            printf("  pp weld / llama: %.3fx median over %d repetitions (p10 %.3fx, p90 %.3fx)\n",
-                   pct(&pp, 0.5), pp.n, pct(&pp, 0.1), pct(&pp, 0.9));
+            printf("  tg weld / llama: %.3fx median over %d block pairs (p10 %.3fx, p90 %.3fx)"
+                   "; weld made first %.3fx, llama.cpp first %.3fx, order bias %.3fx\n", tmed,
+                   tga.n, pct(&tga, 0.1), pct(&tga, 0.9), tm0, tm1, tbias);
+            printf("  pp weld / llama: %.3fx median over %d repetitions (p10 %.3fx, p90 %.3fx)"
+                   "; weld made first %.3fx, llama.cpp first %.3fx, order bias %.3fx\n", pmed,
+                   ppa.n, pct(&ppa, 0.1), pct(&ppa, 0.9), pm0, pm1, pbias);
         }
+        free(tga.v);
+        free(ppa.v);
     }
-    free(pp.v);
-    free(tg.v);
+    for (int k = 0; k < 2; k++) {
+        free(pp[k].v);
+        free(tg[k].v);
+    }
     wfree(r.ids);
-    lside_close(r.l);
-    w_close(&r.w);
+    close_sides(&r);
     return rc;
 }
 
