@@ -11,8 +11,9 @@
  * so a group's tiles of one block follow one another, and a group's blocks of consecutive
  * ids (the block managers hand them out in increasing order) follow one another too: a
  * group's keys over a sequence are one stream. The groups are the program's attention
- * head ranges (exec/program.h: a sequence's attention is cut into min(n_splits, n_kv_head)
- * KV-head ranges with the same bounds; the backend makes the cache with G = that), so:
+ * head ranges (program.c attn_pieces: a sequence's attention is cut into up to
+ * min(n_splits, n_kv_head) KV-head ranges with the same bounds; the backend makes the
+ * cache with G = n_splits, clamped here), so:
  *   - one sequence's decode, its heads split across the workers: each worker streams its
  *     own group (block-major, G = 1, left each worker half of every block's tiles, 12 KiB
  *     islands of each 24 KiB on the 110M model, at a fraction of the streaming speed);
@@ -26,17 +27,18 @@
  * 1.17-1.24x block-major and equal to per-head (0.985x, 1.003x); 16 sequences at 512,
  * 0.96x block-major (0.955-0.989x over four runs) and 1.12-1.15x per-head. Before, a
  * cache of one sequence was per-head and one of several block-major, so a server (several
- * slots) serving one long-context user read it block-major. A block copy (copy-on-write) moves n_layer * G runs. A block id means the
- * same slots in every layer. kv_dim = n_kv_head * head_dim; row_bytes = bytes of kv_dim
- * elements.
+ * slots) serving one long-context user read it block-major. A block copy (copy-on-write)
+ * moves n_layer * G runs. A block id means the same slots in every layer. kv_dim =
+ * n_kv_head * head_dim; row_bytes = bytes of kv_dim elements.
  *
  * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Entries are
  * written one (position, head) at a time by kv_write_head() with the dtype
  * converters/quantizers (format/dtype.h, round to nearest even for f16/bf16, llama.cpp's
  * reference q8_0), and read by kv_read_head() into f32 (in place for f32) or in place by
  * the attention kernel. q8_0 uses ggml's block layout (32 elements: f16 scale + 32 int8)
- * along the head and needs head_dim to be a multiple of 32. A position's stored bytes depend only on its own f32 values, so
- * every KV type keeps the batch invariants (kernels/cpu/kernels.h).
+ * along the head and needs head_dim to be a multiple of 32. A position's stored bytes
+ * depend only on its own f32 values, so every KV type keeps the batch invariants
+ * (kernels/cpu/kernels.h).
  *
  * Placement, two modes (one per cache at a time; kv_reset returns to neither):
  *   - engine tables (the primary design): the engine's KV block manager (refcounts, prefix
