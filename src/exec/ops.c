@@ -536,8 +536,8 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
             mat_gemm(st, &L->gate, r, r + cw, nt, sc->h, ld, sc->act, g, (size_t)ch, sc->row);
             mat_gemm(st, &L->up, r, r + cw, nt, sc->h, ld, act_up, u, (size_t)ch, sc->row);
             for (int i = 0; i < nt; i++)
-                kern_silu_mul(g + (size_t)i * ch, u + (size_t)i * ch,
-                              hid + (size_t)(t0 + i) * c->ffn_dim + r, cw);
+                st->w->go->silu_mul(g + (size_t)i * ch, u + (size_t)i * ch,
+                                    hid + (size_t)(t0 + i) * c->ffn_dim + r, cw);
         }
     }
 }

@@ -302,3 +302,19 @@ void attn_softmax_stats_avx2(const float *l, int n, float inv_t, float *m, float
     *m = mf;
     *s = lanes[0];
 }
+
+/* attn_silu_mul1 on 8 lanes; the tail goes through the scalar function itself. */
+void attn_silu_mul_avx2(const float *gate, const float *up, float *out, int64_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+        const __m256 e = exp8(_mm256_or_ps(g, sign)); /* -|g| */
+        const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+        const __m256 num = _mm256_blendv_ps(g, _mm256_mul_ps(g, e), neg);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)), u));
+    }
+    for (; i < n; i++)
+        out[i] = attn_silu_mul1(gate[i], up[i]);
+}

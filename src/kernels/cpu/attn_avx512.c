@@ -594,3 +594,18 @@ void attn_softmax_stats_avx512(const float *l, int n, float inv_t, float *m, flo
     *m = mf;
     *s = fold16(acc);
 }
+
+/* attn_silu_mul1 on 16 lanes, the tail masked. */
+void attn_silu_mul_avx512(const float *gate, const float *up, float *out, int64_t n)
+{
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
+        const __m512 e = exp16(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), sign)));
+        const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const __m512 num = _mm512_mask_mul_ps(g, neg, g, e);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(one, e)), u));
+    }
+}

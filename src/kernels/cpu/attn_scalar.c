@@ -82,3 +82,9 @@ void attn_softmax_stats_scalar(const float *l, int n, float inv_t, float *m, flo
     *m = mx;
     *s = fold16(lane);
 }
+
+void attn_silu_mul_scalar(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = attn_silu_mul1(gate[i], up[i]);
+}

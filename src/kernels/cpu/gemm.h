@@ -69,9 +69,10 @@
  * of 16 rows.
  *
  * Attention's inner step (attn.h) rides in the same table (gemm_ops.attn_chunk), as do the
- * softmax statistics of logits chunks under the same exp (gemm_ops.softmax_stats), so one
- * ISA pick covers them. Not here: rope, silu (libm expf, kernels.h), the thread split, types
- * other than the seven above (exec falls back to kern_row_dot for those).
+ * softmax statistics of logits chunks and the FFN's SiLU under the same exp
+ * (gemm_ops.softmax_stats, .silu_mul), so one ISA pick covers them. Not here: rope
+ * (kernels.h), the thread split, types other than the seven above (exec falls back to
+ * kern_row_dot for those).
  */
 #ifndef WELD_KERNELS_CPU_GEMM_H
 #define WELD_KERNELS_CPU_GEMM_H
@@ -282,6 +283,8 @@ struct gemm_ops {
     void (*attn_chunk)(const struct attn_chunk_args *a);
     /* Softmax statistics of a logits chunk under attn.h's contract. */
     void (*softmax_stats)(const float *l, int n, float inv_t, float *m, float *s);
+    /* out[i] = silu(gate[i]) * up[i] under attn.h's contract (its exp); out may alias. */
+    void (*silu_mul)(const float *gate, const float *up, float *out, int64_t n);
 };
 
 extern const struct gemm_ops gemm_ops_scalar;

@@ -1213,5 +1213,6 @@ const struct gemm_ops gemm_ops_avx2 = {
     .rmsnorm = avx2_rmsnorm,
     .attn_chunk = attn_chunk_avx2,
     .softmax_stats = attn_softmax_stats_avx2,
+    .silu_mul = attn_silu_mul_avx2,
     .to_f16 = avx2_to_f16,
 };

@@ -639,5 +639,6 @@ const struct gemm_ops gemm_ops_scalar = {
     .rmsnorm = scalar_rmsnorm,
     .attn_chunk = attn_chunk_scalar,
     .softmax_stats = attn_softmax_stats_scalar,
+    .silu_mul = attn_silu_mul_scalar,
     .to_f16 = scalar_to_f16,
 };

@@ -16,7 +16,7 @@
  * executor's matrix products and norms now run on gemm.h (quantized blocks dotted
  * directly, activations quantized to int8); kern_row_dot remains the path for weight types
  * gemm.h does not cover (Q4_1, Q5_*, ...) and q8_0 KV keys, and the rest of this file
- * (rope, silu, axpy, embedding rows) is used as is.
+ * (rope, axpy, embedding rows) is used as is; SiLU moved to attn.h's exp contract.
  *
  * Nothing here allocates, fails or checks shapes: callers (exec/weights.c) validate
  * tensors once at load time.
@@ -78,8 +78,6 @@ void kern_rope_angles(double pos, float theta, int rope_dim, const float *factor
    Elements at rope_dim and beyond are unchanged. */
 void kern_rope_apply(float *v, int rope_dim, bool neox, const float *cosv, const float *sinv);
 
-/* out[i] = silu(gate[i]) * up[i]; out may alias gate or up. */
-void kern_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 
 /* y[i] += a * x[i] */
 void kern_axpy(float a, const float *x, float *y, int64_t n);

@@ -3,8 +3,8 @@
  *
  * Clear loops over f32. Reductions use KERN_LANES partial sums combined pairwise in a
  * fixed order (see kernels.h for why the order matters). Transcendentals use libm in
- * double where the result is a per-position constant (rope angles) and f32 expf where it
- * sits in an inner loop (silu).
+ * double where the result is a per-position constant (rope angles); SiLU's exp is attn.h's
+ * polynomial (gemm_ops.silu_mul), the same bits on every ISA.
  */
 #include "kernels/cpu/kernels.h"
 
@@ -135,14 +135,6 @@ void kern_rope_apply(float *v, int rope_dim, bool neox, const float *cosv, const
         float x0 = v[a], x1 = v[b];
         v[a] = x0 * cosv[i] - x1 * sinv[i];
         v[b] = x0 * sinv[i] + x1 * cosv[i];
-    }
-}
-
-void kern_silu_mul(const float *gate, const float *up, float *out, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
 
