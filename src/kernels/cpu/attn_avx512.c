@@ -328,6 +328,7 @@ AI void transpose16(__m512 r[16])
     for (int s = 0; s < 4; s++) {
         const int d = 8 >> s;
         const __m512i il = _mm512_loadu_si512(lo[s]), ih = _mm512_loadu_si512(hi[s]);
+        UNROLL
         for (int i = 0; i < 16; i++)
             if (!(i & d)) {
                 const __m512 a = r[i], b = r[i + d];
@@ -344,12 +345,15 @@ AI void keys_transposed(const struct attn_chunk_args *a, const int t, int n_max,
     for (int v = 0; 16 * v < hd; v++) {
         const int ne = hd - 16 * v < 16 ? hd - 16 * v : 16;
         const __mmask16 m = ne == 16 ? (__mmask16)0xffff : (__mmask16)((1u << ne) - 1u);
-        __m512 r[16];
+        __m512 r[16]; /* every loop over r unrolled, so it stays in registers */
+        UNROLL
         for (int j = 0; j < 16; j++)
             r[j] = j < n_max ? load16(t, a->k[j], 16 * v, m) : _mm512_setzero_ps();
         transpose16(r);
-        for (int e = 0; e < ne; e++)
-            _mm512_store_ps(kt + (size_t)(16 * v + e) * 16, r[e]);
+        UNROLL
+        for (int e = 0; e < 16; e++)
+            if (e < ne)
+                _mm512_store_ps(kt + (size_t)(16 * v + e) * 16, r[e]);
     }
 }
 
