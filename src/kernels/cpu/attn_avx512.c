@@ -408,10 +408,10 @@ AI void dots_many(const float *kt, int hd, const float *const *q, const int *row
         dots[i] = _mm512_add_ps(g[0][i], g[1][i]);
 }
 
-/* acc = acc * corr + sum_j p_j v_j for R rows (row ids rows[]), each value vector loaded
-   once for the R rows. */
+/* acc = acc * corr + sum_j p_j v_j for R rows (row ids rows[], p_j of row i at
+   pt[i + 16 * j]), each value vector loaded once for the R rows. */
 AI void values_many(const struct attn_chunk_args *a, const int t, const int *rows,
-                    const float *corr, const float (*pj)[ATTN_CHUNK], const int R)
+                    const float *corr, const float *pt, const int R)
 {
     const int hd = a->hd;
     const __mmask16 tail = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1u) : (__mmask16)0xffff;
@@ -434,18 +434,77 @@ AI void values_many(const struct attn_chunk_args *a, const int t, const int *row
             const __m512 vv = load16(t, a->v[j], 16 * v, m);
             UNROLL8
             for (int i = 0; i < R; i++)
-                x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pj[i][j]), vv, x[i]);
+                x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pt[i + 16 * j]), vv, x[i]);
         }
         for (; j < gmax; j++) {
             const __m512 vv = load16(t, a->v[j], 16 * v, m);
             UNROLL8
             for (int i = 0; i < R; i++)
                 if (j < n[i]) /* the contract stops at the row's count */
-                    x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pj[i][j]), vv, x[i]);
+                    x[i] = _mm512_fmadd_ps(_mm512_set1_ps(pt[i + 16 * j]), vv, x[i]);
         }
         UNROLL8
         for (int i = 0; i < R; i++)
             _mm512_mask_storeu_ps(a->acc + (size_t)rows[i] * hd + 16 * v, m, x[i]);
+    }
+}
+
+/* fmaxf(x, y) lane by lane: vmaxps gives y when either is NaN (or both are zeros), as
+   libm's fmaxf does but for a NaN y, where fmaxf gives x. */
+AI __m512 fmax16(__m512 x, __m512 y)
+{
+    return _mm512_mask_mov_ps(_mm512_max_ps(x, y), _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), x);
+}
+
+/* The softmax step of up to 16 rows at once (rows[i], i < R; sd[i] their 16 dots), lane
+   i = row i: the scores are transposed (ST[j] = position j of every row), so the running
+   max (fmaxf over j in increasing order, as the scalar reference), the exp of each score,
+   the correction and the pairwise fold of the p lanes (lane j += lane j + w, w = 8, 4, 2, 1)
+   are all vector operations across rows instead of reductions within one. Writes p_j of
+   row i at pt[i + 16 * j] and the rows' corrections at corr[i]. */
+AI void softmax_many(const struct attn_chunk_args *a, const int *rows, int R,
+                     const float (*sd)[ATTN_CHUNK], float *pt, float *corr)
+{
+    _Alignas(64) float mv[16], lv[16];
+    _Alignas(64) int32_t nv[16];
+    __m512 st[ATTN_CHUNK];
+    UNROLL
+    for (int i = 0; i < 16; i++)
+        st[i] = i < R ? _mm512_load_ps(sd[i]) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; i++) {
+        mv[i] = i < R ? a->m[rows[i]] : -INFINITY;
+        lv[i] = i < R ? a->l[rows[i]] : 0.0f;
+        nv[i] = i < R ? a->n[rows[i]] : 0;
+    }
+    transpose16(st);
+    const __m512i n = _mm512_load_si512(nv);
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    __m512 cm = _mm512_set1_ps(-INFINITY);
+    UNROLL
+    for (int j = 0; j < ATTN_CHUNK; j++) {
+        const __mmask16 vj = _mm512_cmpgt_epi32_mask(n, _mm512_set1_epi32(j));
+        st[j] = _mm512_mul_ps(st[j], scale);
+        cm = _mm512_mask_mov_ps(cm, vj, fmax16(cm, st[j]));
+    }
+    const __m512 m = _mm512_load_ps(mv), mn = fmax16(m, cm);
+    const __m512 c = exp16(_mm512_sub_ps(m, mn));
+    UNROLL
+    for (int j = 0; j < ATTN_CHUNK; j++) {
+        const __mmask16 vj = _mm512_cmpgt_epi32_mask(n, _mm512_set1_epi32(j));
+        st[j] = _mm512_maskz_mov_ps(vj, exp16(_mm512_sub_ps(st[j], mn)));
+        _mm512_store_ps(pt + 16 * j, st[j]);
+    }
+    UNROLL
+    for (int w = 8; w >= 1; w /= 2)
+        UNROLL
+        for (int j = 0; j < w; j++)
+            st[j] = _mm512_add_ps(st[j], st[j + w]);
+    _mm512_store_ps(lv, _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(lv), c), st[0]));
+    _mm512_store_ps(mv, mn);
+    _mm512_storeu_ps(corr, c);
+    for (int i = 0; i < R; i++) {
+        a->l[rows[i]] = lv[i];
+        a->m[rows[i]] = mv[i];
     }
 }
 
@@ -456,8 +515,9 @@ AI void chunk_many(const struct attn_chunk_args *a, const int t, const int *live
     for (int k = 0; k < nl; k++)
         n_max = a->n[live[k]] > n_max ? a->n[live[k]] : n_max;
     _Alignas(64) float kt[ATTN_KT_HD * 16];
-    _Alignas(64) float pj[ATTN_MANY_MAXROWS][ATTN_CHUNK];
-    float corr[ATTN_MANY_MAXROWS];
+    _Alignas(64) float sd[ATTN_MANY_MAXROWS][ATTN_CHUNK];     /* dots, row by row */
+    _Alignas(64) float pt[ATTN_MANY_MAXROWS / 16][16 * ATTN_CHUNK]; /* p, 16 rows a block */
+    _Alignas(64) float corr[ATTN_MANY_MAXROWS];
     keys_transposed(a, t, n_max, kt);
     for (int k = 0; k < nl; k += MANY_QROWS) {
         __m512 dots[MANY_QROWS];
@@ -469,19 +529,21 @@ AI void chunk_many(const struct attn_chunk_args *a, const int t, const int *live
         else
             dots_many(kt, hd, a->q, live + k, 1, dots);
         for (int i = 0; i < R; i++)
-            corr[k + i] = softmax_row(a, live[k + i], dots[i], pj[k + i]);
+            _mm512_store_ps(sd[k + i], dots[i]);
     }
+    for (int k = 0; k < nl; k += 16)
+        softmax_many(a, live + k, nl - k < 16 ? nl - k : 16, sd + k, pt[k / 16], corr + k);
     for (int k0 = 0; k0 < nl; k0 += MANY_VROWS) {
         const int *rows = live + k0;
         switch (nl - k0 < MANY_VROWS ? nl - k0 : MANY_VROWS) {
-        case 1: values_many(a, t, rows, corr + k0, pj + k0, 1); break;
-        case 2: values_many(a, t, rows, corr + k0, pj + k0, 2); break;
-        case 3: values_many(a, t, rows, corr + k0, pj + k0, 3); break;
-        case 4: values_many(a, t, rows, corr + k0, pj + k0, 4); break;
-        case 5: values_many(a, t, rows, corr + k0, pj + k0, 5); break;
-        case 6: values_many(a, t, rows, corr + k0, pj + k0, 6); break;
-        case 7: values_many(a, t, rows, corr + k0, pj + k0, 7); break;
-        default: values_many(a, t, rows, corr + k0, pj + k0, MANY_VROWS); break;
+        case 1: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 1); break;
+        case 2: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 2); break;
+        case 3: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 3); break;
+        case 4: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 4); break;
+        case 5: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 5); break;
+        case 6: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 6); break;
+        case 7: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 7); break;
+        default: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], MANY_VROWS); break;
         }
     }
 }
