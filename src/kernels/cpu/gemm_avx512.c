@@ -894,11 +894,11 @@ static void run_tile(int wt, const struct tile *tl, int nt, int nr)
    FLOAT_TILE_TOK tokens' f32 activations (6 x 3 KB at K = 768) stay in L1 while the row
    block's weights (L2, GEMM_ROW_BLOCK_BYTES) stream by, a third of the L2 bytes per FMA
    of the other order (llama-110m F16 pp512, 2 threads: 770 -> 815 and 746 -> 830 tok/s). */
-static void gemm_tile_at(const struct gemm_args *a, int64_t r, int64_t t0, int nr, int nt, bool flt)
+static void gemm_tile_at(const struct gemm_args *a, int64_t r, int64_t t0, int nr, int nt, bool flt,
+                         int64_t seg)
 {
     const int bt = gemm_base_type(a->wtype);
-    const int64_t seg = bt != a->wtype ? gemm_fseg(a->k) : 0;
-    const size_t sb = (size_t)seg * dtype_row_bytes(bt, 1);
+    const size_t sb = (size_t)seg * (bt == DT_F32 ? 4 : 2); /* seg > 0: repacked floats only */
     struct tile tl = {
         .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes, .w_stride = a->w_row_bytes,
         .seg_k = seg, .seg_bytes = 16 * sb,
@@ -923,16 +923,17 @@ static void gemm_rows(const struct gemm_args *a, int64_t r0, int64_t r1, int mul
     const bool flt = gemm_act_kind(a->wtype) == GEMM_ACT_F32;
     const int tile_tok = flt ? FLOAT_TILE_TOK : GEMM_TILE_TOK;
     const int tile_row = flt ? FLOAT_TILE_ROW : GEMM_TILE_ROW;
+    const int64_t seg = gemm_base_type(a->wtype) != a->wtype ? gemm_fseg(a->k) : 0;
 #define NR_AT(r) (multi && r1 - (r) >= tile_row ? tile_row : 1)
 #define NT_AT(t0) (a->n_tok - (t0) < tile_tok ? (int)(a->n_tok - (t0)) : tile_tok)
     if (flt) {
         for (int64_t t0 = 0; t0 < a->n_tok; t0 += tile_tok)
             for (int64_t r = r0; r < r1; r += NR_AT(r))
-                gemm_tile_at(a, r, t0, NR_AT(r), NT_AT(t0), true);
+                gemm_tile_at(a, r, t0, NR_AT(r), NT_AT(t0), true, seg);
     } else {
         for (int64_t r = r0; r < r1; r += NR_AT(r))
             for (int64_t t0 = 0; t0 < a->n_tok; t0 += tile_tok)
-                gemm_tile_at(a, r, t0, NR_AT(r), NT_AT(t0), false);
+                gemm_tile_at(a, r, t0, NR_AT(r), NT_AT(t0), false, seg);
     }
 #undef NR_AT
 #undef NT_AT
