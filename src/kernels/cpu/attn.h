@@ -18,7 +18,9 @@
  *   k_j, v_j = row j widened to f32 (exact)
  *   dot_j  = q . k_j under gemm.h's float-path contract: 16 lanes, element i into lane
  *            i % 16 with fmaf in increasing i, lanes folded pairwise (w = 8, 4, 2, 1);
- *   s_j    = dot_j * scale;  cm = max_j s_j;  m' = max(m, cm)
+ *   s_j    = dot_j * scale;  cm = max_j s_j;  m' = max(m, cm)   (max: attn_fmax, cm from
+ *            -inf over j in increasing order; the SIMD row kernels take cm by a tree of
+ *            vmaxps, which can differ only for NaN scores or equal zeros of both signs)
  *   corr   = attn_exp(m - m')                 (m = -inf before the first chunk: corr = 0)
  *   p_j    = attn_exp(s_j - m') for j < n, 0 for j >= n
  *   l'     = l * corr + fold(p)               fold: the 16 p lanes folded as above
@@ -105,6 +107,14 @@ static inline float attn_exp(float x)
     bits += (int32_t)k * (1 << 23); /* k in [-124, 0], p in [0.7, 1.5): stays normal */
     memcpy(&p, &bits, sizeof p);
     return p;
+}
+
+/* The contract's max: y if x < y or x == y (so of two zeros, y), x if y is NaN, y if x is
+   NaN: what vmaxps gives with a NaN y replaced by x. Written out rather than libm's fmaxf,
+   whose choice between equal zeros is the library's, and which is a call in a hot loop. */
+static inline float attn_fmax(float x, float y)
+{
+    return y != y ? x : x > y ? x : y;
 }
 
 /* silu(g) * u under the contract above. */

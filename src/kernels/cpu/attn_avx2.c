@@ -189,7 +189,7 @@ AI void row_typed(const struct attn_chunk_args *a, const int t, const int r)
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float cm = _mm_cvtss_f32(m4);
-    const float m = a->m[r], mn = fmaxf(m, cm);
+    const float m = a->m[r], mn = attn_fmax(m, cm);
     const float corr = attn_exp(m - mn);
     const __m256 vmn = _mm256_set1_ps(mn);
     const __m256 p0 = exp8(_mm256_sub_ps(s0, vmn)), p1 = exp8(_mm256_sub_ps(s1, vmn));

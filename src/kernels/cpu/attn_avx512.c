@@ -141,7 +141,7 @@ AI float softmax_row(const struct attn_chunk_args *a, int r, __m512 dots, float 
     __m512 s = _mm512_mul_ps(dots, _mm512_set1_ps(a->scale));
     s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s);
     const float cm = _mm512_reduce_max_ps(s);
-    const float m = a->m[r], mn = fmaxf(m, cm);
+    const float m = a->m[r], mn = attn_fmax(m, cm);
     const float corr = attn_exp(m - mn);
     const __m512 p = exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn)));
     a->l[r] = a->l[r] * corr + fold16(p);
@@ -449,8 +449,8 @@ AI void values_many(const struct attn_chunk_args *a, const int t, const int *row
     }
 }
 
-/* fmaxf(x, y) lane by lane: vmaxps gives y when either is NaN (or both are zeros), as
-   libm's fmaxf does but for a NaN y, where fmaxf gives x. */
+/* attn_fmax(x, y) lane by lane: vmaxps gives y when either is NaN or both are equal;
+   a NaN y becomes x. */
 AI __m512 fmax16(__m512 x, __m512 y)
 {
     return _mm512_mask_mov_ps(_mm512_max_ps(x, y), _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), x);
@@ -458,7 +458,7 @@ AI __m512 fmax16(__m512 x, __m512 y)
 
 /* The softmax step of up to 16 rows at once (rows[i], i < R; sd[i] their 16 dots), lane
    i = row i: the scores are transposed (ST[j] = position j of every row), so the running
-   max (fmaxf over j in increasing order, as the scalar reference), the exp of each score,
+   max (attn_fmax over j in increasing order, as the scalar reference), the exp of each score,
    the correction and the pairwise fold of the p lanes (lane j += lane j + w, w = 8, 4, 2, 1)
    are all vector operations across rows instead of reductions within one. Writes p_j of
    row i at pt[i + 16 * j] and the rows' corrections at corr[i]. */

@@ -50,9 +50,9 @@ void attn_chunk_scalar(const struct attn_chunk_args *a)
         float cm = -INFINITY;
         for (int j = 0; j < n; j++) {
             s[j] = dot16(q, a->kv_type, a->k[j], hd) * a->scale;
-            cm = fmaxf(cm, s[j]);
+            cm = attn_fmax(cm, s[j]);
         }
-        const float m = a->m[r], mn = fmaxf(m, cm);
+        const float m = a->m[r], mn = attn_fmax(m, cm);
         const float corr = attn_exp(m - mn);
         for (int j = 0; j < ATTN_CHUNK; j++)
             p[j] = j < n ? attn_exp(s[j] - mn) : 0.0f;
