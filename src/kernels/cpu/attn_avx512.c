@@ -535,15 +535,16 @@ AI void chunk_many(const struct attn_chunk_args *a, const int t, const int *live
         softmax_many(a, live + k, nl - k < 16 ? nl - k : 16, sd + k, pt[k / 16], corr + k);
     for (int k0 = 0; k0 < nl; k0 += MANY_VROWS) {
         const int *rows = live + k0;
+        const float *pk = &pt[k0 / 16][k0 % 16]; /* row k0's p_0 */
         switch (nl - k0 < MANY_VROWS ? nl - k0 : MANY_VROWS) {
-        case 1: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 1); break;
-        case 2: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 2); break;
-        case 3: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 3); break;
-        case 4: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 4); break;
-        case 5: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 5); break;
-        case 6: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 6); break;
-        case 7: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], 7); break;
-        default: values_many(a, t, rows, corr + k0, &pt[k0 / 16][k0 % 16], MANY_VROWS); break;
+        case 1: values_many(a, t, rows, corr + k0, pk, 1); break;
+        case 2: values_many(a, t, rows, corr + k0, pk, 2); break;
+        case 3: values_many(a, t, rows, corr + k0, pk, 3); break;
+        case 4: values_many(a, t, rows, corr + k0, pk, 4); break;
+        case 5: values_many(a, t, rows, corr + k0, pk, 5); break;
+        case 6: values_many(a, t, rows, corr + k0, pk, 6); break;
+        case 7: values_many(a, t, rows, corr + k0, pk, 7); break;
+        default: values_many(a, t, rows, corr + k0, pk, MANY_VROWS); break;
         }
     }
 }
