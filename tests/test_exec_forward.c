@@ -416,6 +416,49 @@ TEST(repack_plan)
     check_plan(&spec_qwen2, DT_Q5_0, 33);
 }
 
+/* One pool per model and plan: a second exec_weights of the model references the
+   first's (same bytes, same types), one with another plan (WELD_REPACK=0) or of another
+   model gets its own, and a pool outlives whichever of its users is freed first. */
+TEST(shared_pool)
+{
+    struct tmodel *tm = tm_build(&spec_llama_neox, DT_Q8_0, 36);
+    struct tmodel *tm2 = tm_build(&spec_llama_neox, DT_Q8_0, 37);
+    struct exec_weights *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    struct weld_err e = {0};
+    REQUIRE(exec_weights_create(&a, &tm->m, &e) == WELD_OK);
+    REQUIRE(exec_weights_create(&b, &tm->m, &e) == WELD_OK);
+    setenv("WELD_REPACK", "0", 1);
+    int rc = exec_weights_create(&c, &tm->m, &e);
+    unsetenv("WELD_REPACK");
+    REQUIRE(rc == WELD_OK);
+    REQUIRE(exec_weights_create(&d, &tm2->m, &e) == WELD_OK);
+    CHECK(a->pool && a->pool == b->pool && c->pool != a->pool && d->pool != a->pool);
+    CHECK(a->mats[1].down.data == b->mats[1].down.data && a->output.data == b->output.data);
+    CHECK_EQ_INT(b->mats[1].down.wtype, a->mats[1].down.wtype);
+    CHECK(b->mats[0].wo.act_row_bytes == a->mats[0].wo.act_row_bytes);
+    bool pays = gemm_repack_pays(a->go, DT_Q8_0);
+    CHECK(!pays || (a->output.repacked && !c->output.repacked && c->output.data != a->output.data));
+    size_t n = (size_t)spec_llama_neox.vocab * a->output.row_bytes;
+    uint8_t *copy = malloc(n);
+    REQUIRE(copy);
+    memcpy(copy, b->output.data, n);
+    exec_weights_free(a); /* b still holds the pool */
+    CHECK(memcmp(copy, b->output.data, n) == 0);
+    struct exec_weights *a2 = NULL;
+    REQUIRE(exec_weights_create(&a2, &tm->m, &e) == WELD_OK);
+    CHECK(a2->pool == b->pool);
+    exec_weights_free(b);
+    exec_weights_free(a2);
+    REQUIRE(exec_weights_create(&a, &tm->m, &e) == WELD_OK); /* refilled from the file */
+    CHECK(memcmp(copy, a->output.data, n) == 0);
+    free(copy);
+    exec_weights_free(a);
+    exec_weights_free(c);
+    exec_weights_free(d);
+    tm_free(tm2);
+    tm_free(tm);
+}
+
 /* KV storage types against the exact reference, tolerances from their precision (f16: 11
    bits of mantissa, bf16: 8, q8_0: 7 bits of a per-32 scale). */
 TEST(kv_f16_llama) { check_against_ref_kv(&spec_llama, DT_F32, 11, DT_F16, 1e-3); }
@@ -857,6 +900,7 @@ static void run_batch_tests(void)
     RUN(accelerator_and_executor_env);
     RUN(allocation_failures);
     RUN(ref_checks_schedule);
+    RUN(shared_pool);
 }
 
 int main(void)

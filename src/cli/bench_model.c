@@ -59,10 +59,17 @@
  * (linear drift cancels); the report is each side's tok/s, bubble and syncs, and the
  * median A/B speed ratio over all block pairs with its 10th-90th percentiles and how many
  * pairs A was slower in, and the pp ratio per repetition.
+ * The two runners read one copy of the weights (exec/weights.h: the pool is shared per
+ * model and plan; a side whose settings change the plan, e.g. @WELD_REPACK=0, gets its
+ * own). With a copy each, one copy streamed up to 15% faster than the other for the
+ * whole process on the Zen 4 VMs here (`--pair mega,mega`: 0.84-1.12x over five
+ * processes, every block pair of a process on the same side), more than the differences
+ * measured; with one copy 0.98-0.99x.
  * Both creation orders: the -r repetitions run twice, first with A's runner made first,
- * then, both runners remade, with B's first. On a Zen 4 host the runner made first ran up
- * to ~7% slower than an identical second one (`--pair mega,mega`: 0.93-0.99x, changing from
- * hour to hour), which is as large as the differences measured. Taking the ratio's median r1 in
+ * then, both runners remade, with B's first. Before the weights were shared the runner
+ * made first ran up to ~7% slower than an identical second one (0.93-0.99x, changing
+ * from hour to hour); what remains of such a bias (the KV cache, arena and team each side
+ * has of its own) cancels this way. Taking the ratio's median r1 in
  * one order and r2 in the other, sqrt(r1 * r2) is the ratio with that bias cancelled (if
  * it multiplies), and sqrt(r1 / r2) the bias itself; the median reported is the former,
  * the percentiles and counts are over the pairs of both orders. JSON: {"model", "batch",

@@ -13,7 +13,9 @@
  * row. If the executor fails, internally placed sequences are truncated back to where the
  * batch started.
  *
- * Memory: weights are the model's (never copied, except small vectors in exec_weights);
+ * Memory: the matrices the kernels run live in exec_weights' pool (repacked or copied
+ * once, shared with any other backend of the same model, exec/weights.h), the rest of
+ * the weights stay the model's;
  * the KV cache is sized at creation; step tables and the arena grow to the largest step
  * seen and are reused. Rope angles (exec_rope_row: pow, cos, sin per frequency) are made
  * once per position into a table grown with the highest position seen (doubling, up to

@@ -12,7 +12,9 @@
  * when that takes over a second (this is where the file is first read; scalar repacking:
  * ~1 s per GB); the source pages of every pooled matrix are then dropped from the
  * resident set (model_release_pages), so resident memory stays at about one copy of the
- * weights. Filling is single-threaded and eager; doing it lazily per matrix or on the
+ * weights. A pool already filled for the same model and plan (struct weight_pool, a
+ * registry of live pools under a mutex) is referenced instead: same offsets, same types,
+ * nothing read or repacked again. Filling is single-threaded and eager; doing it lazily per matrix or on the
  * thread team would be the next step for large models.
  */
 #include "exec/weights.h"
@@ -23,6 +25,7 @@
 #include "kernels/cpu/kernels.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -210,48 +213,169 @@ static size_t mats_plan(struct exec_weights *w)
     return total;
 }
 
-/* Fill the pool: repack the planned matrices, copy the other gemm matrices' rows, and set
-   every act_row_bytes. */
-static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
+/* The pools of every live exec_weights, each shared by all of one model's exec_weights
+   that plan the same layout (the same matrices repacked, so the same bytes at the same
+   offsets): made and filled by the first, referenced by the others, unmapped with the
+   last. Guarded by pools_lock (backends may be created on different threads). */
+struct weight_pool {
+    const struct model *m;
+    size_t bytes;
+    int n;                /* matrices (mat_at indices) */
+    int *wtype;           /* (n) each matrix's type in the pool */
+    uint8_t *repacked;    /* (n) each matrix's plan, compared on lookup */
+    void *mem;
+    int refs;
+    struct weight_pool *next;
+};
+
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct weight_pool *pools;
+
+/* A live pool of w's model with w's plan, with a reference taken; NULL if none. */
+static struct weight_pool *pool_find(struct exec_weights *w, size_t total, int n)
 {
-    const struct model_config *c = &w->m->cfg;
-    int n = N_LAYER_MATS * c->n_layer + 1;
-    uint8_t *dst = NULL;
-    if (total) {
-        if (!(w->pool = wmap_huge(total)))
-            return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for %zu bytes of weights",
-                           model_where(w->m), total);
-        w->pool_bytes = total;
-        dst = w->pool;
+    pthread_mutex_lock(&pools_lock);
+    struct weight_pool *p = pools;
+    for (; p; p = p->next) {
+        if (p->m != w->m || p->bytes != total || p->n != n)
+            continue;
+        bool same = true;
+        for (int i = 0; i < n && same; i++) {
+            const struct tensor *t;
+            bool per_head;
+            same = p->repacked[i] == mat_at(w, i, &t, &per_head)->repacked;
+        }
+        if (same)
+            break;
     }
-    struct progress pr;
-    progress_start(&pr, "loading weights", total);
-    for (int i = 0; i < n; i++) {
+    if (p)
+        p->refs++;
+    pthread_mutex_unlock(&pools_lock);
+    return p;
+}
+
+static void pool_unref(struct weight_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&pools_lock);
+    bool last = --p->refs == 0;
+    if (last)
+        for (struct weight_pool **q = &pools; *q; q = &(*q)->next)
+            if (*q == p) {
+                *q = p->next;
+                break;
+            }
+    pthread_mutex_unlock(&pools_lock);
+    if (!last)
+        return;
+    wunmap(p->mem, p->bytes);
+    wfree(p->wtype);
+    wfree(p->repacked);
+    wfree(p);
+}
+
+static int pool_new(struct weight_pool **out, struct exec_weights *w, size_t total, int n,
+                    struct weld_err *e)
+{
+    struct weight_pool *p = wcalloc(1, sizeof *p);
+    if (p && (p->wtype = wcalloc((size_t)n, sizeof *p->wtype)) &&
+        (p->repacked = wcalloc((size_t)n, 1)))
+        p->mem = wmap_huge(total);
+    if (!p || !p->mem) {
+        if (p)
+            wfree(p->wtype), wfree(p->repacked), wfree(p);
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for %zu bytes of weights",
+                       model_where(w->m), total);
+    }
+    p->m = w->m;
+    p->bytes = total;
+    p->n = n;
+    p->refs = 1;
+    *out = p;
+    return WELD_OK;
+}
+
+/* Point every pooled matrix at its bytes in a pool another exec_weights filled. */
+static void mats_share(struct exec_weights *w, const struct weight_pool *p)
+{
+    uint8_t *dst = p->mem;
+    for (int i = 0; i < p->n; i++) {
         const struct tensor *t;
         bool per_head;
         struct exec_mat *x = mat_at(w, i, &t, &per_head);
         size_t nb = mat_pool_bytes(x, t);
         if (nb) {
-            if (x->repacked) {
-                x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
-                WELD_ASSERT(x->wtype >= 0);
-            } else {
-                memcpy(dst, t->data, x->row_bytes * (size_t)x->rows);
-            }
-            /* the original stays mapped (a tied embedding still reads rows of it) but
-               leaves the resident set: otherwise the model costs twice its size */
-            model_release_pages(w->m, t->data, t->nbytes);
+            x->wtype = p->wtype[i];
             x->data = dst;
             dst += nb;
-            progress_add(&pr, nb);
         }
+    }
+}
+
+/* Fill a new pool: repack the planned matrices, copy the other gemm matrices' rows. */
+static void mats_fill_pool(struct exec_weights *w, struct weight_pool *p)
+{
+    uint8_t *dst = p->mem;
+    struct progress pr;
+    progress_start(&pr, "loading weights", p->bytes);
+    for (int i = 0; i < p->n; i++) {
+        const struct tensor *t;
+        bool per_head;
+        struct exec_mat *x = mat_at(w, i, &t, &per_head);
+        size_t nb = mat_pool_bytes(x, t);
+        p->repacked[i] = x->repacked;
+        if (!nb)
+            continue;
+        if (x->repacked) {
+            x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
+            WELD_ASSERT(x->wtype >= 0);
+        } else {
+            memcpy(dst, t->data, x->row_bytes * (size_t)x->rows);
+        }
+        /* the original stays mapped (a tied embedding still reads rows of it) but
+           leaves the resident set: otherwise the model costs twice its size */
+        model_release_pages(w->m, t->data, t->nbytes);
+        p->wtype[i] = x->wtype;
+        x->data = dst;
+        dst += nb;
+        progress_add(&pr, nb);
+    }
+    progress_end(&pr);
+}
+
+/* Give the planned matrices their pool (shared with another exec_weights of the model
+   and plan if one is alive, else made and filled now) and set every act_row_bytes. */
+static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
+{
+    const struct model_config *c = &w->m->cfg;
+    int n = N_LAYER_MATS * c->n_layer + 1;
+    if (total) {
+        struct weight_pool *p = pool_find(w, total, n);
+        if (p) {
+            mats_share(w, p);
+        } else {
+            int rc = pool_new(&p, w, total, n, e);
+            if (rc)
+                return rc;
+            mats_fill_pool(w, p);
+            pthread_mutex_lock(&pools_lock);
+            p->next = pools;
+            pools = p;
+            pthread_mutex_unlock(&pools_lock);
+        }
+        w->pool = p;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct tensor *t;
+        bool per_head;
+        struct exec_mat *x = mat_at(w, i, &t, &per_head);
         if (x->gemm) {
             x->act_row_bytes = (gemm_act_row_bytes(x->wtype, x->k) + 63) / 64 * 64;
             if (x->act_row_bytes > w->max_act_row_bytes)
                 w->max_act_row_bytes = x->act_row_bytes;
         }
     }
-    progress_end(&pr);
     /* Decode reads one embedding row a token, a new page most of the time: as first
        touches those were page faults of 12-25 us each in a VM (110M Q8_0, 2 threads:
        0.3-0.5% of a decode step, which the other worker waited out, and a few of 1-7
@@ -325,7 +449,7 @@ void exec_weights_free(struct exec_weights *w)
 {
     if (!w)
         return;
-    wunmap(w->pool, w->pool_bytes);
+    pool_unref(w->pool);
     wfree(w->mats);
     wfree(w->mem);
     wfree(w->layers);

@@ -10,7 +10,7 @@
  * It also widens the small per-layer vectors (norm weights, biases, qk-norm weights) to
  * f32 once, so kernels never convert them per token. Every matrix the gemm kernels run is
  * moved, once, into one pool of anonymous memory (wmap_huge: 2 MiB aligned, huge pages
- * advised) owned by exec_weights: Q8_0 / Q4_0 / Q4_K / Q6_K matrices on ISAs where the
+ * advised): Q8_0 / Q4_0 / Q4_K / Q6_K matrices on ISAs where the
  * 16-row interleaved form runs faster (gemm_repack_pays), and F32 / F16 / BF16 matrices of
  * long rows (K of at least 2 * GEMM_FSEG cut in equal segments, gemm_fseg; AVX-512 and
  * AVX2), are repacked into it (WELD_REPACK=0 keeps every matrix as it is), the others
@@ -18,7 +18,14 @@
  * than out of anonymous memory: 1B F16, 2 threads, 63-67% of the read probe mapped, 84%
  * copied (docs/BENCHMARKS.md). The source pages then leave the resident set, so resident
  * memory stays at about one copy of the weights; the file stays mapped for the embedding
- * lookup (and tied output heads' rows).
+ * lookup (and tied output heads' rows). The pool is shared: a second exec_weights of the
+ * same model and plan (another backend in the process: `weld bench --pair`, tests, a
+ * server's runners) references the first's instead of filling its own, so two runners
+ * cost one copy, skip the repacking, and stream the very same bytes. That last point
+ * decides paired benchmarks on the VMs here: with a copy each, one runner's copy
+ * streamed up to 15% faster than the other's for the life of the process (an A/A pair
+ * of one executor: 0.84-1.12x over five processes; one shared copy: 0.98-0.99x), which
+ * no interleaving can cancel.
  *
  * Each matrix the ops multiply is described by a struct exec_mat: the gemm weight type
  * (possibly a repacked id), its rows, and whether the gemm kernels run it at all (types
@@ -67,6 +74,8 @@ struct exec_layer_vecs {
     float *q_norm, *k_norm;      /* (head_dim) or NULL */
 };
 
+struct weight_pool;
+
 struct exec_weights {
     const struct model *m;
     float *output_norm;              /* (dim) */
@@ -88,9 +97,10 @@ struct exec_weights {
                                         BF16 / F32: weights are the bytes that bound a
                                         prefill, so each pass serves more tokens), else
                                         EXEC_TILE */
-    void *pool;                      /* anonymous (huge-page advised) memory holding every
-                                        gemm matrix, repacked or copied; NULL if none */
-    size_t pool_bytes;
+    struct weight_pool *pool;        /* anonymous (huge-page advised) memory holding every
+                                        gemm matrix, repacked or copied, shared with the
+                                        model's other exec_weights of the same plan
+                                        (weights.c); NULL if none */
 };
 
 /* Fails with isa_init's message if WELD_ISA asks for an instruction set the CPU lacks. */
