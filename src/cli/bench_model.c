@@ -62,7 +62,7 @@
  * The two runners read one copy of the weights (exec/weights.h: the pool is shared per
  * model and plan; a side whose settings change the plan, e.g. @WELD_REPACK=0, gets its
  * own). With a copy each, one copy streamed up to 15% faster than the other for the
- * whole process on the Zen 4 VMs here (`--pair mega,mega`: 0.84-1.12x over five
+ * whole process on the Zen 5 VM here (`--pair mega,mega`: 0.84-1.12x over five
  * processes, every block pair of a process on the same side), more than the differences
  * measured; with one copy 0.98-0.99x.
  * Both creation orders: the -r repetitions run twice, first with A's runner made first,

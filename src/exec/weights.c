@@ -14,8 +14,8 @@
  * resident set (model_release_pages), so resident memory stays at about one copy of the
  * weights. A pool already filled for the same model and plan (struct weight_pool, a
  * registry of live pools under a mutex) is referenced instead: same offsets, same types,
- * nothing read or repacked again. Filling is single-threaded and eager; doing it lazily per matrix or on the
- * thread team would be the next step for large models.
+ * nothing read or repacked again. Filling is single-threaded and eager; doing it lazily
+ * per matrix or on the thread team would be the next step for large models.
  */
 #include "exec/weights.h"
 
