@@ -3,14 +3,16 @@
  * three memory situations decode meets, for every instruction set this CPU has.
  *
  *   weld_attn_bench [--hd 64] [--rows 1,2,4] [--kv f16|bf16|f32] [--isa LIST] [--mib 256]
+ *                   [--visible 16]
  *                   [--seconds 1]
  *
  * --isa: a list such as avx2,avx512 (default: every SIMD level this CPU has; scalar only
  * when named).
  *
  * One query row per KV head is decode without GQA; 2-8 rows are a GQA group (Llama 3: 4).
- * Every call is a full chunk (16 positions, every row sees all of them), the state carried
- * from call to call as the executor carries it. Each KV head's chunk is one run of 16 rows
+ * Every call is a full chunk (16 positions, every row sees all of them; --visible N < 16:
+ * every row sees the first N, the kernel's path for a decode's last chunk), the state
+ * carried from call to call as the executor carries it. Each KV head's chunk is one run of 16 rows
  * (exec/kv.h: a block's positions of one head are consecutive), and the runs are placed:
  *   hot:     4 chunks, over and over (in L1: the kernel's own speed);
  *   stream:  back to back over --mib MiB of K and of V (a sequence's consecutive blocks
@@ -50,6 +52,7 @@ static double now_s(void)
 
 struct setup {
     int hd, nq, kv_type;
+    int visible;         /* positions of each chunk every row sees (16: full chunks) */
     size_t esz, run;     /* bytes of one element, of one chunk's 16 rows */
     uint8_t *k, *v;      /* planes */
     size_t n_runs;       /* runs that fit in a plane */
@@ -64,7 +67,7 @@ static double time_chunks(struct setup *s, void (*chunk)(const struct attn_chunk
     const float *qp[MAX_ROWS];
     int n[MAX_ROWS];
     for (int r = 0; r < s->nq; r++)
-        qp[r] = s->q + (size_t)r * s->hd, n[r] = ATTN_CHUNK;
+        qp[r] = s->q + (size_t)r * s->hd, n[r] = s->visible;
     struct attn_chunk_args a = {.kv_type = s->kv_type, .hd = s->hd, .nq = s->nq, .q = qp,
                                 .n = n, .scale = 1.0f / sqrtf((float)s->hd), .m = s->m,
                                 .l = s->l, .acc = s->acc};
@@ -96,7 +99,7 @@ static int parse_type(const char *v)
 
 int main(int argc, char **argv)
 {
-    int hd = 64, kv_type = DT_F16;
+    int hd = 64, kv_type = DT_F16, visible = ATTN_CHUNK;
     const char *rows = "1,2,4", *isas = NULL;
     double mib = 256, seconds = 1;
     for (int i = 1; i < argc; i++) {
@@ -107,18 +110,22 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--isa") && v) isas = v, i++;
         else if (!strcmp(argv[i], "--mib") && v) mib = atof(v), i++;
         else if (!strcmp(argv[i], "--seconds") && v) seconds = atof(v), i++;
+        else if (!strcmp(argv[i], "--visible") && v) visible = atoi(v), i++;
         else {
             fprintf(stderr, "usage: %s [--hd 64] [--rows 1,2,4] [--kv f16|bf16|f32] "
-                            "[--isa avx2,avx512] [--mib 256] [--seconds 1]\n", argv[0]);
+                            "[--isa avx2,avx512] [--mib 256] [--seconds 1] [--visible 16]\n",
+                    argv[0]);
             return 2;
         }
     }
-    if (hd < 1 || hd > 1024 || kv_type < 0 || mib < 1 || mib > 8192 || seconds <= 0) {
-        fprintf(stderr, "%s: bad option value (hd 1-1024, kv f16/bf16/f32, mib 1-8192)\n",
-                argv[0]);
+    if (hd < 1 || hd > 1024 || kv_type < 0 || mib < 1 || mib > 8192 || seconds <= 0 ||
+        visible < 1 || visible > ATTN_CHUNK) {
+        fprintf(stderr, "%s: bad option value (hd 1-1024, kv f16/bf16/f32, mib 1-8192, "
+                        "visible 1-16)\n", argv[0]);
         return 2;
     }
-    struct setup s = {.hd = hd, .kv_type = kv_type, .esz = kv_type == DT_F32 ? 4 : 2};
+    struct setup s = {.hd = hd, .kv_type = kv_type, .esz = kv_type == DT_F32 ? 4 : 2,
+                      .visible = visible};
     s.run = (size_t)ATTN_CHUNK * (size_t)hd * s.esz;
     size_t plane = (size_t)(mib * 1048576.0) / s.run * s.run;
     s.n_runs = plane / s.run;
@@ -155,9 +162,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < MAX_ROWS * hd; i++)
         s.q[i] = (float)rng_normal(&r) * 0.2f;
 
-    printf("attention chunk step, one core: hd %d, kv %s, KV planes of %.0f MiB each\n", hd,
+    printf("attention chunk step, one core: hd %d, kv %s, KV planes of %.0f MiB each, %d of "
+           "16 positions visible\n", hd,
            kv_type == DT_F16 ? "f16" : kv_type == DT_BF16 ? "bf16" : "f32",
-           (double)plane / 1048576.0);
+           (double)plane / 1048576.0, visible);
     printf("isa     rows   hot ns  (GB/s)   stream ns  (GB/s)   islands ns  (GB/s)\n");
     const double bytes = 2.0 * (double)s.run;
     /* the ISAs' kernels, and on AVX-512 also attn_chunk_avx512_zmm ("avx512z"): the same
