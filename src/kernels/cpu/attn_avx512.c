@@ -647,12 +647,18 @@ void attn_chunk_avx512_zmm(const struct attn_chunk_args *a)
         chunk_typed(a, DT_F32);
 }
 
-/* Whether a one-row full chunk runs faster through attn_avx2.c's row kernel: on AMD family
-   0x19 (Zen 4, the only one of that family with AVX-512), which executes a zmm operation as
-   two 256-bit halves. weld_attn_bench, one core, hd 64, f16: 110 ns per chunk in L1 against
-   163-166 here, 150-173 against 177-230 streamed. Zen 5 (0x1A) and Intel parts have full
-   512-bit units and keep this file's kernels. Decided once, at load. */
-static bool g_one_row_ymm;
+/* Which one-row chunks run faster through attn_avx2.c's row kernel (decode without GQA),
+   decided once, at load:
+   - AMD family 0x19 (Zen 4, the only one of that family with AVX-512), which executes a
+     zmm operation as two 256-bit halves: full chunks. weld_attn_bench, one core, hd 64,
+     f16: 110 ns per chunk in L1 against 163-166 here, 150-173 against 177-230 streamed.
+   - AMD family 0x1A (Zen 5, full 512-bit units): every one-row chunk, because decode
+     streams its keys and values from memory (the weights evicted them) and there the row
+     kernel is ahead. weld_attn_bench, hd 64, f16, ns per chunk streamed / in L1: full
+     chunks 134-150 / 98 against 288-294 / 89 here; 9 of 16 positions visible 262-275 /
+     83 against 350-359 / 104.
+   Intel parts keep this file's kernels. */
+static int g_one_row_ymm; /* 0: never, 1: full chunks, 2: any one-row chunk */
 
 __attribute__((constructor)) static void attn_avx512_pick(void)
 {
@@ -665,12 +671,12 @@ __attribute__((constructor)) static void attn_avx512_pick(void)
     unsigned fam = (a >> 8) & 0xf;
     if (fam == 0xf)
         fam += (a >> 20) & 0xff;
-    g_one_row_ymm = fam == 0x19;
+    g_one_row_ymm = fam == 0x19 ? 1 : fam == 0x1A ? 2 : 0;
 }
 
 void attn_chunk_avx512(const struct attn_chunk_args *a)
 {
-    if (g_one_row_ymm && a->nq == 1 && a->n[0] == ATTN_CHUNK) {
+    if (a->nq == 1 && (g_one_row_ymm == 2 || (g_one_row_ymm == 1 && a->n[0] == ATTN_CHUNK))) {
         attn_chunk_avx2(a);
         return;
     }
