@@ -10,8 +10,11 @@
  * row kernel. weld_attn_bench, hd 64, f16, in L1, one Zen 4 core: one row 186-191 ns per
  * chunk with the row kernel, 163-166 with the full-chunk one; four rows 547-566 and
  * 327-340. On Zen 4 attn_chunk_avx512 hands one-row full chunks to attn_avx2.c's row
- * kernel instead (110 ns there; same bits): see attn_avx512_pick at the end.
- * attn_chunk_avx512_zmm never does.
+ * kernel instead (110 ns there; same bits), and on Zen 5 every one-row chunk (streamed
+ * from memory, as decode reads them, the row kernel is ahead there): see
+ * attn_avx512_pick at the end. attn_chunk_avx512_zmm never does. With heads of a multiple
+ * of 64 (full chunks) or 16 (the row kernel), no load or store is masked (W below):
+ * masked loads that miss the cache stall on Zen 5.
  * The row kernel:
  *
  * Scores: one zmm accumulator per position (element i in lane i % 16, fmadd in increasing
