@@ -124,15 +124,20 @@ static inline float fold16(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
 }
 
+/* 16 f16 or bf16 elements widened to f32 (exact). */
+AI __m512 widen16h(int t, __m256i h)
+{
+    return t == DT_F16 ? _mm512_cvtph_ps(h)
+                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* The elements [i, i + 16) of a row of type t that mask m selects, widened to f32 (exact;
    the others 0). */
 static inline __m512 load16(int t, const uint8_t *row, int i, __mmask16 m)
 {
     if (t == DT_F32)
         return _mm512_maskz_loadu_ps(m, row + 4 * (size_t)i);
-    __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * (size_t)i);
-    return t == DT_F16 ? _mm512_cvtph_ps(h)
-                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return widen16h(t, _mm256_maskz_loadu_epi16(m, row + 2 * (size_t)i));
 }
 
 /* load16 of a whole vector (all 16 elements): a plain load, no mask. */
@@ -140,9 +145,7 @@ AI __m512 load16w(int t, const uint8_t *row, int i)
 {
     if (t == DT_F32)
         return _mm512_loadu_ps(row + 4 * (size_t)i);
-    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i));
-    return t == DT_F16 ? _mm512_cvtph_ps(h)
-                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return widen16h(t, _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i)));
 }
 
 
@@ -251,6 +254,8 @@ AI void rows_typed(const struct attn_chunk_args *a, const int t, const int r0, c
 AI void rows_full(const struct attn_chunk_args *a, const int t, const int r0, const int R,
                   const int W)
 {
+    /* with W, hd is written as a multiple of W (it is one), so the compiler sees nv as a
+       multiple of FULL_VB: no partial pass of the value loop */
     const int hd = W ? W * (a->hd / W) : a->hd, nv = (hd + 15) / 16;
     const int P = R == 1 ? 16 : R == 2 ? 8 : 4;
     const __mmask16 tail = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1u) : (__mmask16)0xffff;
