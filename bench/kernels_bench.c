@@ -4,7 +4,7 @@
  *
  *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|8b-4l|7b2-4l|all]
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
- *                     [--pairs 0|1]
+ *                     [--pairs 0|1] [--l2 0|1]
  *
  * A type name ending in "r" (q8_0r, q4_0r, q4_Kr, f16r) runs the repacked 16-row form
  * (gemm_repack) of the matrices that have one (floats: K of at least 2 * GEMM_FSEG, gemm_fseg).
@@ -19,7 +19,8 @@
  *       the same way, as the probe's one-stream loop reads (alternated with the kernels,
  *       median of the ratios: on a shared host the probe's best pass, minutes from the
  *       kernels' runs, overstates what the memory gives them; this pairing does not);
- *       --pairs sets GEMM_DECODE_PAIRS (default: the CPU's gemm_decode_flags);
+ *       --pairs sets GEMM_DECODE_PAIRS, --l2 GEMM_L2_PREFETCH (default: the CPU's
+ *       gemm_decode_flags);
  *   pp: N tokens (default 64) through every matrix as one matrix-matrix product; tokens/s
  *       of the products alone.
  * Not a unit test and not registered with ctest (tests/kernels_bench.cmake builds it).
@@ -173,7 +174,7 @@ static void model_free(struct model *md)
     free(md->m);
 }
 
-/* gemm_args.flags of every product (--pairs; default gemm_decode_flags()), and whether a
+/* gemm_args.flags of every product (--pairs, --l2; default gemm_decode_flags()), and whether a
    pass only reads the weights (the paired reference of the tg figures). */
 static unsigned g_flags;
 static bool g_read_only;
@@ -274,7 +275,7 @@ static int cmp_double(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int threads = 2, pp = 64, pairs = -1;
+    int threads = 2, pp = 64, pairs = -1, l2 = -1;
     double gib = 2.0, seconds = 2.0;
     const char *preset = "all", *types = "f16,bf16,q8_0,q4_0,q4_K,q6_K";
     const char *isa = NULL;
@@ -288,17 +289,22 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--seconds") && v) seconds = atof(v), i++;
         else if (!strcmp(argv[i], "--pp") && v) pp = atoi(v), i++;
         else if (!strcmp(argv[i], "--pairs") && v) pairs = atoi(v), i++;
+        else if (!strcmp(argv[i], "--l2") && v) l2 = atoi(v), i++;
         else {
             fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|8b-4l|7b2-4l|all] "
-                    "[--types a,b] [--gib G] [--seconds S] [--pp N] [--pairs 0|1]\n", argv[0]);
+                    "[--types a,b] [--gib G] [--seconds S] [--pp N] [--pairs 0|1] [--l2 0|1]\n", argv[0]);
             return 2;
         }
     }
-    if (threads < 1 || threads > 64 || pp < 0 || pp > 4096 || pairs > 1) {
-        fprintf(stderr, "threads must be 1..64, --pp 0..4096, --pairs 0 or 1\n");
+    if (threads < 1 || threads > 64 || pp < 0 || pp > 4096 || pairs > 1 || l2 > 1) {
+        fprintf(stderr, "threads must be 1..64, --pp 0..4096, --pairs and --l2 0 or 1\n");
         return 2;
     }
-    g_flags = pairs < 0 ? gemm_decode_flags() : pairs ? GEMM_DECODE_PAIRS : 0u;
+    g_flags = gemm_decode_flags();
+    if (pairs >= 0)
+        g_flags = pairs ? g_flags | GEMM_DECODE_PAIRS : g_flags & ~GEMM_DECODE_PAIRS;
+    if (l2 >= 0)
+        g_flags = l2 ? g_flags | GEMM_L2_PREFETCH : g_flags & ~GEMM_L2_PREFETCH;
     struct weld_err e = {0};
     enum isa_level lvl;
     if (isa_resolve(isa, &lvl, &e) != WELD_OK) {
@@ -315,7 +321,8 @@ int main(int argc, char **argv)
         printf("bandwidth probe: %d threads, %.2f GiB, %s loop: best %.1f GB/s, median %.1f GB/s\n",
                threads, (double)bw.bytes / (1 << 30), bw.isa, bw.gb_s_best, bw.gb_s_median);
     }
-    printf("decode pairs (GEMM_DECODE_PAIRS): %s\n", g_flags & GEMM_DECODE_PAIRS ? "on" : "off");
+    printf("decode pairs (GEMM_DECODE_PAIRS): %s, L2 prefetch (GEMM_L2_PREFETCH): %s\n",
+           g_flags & GEMM_DECODE_PAIRS ? "on" : "off", g_flags & GEMM_L2_PREFETCH ? "on" : "off");
     printf("%-5s %-5s %-7s %9s %9s %8s %7s %7s %10s\n", "model", "type", "isa", "MB", "tg tok/s",
            "GB/s", "share", "of read", "pp tok/s");
     for (size_t pi = 0; pi < sizeof presets / sizeof presets[0]; pi++) {

@@ -256,12 +256,15 @@ static void check_case(struct gcase *c, const struct gemm_ops *only)
         if (nd)
             fprintf(stderr, "  isa %s: %d differences\n", isa_name(o->isa), nd);
         CHECK_EQ_INT(nd, 0);
-        /* Determinism: each token alone, rows split unevenly, padding untouched. */
+        /* Determinism: each token alone, rows split unevenly, padding untouched; with the
+           L2 prefetch (the full run above goes without it). */
+        g_flags = GEMM_L2_PREFETCH;
         for (int t = 0; t < c->n_tok; t++) {
             int64_t mid = c->rows / 3;
             run_ops(o, c, 0, mid, t, 1, acto, yd);
             run_ops(o, c, mid, c->rows, t, 1, acto, yd);
         }
+        g_flags = 0;
         CHECK_EQ_INT(count_diff(yo, yd, c), 0);
         for (int t = 0; t < c->n_tok; t++)
             for (size_t r = (size_t)c->rows; r < c->ldy; r++)
@@ -362,8 +365,8 @@ static void check_repacked_isas(const struct gcase *rc, int from, const float *y
         run_ops(o, rc, 0, rc->rows, 0, rc->n_tok, acto, yo);
         CHECK(memcmp(acts, acto, act_bytes(rc)) == 0);
         CHECK_EQ_INT(count_diff(ys, yo, rc), 0);
-        for (int pairs = 0; pairs < 2; pairs++) { /* decode: one stream, or two (flags) */
-            g_flags = pairs ? GEMM_DECODE_PAIRS : 0u;
+        for (unsigned f = 0; f < 4; f++) { /* decode: one stream or two, L2 prefetch or not */
+            g_flags = (f & 1 ? GEMM_DECODE_PAIRS : 0u) | (f & 2 ? GEMM_L2_PREFETCH : 0u);
             for (size_t i = 0; i < (size_t)rc->n_tok * rc->ldy; i++)
                 yd[i] = -7.0f;
             for (int t = 0; t < rc->n_tok; t++) {

@@ -84,7 +84,8 @@ struct exec_weights {
     float *mem;                      /* backing of every vector above */
     const struct gemm_ops *go;       /* kernels of the ISA picked at start */
     unsigned gemm_flags;             /* gemm_args.flags of every product: the CPU's
-                                        gemm_decode_flags, or WELD_DECODE_PAIRS */
+                                        gemm_decode_flags, or WELD_DECODE_PAIRS and
+                                        WELD_L2_PREFETCH */
     bool repack;                     /* repack where it pays (WELD_REPACK, default 1) */
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct exec_mat output;          /* (n_vocab rows of dim) */

@@ -249,13 +249,21 @@ struct gemm_args {
    instead of one group after the other (one stream). Same bits either way; which is
    faster depends on the core's prefetchers (gemm_decode_flags). */
 #define GEMM_DECODE_PAIRS 1u
+/* GEMM_L2_PREFETCH: the AVX-512 kernels' weight streams get a second software prefetch,
+   into L2, further ahead than the one into L1. Same bits either way. */
+#define GEMM_L2_PREFETCH 2u
 
-/* The flags this CPU's cores stream fastest with: GEMM_DECODE_PAIRS on Intel, where one
-   group at a time left the chains waiting (one SPR-class core: Q4_0 9-13 GB/s alone, 16
-   in pairs), and not elsewhere: two streams per core ran 10-19% slower on an AMD Zen 4
-   host (1B and 110M, Q8_0 and Q4_0, `weld bench --pair`), and the AVX2 kernels already
-   keep one stream (Zen 3: two rows at once halved Q6_K decode). WELD_DECODE_PAIRS=0|1
-   overrides it for the exec layer (exec_weights). */
+/* The flags this CPU's cores stream fastest with, both on Intel only.
+   GEMM_DECODE_PAIRS: one group at a time left the chains waiting on Intel (one SPR-class
+   core: Q4_0 9-13 GB/s alone, 16 in pairs); two streams per core ran 10-19% slower on an
+   AMD Zen 4 host (1B and 110M, Q8_0 and Q4_0, `weld bench --pair`), and the AVX2 kernels
+   already keep one stream (Zen 3: two rows at once halved Q6_K decode).
+   GEMM_L2_PREFETCH: +5-10% per core on the SPR-class host (gemm_avx512.c); on an AMD Zen 5
+   host the extra prefetch instructions cost instead: 110M shapes, 2 threads,
+   weld_kernel_bench "of read" F16 100-105% -> 107-114%, Q8_0 repacked 121-125% ->
+   132-141%, Q4_0 repacked 118-131% -> 144-154%; a one-thread F16 row loop 0.73-0.77 ->
+   0.93-0.98 of a plain read. WELD_DECODE_PAIRS=0|1 and WELD_L2_PREFETCH=0|1 override them
+   for the exec layer (exec_weights). */
 unsigned gemm_decode_flags(void);
 
 struct gemm_ops {

@@ -16,8 +16,8 @@
  * applied with vpmulld into an int32 accumulator reduced once per super-block.
  * Float path: FLOAT_TILE_ROW rows x FLOAT_TILE_TOK tokens (prefill) or, for one token,
  * one row after another in one loop (float_decode: a cache line per step, prefetched
- * FLOAT_PREFETCH ahead into L1 and GEMM_PREFETCH_L2 into L2), 16 f32 lanes per zmm,
- * masked loads for the tail.
+ * FLOAT_PREFETCH ahead into L1 and, with GEMM_L2_PREFETCH, GEMM_PREFETCH_L2 into L2), 16
+ * f32 lanes per zmm, masked loads for the tail.
  *
  * Repacked Q8_0 / Q4_0 (GEMM_*_R16, gemm.h): one zmm lane per row of a 16-row group, so
  * a block costs eight vpdpbusd against broadcast 4-byte activation chunks and a single
@@ -56,10 +56,12 @@
    token: one row, a single weight stream for the prefetcher). */
 #define GEMM_TILE_ROW 4
 
-/* A second software prefetch of the one-token products, into L2, this far ahead (bytes;
-   0: none). With two cores streaming, the L1 prefetch alone left each core at 16.1-16.7
-   GB/s (F16, Q8_0, Q4_0) and 12.5-13.6 (Q6_K, Q4_K); with this one too, 17.7 (F16), 16.9
-   (Q8_0), 14.4 (Q4_K), 13.8 (Q6_K), Q4_0 unchanged (2048 x 8192 matrices, one token). */
+/* A second software prefetch of the weight streams, into L2, this far ahead (bytes), when
+   the call asks for it (GEMM_L2_PREFETCH, gemm.h). On an Intel SPR-class host, two cores
+   streaming one token, the L1 prefetch alone left each core at 16.1-16.7 GB/s (F16, Q8_0,
+   Q4_0) and 12.5-13.6 (Q6_K, Q4_K); with this one too, 17.7 (F16), 16.9 (Q8_0), 14.4
+   (Q4_K), 13.8 (Q6_K), Q4_0 unchanged (2048 x 8192 matrices). On AMD Zen 5 it costs
+   10-25% instead (gemm_decode_flags). */
 #ifndef GEMM_PREFETCH_L2
 #define GEMM_PREFETCH_L2 4096
 #endif
@@ -195,7 +197,14 @@ struct tile {
     size_t ldy;
     int64_t seg_k;      /* float path, repacked (GEMM_F*_R16): elements per segment, and */
     size_t seg_bytes;   /* bytes from a row's segment to its next; seg_k 0: whole rows */
+    size_t l2;          /* L2 prefetch distance in bytes, 0: none (l2_dist) */
 };
+
+/* The L2 prefetch distance a call asks for (GEMM_L2_PREFETCH), 0 for none. */
+AI size_t l2_dist(const struct gemm_args *a)
+{
+    return (a->flags & GEMM_L2_PREFETCH) ? GEMM_PREFETCH_L2 : 0;
+}
 
 AI __m512 pair_scale(const uint8_t *w0, const uint8_t *w1)
 {
@@ -287,21 +296,21 @@ AI __m512 r16_unpack(const uint8_t *blk, const int is_q8, __m512i wq[8])
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
 }
 
-/* Prefetch one block's bytes at p into L1 and at p2 into L2 (when GEMM_PREFETCH_L2). */
+/* Prefetch one block's bytes at p into L1 and, unless p2 is NULL, at p2 into L2. */
 AI void r16_prefetch(const uint8_t *p, const uint8_t *p2, const int is_q8)
 {
     const size_t gbs = R16_GROUP_BYTES(is_q8);
     for (size_t off = 0; off < gbs; off += 64) {
         _mm_prefetch((const char *)p + off, _MM_HINT_T0);
-        if (GEMM_PREFETCH_L2)
+        if (p2)
             _mm_prefetch((const char *)p2 + off, _MM_HINT_T1);
     }
 }
 
-/* r16_unpack with the stream's prefetches ahead of blk. */
-AI __m512 r16_load(const uint8_t *blk, const int is_q8, __m512i wq[8])
+/* r16_unpack with the stream's prefetches ahead of blk (l2: tile.l2). */
+AI __m512 r16_load(const uint8_t *blk, const int is_q8, __m512i wq[8], size_t l2)
 {
-    r16_prefetch(blk + GEMM_PREFETCH_R16, blk + GEMM_PREFETCH_L2, is_q8);
+    r16_prefetch(blk + GEMM_PREFETCH_R16, l2 ? blk + l2 : NULL, is_q8);
     return r16_unpack(blk, is_q8, wq);
 }
 
@@ -339,7 +348,7 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
     const uint8_t *blk = tl->w0 + (size_t)b0 * gbs;
     for (int64_t b = b0; b < b1; b++, blk += gbs) {
         __m512i wq[8];
-        const __m512 dw = r16_load(blk, is_q8, wq);
+        const __m512 dw = r16_load(blk, is_q8, wq, tl->l2);
         UNROLL8
         for (int t = 0; t < nt; t++)
             acc[t] = r16_dot(wq, dw, (const struct gemm_act_br *)(tl->act + (size_t)t * tl->act_stride) + b,
@@ -363,7 +372,7 @@ AI void tile_r16(const struct tile *tl, const int nt, const int is_q8, int valid
    -> 25.3 / 25.8). Past the last pair of a call they touch rows of other calls or
    nothing at all: a prefetch never faults. */
 AI void tile_r16_pair(const uint8_t *w0, size_t group_stride, const uint8_t *act, int64_t nb,
-                      float *y, int valid, const int is_q8)
+                      float *y, int valid, const int is_q8, size_t l2)
 {
     const size_t gbs = R16_GROUP_BYTES(is_q8);
     const struct gemm_act_br *a = (const struct gemm_act_br *)act;
@@ -371,13 +380,13 @@ AI void tile_r16_pair(const uint8_t *w0, size_t group_stride, const uint8_t *act
     const uint8_t *blk0 = w0, *blk1 = w0 + group_stride, *end0 = w0 + group_stride;
     for (int64_t b = 0; b < nb; b++, blk0 += gbs, blk1 += gbs) {
         __m512i wq[8];
-        const uint8_t *p0 = blk0 + GEMM_PREFETCH_R16, *q0 = blk0 + GEMM_PREFETCH_L2;
+        const uint8_t *p0 = blk0 + GEMM_PREFETCH_R16, *q0 = l2 ? blk0 + l2 : NULL;
         if (p0 >= end0) /* into the next pair's second group */
             p0 += 2 * group_stride;
-        if (q0 >= end0)
+        if (q0 && q0 >= end0)
             q0 += 2 * group_stride;
         r16_prefetch(p0, q0, is_q8);
-        r16_prefetch(blk1 + GEMM_PREFETCH_R16, blk1 + GEMM_PREFETCH_L2, is_q8);
+        r16_prefetch(blk1 + GEMM_PREFETCH_R16, l2 ? blk1 + l2 : NULL, is_q8);
         __m512 dw = r16_unpack(blk0, is_q8, wq);
         acc0 = r16_dot(wq, dw, a + b, acc0);
         dw = r16_unpack(blk1, is_q8, wq);
@@ -426,15 +435,15 @@ static void gemm_r16(const struct gemm_args *a)
             const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;
             float *y = a->y + (size_t)(r - a->r0);
             if (is_q8)
-                tile_r16_pair(w0, 16 * a->w_row_bytes, a->act, nb, y, valid, 1);
+                tile_r16_pair(w0, 16 * a->w_row_bytes, a->act, nb, y, valid, 1, l2_dist(a));
             else
-                tile_r16_pair(w0, 16 * a->w_row_bytes, a->act, nb, y, valid, 0);
+                tile_r16_pair(w0, 16 * a->w_row_bytes, a->act, nb, y, valid, 0, l2_dist(a));
         }
     for (; r < a->r1; r += 16) {
         const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
         struct tile tl = {
             .w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes,
-            .k = a->k, .act_stride = a->act_row_bytes, .ldy = a->ldy,
+            .k = a->k, .act_stride = a->act_row_bytes, .ldy = a->ldy, .l2 = l2_dist(a),
         };
         for (int64_t b0 = 0; b0 < nb; b0 += kb) {
             const int64_t b1 = nb - b0 < kb ? nb : b0 + kb;
@@ -463,7 +472,7 @@ static void gemm_r16(const struct gemm_args *a)
 AI __m512i ctl(const uint32_t *c) { return _mm512_load_si512((const void *)c); }
 
 AI void tile_r16k(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t nb, const int nt,
-                  int valid, float *y, size_t ldy)
+                  int valid, float *y, size_t ldy, size_t l2)
 {
     const __mmask16 m = valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1);
     const __m512i m4 = _mm512_set1_epi8(0x0f), lo6 = _mm512_set1_epi32(0x3f3f3f3f);
@@ -476,8 +485,8 @@ AI void tile_r16k(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t 
         const uint8_t *o = w0 + (size_t)b * 2304;
         for (size_t off = 0; off < 2304; off += 64) {
             _mm_prefetch((const char *)o + GEMM_PREFETCH_R16 + off, _MM_HINT_T0);
-            if (GEMM_PREFETCH_L2)
-                _mm_prefetch((const char *)o + GEMM_PREFETCH_L2 + off, _MM_HINT_T1);
+            if (l2)
+                _mm_prefetch((const char *)o + l2 + off, _MM_HINT_T1);
         }
         const __m512i W0 = _mm512_loadu_si512(o + 64), W2 = _mm512_loadu_si512(o + 192);
         const __m512i sc03 = _mm512_and_si512(W0, lo6);
@@ -553,7 +562,7 @@ AI __m512i q6_scale(const uint8_t *o, int g)
 }
 
 AI void tile_r16q6(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t nb, const int nt,
-                   int valid, float *y, size_t ldy)
+                   int valid, float *y, size_t ldy, size_t l2)
 {
     const __mmask16 m = valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
@@ -565,8 +574,8 @@ AI void tile_r16q6(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t
         const uint8_t *o = w0 + (size_t)b * 3360;
         for (size_t off = 0; off < 3360; off += 64) {
             _mm_prefetch((const char *)o + GEMM_PREFETCH_R16 + off, _MM_HINT_T0);
-            if (GEMM_PREFETCH_L2)
-                _mm_prefetch((const char *)o + GEMM_PREFETCH_L2 + off, _MM_HINT_T1);
+            if (l2)
+                _mm_prefetch((const char *)o + l2 + off, _MM_HINT_T1);
         }
         __m512i S[R16K_TOK];
         UNROLL
@@ -632,6 +641,7 @@ AI void tile_r16q6(const uint8_t *w0, const uint8_t *act, size_t stride, int64_t
 static void gemm_r16kq(const struct gemm_args *a, const int q6)
 {
     const int64_t nb = a->k / 256;
+    const size_t l2 = l2_dist(a);
     WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
     for (int64_t r = a->r0; r < a->r1; r += 16) {
         const int valid = a->r1 - r >= 16 ? 16 : (int)(a->r1 - r);
@@ -640,8 +650,8 @@ static void gemm_r16kq(const struct gemm_args *a, const int q6)
             const int nt = a->n_tok - t0 < R16K_TOK ? a->n_tok - t0 : R16K_TOK;
             const uint8_t *act = (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes;
             float *y = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0);
-#define KQ_CALL(n) (q6 ? tile_r16q6(w0, act, a->act_row_bytes, nb, n, valid, y, a->ldy)       \
-                       : tile_r16k(w0, act, a->act_row_bytes, nb, n, valid, y, a->ldy))
+#define KQ_CALL(n) (q6 ? tile_r16q6(w0, act, a->act_row_bytes, nb, n, valid, y, a->ldy, l2)   \
+                       : tile_r16k(w0, act, a->act_row_bytes, nb, n, valid, y, a->ldy, l2))
             switch (nt) {
             case 1: KQ_CALL(1); break;
             case 2: KQ_CALL(2); break;
@@ -812,8 +822,8 @@ AI void tile_float(const struct tile *tl, const int nt, const int nr, const int 
             const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es;
             for (; i + step <= k; i += step) {
                 _mm_prefetch((const char *)ts.w0 + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
-                if (GEMM_PREFETCH_L2)
-                    _mm_prefetch((const char *)ts.w0 + es * i + GEMM_PREFETCH_L2, _MM_HINT_T1);
+                if (ts.l2)
+                    _mm_prefetch((const char *)ts.w0 + es * i + ts.l2, _MM_HINT_T1);
                 UNROLL
                 for (int64_t j = 0; j < step; j += 16)
                     float_step(&ts, acc, i + j, 0xffff, nt, nr, wt);
@@ -905,7 +915,7 @@ static void gemm_tile_at(const struct gemm_args *a, int64_t r, int64_t t0, int n
         .k = a->k, .act_stride = a->act_row_bytes, .ldx = a->ldx, .ldy = a->ldy,
         .act = a->act ? (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes : NULL,
         .x = a->x ? a->x + (size_t)t0 * a->ldx : NULL,
-        .y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0),
+        .y0 = a->y + (size_t)t0 * a->ldy + (size_t)(r - a->r0), .l2 = l2_dist(a),
     };
     if (sb) { /* repacked floats: the tile's rows lie in one group (r0 % 16 == 0, nr | 16) */
         tl.w0 = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes +
@@ -953,7 +963,7 @@ static void gemm_rows(const struct gemm_args *a, int64_t r0, int64_t r1, int mul
 AI void float_decode(const struct gemm_args *a, const int wt)
 {
     const uint8_t *w = (const uint8_t *)a->w + (size_t)a->r0 * a->w_row_bytes;
-    struct tile tl = {.k = a->k, .x = a->x, .ldx = a->ldx, .ldy = a->ldy};
+    struct tile tl = {.k = a->k, .x = a->x, .ldx = a->ldx, .ldy = a->ldy, .l2 = l2_dist(a)};
     for (int64_t r = a->r0; r < a->r1; r++, w += a->w_row_bytes) {
         tl.w0 = w;
         tl.y0 = a->y + (r - a->r0);
@@ -972,7 +982,7 @@ AI void float_decode_r16(const struct gemm_args *a, const int wt)
     const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es, seg = gemm_fseg(a->k);
     WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && seg > 0);
     const int64_t nseg = a->k / seg;
-    const size_t sb = (size_t)(seg * es);
+    const size_t sb = (size_t)(seg * es), l2 = l2_dist(a);
     for (int64_t g0 = a->r0; g0 < a->r1; g0 += 16) {
         const int nr = a->r1 - g0 < 16 ? (int)(a->r1 - g0) : 16;
         const uint8_t *grp = (const uint8_t *)a->w + (size_t)g0 * a->w_row_bytes;
@@ -986,8 +996,8 @@ AI void float_decode_r16(const struct gemm_args *a, const int wt)
                 __m512 s = acc[r];
                 for (int64_t i = 0; i < seg; i += step) {
                     _mm_prefetch((const char *)w + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
-                    if (GEMM_PREFETCH_L2)
-                        _mm_prefetch((const char *)w + es * i + GEMM_PREFETCH_L2, _MM_HINT_T1);
+                    if (l2)
+                        _mm_prefetch((const char *)w + es * i + l2, _MM_HINT_T1);
                     UNROLL
                     for (int64_t j = 0; j < step; j += 16)
                         s = _mm512_fmadd_ps(load_w16(w, i + j, 0xffff, wt),

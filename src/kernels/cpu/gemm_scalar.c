@@ -107,7 +107,7 @@ unsigned gemm_decode_flags(void)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    return __builtin_cpu_is("intel") ? GEMM_DECODE_PAIRS : 0u;
+    return __builtin_cpu_is("intel") ? GEMM_DECODE_PAIRS | GEMM_L2_PREFETCH : 0u;
 #else
     return 0u;
 #endif
