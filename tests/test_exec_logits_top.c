@@ -140,6 +140,51 @@ TEST(all_nan_and_all_equal_rows)
         CHECK_EQ_INT(t.ids[i], 1000 + i);
 }
 
+/* Every instruction set's scan (gemm_ops.top_k where there is one, else the heap) on
+   rows of every length around the kernel's 16-lane vectors and the 64 kept, with ties
+   (also -0 against +0), NaN and infinities, rising and falling runs (every value enters,
+   or none after the first 64), and all-NaN / all-(-inf) rows: the reference's top. */
+TEST(every_isa_scans_like_the_reference)
+{
+    struct rng g;
+    rng_seed(&g, 11);
+    float *l = malloc(5000 * sizeof *l);
+    const int sizes[] = {0, 1, 15, 16, 17, 63, 64, 65, 80, 255, 256, 257, 2048, 5000};
+    int checked = 0;
+    for (int lvl = ISA_SCALAR; lvl < ISA_COUNT; lvl++) {
+        const struct gemm_ops *o = gemm_ops_for((enum isa_level)lvl);
+        if (!o)
+            continue;
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (int kind = 0; kind < 8; kind++) {
+                const int n = sizes[si];
+                if (kind < 3)
+                    random_row(&g, l, n, kind);
+                for (int i = 0; kind >= 3 && i < n; i++) {
+                    uint64_t r = rng_u64(&g);
+                    l[i] = kind == 3 ? (r % 2 ? 0.0f : -0.0f)
+                         : kind == 4 ? (float)i
+                         : kind == 5 ? (float)-i
+                         : kind == 6 ? NAN
+                                     : (r % 5 ? -INFINITY : (float)(r % 3));
+                }
+                struct logits_top want, got;
+                reference_top(l, n, &want);
+                logits_top_scan_ops(&got, l, n, 77, o);
+                for (int i = 0; i < want.n; i++)
+                    want.ids[i] += 77;
+                if (!same_top(&want, &got)) {
+                    fprintf(stderr, "  %s: n %d, kind %d: top differs\n", isa_name(o->isa), n,
+                            kind);
+                    CHECK(!"top == reference");
+                }
+                checked++;
+            }
+    }
+    CHECK(checked >= 112);
+    free(l);
+}
+
 /* ---- end to end ---------------------------------------------------------------------- */
 
 static const struct tspec spec_wide = {ARCH_LLAMA, 64, 2, 4, 2, 16, 96, 700, 16,
@@ -257,6 +302,7 @@ int main(void)
 {
     RUN(scan_and_merge_match_a_full_sort);
     RUN(all_nan_and_all_equal_rows);
+    RUN(every_isa_scans_like_the_reference);
     RUN(forward_tops_every_executor_and_split);
     return test_summary();
 }

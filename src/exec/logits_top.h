@@ -76,6 +76,10 @@ static inline bool logits_top_better(float va, int32_t ia, float vb, int32_t ib)
 
 /* The top of l[0, n), whose ids are id0 + j. */
 void logits_top_scan(struct logits_top *t, const float *l, int n, int32_t id0);
+/* The same with the kernels of so (NULL: gemm_ops_get()'s): its top_k when it has one,
+   else the heap. Every so gives the same top. */
+void logits_top_scan_ops(struct logits_top *t, const float *l, int n, int32_t id0,
+                         const struct gemm_ops *so);
 
 /* The top of the union of parts[0, n_parts) (disjoint id sets, each a scan's result);
    writes out's top fields only (n, n_nan, ids, vals). */

@@ -293,7 +293,15 @@ struct gemm_ops {
     void (*softmax_stats)(const float *l, int n, float inv_t, float *m, float *s);
     /* out[i] = silu(gate[i]) * up[i] under attn.h's contract (its exp); out may alias. */
     void (*silu_mul)(const float *gate, const float *up, float *out, int64_t n);
+    /* The k (1..64) best of the non-NaN l[0, n), larger value first, then lower position:
+       their values and positions into vals / pos, best first; returns how many (k, or
+       fewer non-NaN values); *n_nan = the NaN count. NULL where the exec layer's heap
+       (exec/logits_top.c, the reference) is the fastest there is. */
+    int (*top_k)(const float *l, int n, int k, float *vals, int32_t *pos, int *n_nan);
 };
+
+/* gemm_ops.top_k of AVX-512 (topk_avx512.c). */
+int kern_top_k_avx512(const float *l, int n, int k, float *vals, int32_t *pos, int *n_nan);
 
 extern const struct gemm_ops gemm_ops_scalar;
 

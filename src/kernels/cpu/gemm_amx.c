@@ -244,6 +244,7 @@ const struct gemm_ops gemm_ops_amx = {
     .rmsnorm = amx_rmsnorm,
     .attn_chunk = attn_chunk_avx512,
     .softmax_stats = attn_softmax_stats_avx512,
+    .top_k = kern_top_k_avx512,
     .silu_mul = attn_silu_mul_avx512,
     .to_f16 = amx_to_f16,
 };

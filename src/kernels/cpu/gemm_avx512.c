@@ -1129,6 +1129,7 @@ const struct gemm_ops gemm_ops_avx512 = {
     .rmsnorm = avx512_rmsnorm,
     .attn_chunk = attn_chunk_avx512,
     .softmax_stats = attn_softmax_stats_avx512,
+    .top_k = kern_top_k_avx512,
     .silu_mul = attn_silu_mul_avx512,
     .to_f16 = avx512_to_f16,
 };
