@@ -7,9 +7,12 @@
  * one came earlier, so it ranks first), and the registers shift one lane past that place
  * (valignd with the register before) and take it in with two blends. No data-dependent
  * branch but "does this vector hold a value above the threshold", where the heap's
- * sift-downs mispredicted about half their compares: per slice of 2,048 random-weight
- * logits (llama-110m, `weld generate`, Zen 5) the heap took ~32,000 TSC cycles next to
- * the product's ~97,000; per 256 (stories260K) ~15,000.
+ * sift-downs mispredicted about half their compares. Per slice of 2,000 random-weight
+ * logits (llama-110m, `weld generate`, 2 threads, Zen 5) the heap took 32,000-43,000 TSC
+ * cycles next to the product's ~97,000, this 19,900; per 256 (stories260K) 15,000-24,000
+ * against 12,700. Alone in a loop over varied rows: 4,900 (256) and 10,800 (2,048).
+ * `weld generate -n 300` on llama-110m Q8_0 (sampling): 5 of 5 alternations faster,
+ * median 1.02x.
  *
  * Semantics are exactly logits_top_scan's heap (exec/logits_top.c, the reference the
  * tests hold it to): the first k non-NaN values enter whatever they are (-inf too), then
