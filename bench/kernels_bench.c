@@ -4,7 +4,7 @@
  *
  *   weld_kernel_bench [-t THREADS] [--isa scalar|avx2|avx512|amx] [--preset 110m|1b|8b-4l|7b2-4l|all]
  *                     [--types f16,q8_0,q4_0,q8_0r,q4_0r...] [--gib G] [--seconds S] [--pp N]
- *                     [--pairs 0|1] [--l2 0|1]
+ *                     [--pairs 0|1|2] [--l2 0|1]
  *
  * A type name ending in "r" (q8_0r, q4_0r, q4_Kr, f16r) runs the repacked 16-row form
  * (gemm_repack) of the matrices that have one (floats: K of at least 2 * GEMM_FSEG, gemm_fseg).
@@ -19,8 +19,8 @@
  *       the same way, as the probe's one-stream loop reads (alternated with the kernels,
  *       median of the ratios: on a shared host the probe's best pass, minutes from the
  *       kernels' runs, overstates what the memory gives them; this pairing does not);
- *       --pairs sets GEMM_DECODE_PAIRS, --l2 GEMM_L2_PREFETCH (default: the CPU's
- *       gemm_decode_flags);
+ *       --pairs 1 sets GEMM_DECODE_PAIRS, 2 GEMM_DECODE_PAIRS_LONG, --l2 GEMM_L2_PREFETCH
+ *       (default: the CPU's gemm_decode_flags);
  *   pp: N tokens (default 64) through every matrix as one matrix-matrix product; tokens/s
  *       of the products alone.
  * Not a unit test and not registered with ctest (tests/kernels_bench.cmake builds it).
@@ -292,17 +292,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--l2") && v) l2 = atoi(v), i++;
         else {
             fprintf(stderr, "usage: %s [-t N] [--isa L] [--preset 110m|1b|8b-4l|7b2-4l|all] "
-                    "[--types a,b] [--gib G] [--seconds S] [--pp N] [--pairs 0|1] [--l2 0|1]\n", argv[0]);
+                    "[--types a,b] [--gib G] [--seconds S] [--pp N] [--pairs 0|1|2] [--l2 0|1]\n", argv[0]);
             return 2;
         }
     }
-    if (threads < 1 || threads > 64 || pp < 0 || pp > 4096 || pairs > 1 || l2 > 1) {
-        fprintf(stderr, "threads must be 1..64, --pp 0..4096, --pairs and --l2 0 or 1\n");
+    if (threads < 1 || threads > 64 || pp < 0 || pp > 4096 || pairs > 2 || l2 > 1) {
+        fprintf(stderr, "threads must be 1..64, --pp 0..4096, --pairs 0..2, --l2 0 or 1\n");
         return 2;
     }
     g_flags = gemm_decode_flags();
     if (pairs >= 0)
-        g_flags = pairs ? g_flags | GEMM_DECODE_PAIRS : g_flags & ~GEMM_DECODE_PAIRS;
+        g_flags = (g_flags & ~(GEMM_DECODE_PAIRS | GEMM_DECODE_PAIRS_LONG)) |
+                  (pairs == 1 ? GEMM_DECODE_PAIRS : pairs == 2 ? GEMM_DECODE_PAIRS_LONG : 0u);
     if (l2 >= 0)
         g_flags = l2 ? g_flags | GEMM_L2_PREFETCH : g_flags & ~GEMM_L2_PREFETCH;
     struct weld_err e = {0};
@@ -322,7 +323,10 @@ int main(int argc, char **argv)
                threads, (double)bw.bytes / (1 << 30), bw.isa, bw.gb_s_best, bw.gb_s_median);
     }
     printf("decode pairs (GEMM_DECODE_PAIRS): %s, L2 prefetch (GEMM_L2_PREFETCH): %s\n",
-           g_flags & GEMM_DECODE_PAIRS ? "on" : "off", g_flags & GEMM_L2_PREFETCH ? "on" : "off");
+           g_flags & GEMM_DECODE_PAIRS        ? "on"
+           : g_flags & GEMM_DECODE_PAIRS_LONG ? "long Q4_0 rows"
+                                              : "off",
+           g_flags & GEMM_L2_PREFETCH ? "on" : "off");
     printf("%-5s %-5s %-7s %9s %9s %8s %7s %7s %10s\n", "model", "type", "isa", "MB", "tg tok/s",
            "GB/s", "share", "of read", "pp tok/s");
     for (size_t pi = 0; pi < sizeof presets / sizeof presets[0]; pi++) {

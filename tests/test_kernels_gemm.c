@@ -365,8 +365,11 @@ static void check_repacked_isas(const struct gcase *rc, int from, const float *y
         run_ops(o, rc, 0, rc->rows, 0, rc->n_tok, acto, yo);
         CHECK(memcmp(acts, acto, act_bytes(rc)) == 0);
         CHECK_EQ_INT(count_diff(ys, yo, rc), 0);
-        for (unsigned f = 0; f < 4; f++) { /* decode: one stream or two, L2 prefetch or not */
-            g_flags = (f & 1 ? GEMM_DECODE_PAIRS : 0u) | (f & 2 ? GEMM_L2_PREFETCH : 0u);
+        /* decode: one stream or two (always, or for long rows: K = 32 * 150 here), L2
+           prefetch or not */
+        for (unsigned f = 0; f < 8; f++) {
+            g_flags = (f & 1 ? GEMM_DECODE_PAIRS : 0u) | (f & 2 ? GEMM_L2_PREFETCH : 0u) |
+                      (f & 4 ? GEMM_DECODE_PAIRS_LONG : 0u);
             for (size_t i = 0; i < (size_t)rc->n_tok * rc->ldy; i++)
                 yd[i] = -7.0f;
             for (int t = 0; t < rc->n_tok; t++) {

@@ -401,22 +401,32 @@ static int env_switch(const char *name, const char *means0, const char *means1, 
     return WELD_OK;
 }
 
-/* gemm_decode_flags(), or what WELD_DECODE_PAIRS and WELD_L2_PREFETCH (0 or 1) ask for;
-   and whether matrices go into their repacked forms where those pay: WELD_REPACK (default
-   1; 0 keeps every matrix in its file's layout, same numbers, for comparisons). */
+/* gemm_decode_flags(), or what WELD_DECODE_PAIRS (0, 1 or long) and WELD_L2_PREFETCH (0
+   or 1) ask for; and whether matrices go into their repacked forms where those pay:
+   WELD_REPACK (default 1; 0 keeps every matrix in its file's layout, same numbers, for
+   comparisons). */
 static int env_settings(struct exec_weights *w, struct weld_err *e)
 {
+    const unsigned pair_bits = GEMM_DECODE_PAIRS | GEMM_DECODE_PAIRS_LONG;
     w->gemm_flags = gemm_decode_flags();
-    bool pairs = w->gemm_flags & GEMM_DECODE_PAIRS, l2 = w->gemm_flags & GEMM_L2_PREFETCH;
+    bool l2 = w->gemm_flags & GEMM_L2_PREFETCH;
     w->repack = true;
-    int rc = env_switch("WELD_DECODE_PAIRS", "one weight stream per core", "two", &pairs, e);
-    if (rc || (rc = env_switch("WELD_L2_PREFETCH", "prefetch weights into L1 only",
-                               "also into L2, further ahead", &l2, e)) ||
-        (rc = env_switch("WELD_REPACK", "keep the file's layout",
-                         "repack weights where that runs faster, the default", &w->repack, e)))
+    const char *v = getenv("WELD_DECODE_PAIRS");
+    if (v && *v) {
+        unsigned p = !strcmp(v, "0") ? 0u : !strcmp(v, "1") ? GEMM_DECODE_PAIRS
+                   : !strcmp(v, "long") ? GEMM_DECODE_PAIRS_LONG : ~0u;
+        if (p == ~0u)
+            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_DECODE_PAIRS=%s: expected 0 (one "
+                           "weight stream per core), 1 (two) or long (two for long rows)", v);
+        w->gemm_flags = (w->gemm_flags & ~pair_bits) | p;
+    }
+    int rc = env_switch("WELD_L2_PREFETCH", "prefetch weights into L1 only",
+                        "also into L2, further ahead", &l2, e);
+    if (rc || (rc = env_switch("WELD_REPACK", "keep the file's layout",
+                               "repack weights where that runs faster, the default",
+                               &w->repack, e)))
         return rc;
-    w->gemm_flags = (w->gemm_flags & ~(GEMM_DECODE_PAIRS | GEMM_L2_PREFETCH)) |
-                    (pairs ? GEMM_DECODE_PAIRS : 0u) | (l2 ? GEMM_L2_PREFETCH : 0u);
+    w->gemm_flags = (w->gemm_flags & ~GEMM_L2_PREFETCH) | (l2 ? GEMM_L2_PREFETCH : 0u);
     return WELD_OK;
 }
 

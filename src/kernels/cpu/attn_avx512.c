@@ -30,8 +30,8 @@
  * unrolled): an accumulator array indexed by a loop variable lives on the stack, which
  * ran the chunk at half speed (one core, hd 64, 32 rows: 140 -> 64 ns per row and chunk). */
 #include "kernels/cpu/attn.h"
+#include "kernels/cpu/isa.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
@@ -670,15 +670,7 @@ static int g_one_row_ymm; /* 0: never, 1: full chunks, 2: any one-row chunk */
 
 __attribute__((constructor)) static void attn_avx512_pick(void)
 {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_is("amd"))
-        return;
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return;
-    unsigned fam = (a >> 8) & 0xf;
-    if (fam == 0xf)
-        fam += (a >> 20) & 0xff;
+    unsigned fam = isa_amd_family();
     g_one_row_ymm = fam == 0x19 ? 1 : fam == 0x1A ? 2 : 0;
 }
 

@@ -252,18 +252,29 @@ struct gemm_args {
 /* GEMM_L2_PREFETCH: the AVX-512 kernels' weight streams get a second software prefetch,
    into L2, further ahead than the one into L1. Same bits either way. */
 #define GEMM_L2_PREFETCH 2u
+/* GEMM_DECODE_PAIRS_LONG: GEMM_DECODE_PAIRS only for Q4_0 matrices whose 16-row groups
+   are at least GEMM_PAIRS_LONG_BYTES (rows of K >= 2048): the nibbles' unpacking is the
+   work a second chain hides. */
+#define GEMM_DECODE_PAIRS_LONG 4u
+#define GEMM_PAIRS_LONG_BYTES (16u << 10)
 
-/* The flags this CPU's cores stream fastest with, both on Intel only.
+/* The flags this CPU's cores stream fastest with: Intel GEMM_DECODE_PAIRS and
+   GEMM_L2_PREFETCH, AMD Zen 5 (family 0x1A) GEMM_DECODE_PAIRS_LONG, others
+   GEMM_L2_PREFETCH.
    GEMM_DECODE_PAIRS: one group at a time left the chains waiting on Intel (one SPR-class
    core: Q4_0 9-13 GB/s alone, 16 in pairs); two streams per core ran 10-19% slower on an
-   AMD Zen 4 host (1B and 110M, Q8_0 and Q4_0, `weld bench --pair`), and the AVX2 kernels
-   already keep one stream (Zen 3: two rows at once halved Q6_K decode).
-   GEMM_L2_PREFETCH: +5-10% per core on the SPR-class host (gemm_avx512.c); on an AMD Zen 5
-   host the extra prefetch instructions cost instead: 110M shapes, 2 threads,
-   weld_kernel_bench "of read" F16 100-105% -> 107-114%, Q8_0 repacked 121-125% ->
-   132-141%, Q4_0 repacked 118-131% -> 144-154%; a one-thread F16 row loop 0.73-0.77 ->
-   0.93-0.98 of a plain read. WELD_DECODE_PAIRS=0|1 and WELD_L2_PREFETCH=0|1 override them
-   for the exec layer (exec_weights). */
+   AMD Zen 4 host (1B and 110M, Q8_0 and Q4_0, `weld bench --pair`, with the L2 prefetch),
+   and the AVX2 kernels already keep one stream (Zen 3: two rows at once halved Q6_K
+   decode). On Zen 5 without the L2 prefetch it depends on the type and the rows: 1B Q4_0
+   decodes 5-14% faster in pairs (its down projection, K = 8192, 50% faster: 33 -> 49
+   GB/s), 110M Q4_0 (K = 768) 6% slower, 1B Q8_0 2.5% slower, 110M Q8_0 the same or 6%
+   slower: hence pairs there for long Q4_0 rows only.
+   GEMM_L2_PREFETCH: +5-10% per core on the SPR-class host (gemm_avx512.c); on Zen 5 the
+   extra prefetch instructions cost instead: 110M shapes, 2 threads, weld_kernel_bench
+   "of read" F16 100-105% -> 107-114%, Q8_0 repacked 121-125% -> 132-141%, Q4_0 repacked
+   118-131% -> 144-154%; a one-thread F16 row loop 0.73-0.77 -> 0.93-0.98 of a plain
+   read; the engine 3-9% faster. WELD_DECODE_PAIRS=0|1|long and WELD_L2_PREFETCH=0|1
+   override them for the exec layer (exec_weights). */
 unsigned gemm_decode_flags(void);
 
 struct gemm_ops {

@@ -428,8 +428,10 @@ static void gemm_r16(const struct gemm_args *a)
     const int64_t kb = a->n_tok > R16_TILE_TOK ? GEMM_R16_KBLOCKS : nb;
     WELD_ASSERT(a->r0 % 16 == 0 || a->r0 == a->r1);
     int64_t r = a->r0;
-    if (a->n_tok == 1 && (a->flags & GEMM_DECODE_PAIRS)) /* pairs of groups; an odd last
-                                                            one goes alone below */
+    const bool pairs = (a->flags & GEMM_DECODE_PAIRS) ||
+                       ((a->flags & GEMM_DECODE_PAIRS_LONG) && !is_q8 &&
+                        16 * a->w_row_bytes >= GEMM_PAIRS_LONG_BYTES);
+    if (a->n_tok == 1 && pairs) /* pairs of groups; an odd last one goes alone below */
         for (; a->r1 - r > 16; r += 32) {
             const int valid = a->r1 - r >= 32 ? 32 : (int)(a->r1 - r);
             const uint8_t *w0 = (const uint8_t *)a->w + (size_t)r * a->w_row_bytes;

@@ -107,7 +107,9 @@ unsigned gemm_decode_flags(void)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    return __builtin_cpu_is("intel") ? GEMM_DECODE_PAIRS | GEMM_L2_PREFETCH : 0u;
+    if (__builtin_cpu_is("intel"))
+        return GEMM_DECODE_PAIRS | GEMM_L2_PREFETCH;
+    return isa_amd_family() >= 0x1A ? GEMM_DECODE_PAIRS_LONG : GEMM_L2_PREFETCH;
 #else
     return 0u;
 #endif

@@ -26,6 +26,22 @@ const char *isa_name(enum isa_level l)
     return (unsigned)l < ISA_COUNT ? isa_names[l] : "unknown";
 }
 
+unsigned isa_amd_family(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (!__builtin_cpu_is("amd"))
+        return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    unsigned fam = (a >> 8) & 0xf;
+    return fam == 0xf ? fam + ((a >> 20) & 0xff) : fam;
+#else
+    return 0;
+#endif
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 /* CPUID.1:ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c"). */
 static bool cpu_has_f16c(void)

@@ -31,6 +31,11 @@ enum isa_level { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AMX = 3, ISA_
 /* "scalar", "avx2", "avx512", "amx"; "unknown" out of range. */
 const char *isa_name(enum isa_level l);
 
+/* The CPU's family (CPUID.1: base family, plus the extended one when base is 0xF) when its
+   vendor is AMD, else 0: 0x19 Zen 3 / Zen 4, 0x1A Zen 5. Kernels that pick a variant by
+   core generation ask this once. */
+unsigned isa_amd_family(void);
+
 /* True if this CPU (and OS) can run code built for level l. ISA_SCALAR is always true. */
 bool isa_cpu_has(enum isa_level l);
 
