@@ -368,42 +368,33 @@ static void attn_rows(const struct exec_step *st, int layer, const int32_t *tabl
     int b = c0 / kv->block_size, slot = c0 % kv->block_size;
     const uint8_t *kr = kv_slot_head(kv, kv->k, layer, table[b], slot, h);
     const uint8_t *vr = kv_slot_head(kv, kv->v, layer, table[b], slot, h);
-    if (!in_place && kv->type != DT_Q8_0) {
-        /* a head's rows of one block are adjacent: widen each run in one call (a call per
-           row of 8 elements was 7% of a stories260K decode) */
-        for (int j = 0; j < nc;) {
-            if (slot == kv->block_size) {
-                b++, slot = 0;
-                kr = kv_slot_head(kv, kv->k, layer, table[b], 0, h);
-                vr = kv_slot_head(kv, kv->v, layer, table[b], 0, h);
-            }
-            const int run = nc - j < kv->block_size - slot ? nc - j : kv->block_size - slot;
-            float *kd = sc->kc + (size_t)j * hd, *vd = sc->vc + (size_t)j * hd;
-            st->w->go->to_f32(kv->type, kr, kd, (int64_t)run * hd);
-            st->w->go->to_f32(kv->type, vr, vd, (int64_t)run * hd);
-            for (int i = 0; i < run; i++) {
-                a->k[j + i] = (const uint8_t *)(kd + (size_t)i * hd);
-                a->v[j + i] = (const uint8_t *)(vd + (size_t)i * hd);
-            }
-            j += run, slot += run;
-            kr += (size_t)run * kv->head_bytes, vr += (size_t)run * kv->head_bytes;
-        }
-        return;
-    }
-    for (int j = 0; j < nc; j++, slot++, kr += kv->head_bytes, vr += kv->head_bytes) {
+    /* runs of a head's rows inside one block are adjacent: f16/bf16 rows are widened a
+       run per call (a call per row of 8 elements was 7% of a stories260K decode) */
+    for (int j = 0; j < nc;) {
         if (slot == kv->block_size) {
             b++, slot = 0;
             kr = kv_slot_head(kv, kv->k, layer, table[b], 0, h);
             vr = kv_slot_head(kv, kv->v, layer, table[b], 0, h);
         }
-        if (in_place) {
-            a->k[j] = kr, a->v[j] = vr;
-            continue;
-        }
+        const int run = nc - j < kv->block_size - slot ? nc - j : kv->block_size - slot;
         float *kd = sc->kc + (size_t)j * hd, *vd = sc->vc + (size_t)j * hd;
-        kv_read_head(kv, kr, kd); /* q8_0 */
-        kv_read_head(kv, vr, vd);
-        a->k[j] = (const uint8_t *)kd, a->v[j] = (const uint8_t *)vd;
+        if (!in_place && kv->type != DT_Q8_0) {
+            st->w->go->to_f32(kv->type, kr, kd, (int64_t)run * hd);
+            st->w->go->to_f32(kv->type, vr, vd, (int64_t)run * hd);
+        }
+        for (int i = 0; i < run; i++, kr += kv->head_bytes, vr += kv->head_bytes) {
+            if (in_place) {
+                a->k[j + i] = kr, a->v[j + i] = vr;
+                continue;
+            }
+            if (kv->type == DT_Q8_0) {
+                kv_read_head(kv, kr, kd + (size_t)i * hd);
+                kv_read_head(kv, vr, vd + (size_t)i * hd);
+            }
+            a->k[j + i] = (const uint8_t *)(kd + (size_t)i * hd);
+            a->v[j + i] = (const uint8_t *)(vd + (size_t)i * hd);
+        }
+        j += run, slot += run;
     }
 }
 
