@@ -100,6 +100,8 @@ static void heap_scan(struct logits_top *t, const float *l, int n, int32_t id0)
     }
 }
 
+_Static_assert(LOGITS_TOP_K >= 1 && LOGITS_TOP_K <= 64, "gemm_ops.top_k keeps at most 64");
+
 void logits_top_scan_ops(struct logits_top *t, const float *l, int n, int32_t id0,
                          const struct gemm_ops *so)
 {
