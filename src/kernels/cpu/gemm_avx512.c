@@ -61,7 +61,7 @@
    streaming one token, the L1 prefetch alone left each core at 16.1-16.7 GB/s (F16, Q8_0,
    Q4_0) and 12.5-13.6 (Q6_K, Q4_K); with this one too, 17.7 (F16), 16.9 (Q8_0), 14.4
    (Q4_K), 13.8 (Q6_K), Q4_0 unchanged (2048 x 8192 matrices). On AMD Zen 5 it costs
-   10-25% instead (gemm_decode_flags). */
+   instead: up to 25% of a one-row F16 loop, 3-9% of decode (gemm_decode_flags). */
 #ifndef GEMM_PREFETCH_L2
 #define GEMM_PREFETCH_L2 4096
 #endif
