@@ -417,7 +417,7 @@ static int env_settings(struct exec_weights *w, struct weld_err *e)
                    : !strcmp(v, "long") ? GEMM_DECODE_PAIRS_LONG : ~0u;
         if (p == ~0u)
             return err_set(e, WELD_ERR_INVALID_ARG, "WELD_DECODE_PAIRS=%s: expected 0 (one "
-                           "weight stream per core), 1 (two) or long (two for long rows)", v);
+                           "weight stream per core), 1 (two) or long (two for long Q4_0 rows)", v);
         w->gemm_flags = (w->gemm_flags & ~pair_bits) | p;
     }
     int rc = env_switch("WELD_L2_PREFETCH", "prefetch weights into L1 only",

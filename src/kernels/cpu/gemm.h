@@ -267,8 +267,8 @@ struct gemm_args {
    and the AVX2 kernels already keep one stream (Zen 3: two rows at once halved Q6_K
    decode). On Zen 5 without the L2 prefetch it depends on the type and the rows: 1B Q4_0
    decodes 5-14% faster in pairs (its down projection, K = 8192, 50% faster: 33 -> 49
-   GB/s), 110M Q4_0 (K = 768) 6% slower, 1B Q8_0 2.5% slower, 110M Q8_0 the same or 6%
-   slower: hence pairs there for long Q4_0 rows only.
+   GB/s), 110M Q4_0 (K = 768) 6% slower, 110M Q8_0 the same or 4-6% slower, 1B Q8_0 from
+   2.5% slower to 7% faster over one afternoon: hence pairs there for long Q4_0 rows only.
    GEMM_L2_PREFETCH: +5-10% per core on the SPR-class host (gemm_avx512.c); on Zen 5 the
    extra prefetch instructions cost instead: 110M shapes, 2 threads, weld_kernel_bench
    "of read" F16 100-105% -> 107-114%, Q8_0 repacked 121-125% -> 132-141%, Q4_0 repacked
