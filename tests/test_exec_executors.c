@@ -135,9 +135,12 @@ static long run_random(struct runner *r, uint64_t seed, int steps, float *out, l
 
 #define OUT_CAP (1L << 20)
 
-/* ref vs each executor config: bit-identical logits over the same random schedule. */
-static void check_equivalent(const struct tspec *sp, int wtype, int kv_type, uint64_t seed)
+/* ref vs each executor config: bit-identical logits over the same random schedule, with
+   the model in K parts as WELD_K_PARTS says (every runner of one comparison alike). */
+static void check_equivalent_kp(const struct tspec *sp, int wtype, int kv_type, uint64_t seed,
+                                const char *k_parts)
 {
+    setenv("WELD_K_PARTS", k_parts, 1);
     struct tmodel *tm = tm_build(sp, wtype, seed);
     float *want = malloc(OUT_CAP * sizeof(float)), *got = malloc(OUT_CAP * sizeof(float));
     struct exec_cfg ref = {"ref", 1, 0, kv_type};
@@ -169,10 +172,23 @@ static void check_equivalent(const struct tspec *sp, int wtype, int kv_type, uin
     }
     free(want), free(got);
     tm_free(tm);
+    unsetenv("WELD_K_PARTS");
+}
+
+/* Without K parts, and in as many as the model takes by default (two for these small
+   models) or as k_parts asks. */
+static void check_equivalent(const struct tspec *sp, int wtype, int kv_type, uint64_t seed)
+{
+    check_equivalent_kp(sp, wtype, kv_type, seed, "1");
+    check_equivalent_kp(sp, wtype, kv_type, seed, "auto");
 }
 
 TEST(llama_gqa_llama3_tied_f32) { check_equivalent(&spec_llama, DT_F32, DT_F32, 101); }
-TEST(llama_neox_linear_f16_kv_f16) { check_equivalent(&spec_llama_neox, DT_F16, DT_F16, 102); }
+TEST(llama_neox_linear_f16_kv_f16)
+{
+    check_equivalent(&spec_llama_neox, DT_F16, DT_F16, 102);
+    check_equivalent_kp(&spec_llama_neox, DT_F16, DT_F16, 105, "4"); /* 4 KV heads */
+}
 TEST(qwen2_bias_q8_0) { check_equivalent(&spec_qwen2, DT_Q8_0, DT_F16, 103); }
 TEST(qwen3_qknorm_f32_kv_q8_0) { check_equivalent(&spec_qwen3, DT_F32, DT_Q8_0, 104); }
 

@@ -362,8 +362,14 @@ static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
         const struct exec_layer_mats *M = &w->mats[l];
         CHECK(M->wq.gemm == gemm && M->wk.gemm == gemm && M->down.gemm == gemm);
         CHECK(M->wq.repacked == heads && M->wk.repacked == heads && M->wv.repacked == heads);
-        CHECK(M->wo.repacked == pays && M->gate.repacked == pays && M->up.repacked == pays &&
-              M->down.repacked == pays);
+        /* K parts (small models) view wo and down by columns: those keep the file's layout */
+        const bool parts = w->kp.n > 1;
+        CHECK(M->wo.repacked == (pays && !parts) && M->gate.repacked == pays &&
+              M->up.repacked == pays && M->down.repacked == (pays && !parts));
+        for (int i = 0; i < w->kp.n && parts; i++) {
+            CHECK(M->wo_part[i].rows == M->wo.rows && M->down_part[i].rows == M->down.rows);
+            CHECK(M->down_part[i].k == w->kp.ffn_cut[i + 1] - w->kp.ffn_cut[i]);
+        }
         CHECK(M->gate.rows == s->ffn && M->down.k == s->ffn);
         if (M->wo.repacked) {
             CHECK_EQ_INT(M->wo.wtype, wtype == DT_Q4_0 ? GEMM_Q4_0_R16 : GEMM_Q8_0_R16);

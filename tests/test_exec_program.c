@@ -197,6 +197,130 @@ TEST(buffer_plan)
     program_free(NULL);
 }
 
+/* Buffer ids instruction in touches (in, out, sums, xout, aux), -1 padded. */
+static void instr_bufs(const struct prog_instr *in, int out[5])
+{
+    out[0] = in->in, out[1] = in->out, out[2] = in->sums, out[3] = in->xout, out[4] = in->aux;
+}
+
+/* Instructions that may run at the same time (neither waits, through any chain, on the
+   other) never touch two different buffers that share arena memory: the buffer plan
+   respects what the counters allow, PROG_HEAD_DEPS' overlapping stages included. */
+static void check_no_shared_memory_races(const struct program *p)
+{
+    const int n = p->n_instr;
+    unsigned char *before = calloc((size_t)n * (size_t)n, 1); /* before[j * n + i]: i -> j */
+    REQUIRE(before != NULL);
+    for (int j = 0; j < n; j++) {
+        const struct prog_instr *in = &p->instrs[j];
+        for (int i = 0; i < j; i++) {
+            const int c = p->instrs[i].signal;
+            if (in->wait >= 0 && c >= in->wait && c < in->wait + in->n_wait) {
+                before[(size_t)j * n + i] = 1;
+                for (int k = 0; k < i; k++)
+                    before[(size_t)j * n + k] |= before[(size_t)i * n + k];
+            }
+        }
+    }
+    int bad = 0;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < j; i++) {
+            if (before[(size_t)j * n + i])
+                continue;
+            int a[5], b[5];
+            instr_bufs(&p->instrs[i], a);
+            instr_bufs(&p->instrs[j], b);
+            for (int x = 0; x < 5; x++)
+                for (int y = 0; y < 5; y++) {
+                    if (a[x] < 0 || b[y] < 0 || a[x] == b[y])
+                        continue;
+                    const struct prog_buf *u = &p->bufs[a[x]], *v = &p->bufs[b[y]];
+                    if (u->external || v->external)
+                        continue;
+                    bad += u->offset < v->offset + v->n_floats &&
+                           v->offset < u->offset + u->n_floats;
+                }
+        }
+    CHECK_EQ_INT(bad, 0);
+    free(before);
+}
+
+static void check_k_parts(int n_layer, int ffn, const struct prog_kparts kp)
+{
+    struct model_config c = small_cfg();
+    c.n_layer = n_layer, c.ffn_dim = ffn;
+    int32_t tok[9] = {0};
+    struct batch_seq s[3] = {{0, tok, 1, 5, false, NULL, 0}, {1, tok, 6, 0, true, NULL, 0},
+                             {2, tok, 1, 7, false, NULL, 0}};
+    const struct batch shapes[2] = {{.seqs = s, .n_seqs = 1}, {.seqs = s, .n_seqs = 3}};
+    for (int k = 0; k < 2; k++)
+        for (int f = 0; f < 2; f++)
+            for (int ns = 1; ns <= 3; ns++) {
+                struct program *p;
+                struct weld_err e;
+                REQUIRE(program_build_kp(&p, &c, &shapes[k], ns, f ? PROG_HEAD_DEPS : 0, &kp,
+                                         &e) == WELD_OK);
+                CHECK_EQ_INT(p->kp.n, kp.n);
+                for (int l = 0; l < c.n_layer; l++) {
+                    CHECK_EQ_INT(count_op(p, OP_O_PART, l), kp.n);
+                    CHECK_EQ_INT(count_op(p, OP_FFN_DOWN_PART, l), kp.n);
+                    CHECK_EQ_INT(count_op(p, OP_O_PROJ_RESIDUAL, l) +
+                                 count_op(p, OP_FFN_NORM_GATE_UP_SILU, l) +
+                                 count_op(p, OP_DOWN_PROJ_RESIDUAL, l), 0);
+                    CHECK(covers(p, OP_FFN_DOWN_PART, l, c.ffn_dim));
+                }
+                /* every stage that stores the residual stores all of it, once */
+                for (int st = 0; st < p->n_stages; st++) {
+                    int next = 0, stores = 0;
+                    for (int i = p->stage_first[st]; i < p->stage_first[st + 1]; i++) {
+                        const struct prog_instr *in = &p->instrs[i];
+                        if (in->xout < 0)
+                            continue;
+                        stores++;
+                        CHECK_EQ_INT(in->x0, next);
+                        CHECK(in->x1 >= in->x0 && in->x0 % 16 == 0);
+                        next = in->x1;
+                    }
+                    CHECK(!stores || next == c.dim);
+                }
+                check_no_shared_memory_races(p);
+                program_free(p);
+            }
+}
+
+TEST(k_parts)
+{
+    check_k_parts(3, 160, (struct prog_kparts){2, {0, 4, 8}, {0, 80, 160}});
+    check_k_parts(2, 96, (struct prog_kparts){2, {0, 4, 8}, {0, 48, 96}});
+    struct model_config c = small_cfg();
+    int32_t tok[1] = {0};
+    struct batch_seq s = {0, tok, 1, 0, false, NULL, 0};
+    const struct batch shapes[1] = {{.seqs = &s, .n_seqs = 1}};
+    /* a cut inside a KV head's query group, or off the 16-row grid, is refused */
+    const struct prog_kparts bad1 = {2, {0, 3, 8}, {0, 80, 160}};
+    const struct prog_kparts bad2 = {2, {0, 4, 8}, {0, 72, 160}};
+    struct program *p = NULL;
+    struct weld_err e;
+    CHECK_EQ_INT(program_build_kp(&p, &c, &shapes[0], 2, 0, &bad1, &e), WELD_ERR_INVALID_ARG);
+    CHECK_EQ_INT(program_build_kp(&p, &c, &shapes[0], 2, 0, &bad2, &e), WELD_ERR_INVALID_ARG);
+    CHECK(p == NULL);
+}
+
+TEST(head_deps_buffers_never_race)
+{
+    struct model_config c = small_cfg();
+    int32_t tok[9] = {0};
+    struct batch_seq s[2] = {{0, tok, 1, 5, false, NULL, 0}, {1, tok, 6, 0, true, NULL, 0}};
+    struct batch b = {.seqs = s, .n_seqs = 2};
+    for (int ns = 1; ns <= 4; ns++) {
+        struct program *p;
+        struct weld_err e;
+        REQUIRE(program_build_ex(&p, &c, &b, ns, PROG_HEAD_DEPS, &e) == WELD_OK);
+        check_no_shared_memory_races(p);
+        program_free(p);
+    }
+}
+
 TEST(shape_matching)
 {
     struct model_config c = small_cfg();
@@ -287,6 +411,8 @@ int main(void)
     RUN(final_slices);
     RUN(counter_chain);
     RUN(buffer_plan);
+    RUN(k_parts);
+    RUN(head_deps_buffers_never_race);
     RUN(shape_matching);
     RUN(kv_blocks);
     return test_summary();

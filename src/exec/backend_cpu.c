@@ -190,9 +190,11 @@ static int get_program(struct cpu_ctx *c, const struct batch *b, struct program 
         }
     struct program *p;
     unsigned flags = c->ex->prog_flags ? c->ex->prog_flags(c->ex_state) : 0;
-    int rc = program_build_ex(&p, &c->m->cfg, b, c->params.n_splits, flags, e);
+    int rc = program_build_kp(&p, &c->m->cfg, b, c->params.n_splits, flags, &c->w->kp, e);
     if (rc)
         return rc;
+    if (getenv("WELD_DUMP_PROGRAM"))
+        program_dump(p, stderr);
     program_free(c->progs[c->prog_next]);
     c->progs[c->prog_next] = p;
     c->prog_next = (c->prog_next + 1) % PROG_CACHE;

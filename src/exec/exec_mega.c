@@ -254,6 +254,19 @@ static double instr_cost(const struct exec_step *st, const struct prog_instr *in
         bytes = mat_bytes(&lm->down, (int)rows);
         flops = 2.0 * rows * (double)lm->down.k * nt;
         break;
+    case OP_O_PART: { /* rows of the part's columns */
+        const struct exec_mat *m = &lm->wo_part[in->part];
+        bytes = rows * (double)m->k * ((double)m->row_bytes / (double)lm->wo.k);
+        flops = 2.0 * rows * (double)m->k * nt;
+        break;
+    }
+    case OP_FFN_DOWN_PART: {
+        const struct exec_mat *m = &lm->down_part[in->part];
+        bytes = mat_bytes(&lm->gate, (int)rows) + mat_bytes(&lm->up, (int)rows) +
+                (double)c->dim * (double)m->k * ((double)m->row_bytes / (double)lm->down.k);
+        flops = 4.0 * rows * c->dim * nt + 2.0 * c->dim * (double)m->k * nt;
+        break;
+    }
     case OP_FINAL_NORM_LOGITS:
         bytes = mat_bytes(&st->w->output, (int)rows);
         flops = 2.0 * rows * c->dim * p->n_logit_rows;
@@ -583,6 +596,11 @@ static const char *first_weights(const struct exec_step *st, const struct prog_i
         *second = (const char *)lm->up.data + row * lm->up.row_bytes;
         break;
     case OP_DOWN_PROJ_RESIDUAL: m = &lm->down; break;
+    case OP_O_PART: m = &lm->wo_part[in->part]; row = 0; break;
+    case OP_FFN_DOWN_PART:
+        m = &lm->gate;
+        *second = (const char *)lm->up.data + row * lm->up.row_bytes;
+        break;
     default: return NULL;
     }
     return (const char *)m->data + row * m->row_bytes;

@@ -299,15 +299,41 @@ static void qkv_units(const struct exec_step *st, int layer, int u, int n, int t
     }
 }
 
-/* Normalise tokens' residual rows into sc->h: tok[i] or, if tok is NULL, t0 + i. */
-static void norm_tile(const struct exec_step *st, const float *x, const float *weight,
-                      const int *tok, int t0, int nt, const struct scratch *sc)
+/* Token t's row of the residual stream as instruction in reads it: x[t] (x = its `in`),
+   or with K parts x[t] + sums[0][t] + sums[1][t] + .. added in part order into dst, whose
+   dims [x0, x1) are then stored to xout (program.c). Every reader adds the same terms in
+   the same order, so all see the same numbers. */
+static const float *residual_row(const struct exec_step *st, const struct prog_instr *in,
+                                 const float *x, int t, float *dst)
+{
+    const int dim = st->m->cfg.dim;
+    const float *src = x + (size_t)t * dim;
+    if (in->sums < 0)
+        return src;
+    const size_t stride = (size_t)st->p->n_tokens * (size_t)dim;
+    const float *s = buf_ptr(st, in->sums) + (size_t)t * dim;
+    for (int j = 0; j < dim; j++)
+        dst[j] = src[j] + s[j];
+    for (int k = 1; k < st->p->kp.n; k++)
+        for (int j = 0; j < dim; j++)
+            dst[j] += s[(size_t)k * stride + (size_t)j];
+    if (in->xout >= 0 && in->x1 > in->x0)
+        memcpy(buf_ptr(st, in->xout) + (size_t)t * dim + in->x0, dst + in->x0,
+               sizeof(float) * (size_t)(in->x1 - in->x0));
+    return dst;
+}
+
+/* Normalise tokens' residual rows (residual_row of instruction in over x) into sc->h:
+   tok[i] or, if tok is NULL, t0 + i. */
+static void norm_tile(const struct exec_step *st, const struct prog_instr *in, const float *x,
+                      const float *weight, const int *tok, int t0, int nt,
+                      const struct scratch *sc)
 {
     const struct model_config *c = &st->m->cfg;
     for (int i = 0; i < nt; i++) {
         int t = tok ? tok[i] : t0 + i;
-        st->w->go->rmsnorm(x + (size_t)t * c->dim, weight, c->norm_eps,
-                           sc->h + (size_t)i * c->dim, c->dim);
+        float *h = sc->h + (size_t)i * c->dim;
+        st->w->go->rmsnorm(residual_row(st, in, x, t, h), weight, c->norm_eps, h, c->dim);
     }
 }
 
@@ -329,7 +355,7 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
     for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
         int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
         (void)prep_memo(st, NULL, t0, sc);
-        norm_tile(st, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
+        norm_tile(st, in, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
         if (!st->rope && in->row0 < c->n_head + c->n_kv_head)
             for (int i = 0; i < nt; i++)
                 kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale,
@@ -491,26 +517,30 @@ static int chunk_rows(int nt, size_t cap_floats)
     return r > OPS_CHUNK ? (int)(r < 1u << 20 ? r : 1u << 20) : OPS_CHUNK;
 }
 
-static void op_proj_residual(const struct exec_step *st, const struct prog_instr *in,
-                             const struct exec_mat *M, const struct scratch *sc,
-                             struct span sp)
+/* dst[t][r] (+)= M[r] . src[t] for rows [r0, r1) and tokens [t0, t1) (rows ld_src and
+   ld_dst floats apart): added with add, else stored. The quantized input is shared
+   between row pieces of memo_in (prep_memo; NULL: never). */
+static void proj_rows(const struct exec_step *st, const struct exec_mat *M, const float *src,
+                      size_t ld_src, float *dst, size_t ld_dst, int r0, int r1, int t0, int t1,
+                      bool add, const struct prog_instr *memo_in, const struct scratch *sc)
 {
-    const int64_t dim = st->m->cfg.dim, n_in = M->k;
-    const float *src = buf_ptr(st, in->in);
-    float *x = buf_ptr(st, in->out);
     const int T = st->w->tok_tile;
-    for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
-        int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
-        const float *xs = src + (size_t)t0 * n_in;
-        if (!prep_memo(st, in, t0, sc))
-            mat_quant(st, M, xs, (size_t)n_in, nt, sc->act, sc);
+    for (int tt = t0; tt < t1; tt += T) {
+        int nt = t1 - tt < T ? t1 - tt : T;
+        const float *xs = src + (size_t)tt * ld_src;
+        if (!prep_memo(st, memo_in, tt, sc))
+            mat_quant(st, M, xs, ld_src, nt, sc->act, sc);
+        if (!add) {
+            mat_gemm(st, M, r0, r1, nt, xs, ld_src, sc->act, dst + (size_t)tt * ld_dst + r0,
+                     ld_dst, sc->row);
+            continue;
+        }
         const int ch = chunk_rows(nt, (size_t)OPS_TILE * (size_t)y_width(&st->m->cfg));
-        for (int r = sp.r0; r < sp.r1; r += ch) {
-            int cw = sp.r1 - r < ch ? sp.r1 - r : ch;
-            mat_gemm(st, M, r, r + cw, nt, xs, (size_t)n_in, sc->act, sc->y, (size_t)ch,
-                     sc->row);
+        for (int r = r0; r < r1; r += ch) {
+            int cw = r1 - r < ch ? r1 - r : ch;
+            mat_gemm(st, M, r, r + cw, nt, xs, ld_src, sc->act, sc->y, (size_t)ch, sc->row);
             for (int i = 0; i < nt; i++) {
-                float *xr = x + (size_t)(t0 + i) * dim + r;
+                float *xr = dst + (size_t)(tt + i) * ld_dst + r;
                 const float *yr = sc->y + (size_t)i * ch;
                 for (int j = 0; j < cw; j++)
                     xr[j] += yr[j];
@@ -519,13 +549,38 @@ static void op_proj_residual(const struct exec_step *st, const struct prog_instr
     }
 }
 
-static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
-                   const struct scratch *sc, struct span sp)
+static void op_proj_residual(const struct exec_step *st, const struct prog_instr *in,
+                             const struct exec_mat *M, const struct scratch *sc,
+                             struct span sp)
+{
+    proj_rows(st, M, buf_ptr(st, in->in), (size_t)M->k, buf_ptr(st, in->out),
+              (size_t)st->m->cfg.dim, sp.r0, sp.r1, sp.t0, sp.t1, true, in, sc);
+}
+
+/* K parts: the instruction's part of the query heads through its columns of Wo, stored as
+   that part's partial sums (sums buffer: (k_parts, n_tokens, dim)). */
+static void op_o_part(const struct exec_step *st, const struct prog_instr *in,
+                      const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct prog_kparts *kp = &st->p->kp;
+    WELD_ASSERT(in->part >= 0 && in->part < kp->n && kp->n == st->w->kp.n &&
+                kp->head_cut[in->part] == st->w->kp.head_cut[in->part]);
+    const size_t qd = (size_t)c->n_head * (size_t)c->head_dim;
+    const float *src = buf_ptr(st, in->in) + (size_t)kp->head_cut[in->part] * c->head_dim;
+    float *dst = buf_ptr(st, in->out) + (size_t)in->part * st->p->n_tokens * c->dim;
+    proj_rows(st, &st->w->mats[in->layer].wo_part[in->part], src, qd, dst, (size_t)c->dim,
+              in->row0, in->row1, sp.t0, sp.t1, false, NULL, sc);
+}
+
+/* hid[t][r] = silu(gate[r] . h[t]) * (up[r] . h[t]) for the span's rows and tokens. */
+static void ffn_rows(const struct exec_step *st, const struct prog_instr *in, float *hid,
+                     const struct scratch *sc, struct span sp)
 {
     const struct model_config *c = &st->m->cfg;
     const struct exec_layer_mats *L = &st->w->mats[in->layer];
     const float *x = buf_ptr(st, in->in);
-    float *hid = buf_ptr(st, in->out), *g = sc->y, *u = sc->y + OPS_TILE * OPS_CHUNK;
+    float *g = sc->y, *u = sc->y + OPS_TILE * OPS_CHUNK;
     const size_t ld = (size_t)c->dim;
     const bool shared = same_act(&L->gate, &L->up);
     void *act_up = shared ? sc->act : sc->act2;
@@ -533,7 +588,7 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
     for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
         int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
         if (!prep_memo(st, in, t0, sc)) {
-            norm_tile(st, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
+            norm_tile(st, in, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
             mat_quant(st, &L->gate, sc->h, ld, nt, sc->act, sc);
             if (!shared)
                 mat_quant(st, &L->up, sc->h, ld, nt, act_up, sc);
@@ -548,6 +603,30 @@ static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
                                     hid + (size_t)(t0 + i) * c->ffn_dim + r, cw);
         }
     }
+}
+
+static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
+                   const struct scratch *sc, struct span sp)
+{
+    ffn_rows(st, in, buf_ptr(st, in->out), sc, sp);
+}
+
+/* K parts: the instruction's ffn rows into its HID buffer (aux), then those columns of
+   Wdown over them, stored as its part's partial sums. */
+static void op_ffn_down_part(const struct exec_step *st, const struct prog_instr *in,
+                             const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct prog_kparts *kp = &st->p->kp;
+    WELD_ASSERT(in->part >= 0 && in->part < kp->n && kp->n == st->w->kp.n &&
+                in->row0 == st->w->kp.ffn_cut[in->part] &&
+                in->row1 == st->w->kp.ffn_cut[in->part + 1]);
+    float *hid = buf_ptr(st, in->aux);
+    ffn_rows(st, in, hid, sc, sp);
+    float *dst = buf_ptr(st, in->out) + (size_t)in->part * st->p->n_tokens * c->dim;
+    proj_rows(st, &st->w->mats[in->layer].down_part[in->part], hid + in->row0,
+              (size_t)c->ffn_dim, dst, (size_t)c->dim, 0, c->dim, sp.t0, sp.t1, false, NULL,
+              sc);
 }
 
 int exec_final_slices(const struct program *p)
@@ -573,7 +652,7 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
     for (int k0 = sp.t0; k0 < sp.t1; k0 += T) {
         int nk = sp.t1 - k0 < T ? sp.t1 - k0 : T;
         (void)prep_memo(st, NULL, k0, sc);
-        norm_tile(st, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
+        norm_tile(st, in, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
         mat_quant(st, M, sc->h, (size_t)c->dim, nk, sc->act, sc);
         mat_gemm(st, M, in->row0, in->row1, nk, sc->h, (size_t)c->dim, sc->act,
                  logits + (size_t)k0 * c->n_vocab + in->row0, (size_t)c->n_vocab, sc->row);
@@ -676,6 +755,12 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
         break;
     case OP_FINAL_NORM_LOGITS:
         op_final(st, in, &sc, sp);
+        break;
+    case OP_O_PART:
+        op_o_part(st, in, &sc, sp);
+        break;
+    case OP_FFN_DOWN_PART:
+        op_ffn_down_part(st, in, &sc, sp);
         break;
     default:
         WELD_ASSERT(!"unknown opcode");

@@ -96,7 +96,8 @@
 
 static const char *const op_names[OP_COUNT] = {
     "EMBED", "ATTN_NORM_QKV_ROPE", "ATTENTION", "O_PROJ_RESIDUAL",
-    "FFN_NORM_GATE_UP_SILU", "DOWN_PROJ_RESIDUAL", "FINAL_NORM_LOGITS",
+    "FFN_NORM_GATE_UP_SILU", "DOWN_PROJ_RESIDUAL", "FINAL_NORM_LOGITS", "O_PART",
+    "FFN_DOWN_PART",
 };
 
 const char *prog_op_name(int op)
@@ -183,15 +184,21 @@ static void stage_end(struct builder *bd)
     bd->p->n_stages++;
 }
 
-static void note_buf(struct program *p, int bi)
+/* Buffer bi is used by instruction i. */
+static void note_buf_at(struct program *p, int bi, int i)
 {
     if (bi < 0)
         return;
     struct prog_buf *buf = &p->bufs[bi];
-    if (buf->first < 0)
-        buf->first = p->n_instr;
-    if (buf->last < p->n_instr)
-        buf->last = p->n_instr;
+    if (buf->first < 0 || buf->first > i)
+        buf->first = i;
+    if (buf->last < i)
+        buf->last = i;
+}
+
+static void note_buf(struct program *p, int bi)
+{
+    note_buf_at(p, bi, p->n_instr);
 }
 
 /* Append an instruction of the current stage signalling `signal`, waiting as bd says. */
@@ -213,16 +220,18 @@ static struct prog_instr *emit_to(struct builder *bd, int op, int layer, int seq
     ins->wait = bd->n_wait ? bd->wait : -1;
     ins->n_wait = bd->n_wait;
     ins->wait_count = bd->n_wait ? bd->wait_count : 0;
+    ins->sums = ins->xout = ins->aux = ins->part = -1;
+    ins->x0 = ins->x1 = 0;
     note_buf(p, in);
     note_buf(p, out);
     p->n_instr++;
     return ins;
 }
 
-static void emit(struct builder *bd, int op, int layer, int seq, int row0, int row1, int in,
-                 int out)
+static struct prog_instr *emit(struct builder *bd, int op, int layer, int seq, int row0,
+                               int row1, int in, int out)
 {
-    emit_to(bd, op, layer, seq, row0, row1, in, out, bd->stage_counter);
+    return emit_to(bd, op, layer, seq, row0, row1, in, out, bd->stage_counter);
 }
 
 /* One stage of a row-range op over `total` units cut into n_splits slices. With align > 1
@@ -351,6 +360,120 @@ static void emit_layer(struct builder *bd, const struct model_config *c, int l)
     emit_split(bd, OP_DOWN_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, hid, p->buf_x);
 }
 
+/* K parts: instruction i reads the residual stream as in + sums (in part order) and, when
+   xout >= 0, stores slice k of n of it (whole lines of PROG_ALIGN_FLOATS dims) to xout. */
+static void set_residual(struct program *p, int i, int dim, int in, int sums, int xout, int k,
+                         int n)
+{
+    struct prog_instr *ins = &p->instrs[i];
+    ins->in = in;
+    ins->sums = sums;
+    ins->xout = xout;
+    if (xout >= 0) {
+        long long g = (dim + PROG_ALIGN_FLOATS - 1) / PROG_ALIGN_FLOATS;
+        long long a = g * k / n * PROG_ALIGN_FLOATS, b = g * (k + 1) / n * PROG_ALIGN_FLOATS;
+        ins->x0 = (int)(a < dim ? a : dim);
+        ins->x1 = k + 1 == n || b > dim ? dim : (int)b;
+    }
+    note_buf_at(p, in, i);
+    note_buf_at(p, sums, i);
+    note_buf_at(p, xout, i);
+}
+
+/* A layer in K parts (struct prog_kparts): QKV as emit_layer's, reading x = xmid + the
+   previous layer's down sums and storing it to X (layer 0: X as EMBED wrote it); attention
+   part by part (with PROG_HEAD_DEPS each part signals a counter of its own, and its O part
+   waits only on that); O parts into sums_o; FFN_DOWN parts reading X + sums_o, storing it
+   to xmid and their down sums into sums_d. */
+static void emit_layer_kp(struct builder *bd, const struct model_config *c, int l)
+{
+    struct program *p = bd->p;
+    const struct prog_kparts *kp = &p->kp;
+    size_t nt = (size_t)p->n_tokens, qd = (size_t)c->n_head * (size_t)c->head_dim;
+    int q = add_buf(p, PROG_BUF_Q, l, nt, qd);
+    int att = add_buf(p, PROG_BUF_ATT, l, nt, qd);
+    int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
+    const bool heads = p->flags & PROG_HEAD_DEPS;
+    const int grp = c->n_head / c->n_kv_head;
+    int counter0 = 0, n_groups = 1, per_group = 0, first = p->n_instr;
+    if (heads)
+        per_group = emit_qkv_groups(bd, c, l, q, &counter0, &n_groups);
+    else
+        emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
+    for (int i = first; l > 0 && i < p->n_instr; i++)
+        set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, p->buf_x, i - first,
+                     p->n_instr - first);
+    /* attention, part-major so each part's counter has consecutive signallers */
+    int attn_c0 = p->n_counters, part_count[PROG_KPARTS_MAX] = {0};
+    if (heads) {
+        bd->stage_first = p->n_instr;
+        p->n_counters += kp->n;
+    } else {
+        stage_begin(bd);
+    }
+    for (int i = 0; i < kp->n; i++) {
+        const int a = kp->head_cut[i] / grp, b = kp->head_cut[i + 1] / grp;
+        for (int s = 0; s < p->n_seqs; s++) {
+            int per = (attn_pieces(p, c, s) + kp->n - 1) / kp->n;
+            per = per > b - a ? b - a : per;
+            for (int k = 0; k < per; k++) {
+                int h0 = a + k * (b - a) / per, h1 = a + (k + 1) * (b - a) / per;
+                if (heads) {
+                    int g0 = group_of_head(h0, n_groups, c->n_kv_head);
+                    bd->wait = counter0 + g0;
+                    bd->n_wait = group_of_head(h1 - 1, n_groups, c->n_kv_head) - g0 + 1;
+                    bd->wait_count = per_group;
+                }
+                emit_to(bd, OP_ATTENTION, l, s, h0, h1, q, att,
+                        heads ? attn_c0 + i : bd->stage_counter);
+                part_count[i]++;
+            }
+        }
+    }
+    if (heads)
+        p->n_stages++;
+    else
+        stage_end(bd);
+    stage_begin(bd);
+    for (int i = 0; i < kp->n; i++) {
+        if (heads) {
+            bd->wait = attn_c0 + i;
+            bd->n_wait = 1;
+            bd->wait_count = part_count[i];
+        }
+        emit(bd, OP_O_PART, l, -1, 0, c->dim, att, p->buf_sums_o)->part = i;
+    }
+    stage_end(bd);
+    stage_begin(bd);
+    for (int i = 0; i < kp->n; i++) {
+        struct prog_instr *ins = emit(bd, OP_FFN_DOWN_PART, l, -1, kp->ffn_cut[i],
+                                      kp->ffn_cut[i + 1], p->buf_x, p->buf_sums_d);
+        ins->part = i;
+        ins->aux = hid;
+        int idx = p->n_instr - 1;
+        note_buf_at(p, hid, idx);
+        set_residual(p, idx, c->dim, p->buf_x, p->buf_sums_o, p->buf_xmid, i, kp->n);
+    }
+    stage_end(bd);
+}
+
+/* Is kp a valid set of K parts for config c? */
+static int check_kparts(const struct model_config *c, const struct prog_kparts *kp,
+                        struct weld_err *e)
+{
+    const int n = kp->n, grp = c->n_head % c->n_kv_head ? 0 : c->n_head / c->n_kv_head;
+    bool ok = n >= 1 && n <= PROG_KPARTS_MAX && grp > 0 && kp->head_cut[0] == 0 &&
+              kp->ffn_cut[0] == 0 && kp->head_cut[n] == c->n_head && kp->ffn_cut[n] == c->ffn_dim;
+    for (int i = 0; ok && i < n; i++)
+        ok = kp->head_cut[i] < kp->head_cut[i + 1] && kp->head_cut[i] % grp == 0 &&
+             kp->ffn_cut[i] < kp->ffn_cut[i + 1] && kp->ffn_cut[i] % PROG_ROW_ALIGN == 0;
+    if (!ok)
+        return err_set(e, WELD_ERR_INVALID_ARG, "program: %d K parts do not cut %d heads "
+                       "(%d KV heads) and %d ffn dims at KV-head and %d-row boundaries", n,
+                       c->n_head, c->n_kv_head, c->ffn_dim, PROG_ROW_ALIGN);
+    return WELD_OK;
+}
+
 /* ---- buffer planning --------------------------------------------------------------- */
 
 static bool lifetimes_overlap(const struct prog_buf *a, const struct prog_buf *b)
@@ -392,30 +515,39 @@ static size_t place_one(const struct program *p, const int *placed, int n_placed
 
 /* Instructions of one stage may run at the same time, so a buffer is alive from the first
    instruction of the stage that first writes it to the last of the stage that last reads
-   it. (With PROG_HEAD_DEPS an ATTENTION instruction may also overlap the QKV stage before
-   it, but the only buffer last read there is X, which lives the whole program.) */
+   it. With PROG_HEAD_DEPS a layer's QKV, ATTENTION and (K parts) O stages may also run at
+   the same time (an instruction there waits only on the heads it needs), so those are
+   taken as one: a buffer alive in any of them is alive in all. */
 static int widen_to_stages(struct program *p)
 {
     int *lo = wcalloc((size_t)p->n_stages, sizeof(int));
     int *hi = wcalloc((size_t)p->n_stages, sizeof(int));
-    if (!lo || !hi) {
-        wfree(lo);
-        wfree(hi);
+    int *g0 = wcalloc((size_t)p->n_stages, sizeof(int));
+    int *g1 = wcalloc((size_t)p->n_stages, sizeof(int));
+    if (!lo || !hi || !g0 || !g1) {
+        wfree(lo), wfree(hi), wfree(g0), wfree(g1);
         return WELD_ERR_NOMEM;
     }
     for (int i = p->n_instr - 1; i >= 0; i--)
         lo[p->instrs[i].stage] = i;
     for (int i = 0; i < p->n_instr; i++)
         hi[p->instrs[i].stage] = i;
+    for (int k = 0; k < p->n_stages; k++) {
+        const int op = p->instrs[lo[k]].op;
+        const bool joins = k > 0 && (p->flags & PROG_HEAD_DEPS) &&
+                           (op == OP_ATTENTION || op == OP_O_PART);
+        g0[k] = joins ? g0[k - 1] : k;
+    }
+    for (int k = p->n_stages - 1; k >= 0; k--)
+        g1[k] = k + 1 < p->n_stages && g0[k + 1] == g0[k] ? g1[k + 1] : k;
     for (int b = 0; b < p->n_bufs; b++) {
         struct prog_buf *buf = &p->bufs[b];
         if (buf->first < 0)
             continue;
-        buf->first = lo[p->instrs[buf->first].stage];
-        buf->last = hi[p->instrs[buf->last].stage];
+        buf->first = lo[g0[p->instrs[buf->first].stage]];
+        buf->last = hi[g1[p->instrs[buf->last].stage]];
     }
-    wfree(lo);
-    wfree(hi);
+    wfree(lo), wfree(hi), wfree(g0), wfree(g1);
     return WELD_OK;
 }
 
@@ -473,8 +605,10 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
     if ((flags & PROG_HEAD_DEPS) && c->n_head % c->n_kv_head)
         return err_set(e, WELD_ERR_INVALID_ARG, "program: n_head %d is not a multiple of "
                        "n_kv_head %d", c->n_head, c->n_kv_head);
-    /* QKV: at most 3 * n_splits (head groups), O / FFN / DOWN n_splits each */
-    long long per_layer = 6LL * n_splits + (long long)p->n_seqs * c->n_kv_head;
+    /* QKV: at most 3 * n_splits (head groups), O / FFN / DOWN n_splits each (or O and
+       FFN_DOWN parts) */
+    long long per_layer = 6LL * n_splits + 2LL * PROG_KPARTS_MAX +
+                          (long long)p->n_seqs * c->n_kv_head;
     *max_instr = n_splits + (n_splits > PROG_FINAL_MAX ? n_splits : PROG_FINAL_MAX) +
                  per_layer * c->n_layer; /* EMBED, FINAL (up to PROG_FINAL_MAX at decode) */
     if (*max_instr > INT_MAX / 2)
@@ -503,6 +637,13 @@ int program_build(struct program **out, const struct model_config *c, const stru
 int program_build_ex(struct program **out, const struct model_config *c,
                      const struct batch *b, int n_splits, unsigned flags, struct weld_err *e)
 {
+    return program_build_kp(out, c, b, n_splits, flags, NULL, e);
+}
+
+int program_build_kp(struct program **out, const struct model_config *c,
+                     const struct batch *b, int n_splits, unsigned flags,
+                     const struct prog_kparts *kp, struct weld_err *e)
+{
     *out = NULL;
     struct program *p = wcalloc(1, sizeof *p);
     if (!p || fill_shape(p, b))
@@ -515,18 +656,40 @@ int program_build_ex(struct program **out, const struct model_config *c,
     }
     p->n_splits = n_splits;
     p->flags = flags;
+    p->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
+    if (kp && kp->n > 1) {
+        if ((rc = check_kparts(c, kp, e))) {
+            program_free(p);
+            return rc;
+        }
+        p->kp = *kp;
+    }
     p->id = atomic_fetch_add_explicit(&next_program_id, 1, memory_order_relaxed);
     p->instrs = wcalloc((size_t)max_instr, sizeof *p->instrs);
-    p->bufs = wcalloc(3 * (size_t)c->n_layer + 2, sizeof *p->bufs);
+    p->bufs = wcalloc(3 * (size_t)c->n_layer + 5, sizeof *p->bufs);
     if (!p->instrs || !p->bufs)
         goto nomem;
     struct builder bd = {.p = p, .cap = (int)max_instr};
     p->buf_x = add_buf(p, PROG_BUF_X, -1, (size_t)p->n_tokens, (size_t)c->dim);
     p->buf_logits = add_buf(p, PROG_BUF_LOGITS, -1, (size_t)p->n_logit_rows,
                             (size_t)c->n_vocab);
+    const bool parts = p->kp.n > 1;
+    p->buf_xmid = p->buf_sums_o = p->buf_sums_d = -1;
+    if (parts) {
+        p->buf_xmid = add_buf(p, PROG_BUF_XMID, -1, (size_t)p->n_tokens, (size_t)c->dim);
+        p->buf_sums_o = add_buf(p, PROG_BUF_SUMS, -1, (size_t)p->kp.n * (size_t)p->n_tokens,
+                                (size_t)c->dim);
+        p->buf_sums_d = add_buf(p, PROG_BUF_SUMS, -1, (size_t)p->kp.n * (size_t)p->n_tokens,
+                                (size_t)c->dim);
+    }
     emit_split(&bd, OP_EMBED, -1, p->n_tokens, 1, -1, p->buf_x);
-    for (int l = 0; l < c->n_layer; l++)
-        emit_layer(&bd, c, l);
+    for (int l = 0; l < c->n_layer; l++) {
+        if (parts)
+            emit_layer_kp(&bd, c, l);
+        else
+            emit_layer(&bd, c, l);
+    }
+    const int first_fin = p->n_instr;
     /* The LM head is the step's last and largest matrix: with few logit rows (decode) it
        is cut into slices of ~PROG_FINAL_ROWS vocabulary rows, so the workers balance its
        end among themselves (exec_mega.c); on softmax-statistics chunks (logits_top.h) when
@@ -540,6 +703,8 @@ int program_build_ex(struct program **out, const struct model_config *c,
     const int fin_align = c->n_vocab >= LOGITS_CHUNK * 8 * n_fin ? LOGITS_CHUNK : PROG_ROW_ALIGN;
     emit_split_n(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, fin_align, p->buf_x,
                  p->buf_logits, n_fin);
+    for (int i = first_fin; parts && i < p->n_instr; i++)
+        set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, -1, 0, 1);
     if (plan_buffers(p) || fill_stages(p))
         goto nomem;
     *out = p;
@@ -551,16 +716,16 @@ nomem:
 
 static const char *buf_kind_name(enum prog_buf_kind k)
 {
-    static const char *const names[] = {"X", "Q", "ATT", "HID", "LOGITS"};
+    static const char *const names[] = {"X", "Q", "ATT", "HID", "LOGITS", "XMID", "SUMS"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
 void program_dump(const struct program *p, FILE *f)
 {
-    fprintf(f, "program: %d seqs, %d tokens, %d logit rows, %d splits, %d instructions, "
-            "%d stages, %d counters, arena %zu floats\n", p->n_seqs, p->n_tokens,
-            p->n_logit_rows, p->n_splits, p->n_instr, p->n_stages, p->n_counters,
-            p->arena_floats);
+    fprintf(f, "program: %d seqs, %d tokens, %d logit rows, %d splits, %d K parts, %d "
+            "instructions, %d stages, %d counters, arena %zu floats\n", p->n_seqs,
+            p->n_tokens, p->n_logit_rows, p->n_splits, p->kp.n, p->n_instr, p->n_stages,
+            p->n_counters, p->arena_floats);
     for (int i = 0; i < p->n_bufs; i++) {
         const struct prog_buf *b = &p->bufs[i];
         fprintf(f, "  buf %d %s layer %d: %zu floats at %zu%s, live [%d, %d]\n", i,
@@ -573,5 +738,8 @@ void program_dump(const struct program *p, FILE *f)
                 "signal %d stage %d\n", i, prog_op_name(in->op), in->layer, in->seq,
                 in->row0, in->row1, in->in, in->out, in->wait, in->n_wait, in->wait_count,
                 in->signal, in->stage);
+        if (in->sums >= 0 || in->xout >= 0 || in->part >= 0)
+            fprintf(f, "       + sums %d, x [%d, %d) to %d, part %d, aux %d\n", in->sums,
+                    in->x0, in->x1, in->xout, in->part, in->aux);
     }
 }

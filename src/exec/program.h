@@ -58,6 +58,10 @@ enum prog_op {
     OP_FFN_NORM_GATE_UP_SILU, /* rows = ffn dims: hid = silu(Wgate h) * (Wup h) */
     OP_DOWN_PROJ_RESIDUAL,    /* rows = model dims: x += Wdown hid */
     OP_FINAL_NORM_LOGITS,     /* rows = vocab ids: logits = Woutput rmsnorm(x) */
+    OP_O_PART,                /* K parts: one part of the query heads, rows = model dims:
+                                 sums_o[part] = Wo[:, part] att[:, part] */
+    OP_FFN_DOWN_PART,         /* K parts: rows = the part's ffn dims: hid = silu(Wgate h) *
+                                 (Wup h), sums_d[part] = Wdown[:, part] hid */
     OP_COUNT
 };
 
@@ -68,6 +72,23 @@ enum prog_buf_kind {
     PROG_BUF_ATT,     /* per layer: attention output (n_tokens, n_head * head_dim) */
     PROG_BUF_HID,     /* per layer: silu(gate) * up (n_tokens, ffn_dim) */
     PROG_BUF_LOGITS,  /* (n_logit_rows, n_vocab); external: the caller's buffer */
+    PROG_BUF_XMID,    /* K parts: the residual stream after attention (n_tokens, dim) */
+    PROG_BUF_SUMS,    /* K parts: one product's partial sums (k_parts, n_tokens, dim) */
+};
+
+/* K parts (split-K, the tensor-parallel layout): the attention output projection and the
+   FFN down projection are cut along their inner dimension into n parts, at KV-head
+   boundaries (query heads [head_cut[i], head_cut[i + 1])) and at ffn rows ffn_cut[i]; each
+   part's product is a vector of partial sums, and whoever needs the residual stream adds
+   them up, in part order. A layer then needs its inputs from other workers twice (before
+   the FFN, before the next layer) instead of four times. The cuts are the weights' (exec/
+   weights.h), chosen from the model alone, so every executor and thread count computes the
+   same numbers; n = 1: no parts. */
+#define PROG_KPARTS_MAX 4
+struct prog_kparts {
+    int n;
+    int head_cut[PROG_KPARTS_MAX + 1]; /* query heads: 0 = head_cut[0] < .. < head_cut[n] */
+    int ffn_cut[PROG_KPARTS_MAX + 1];  /* ffn dims: 0 = ffn_cut[0] < .. < ffn_cut[n] */
 };
 
 struct prog_instr {
@@ -81,6 +102,11 @@ struct prog_instr {
     int32_t wait_count; /* value (per epoch) each waited counter must reach */
     int32_t signal;     /* counter incremented by one when this instruction is done */
     int32_t stage;      /* stage index (program.stage_first) */
+    /* K parts (see program.c): the residual input is in[t] + sums[0][t] + .. (sums: -1
+       none); its dims [x0, x1) are stored to buffer xout (-1: none). */
+    int32_t sums, xout, x0, x1;
+    int32_t aux;        /* FFN_DOWN_PART: its HID buffer; else -1 */
+    int32_t part;       /* O_PART / FFN_DOWN_PART: the K part; else -1 */
 };
 
 /* program_build_ex flags */
@@ -108,6 +134,7 @@ struct program {
     int *logit_tok;      /* (n_logit_rows) token index of each logit row */
     int n_splits;
     unsigned flags;      /* enum prog_flags it was built with */
+    struct prog_kparts kp; /* K parts it was built with (kp.n == 1: none) */
     /* instructions */
     struct prog_instr *instrs; /* (n_instr) */
     int n_instr;
@@ -121,6 +148,8 @@ struct program {
     struct prog_buf *bufs; /* (n_bufs) */
     int n_bufs;
     int buf_x, buf_logits;     /* ids of the two program-wide buffers */
+    int buf_xmid, buf_sums_o, buf_sums_d; /* K parts: the residual stream after attention,
+                                             the O and down partial sums; -1 without */
     size_t arena_floats;       /* arena size the executor must provide */
     uint64_t id;               /* program_id */
 };
@@ -134,6 +163,10 @@ int program_build(struct program **out, const struct model_config *c, const stru
 /* The same with enum prog_flags. */
 int program_build_ex(struct program **out, const struct model_config *c,
                      const struct batch *b, int n_splits, unsigned flags, struct weld_err *e);
+/* The same in K parts kp (NULL or kp->n == 1: none; else checked against c). */
+int program_build_kp(struct program **out, const struct model_config *c,
+                     const struct batch *b, int n_splits, unsigned flags,
+                     const struct prog_kparts *kp, struct weld_err *e);
 void program_free(struct program *p);
 
 /* True if p was built for the same shape as b (so it can run b). */

@@ -206,7 +206,10 @@ static size_t mats_plan(struct exec_weights *w)
         if (!x->gemm)
             continue;
         bool aligned = !per_head || c->head_dim % 16 == 0;
-        x->repacked = w->repack && aligned && gemm_repack_pays(w->go, t->type) &&
+        /* K parts read wo and down in column ranges: their views need the file's layout */
+        bool viewed = w->kp.n > 1 && i < N_LAYER_MATS * c->n_layer &&
+                      (i % N_LAYER_MATS == 3 || i % N_LAYER_MATS == 6);
+        x->repacked = w->repack && aligned && !viewed && gemm_repack_pays(w->go, t->type) &&
                       gemm_repack_bytes(t->type, x->rows, x->k) > 0;
         total += mat_pool_bytes(x, t);
     }
@@ -430,6 +433,112 @@ static int env_settings(struct exec_weights *w, struct weld_err *e)
     return WELD_OK;
 }
 
+/* Columns [k0, k1) of matrix x (not repacked; k0 a whole number of its blocks). */
+static struct exec_mat mat_view(const struct exec_mat *x, int64_t k0, int64_t k1)
+{
+    struct exec_mat v = *x;
+    v.data = (const uint8_t *)x->data + dtype_row_bytes(x->wtype, k0);
+    v.k = k1 - k0;
+    v.act_row_bytes = v.gemm ? (gemm_act_row_bytes(v.wtype, v.k) + 63) / 64 * 64 : 0;
+    return v;
+}
+
+/* Can every layer's matrix of type t be cut at element k0 into [k0, k1)? */
+static bool cut_fits(int t, bool gemm, int64_t k0, int64_t k1)
+{
+    const struct dtype_info *d = dtype_get(t);
+    struct weld_err ignored;
+    return d && k0 % d->block_size == 0 && k1 > k0 && dtype_row_bytes(t, k1 - k0) > 0 &&
+           (!gemm || gemm_check(t, k1 - k0, NULL, &ignored) == WELD_OK);
+}
+
+/* The cuts of n K parts for model m: KV-head boundaries for wo, multiples of 16 rows and
+   of down's blocks near the equal split for the ffn. False if some layer's types do not
+   allow them (or n is not in [2, min(n_kv_head, PROG_KPARTS_MAX)]). */
+static bool kparts_cut(const struct model *m, int n, struct prog_kparts *kp)
+{
+    const struct model_config *c = &m->cfg;
+    const int nkv = c->n_kv_head, grp = c->n_head / nkv;
+    if (n < 2 || n > nkv || n > PROG_KPARTS_MAX)
+        return false;
+    kp->n = n;
+    for (int i = 0; i <= n; i++) {
+        kp->head_cut[i] = i * nkv / n * grp;
+        kp->ffn_cut[i] = i == n ? c->ffn_dim : 0;
+    }
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct tensor *wo = &m->layers[l].wo, *dn = &m->layers[l].w_down;
+        const struct dtype_info *d = dtype_get(dn->type);
+        if (!d)
+            return false;
+        int64_t a = 16;
+        while (a % d->block_size)
+            a += 16;
+        for (int i = 1; i < n; i++) {
+            int64_t cut = ((int64_t)c->ffn_dim * i / n + a / 2) / a * a;
+            if (cut > kp->ffn_cut[i])
+                kp->ffn_cut[i] = (int)cut;
+        }
+        struct weld_err ignored;
+        bool g_wo = gemm_check(wo->type, wo->ne[0], NULL, &ignored) == WELD_OK;
+        for (int i = 0; i < n; i++) {
+            int64_t h0 = (int64_t)kp->head_cut[i] * c->head_dim;
+            int64_t h1 = (int64_t)kp->head_cut[i + 1] * c->head_dim;
+            if (!cut_fits(wo->type, g_wo, h0, h1))
+                return false;
+        }
+    }
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct tensor *dn = &m->layers[l].w_down;
+        struct weld_err ignored;
+        bool g_dn = gemm_check(dn->type, dn->ne[0], NULL, &ignored) == WELD_OK;
+        for (int i = 0; i < n; i++)
+            if (kp->ffn_cut[i] >= kp->ffn_cut[i + 1] ||
+                !cut_fits(dn->type, g_dn, kp->ffn_cut[i], kp->ffn_cut[i + 1]))
+                return false;
+    }
+    return true;
+}
+
+/* The K parts of w's model: WELD_K_PARTS (1 to PROG_KPARTS_MAX; an error if the model
+   cannot be cut so), else two when every layer's matrices take at most
+   EXEC_KPARTS_LAYER_BYTES and the cuts fit, else none. */
+static int kparts_choose(struct exec_weights *w, struct weld_err *e)
+{
+    const struct model *m = w->m;
+    const struct model_config *c = &m->cfg;
+    w->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
+    const char *v = getenv("WELD_K_PARTS");
+    if (v && *v && strcmp(v, "auto")) {
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > PROG_KPARTS_MAX)
+            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: expected auto (the "
+                           "default) or a number of K parts from 1 (none) to %d", v,
+                           PROG_KPARTS_MAX);
+        struct prog_kparts kp;
+        if (n > 1 && !kparts_cut(m, (int)n, &kp))
+            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: %s cannot be cut in %ld "
+                           "K parts (needs that many KV heads, %d here, and cuts on its "
+                           "matrices' blocks); use 1 or auto", v, model_where(m), n,
+                           c->n_kv_head);
+        if (n > 1)
+            w->kp = kp;
+        return WELD_OK;
+    }
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct layer_weights *L = &m->layers[l];
+        size_t b = L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
+                   L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
+        if (b > EXEC_KPARTS_LAYER_BYTES)
+            return WELD_OK;
+    }
+    struct prog_kparts kp;
+    if (kparts_cut(m, 2, &kp))
+        w->kp = kp;
+    return WELD_OK;
+}
+
 static int mats_create(struct exec_weights *w, struct weld_err *e)
 {
     int rc = isa_init(e);
@@ -441,9 +550,21 @@ static int mats_create(struct exec_weights *w, struct weld_err *e)
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
                        model_where(w->m));
+    if ((rc = kparts_choose(w, e)))
+        return rc;
     rc = mats_fill(w, mats_plan(w), e);
     if (rc)
         return rc;
+    const int hd = w->m->cfg.head_dim;
+    for (int l = 0; w->kp.n > 1 && l < w->m->cfg.n_layer; l++) {
+        struct exec_layer_mats *M = &w->mats[l];
+        WELD_ASSERT(!M->wo.repacked && !M->down.repacked);
+        for (int i = 0; i < w->kp.n; i++) {
+            M->wo_part[i] = mat_view(&M->wo, (int64_t)w->kp.head_cut[i] * hd,
+                                     (int64_t)w->kp.head_cut[i + 1] * hd);
+            M->down_part[i] = mat_view(&M->down, w->kp.ffn_cut[i], w->kp.ffn_cut[i + 1]);
+        }
+    }
     bool all_float = true;
     for (int l = 0; l < w->m->cfg.n_layer; l++) {
         const struct exec_mat *ms[] = {&w->mats[l].wq, &w->mats[l].wk, &w->mats[l].wv,

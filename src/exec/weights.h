@@ -40,6 +40,7 @@
 #define WELD_EXEC_WEIGHTS_H
 
 #include "core/err.h"
+#include "exec/program.h"
 #include "kernels/cpu/gemm.h"
 #include "model/model.h"
 
@@ -48,6 +49,10 @@
 #define EXEC_TILE_FLOAT 32
 /* Weight bytes of one row piece of a decode-shaped matrix op (exec_weights.piece_bytes). */
 #define EXEC_PIECE_BYTES (512u << 10)
+/* Models whose layers hold at most this many bytes of matrices run in two K parts
+   (exec_weights.kp): a layer is then a few microseconds of work, and every exchange
+   between workers costs a cache-line round trip. */
+#define EXEC_KPARTS_LAYER_BYTES (1u << 20)
 
 /* One weight matrix as the ops multiply it: rows [0, rows) of k elements. */
 struct exec_mat {
@@ -65,6 +70,9 @@ struct exec_mat {
 
 struct exec_layer_mats {
     struct exec_mat wq, wk, wv, wo, gate, up, down;
+    /* with K parts (exec_weights.kp): views of wo and down restricted to each part's
+       columns (same rows and row stride, k = the part's width) */
+    struct exec_mat wo_part[PROG_KPARTS_MAX], down_part[PROG_KPARTS_MAX];
 };
 
 struct exec_layer_vecs {
@@ -88,6 +96,10 @@ struct exec_weights {
                                         WELD_L2_PREFETCH */
     bool repack;                     /* repack where it pays (WELD_REPACK, default 1) */
     struct exec_layer_mats *mats;    /* (n_layer) */
+    struct prog_kparts kp;           /* the K parts programs of this model are built in
+                                        (kp.n == 1: none): two for models of small layers
+                                        (EXEC_KPARTS_LAYER_BYTES) whose cuts fit their
+                                        types' blocks, else one; WELD_K_PARTS=1..4 asks */
     struct exec_mat output;          /* (n_vocab rows of dim) */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */
     size_t piece_bytes;              /* O / FFN / DOWN over one token tile run in row
