@@ -20,6 +20,9 @@
  *   group's pieces are spread instead). An ATTENTION instruction goes to the worker that made its heads when that
  *   keeps the stage within MEGA_AFFINITY_SLACK of balanced: its wait is then on its own
  *   earlier work and disappears.
+ *   With K parts (program.h) an O part waits only on the attention of its heads, so it
+ *   goes the same way to the worker that ran that attention: a layer then waits on other
+ *   workers twice (before the FFN parts and before the next layer's QKV).
  * - the queues: each worker's instructions in list order. The list order is a valid
  *   serial schedule and every dependency points to an earlier instruction, so the
  *   lowest-numbered unfinished instruction always heads its queue with its inputs done:

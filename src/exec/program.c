@@ -54,6 +54,33 @@
  *                  its rows for the rows that ask (exec_step.rows): the sampler's first
  *                  pass (exec/logits_top.h). in X, out LOGITS.
  *
+ * K parts (program.kp.n > 1; program_build_kp with the weights' cuts, exec/weights.h): the
+ * layer's O_PROJ_RESIDUAL, FFN_NORM_GATE_UP_SILU and DOWN_PROJ_RESIDUAL give way to
+ *
+ * O_PART           layer l; part i; rows = output dims (all of them). For every token t:
+ *                  sums_o[i][t][r] = Wo[r][cols] . att[t][cols], cols = the query heads
+ *                  [head_cut[i], head_cut[i + 1]) (whole KV-head groups).
+ *                  in ATT, out SUMS (sums_o).
+ *
+ * FFN_DOWN_PART    layer l; part i; rows = ffn dims [ffn_cut[i], ffn_cut[i + 1]). For every
+ *                  token t: x' = x[t] + sums_o[0][t] + .. + sums_o[n-1][t] (in part order),
+ *                  its dims [x0, x1) stored to xmid[t]; h = rmsnorm(x') * ffn_norm;
+ *                  hid[t][r] = silu(Wgate[r] . h) * (Wup[r] . h) for the rows (into aux, a
+ *                  HID buffer); sums_d[i][t][d] = Wdown[d][rows] . hid[t][rows], every d.
+ *                  in X, sums SUMS (sums_o), xout XMID, aux HID, out SUMS (sums_d).
+ *
+ *                  and the readers of the residual stream add the sums the same way: QKV of
+ *                  layer l > 0 reads x = xmid[t] + sums_d[0][t] + .. and stores its dims
+ *                  [x0, x1) to X (each QKV instruction a slice, together all of it), layer
+ *                  0's QKV reads X as EMBED wrote it, FINAL reads xmid + sums_d. A layer so
+ *                  needs other workers' outputs twice (all O parts before the FFN, all
+ *                  FFN_DOWN parts before the next layer) instead of four times. The
+ *                  attention stage is emitted part by part, and with PROG_HEAD_DEPS each
+ *                  part signals a counter of its own that only its O part waits on. Every
+ *                  executor runs the same parts, and the cuts come from the model alone, so
+ *                  the numbers still do not depend on the executor, the thread count or the
+ *                  batch.
+ *
  * Row splits of the matrix ops (O_PROJ, FFN, DOWN, FINAL) start at multiples of 16 rows
  * (the group size of repacked weights, kernels/cpu/gemm.h), so with fewer than 16 rows
  * per split there are fewer slices than n_splits; FINAL's at multiples of LOGITS_CHUNK
@@ -74,8 +101,10 @@
  * recomputes the (cheap) rmsnorm of its input instead of sharing it.
  *
  * Buffer liveness is taken at stage granularity (a stage's instructions may run
- * concurrently), and because every stage waits for the whole previous one, two buffers
- * whose stage ranges do not overlap can share memory with no extra synchronisation.
+ * concurrently), and because a stage waits for the whole previous one, two buffers whose
+ * stage ranges do not overlap can share memory with no extra synchronisation. The
+ * exceptions, with PROG_HEAD_DEPS, are a layer's QKV, ATTENTION and (K parts) O stages,
+ * whose instructions wait only on their own heads: those stages count as one.
  */
 #include "exec/program.h"
 

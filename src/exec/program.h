@@ -15,7 +15,7 @@
  * it (a steady decode step reuses one program forever).
  *
  * Dependencies: instructions are grouped in stages (EMBED; per layer QKV, ATTENTION,
- * O_PROJ, FFN, DOWN; FINAL). In the default program stage k owns counter k; each of its
+ * O_PROJ, FFN, DOWN, or with K parts QKV, ATTENTION, O_PART, FFN_DOWN_PART; FINAL). In the default program stage k owns counter k; each of its
  * instructions signals counter k once when done and waits until counter k-1 has reached
  * the previous stage's instruction count (wait_count). With PROG_HEAD_DEPS (what the
  * megakernel asks for) the QKV stage is cut by KV-head groups instead: group g's Q, K and

@@ -35,6 +35,16 @@
  * repacked only if every row range the ops hand it starts at a multiple of 16: always true
  * for the row-split ops (program.c aligns splits to 16), and for Q/K/V only when head_dim
  * is a multiple of 16 (one gemm per head).
+ *
+ * K parts (struct prog_kparts, program.h): a model whose layers hold at most
+ * EXEC_KPARTS_LAYER_BYTES of matrices (stories260K: 150 KB) runs its O and down products
+ * in two parts along K, at a KV-head boundary and at a 16-row (and block) boundary near the
+ * middle of the ffn, so a layer needs two exchanges between workers instead of four (on
+ * the 2-vCPU hosts here a cache line takes 400-600 ns to go and come back, more than a
+ * small layer's product). wo and down then stay in the file's layout and each part is a
+ * view of its columns (same row stride, k = the part's width). The choice depends on the
+ * model only (WELD_K_PARTS overrides it), never on the executor or the thread count, so
+ * the contract above holds: the same numbers everywhere.
  */
 #ifndef WELD_EXEC_WEIGHTS_H
 #define WELD_EXEC_WEIGHTS_H
