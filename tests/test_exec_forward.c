@@ -348,6 +348,40 @@ TEST(llama_q6_k) { check_quantized(&spec_kquant, DT_Q6_K, 27); }
    activation quantization), so the exact reference and the float tolerance apply. */
 TEST(qwen2_q5_0_fallback) { check_against_ref(&spec_qwen2, DT_Q5_0, 24); }
 
+/* K parts (WELD_K_PARTS): another summation order of the O and down products, the same
+   tolerances against the naive forward pass; bad requests are refused by name. */
+TEST(k_parts_against_ref)
+{
+    setenv("WELD_K_PARTS", "2", 1);
+    check_against_ref(&spec_llama, DT_F32, 11);
+    check_against_ref(&spec_qwen3, DT_BF16, 13);
+    check_quantized(&spec_qwen3, DT_Q4_0, 20);
+    check_quantized(&spec_qwen2, DT_Q8_0, 17);
+    check_against_ref(&spec_qwen2, DT_Q5_0, 24);
+    setenv("WELD_K_PARTS", "4", 1); /* 4 KV heads */
+    check_against_ref(&spec_llama_neox, DT_F16, 12);
+    struct tmodel *tm = tm_build(&spec_llama, DT_F32, 11);
+    struct exec_weights *w = NULL;
+    struct weld_err e = {0};
+    setenv("WELD_K_PARTS", "3", 1); /* spec_llama has 2 KV heads */
+    CHECK_EQ_INT(exec_weights_create(&w, &tm->m, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "WELD_K_PARTS=3") && strstr(e.msg, "2 here"));
+    setenv("WELD_K_PARTS", "two", 1);
+    CHECK_EQ_INT(exec_weights_create(&w, &tm->m, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "WELD_K_PARTS=two") != NULL);
+    CHECK(w == NULL);
+    setenv("WELD_K_PARTS", "2", 1);
+    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    CHECK_EQ_INT(w->kp.n, 2);
+    CHECK_EQ_INT(w->kp.head_cut[1], 4);
+    CHECK_EQ_INT(w->kp.ffn_cut[1], 48);
+    CHECK(!w->mats[0].wo.repacked && !w->mats[0].down.repacked);
+    CHECK_EQ_INT(w->mats[0].down_part[1].k, 48);
+    exec_weights_free(w);
+    tm_free(tm);
+    unsetenv("WELD_K_PARTS");
+}
+
 /* Which matrices run repacked: every Q4_0 matrix where the ISA gains from it, except Q/K/V
    when head_dim is not a multiple of 16 (spec_llama: 8); Q5_0 none, on the fallback. */
 static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
@@ -926,6 +960,7 @@ int main(void)
     RUN(llama_q4_k);
     RUN(llama_q6_k);
     RUN(qwen2_q5_0_fallback);
+    RUN(k_parts_against_ref);
     RUN(repack_plan);
     RUN(kv_f16_llama);
     RUN(kv_f16_qwen2);

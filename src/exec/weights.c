@@ -500,41 +500,29 @@ static bool kparts_cut(const struct model *m, int n, struct prog_kparts *kp)
     return true;
 }
 
-/* The K parts of w's model: WELD_K_PARTS (1 to PROG_KPARTS_MAX; an error if the model
-   cannot be cut so), else two when every layer's matrices take at most
-   EXEC_KPARTS_LAYER_BYTES and the cuts fit, else none. */
+/* The K parts of w's model: none unless WELD_K_PARTS (1 to PROG_KPARTS_MAX) asks, and an
+   error if the model cannot be cut so. Not the default: on the 2-vCPU hosts here two parts
+   made stories260K's decode at two threads 0-5% faster and its prefill 15-20% slower
+   (docs/BENCHMARKS.md). */
 static int kparts_choose(struct exec_weights *w, struct weld_err *e)
 {
     const struct model *m = w->m;
     const struct model_config *c = &m->cfg;
     w->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
     const char *v = getenv("WELD_K_PARTS");
-    if (v && *v && strcmp(v, "auto")) {
-        char *end;
-        long n = strtol(v, &end, 10);
-        if (*end || n < 1 || n > PROG_KPARTS_MAX)
-            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: expected auto (the "
-                           "default) or a number of K parts from 1 (none) to %d", v,
-                           PROG_KPARTS_MAX);
-        struct prog_kparts kp;
-        if (n > 1 && !kparts_cut(m, (int)n, &kp))
-            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: %s cannot be cut in %ld "
-                           "K parts (needs that many KV heads, %d here, and cuts on its "
-                           "matrices' blocks); use 1 or auto", v, model_where(m), n,
-                           c->n_kv_head);
-        if (n > 1)
-            w->kp = kp;
+    if (!v || !*v)
         return WELD_OK;
-    }
-    for (int l = 0; l < c->n_layer; l++) {
-        const struct layer_weights *L = &m->layers[l];
-        size_t b = L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
-                   L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
-        if (b > EXEC_KPARTS_LAYER_BYTES)
-            return WELD_OK;
-    }
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 1 || n > PROG_KPARTS_MAX)
+        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: expected a number of K "
+                       "parts from 1 (none, the default) to %d", v, PROG_KPARTS_MAX);
     struct prog_kparts kp;
-    if (kparts_cut(m, 2, &kp))
+    if (n > 1 && !kparts_cut(m, (int)n, &kp))
+        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: %s cannot be cut in %ld K "
+                       "parts (needs that many KV heads, %d here, and cuts on its matrices' "
+                       "blocks); use 1", v, model_where(m), n, c->n_kv_head);
+    if (n > 1)
         w->kp = kp;
     return WELD_OK;
 }

@@ -36,15 +36,13 @@
  * for the row-split ops (program.c aligns splits to 16), and for Q/K/V only when head_dim
  * is a multiple of 16 (one gemm per head).
  *
- * K parts (struct prog_kparts, program.h): a model whose layers hold at most
- * EXEC_KPARTS_LAYER_BYTES of matrices (stories260K: 150 KB) runs its O and down products
- * in two parts along K, at a KV-head boundary and at a 16-row (and block) boundary near the
- * middle of the ffn, so a layer needs two exchanges between workers instead of four (on
- * the 2-vCPU hosts here a cache line takes 400-600 ns to go and come back, more than a
- * small layer's product). wo and down then stay in the file's layout and each part is a
- * view of its columns (same row stride, k = the part's width). The choice depends on the
- * model only (WELD_K_PARTS overrides it), never on the executor or the thread count, so
- * the contract above holds: the same numbers everywhere.
+ * K parts (struct prog_kparts, program.h), asked for with WELD_K_PARTS=N: the O and down
+ * products run in N parts along K, cut at KV-head boundaries and at 16-row (and block)
+ * boundaries near equal shares of the ffn, so a layer needs two exchanges between workers
+ * instead of four. wo and down then stay in the file's layout and each part is a view of
+ * its columns (same row stride, k = the part's width). The cuts depend on the model and N
+ * only, never on the executor or the thread count, so the contract above holds: the same
+ * numbers everywhere (other numbers than without parts: another summation order).
  */
 #ifndef WELD_EXEC_WEIGHTS_H
 #define WELD_EXEC_WEIGHTS_H
@@ -59,10 +57,6 @@
 #define EXEC_TILE_FLOAT 32
 /* Weight bytes of one row piece of a decode-shaped matrix op (exec_weights.piece_bytes). */
 #define EXEC_PIECE_BYTES (512u << 10)
-/* Models whose layers hold at most this many bytes of matrices run in two K parts
-   (exec_weights.kp): a layer is then a few microseconds of work, and every exchange
-   between workers costs a cache-line round trip. */
-#define EXEC_KPARTS_LAYER_BYTES (1u << 20)
 
 /* One weight matrix as the ops multiply it: rows [0, rows) of k elements. */
 struct exec_mat {
@@ -107,9 +101,8 @@ struct exec_weights {
     bool repack;                     /* repack where it pays (WELD_REPACK, default 1) */
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct prog_kparts kp;           /* the K parts programs of this model are built in
-                                        (kp.n == 1: none): two for models of small layers
-                                        (EXEC_KPARTS_LAYER_BYTES) whose cuts fit their
-                                        types' blocks, else one; WELD_K_PARTS=1..4 asks */
+                                        (kp.n == 1: none, the default; WELD_K_PARTS=2..4
+                                        asks for more where the model's cuts fit) */
     struct exec_mat output;          /* (n_vocab rows of dim) */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */
     size_t piece_bytes;              /* O / FFN / DOWN over one token tile run in row
