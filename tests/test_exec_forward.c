@@ -820,13 +820,28 @@ TEST(accelerator_and_executor_env)
     struct weld_err e;
     struct runner *r = NULL;
     unsetenv("WELD_ACCELERATOR");
+    const char *ex0 = getenv("WELD_EXEC");
+    char *saved = ex0 ? strdup(ex0) : NULL;
+    /* default: mega on a team of one worker per physical core, ref with one core or for
+       a model of tiny steps (this one, unless WELD_EXEC names an executor) */
+    unsetenv("WELD_EXEC");
+    CHECK_EQ_INT(backend_cpu_default_threads(&tm->m), 1);
     REQUIRE(runner_create(&r, &tm->m, 1, 8, &e) == WELD_OK);
-    /* default: mega on a team of one worker per physical core, ref with one core */
+    CHECK(strncmp(runner_describe(r), "cpu: ref executor", 17) == 0);
+    setenv("WELD_EXEC", "mega", 1);
+    CHECK_EQ_INT(backend_cpu_default_threads(&tm->m), team_default_size());
+    runner_free(r);
+    REQUIRE(runner_create(&r, &tm->m, 1, 8, &e) == WELD_OK);
     if (team_physical_cores() > 1)
         CHECK(strncmp(runner_describe(r), "cpu: mega executor", 18) == 0);
     else
         CHECK(strncmp(runner_describe(r), "cpu: ref executor", 17) == 0);
     runner_free(r);
+    if (saved)
+        setenv("WELD_EXEC", saved, 1);
+    else
+        unsetenv("WELD_EXEC");
+    free(saved);
     setenv("WELD_ACCELERATOR", "cpu", 1);
     CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
     runner_free(r);

@@ -427,10 +427,12 @@ static int bm_run_model(const struct bm_opts *o, struct weld_err *e)
     struct bw_result bw = {0};
     struct bw_session *ses = NULL;
     double paired = 0;
-    int threads = bm_threads(o);
+    int threads = 0;
     int rc = isa_init(e);
     if (rc == WELD_OK)
         rc = bm_open(&b, o, e);
+    if (rc == WELD_OK) /* the runner's count: -t, or its default for this model */
+        threads = o->threads > 0 ? bm_threads(o) : backend_cpu_default_threads(b.m);
     if (rc == WELD_OK)
         rc = bw_session_open(&ses, (size_t)o->probe_size, threads, e);
     if (rc == WELD_OK)
@@ -834,6 +836,10 @@ static int bm_run_pair(const struct bm_opts *o, struct weld_err *e)
     int rc = isa_init(e);
     if (rc == WELD_OK)
         rc = bm_open(&b, o, e);
+    struct bm_opts od = *o; /* without -t, sides run the backend's default for the model */
+    if (rc == WELD_OK && od.threads <= 0)
+        od.threads = backend_cpu_default_threads(b.m);
+    o = &od;
     for (int ord = 0; rc == WELD_OK && ord < 2; ord++) { /* A made first, then B */
         for (int i = 0; rc == WELD_OK && i < 2; i++)
             if ((rc = bm_side_open(&b, o, &sd[i ^ ord], e)) == WELD_OK)
@@ -913,7 +919,7 @@ int cmd_bench_model(int argc, char **argv)
         {"n-depth", 'd', OPT_INT, &o.depth, "D", "tokens already in the context before pp and tg (default 0; as llama-bench -d)"},
         {"batch", 'b', OPT_INT, &o.batch, "B", "decode B sequences at once (tg counts all their tokens; default 1)"},
         {"repetitions", 'r', OPT_INT, &o.reps, "R", "repetitions; median/min/max over them (default 5)"},
-        {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core)"},
+        {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core, one for models of tiny steps)"},
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
         {"probe-size", 0, OPT_SIZE, &o.probe_size, "S", "bytes the probe reads per pass (default 2G)"},
         {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS][@WELD_NAME=VALUE] (e.g. mega,ops) measured interleaved in one process, in both creation orders; ratios A / B"},

@@ -52,7 +52,7 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
         {"kv-cache-dtype", 0, OPT_STR, &o->kv_dtype, "T", "f16 (default), bf16, f32 or q8_0"},
         {"no-prefix-caching", 0, OPT_FLAG, &o->no_prefix_caching, NULL, "do not reuse KV blocks of earlier prompts"},
         {"policy", 0, OPT_STR, &o->policy, "P", "fcfs (default) or priority (lower runs first)"},
-        {"threads", 't', OPT_INT, &o->threads, "N", "forward-pass threads (default: one per physical core)"},
+        {"threads", 't', OPT_INT, &o->threads, "N", "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
     };
     memcpy(t, opts, sizeof opts);
     return (int)(sizeof opts / sizeof opts[0]);

@@ -126,7 +126,7 @@ int cmd_generate(int argc, char **argv)
         {"chat", 0, OPT_FLAG, &o.chat, NULL, "wrap the prompt in the model's chat template as a user turn"},
         {"system", 0, OPT_STR, &o.system, "TEXT", "system message for --chat"},
         {"ctx", 'c', OPT_INT, &o.ctx, "N", "context length (default: the model's, at most 4096)"},
-        {"threads", 't', OPT_INT, &o.threads, "N", "forward-pass threads (default: one per physical core)"},
+        {"threads", 't', OPT_INT, &o.threads, "N", "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
         {"no-echo", 0, OPT_FLAG, &o.no_echo, NULL, "print only the continuation, not the prompt"},
         {"ignore-eos", 0, OPT_FLAG, &o.ignore_eos, NULL, "keep generating after end-of-generation tokens"},
         {"no-special", 0, OPT_FLAG, &o.no_special, NULL, "do not add BOS/special tokens to the prompt"},

@@ -37,8 +37,9 @@ struct backend_params {
     int max_ctx;        /* positions per sequence */
     int n_splits;       /* row slices per matrix op; 0: what the executor wants (ref 1,
                            ops / mega a few per worker) */
-    int n_threads;      /* executor workers; 0: one per physical core (core/team.h). With
-                           more than one and WELD_EXEC unset, the mega executor runs */
+    int n_threads;      /* executor workers; 0: backend_cpu_default_threads (one per
+                           physical core, or one for models of tiny steps). With more than
+                           one and WELD_EXEC unset, the mega executor runs */
     bool oversubscribe; /* tests only: allow more threads than physical cores */
     int kv_block_size;  /* 0: default (16) */
     int kv_blocks;      /* physical KV blocks in the pool (ids [0, kv_blocks) in engine
@@ -51,6 +52,12 @@ struct backend_params {
 /* Defaults: kv_type f16, everything else 0 (one thread per physical core, n_splits as the
    executor wants, block size 16, pool sized for max_seqs full sequences). */
 void backend_params_init(struct backend_params *p, int max_seqs, int max_ctx);
+
+/* The cpu backend's workers when n_threads is 0: one per physical core (core/team.h), or,
+   unless WELD_EXEC names an executor, one for a model whose decode step streams under
+   EXEC_SMALL_STAGE_BYTES of weights per stage (exec/weights.h: a second worker would cost
+   more than it saves). */
+int backend_cpu_default_threads(const struct model *m);
 
 /* Bytes one KV block of block_size tokens (0: default) takes for model config c and
    kv_type, K and V of every layer; 0 when the type cannot hold this model's heads. */

@@ -26,6 +26,7 @@
 #include "exec/backend.h"
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/team.h"
 #include "exec/exec.h"
 
@@ -99,6 +100,14 @@ static int kv_groups(int n_splits, int *out, struct weld_err *e)
     return WELD_OK;
 }
 
+int backend_cpu_default_threads(const struct model *m)
+{
+    const char *ex = getenv("WELD_EXEC"); /* an executor asked for by name gets its team */
+    if ((ex && *ex) || exec_stage_bytes(m) >= EXEC_SMALL_STAGE_BYTES)
+        return team_default_size();
+    return 1;
+}
+
 static int cpu_ctx_create(void **out, const struct model *m, const struct backend_params *p,
                           struct weld_err *e)
 {
@@ -121,9 +130,13 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         .block_size = p->kv_block_size, .n_blocks = p->kv_blocks, .type = p->kv_type,
     };
     struct exec_params xp = {
-        .n_threads = p->n_threads ? p->n_threads : team_default_size(),
+        .n_threads = p->n_threads ? p->n_threads : backend_cpu_default_threads(m),
         .team_flags = p->oversubscribe ? TEAM_OVERSUBSCRIBE : 0,
     };
+    if (!p->n_threads && xp.n_threads == 1 && team_default_size() > 1)
+        log_debug("cpu: 1 thread: a step of this model streams %zu KB of weights per stage, "
+                 "too little for a second worker to pay for its synchronisation (-t to choose)",
+                 exec_stage_bytes(m) >> 10);
     if ((rc = executor_from_env(&c->ex, xp.n_threads, e)) ||
         (rc = c->ex->create(&c->ex_state, &m->cfg, &xp, e)))
         goto fail;

@@ -566,6 +566,18 @@ static int mats_create(struct exec_weights *w, struct weld_err *e)
     return WELD_OK;
 }
 
+size_t exec_stage_bytes(const struct model *m)
+{
+    const struct model_config *c = &m->cfg;
+    size_t bytes = m->output.nbytes;
+    for (int l = 0; m->layers && l < c->n_layer; l++) {
+        const struct layer_weights *L = &m->layers[l];
+        bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
+                 L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
+    }
+    return bytes / (5 * (size_t)(c->n_layer > 0 ? c->n_layer : 0) + 2);
+}
+
 void exec_weights_free(struct exec_weights *w)
 {
     if (!w)

@@ -119,6 +119,15 @@ struct exec_weights {
                                         (weights.c); NULL if none */
 };
 
+/* Weight bytes a decode step of model m streams per stage (its matrices over the stages
+   of a default program: five per layer, the embedding and the LM head). Under
+   EXEC_SMALL_STAGE_BYTES a second worker costs more in synchronisation than it saves
+   (stories260K, 38 KB a stage: two threads decode at 0.7x of one on the 2-vCPU hosts
+   here; a 4 MB model of 170 KB a stage at 1.18x), so the cpu backend's default thread
+   count is then 1 (docs/BENCHMARKS.md). */
+#define EXEC_SMALL_STAGE_BYTES (64u << 10)
+size_t exec_stage_bytes(const struct model *m);
+
 /* Fails with isa_init's message if WELD_ISA asks for an instruction set the CPU lacks. */
 int exec_weights_create(struct exec_weights **out, const struct model *m, struct weld_err *e);
 void exec_weights_free(struct exec_weights *w);
