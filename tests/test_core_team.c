@@ -252,6 +252,27 @@ TEST(parked_team_sleeps_at_once)
     team_free(t);
 }
 
+/* The handoff probe: a time per round trip that more data does not shrink (medians, so
+   only a loose order is asked of a noisy host), and refusals of what it cannot measure. */
+TEST(handoff_probe)
+{
+    struct team *t;
+    struct weld_err e;
+    REQUIRE(team_create(&t, 2, TEAM_OVERSUBSCRIBE, &e) == WELD_OK);
+    double ns0 = 0, ns16 = 0;
+    CHECK_EQ_INT(team_handoff_ns(t, 0, 300, 3, &ns0, &e), WELD_OK);
+    CHECK_EQ_INT(team_handoff_ns(t, 16, 300, 3, &ns16, &e), WELD_OK);
+    fprintf(stderr, "  handoff round trip: %.0f ns, %.0f ns with 16 lines\n", ns0, ns16);
+    CHECK(ns0 > 0 && ns0 < 1e8 && ns16 > 0 && ns16 < 1e8);
+    CHECK_EQ_INT(team_handoff_ns(t, 65, 300, 3, &ns0, &e), WELD_ERR_INVALID_ARG);
+    CHECK_EQ_INT(team_handoff_ns(t, 1, 0, 3, &ns0, &e), WELD_ERR_INVALID_ARG);
+    team_free(t);
+    REQUIRE(team_create(&t, 1, 0, &e) == WELD_OK);
+    CHECK_EQ_INT(team_handoff_ns(t, 1, 10, 1, &ns0, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "two workers") != NULL);
+    team_free(t);
+}
+
 int main(void)
 {
     RUN(team_of_one_runs_on_caller);
@@ -262,5 +283,6 @@ int main(void)
     RUN(jobs_after_idle_sleep);
     RUN(idle_team_sleeps);
     RUN(parked_team_sleeps_at_once);
+    RUN(handoff_probe);
     return test_summary();
 }

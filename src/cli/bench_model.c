@@ -106,7 +106,7 @@ struct bm_opts {
     const char *pair; /* --pair A,B: two executors interleaved (see the file comment) */
     int n_prompt, n_gen, reps, threads, depth, batch, block;
     uint64_t probe_size;
-    bool json, bandwidth;
+    bool json, bandwidth, handoff;
 };
 
 struct bm_stat {
@@ -871,11 +871,51 @@ static int bm_run_pair(const struct bm_opts *o, struct weld_err *e)
     return rc;
 }
 
+/* --handoff: the cost of passing work between two workers of a team (team_handoff_ns)
+   with 0, 1, 4 and 16 cache lines of data each way; what a megakernel pays at every
+   dependency on another worker, and so what decides whether a tiny model's steps gain
+   from a second thread. */
+static int bm_run_handoff(const struct bm_opts *o, struct weld_err *e)
+{
+    static const int lines[] = {0, 1, 4, 16};
+    enum { N_LINES = sizeof lines / sizeof lines[0], ROUNDS = 20000, RUNS = 5 };
+    struct team *t = NULL;
+    int rc = team_create(&t, 2, 0, e);
+    if (rc)
+        return rc;
+    double ns[N_LINES];
+    if (team_size(t) < 2)
+        rc = err_set(e, WELD_ERR_UNSUPPORTED, "--handoff needs two physical cores, this "
+                     "process may run on %d", team_physical_cores());
+    for (int i = 0; rc == WELD_OK && i < N_LINES; i++)
+        rc = team_handoff_ns(t, lines[i], ROUNDS, RUNS, &ns[i], e);
+    team_free(t);
+    if (rc)
+        return rc;
+    if (o->json) {
+        json_t *a = json_array();
+        for (int i = 0; a && i < N_LINES; i++)
+            json_array_append_new(a, json_pack("{s:i, s:f}", "lines", lines[i], "round_trip_ns",
+                                               ns[i]));
+        bm_print_json(json_pack("{s:i, s:i, s:o}", "rounds", ROUNDS, "runs", RUNS,
+                                "handoff", a));
+        return WELD_OK;
+    }
+    printf("handoff between two workers (round trip, median of %d runs of %d):\n", RUNS,
+           ROUNDS);
+    for (int i = 0; i < N_LINES; i++)
+        printf("  %2d line%s of data each way: %7.0f ns\n", lines[i], lines[i] == 1 ? " " : "s",
+               ns[i]);
+    return WELD_OK;
+}
+
 static int bm_check(const struct bm_opts *o)
 {
     const char *what = NULL;
-    if (!o->bandwidth && !o->model)
-        what = "-m MODEL (or --bandwidth) is required";
+    if (!o->bandwidth && !o->handoff && !o->model)
+        what = "-m MODEL (or --bandwidth, or --handoff) is required";
+    else if (o->handoff && (o->model || o->bandwidth || o->pair))
+        what = "--handoff goes alone (with --json at most)";
     else if (o->n_prompt < 1 || o->n_prompt > BENCH_MAX_TOKENS)
         what = "-p must be in [1, 1048576]";
     else if (o->n_gen < 1 || o->n_gen > BENCH_MAX_TOKENS)
@@ -921,6 +961,7 @@ int cmd_bench_model(int argc, char **argv)
         {"repetitions", 'r', OPT_INT, &o.reps, "R", "repetitions; median/min/max over them (default 5)"},
         {"threads", 't', OPT_INT, &o.threads, "T", "workers (default 0: one per physical core, one for models of tiny steps)"},
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
+        {"handoff", 0, OPT_FLAG, &o.handoff, NULL, "only measure how long two workers take to pass work back and forth (with 0-16 cache lines of data)"},
         {"probe-size", 0, OPT_SIZE, &o.probe_size, "S", "bytes the probe reads per pass (default 2G)"},
         {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS][@WELD_NAME=VALUE] (e.g. mega,ops) measured interleaved in one process, in both creation orders; ratios A / B"},
         {"block", 0, OPT_INT, &o.block, "N", "--pair: decode steps per block (default: ~50 ms of A)"},
@@ -931,6 +972,7 @@ int cmd_bench_model(int argc, char **argv)
     int prc = cli_parse(argc, argv, "bench -m MODEL [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t N] [--json]\n"
                         "       weld bench -m MODEL --pair A,B [--block N] [-p P] [-n N] [-r R] [--json]\n"
                         "       weld bench --bandwidth [-t N] [--json]\n"
+                        "       weld bench --handoff [--json]\n"
                         "       weld bench throughput -m MODEL [options]  (see weld bench throughput --help)",
                         "Prefill (pp) and decode (tg) tokens/s of the CPU executor and kernels on\n"
                         "random token ids, and decode bandwidth against a read-bandwidth probe run\n"
@@ -949,7 +991,8 @@ int cmd_bench_model(int argc, char **argv)
         return 2;
     struct weld_err e;
     err_clear(&e);
-    int rc = o.bandwidth && !o.model ? bm_run_bandwidth(&o, &e)
+    int rc = o.handoff                ? bm_run_handoff(&o, &e)
+             : o.bandwidth && !o.model ? bm_run_bandwidth(&o, &e)
              : o.pair                ? bm_run_pair(&o, &e)
                                      : bm_run_model(&o, &e);
     if (rc) {

@@ -57,6 +57,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -397,6 +398,94 @@ void team_run(struct team *t, team_fn fn, void *ctx)
     int i = 0;
     while (atomic_load_explicit(&t->n_done, memory_order_acquire) != t->n - 1)
         spin_wait_step(&i, t->wait_spins);
+}
+
+/* ---- handoff probe ------------------------------------------------------------------ */
+
+#define HANDOFF_MAX_LINES 64
+
+struct handoff {
+    struct team *t;
+    alignas(64) _Atomic long turn;             /* 2i + 1: worker 1's turn of round i */
+    alignas(64) float data[2][HANDOFF_MAX_LINES * 16];
+    int n_lines, rounds;
+    double ns;
+    float sink[2];
+};
+
+/* Read the other side's lines, write this side's (dependent on what was read). */
+static void handoff_touch(struct handoff *h, int me)
+{
+    const float *src = h->data[1 - me];
+    float *dst = h->data[me];
+    float acc[16] = {0}; /* a lane per float of a line: no long chain of adds */
+    for (int l = 0; l < h->n_lines; l++)
+        for (int j = 0; j < 16; j++)
+            acc[j] += src[16 * l + j];
+    for (int l = 0; l < h->n_lines; l++)
+        for (int j = 0; j < 16; j++)
+            dst[16 * l + j] = acc[j] + (float)l;
+    h->sink[me] += acc[0];
+}
+
+static void handoff_fn(void *ctx, int w, int n)
+{
+    (void)n;
+    struct handoff *h = ctx;
+    if (w > 1)
+        return;
+    struct timespec a, b;
+    if (w == 0)
+        clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < h->rounds; i++) {
+        const long want = 2 * i + w; /* worker 0 goes at 2i, worker 1 at 2i + 1 */
+        int k = 0;
+        while (atomic_load_explicit(&h->turn, memory_order_acquire) != want)
+            spin_wait_step(&k, h->t->wait_spins);
+        handoff_touch(h, w);
+        atomic_fetch_add_explicit(&h->turn, 1, memory_order_release);
+    }
+    if (w == 0) {
+        int k = 0;
+        while (atomic_load_explicit(&h->turn, memory_order_acquire) != 2L * h->rounds)
+            spin_wait_step(&k, h->t->wait_spins);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        h->ns = ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) /
+                h->rounds;
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int team_handoff_ns(struct team *t, int n_lines, int rounds, int runs, double *ns,
+                    struct weld_err *e)
+{
+    if (t->n < 2 || n_lines < 0 || n_lines > HANDOFF_MAX_LINES || rounds < 1 || runs < 1 ||
+        runs > 64)
+        return err_set(e, WELD_ERR_INVALID_ARG, "handoff probe: needs two workers (have %d), "
+                       "0..%d lines (%d), rounds >= 1 (%d), 1..64 runs (%d)", t->n,
+                       HANDOFF_MAX_LINES, n_lines, rounds, runs);
+    void *raw = wcalloc(1, sizeof(struct handoff) + 64);
+    if (!raw)
+        return err_set(e, WELD_ERR_NOMEM, "handoff probe: out of memory");
+    struct handoff *h = (struct handoff *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+    double v[64];
+    for (int r = 0; r < runs; r++) {
+        h->t = t;
+        h->n_lines = n_lines;
+        h->rounds = rounds;
+        atomic_store_explicit(&h->turn, 0, memory_order_relaxed);
+        team_run(t, handoff_fn, h);
+        v[r] = h->ns;
+    }
+    qsort(v, (size_t)runs, sizeof v[0], cmp_double);
+    *ns = v[runs / 2];
+    wfree(raw);
+    return WELD_OK;
 }
 
 void team_barrier(struct team *t)

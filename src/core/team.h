@@ -56,6 +56,17 @@ void team_barrier(struct team *t);
    cores. Call between runs, from the thread that runs them. */
 void team_park(struct team *t);
 
+/* How long workers 0 and 1 of t (at least two) take to hand work back and forth: the
+   median over `runs` runs of `rounds` round trips, in ns, where each side waits for the
+   other's release-increment of a shared counter, then reads the n_lines (0..64) cache
+   lines the other wrote and writes its own n_lines, as a megakernel's dependent
+   instructions do. Worker 0 and 1 as the executors pin them, so it measures the host
+   under the engine (on the 2-vCPU VMs here, 455 ns with no data, ~1 us with one line:
+   the data is a second transfer after the counter's). WELD_ERR_INVALID_ARG for bad
+   arguments, NOMEM. */
+int team_handoff_ns(struct team *t, int n_lines, int rounds, int runs, double *ns,
+                    struct weld_err *e);
+
 /* Physical cores this process may run on (sysfs core_id x physical_package_id over the
    affinity mask; falls back to the online CPU count); at least 1. */
 int team_physical_cores(void);

@@ -89,6 +89,20 @@ msg=$(printf '%s' "$out" | node -e '
               j.probe_gb_s >= j.probe_gb_s_median ? "ok" : "bad");' 2>&1)
 [ "$msg" == "ok" ] && ok || bad "bench --bandwidth --json: [$out]"
 
+# The handoff probe: four data sizes, positive round trips (one core: a clear refusal).
+if out=$("$weld" bench --handoff --json 2>&1); then
+  msg=$(printf '%s' "$out" | node -e '
+    const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
+    const h = j.handoff;
+    console.log(h.length === 4 && h[0].lines === 0 && h[3].lines === 16 &&
+                h.every(x => x.round_trip_ns > 0) ? "ok" : "bad");' 2>&1)
+  [ "$msg" == "ok" ] && ok || bad "bench --handoff --json: [$out]"
+else
+  expect_contains "$out" "needs two physical cores" "bench --handoff on one core"
+fi
+out=$("$weld" bench --handoff -m "$model" 2>&1)
+expect_contains "$out" "--handoff goes alone" "bench --handoff with -m"
+
 # Two executors interleaved: both sides, ratios, block size as asked; -r repetitions in each
 # creation order, the median the two orders' medians combined.
 out=$("$weld" bench -m "$model" --pair mega:2,ref:1 --block 4 -r 2 -p 8 -n 16 --json 2>/dev/null)
