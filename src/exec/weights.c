@@ -206,7 +206,8 @@ static size_t mats_plan(struct exec_weights *w)
         if (!x->gemm)
             continue;
         bool aligned = !per_head || c->head_dim % 16 == 0;
-        /* K parts read wo and down in column ranges: their views need the file's layout */
+        /* K parts read wo and down (mat_at's 3 and 6) in column ranges: their views need
+           the file's layout */
         bool viewed = w->kp.n > 1 && i < N_LAYER_MATS * c->n_layer &&
                       (i % N_LAYER_MATS == 3 || i % N_LAYER_MATS == 6);
         x->repacked = w->repack && aligned && !viewed && gemm_repack_pays(w->go, t->type) &&
@@ -443,7 +444,8 @@ static struct exec_mat mat_view(const struct exec_mat *x, int64_t k0, int64_t k1
     return v;
 }
 
-/* Can every layer's matrix of type t be cut at element k0 into [k0, k1)? */
+/* Can a matrix of type t (gemm: one the gemm kernels run) be viewed as its columns
+   [k0, k1): k0 on a block boundary, and the width one its path takes? */
 static bool cut_fits(int t, bool gemm, int64_t k0, int64_t k1)
 {
     const struct dtype_info *d = dtype_get(t);
