@@ -41,7 +41,9 @@
  * bubble X% (batch B), N syncs/token". With -b B > 1 the object also has "batch": B.
  * With --bandwidth only the probe runs; its JSON is {"threads", "isa", "loop", "bytes",
  * "passes", "probe_gb_s", "probe_gb_s_median"} ("loop": the read loop of the best pass,
- * "probe_gb_s_median": that loop's median pass).
+ * "probe_gb_s_median": that loop's median pass). With --handoff only team_handoff_ns runs
+ * (0, 1, 4 and 16 lines of data); its JSON is {"rounds", "runs", "handoff": [{"lines",
+ * "round_trip_ns"}, ...]}.
  *
  * --pair A,B (each EXEC or EXEC:THREADS, e.g. mega,ops or mega:2,ref:1, optionally
  * followed by @WELD_NAME=VALUE settings that hold while that side's runner is made, e.g.

@@ -70,7 +70,7 @@ struct engine_params {
     bool prefix_caching;            /* default true */
     enum sched_policy policy;       /* default FCFS */
     uint64_t seed;                  /* mixed into the seed of requests without one */
-    int n_threads;                  /* forward-pass workers; 0: one per physical core */
+    int n_threads;                  /* forward-pass workers; 0: backend_cpu_default_threads */
     bool quiet;                     /* do not log the pool size at start */
 };
 
