@@ -257,15 +257,20 @@ static void check_case(struct gcase *c, const struct gemm_ops *only)
             fprintf(stderr, "  isa %s: %d differences\n", isa_name(o->isa), nd);
         CHECK_EQ_INT(nd, 0);
         /* Determinism: each token alone, rows split unevenly, padding untouched; with the
-           L2 prefetch (the full run above goes without it). */
-        g_flags = GEMM_L2_PREFETCH;
-        for (int t = 0; t < c->n_tok; t++) {
-            int64_t mid = c->rows / 3;
-            run_ops(o, c, 0, mid, t, 1, acto, yd);
-            run_ops(o, c, mid, c->rows, t, 1, acto, yd);
+           L2 prefetch (the full run above goes without it), rows one at a time and (for
+           resident weights) side by side. */
+        for (int f = 0; f < 2; f++) {
+            g_flags = GEMM_L2_PREFETCH | (f ? GEMM_RESIDENT : 0u);
+            for (size_t i = 0; i < (size_t)c->n_tok * c->ldy; i++)
+                yd[i] = -7.0f;
+            for (int t = 0; t < c->n_tok; t++) {
+                int64_t mid = c->rows / 3;
+                run_ops(o, c, 0, mid, t, 1, acto, yd);
+                run_ops(o, c, mid, c->rows, t, 1, acto, yd);
+            }
+            g_flags = 0;
+            CHECK_EQ_INT(count_diff(yo, yd, c), 0);
         }
-        g_flags = 0;
-        CHECK_EQ_INT(count_diff(yo, yd, c), 0);
         for (int t = 0; t < c->n_tok; t++)
             for (size_t r = (size_t)c->rows; r < c->ldy; r++)
                 CHECK(yo[(size_t)t * c->ldy + r] == -7.0f);

@@ -405,10 +405,23 @@ static int env_switch(const char *name, const char *means0, const char *means1, 
     return WELD_OK;
 }
 
+/* Bytes of the matrices a decode step reads (every layer's and the LM head). */
+static size_t matrix_bytes(const struct model *m)
+{
+    size_t bytes = m->output.nbytes;
+    for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
+        const struct layer_weights *L = &m->layers[l];
+        bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
+                 L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
+    }
+    return bytes;
+}
+
 /* gemm_decode_flags(), or what WELD_DECODE_PAIRS (0, 1 or long) and WELD_L2_PREFETCH (0
-   or 1) ask for; and whether matrices go into their repacked forms where those pay:
-   WELD_REPACK (default 1; 0 keeps every matrix in its file's layout, same numbers, for
-   comparisons). */
+   or 1) ask for, GEMM_RESIDENT for a model whose matrices fit in a few MiB of cache
+   (WELD_RESIDENT=0|1 overrides); and whether matrices go into their repacked forms where
+   those pay: WELD_REPACK (default 1; 0 keeps every matrix in its file's layout, same
+   numbers, for comparisons). */
 static int env_settings(struct exec_weights *w, struct weld_err *e)
 {
     const unsigned pair_bits = GEMM_DECODE_PAIRS | GEMM_DECODE_PAIRS_LONG;
@@ -424,13 +437,18 @@ static int env_settings(struct exec_weights *w, struct weld_err *e)
                            "weight stream per core), 1 (two) or long (two for long Q4_0 rows)", v);
         w->gemm_flags = (w->gemm_flags & ~pair_bits) | p;
     }
+    bool resident = matrix_bytes(w->m) <= GEMM_RESIDENT_BYTES;
     int rc = env_switch("WELD_L2_PREFETCH", "prefetch weights into L1 only",
                         "also into L2, further ahead", &l2, e);
     if (rc || (rc = env_switch("WELD_REPACK", "keep the file's layout",
                                "repack weights where that runs faster, the default",
-                               &w->repack, e)))
+                               &w->repack, e)) ||
+        (rc = env_switch("WELD_RESIDENT", "one-token products walk one row at a time",
+                         "several rows side by side (default for models of at most 8 MiB "
+                         "of matrices)", &resident, e)))
         return rc;
-    w->gemm_flags = (w->gemm_flags & ~GEMM_L2_PREFETCH) | (l2 ? GEMM_L2_PREFETCH : 0u);
+    w->gemm_flags = (w->gemm_flags & ~(GEMM_L2_PREFETCH | GEMM_RESIDENT)) |
+                    (l2 ? GEMM_L2_PREFETCH : 0u) | (resident ? GEMM_RESIDENT : 0u);
     return WELD_OK;
 }
 
@@ -570,14 +588,8 @@ static int mats_create(struct exec_weights *w, struct weld_err *e)
 
 size_t exec_stage_bytes(const struct model *m)
 {
-    const struct model_config *c = &m->cfg;
-    size_t bytes = m->output.nbytes;
-    for (int l = 0; m->layers && l < c->n_layer; l++) {
-        const struct layer_weights *L = &m->layers[l];
-        bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
-                 L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
-    }
-    return bytes / (5 * (size_t)(c->n_layer > 0 ? c->n_layer : 0) + 2);
+    const int n_layer = m->cfg.n_layer;
+    return matrix_bytes(m) / (5 * (size_t)(n_layer > 0 ? n_layer : 0) + 2);
 }
 
 void exec_weights_free(struct exec_weights *w)

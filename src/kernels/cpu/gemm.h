@@ -257,6 +257,11 @@ struct gemm_args {
    work a second chain hides. */
 #define GEMM_DECODE_PAIRS_LONG 4u
 #define GEMM_PAIRS_LONG_BYTES (16u << 10)
+/* GEMM_RESIDENT: the weights stay in cache from one call to the next (a model of a few
+   MiB, exec_weights): one-token float products run several rows side by side, which pays
+   in cache and loses when streaming from memory. Same bits either way. */
+#define GEMM_RESIDENT 8u
+#define GEMM_RESIDENT_BYTES (8u << 20) /* models with at most this much in matrices */
 
 /* The flags this CPU's cores stream fastest with: Intel GEMM_DECODE_PAIRS and
    GEMM_L2_PREFETCH, AMD Zen 5 (family 0x1A) GEMM_DECODE_PAIRS_LONG, others

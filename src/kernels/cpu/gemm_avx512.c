@@ -820,12 +820,16 @@ AI void tile_float(const struct tile *tl, const int nt, const int nr, const int 
         ts.x = tl->x + c0;
         const int64_t k = tl->k - c0 < kseg ? tl->k - c0 : kseg;
         int64_t i = 0;
-        if (nt == 1 && nr == 1) { /* decode: one line per step, prefetched ahead */
+        if (nt == 1) { /* decode: one line of each row per step, prefetched ahead */
             const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es;
             for (; i + step <= k; i += step) {
-                _mm_prefetch((const char *)ts.w0 + es * i + FLOAT_PREFETCH, _MM_HINT_T0);
-                if (ts.l2)
-                    _mm_prefetch((const char *)ts.w0 + es * i + ts.l2, _MM_HINT_T1);
+                UNROLL
+                for (int r = 0; r < nr; r++) {
+                    const char *wr = (const char *)ts.w0 + (size_t)r * ts.w_stride + es * i;
+                    _mm_prefetch(wr + FLOAT_PREFETCH, _MM_HINT_T0);
+                    if (ts.l2)
+                        _mm_prefetch(wr + ts.l2, _MM_HINT_T1);
+                }
                 UNROLL
                 for (int64_t j = 0; j < step; j += 16)
                     float_step(&ts, acc, i + j, 0xffff, nt, nr, wt);
@@ -961,12 +965,27 @@ static void gemm_rows(const struct gemm_args *a, int64_t r0, int64_t r1, int mul
 /* One token x rows [r0, r1) of a float matrix, row after row in one loop: the rows are
    adjacent, so the prefetches run on from one row into the next; per row only the fold
    and the store (the tile path's per-row set-up and dispatch cost 5% at K = 2048). Each
-   row is tile_float(1, 1): same operations, same bits. */
+   row is tile_float(1, 1): same operations, same bits.
+   With GEMM_RESIDENT (weights that stay in cache), FLOAT_TILE_ROW rows at a time instead,
+   tile_float(1, FLOAT_TILE_ROW), still each row's own operations: a row's lane sums are
+   one chain of k / 16 dependent FMAs, which one row at a time waits on where the data
+   is in cache. One core (Zen 5), one-token products over 1-8 MiB of matrices, GB/s one
+   row / four rows: K = 64 f32 60-67 / 86-102, K = 256 f32 84-90 / 93-105, K = 768 f16
+   52-57 / 74-108. From memory (128 MiB) four streams lose to one: 29-38 / 20-32. */
 AI void float_decode(const struct gemm_args *a, const int wt)
 {
     const uint8_t *w = (const uint8_t *)a->w + (size_t)a->r0 * a->w_row_bytes;
-    struct tile tl = {.k = a->k, .x = a->x, .ldx = a->ldx, .ldy = a->ldy, .l2 = l2_dist(a)};
-    for (int64_t r = a->r0; r < a->r1; r++, w += a->w_row_bytes) {
+    struct tile tl = {.k = a->k, .x = a->x, .ldx = a->ldx, .ldy = a->ldy, .l2 = l2_dist(a),
+                      .w_stride = a->w_row_bytes};
+    int64_t r = a->r0;
+    if (a->flags & GEMM_RESIDENT)
+        for (; r + FLOAT_TILE_ROW <= a->r1;
+             r += FLOAT_TILE_ROW, w += FLOAT_TILE_ROW * a->w_row_bytes) {
+            tl.w0 = w;
+            tl.y0 = a->y + (r - a->r0);
+            tile_float(&tl, 1, FLOAT_TILE_ROW, wt);
+        }
+    for (; r < a->r1; r++, w += a->w_row_bytes) {
         tl.w0 = w;
         tl.y0 = a->y + (r - a->r0);
         tile_float(&tl, 1, 1, wt);
