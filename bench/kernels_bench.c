@@ -7,7 +7,7 @@
  *                     [--pairs 0|1|2] [--l2 0|1]
  *
  * A type name ending in "r" (q8_0r, q4_0r, q4_Kr, f16r) runs the repacked 16-row form
- * (gemm_repack) of the matrices that have one (floats: K of at least 2 * GEMM_FSEG, gemm_fseg).
+ * (gemm_repack) of the matrices that have one (floats: K that gemm_fseg cuts into segments).
  *
  * For each preset and type it builds the model's matrices (q, k, v, o, gate, up, down per
  * layer, plus the output head; embeddings are not read by decode) filled with valid blocks,
@@ -109,7 +109,7 @@ static void fill(int t, uint8_t *w, size_t n)
 }
 
 /* Replace every matrix that has one by its repacked form (gemm_repack), as the engine
-   does (floats: only rows of at least 2 * GEMM_FSEG, gemm_fseg). */
+   does (floats: only rows gemm_fseg cuts into segments). */
 static int model_repack(struct model *md)
 {
     int n = 0;

@@ -434,7 +434,7 @@ TEST(repacked)
     struct rng r;
     rng_seed(&r, 11);
     CHECK_EQ_INT(gemm_repack_bytes(DT_Q4_1, 16, 256), 0);
-    CHECK_EQ_INT(gemm_repack(DT_F16, NULL, 0, 16, 256, NULL), -1);
+    CHECK_EQ_INT(gemm_repack(DT_F16, NULL, 0, 16, 172, NULL), -1);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_Q8_0) == isa_cpu_has(ISA_AVX512));
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX2), DT_Q4_0) == isa_cpu_has(ISA_AVX2));
     CHECK(!gemm_repack_pays(&gemm_ops_scalar, DT_Q8_0));
@@ -502,27 +502,28 @@ TEST(repacked_kquants)
 
 /* Repacked floats (GEMM_F*_R16: rows in segments of gemm_fseg(K)): the float contract, so
    every ISA on the repacked form gives the scalar kernel's bits on the GGUF rows; row
-   splits at 16; token tiles of 6 (AVX-512) and their remainders; segments of 2048 and of
-   shorter lengths (1216 = 38 x 32, 1504 = 47 x 32: half an AVX-512 F16 step over a line). */
+   splits at 16; token tiles of 6 (AVX-512) and their remainders; segments of 128 and of
+   the shorter lengths (64, and 32 = half an AVX-512 F16 step over a line). */
 TEST(repacked_floats)
 {
     static const int rows_list[] = {1, 16, 17, 40};
-    static const int64_t ks[] = {2 * GEMM_FSEG, 3 * GEMM_FSEG, 4864, 4512};
+    static const int64_t ks[] = {2 * GEMM_FSEG, 3 * GEMM_FSEG, 1152, 192, 2080};
     static const int tok_list[] = {1, 3, 7, 13};
     static const int types[] = {DT_F32, DT_F16, DT_BF16};
     struct rng r;
     rng_seed(&r, 13);
     CHECK_EQ_INT(gemm_repack_bytes(DT_F16, 16, GEMM_FSEG), 0);     /* one segment */
     CHECK_EQ_INT(gemm_repack_bytes(DT_F16, 16, 2 * GEMM_FSEG + 16), 0);
-    CHECK_EQ_INT(gemm_fseg(8192), 2048);
-    CHECK_EQ_INT(gemm_fseg(14336), 2048);
-    CHECK_EQ_INT(gemm_fseg(11008), 1376); /* Llama-2-7B's FFN */
-    CHECK_EQ_INT(gemm_fseg(4864), 1216);  /* Qwen2.5-0.5B's */
-    CHECK_EQ_INT(gemm_fseg(8960), 1792);  /* Qwen2.5-1.5B's */
-    CHECK_EQ_INT(gemm_fseg(4512), 1504);
-    CHECK_EQ_INT(gemm_fseg(3072), 0);     /* rows under two segments of 2048 */
-    CHECK_EQ_INT(gemm_fseg(32 * 131), 0); /* only 32 divides: too short a segment */
-    CHECK_EQ_INT(gemm_repack_bytes(DT_F32, 3, 32 * 131), 0);
+    CHECK_EQ_INT(gemm_fseg(8192), 128);
+    CHECK_EQ_INT(gemm_fseg(14336), 128);
+    CHECK_EQ_INT(gemm_fseg(11008), 128); /* Llama-2-7B's FFN */
+    CHECK_EQ_INT(gemm_fseg(768), 128);   /* llama-110m's dim */
+    CHECK_EQ_INT(gemm_fseg(192), 64);
+    CHECK_EQ_INT(gemm_fseg(4512), 32);   /* 141 x 32 */
+    CHECK_EQ_INT(gemm_fseg(2080), 32);   /* 65 x 32 */
+    CHECK_EQ_INT(gemm_fseg(64), 0);      /* one segment of 64 */
+    CHECK_EQ_INT(gemm_fseg(172), 0);     /* no multiple of 32 divides it */
+    CHECK_EQ_INT(gemm_repack_bytes(DT_F32, 3, 172), 0);
     CHECK(gemm_repack_bytes(DT_F16, 3, 11008) == 16 * 2 * 11008);
     CHECK(gemm_repack_bytes(DT_BF16, 17, 2 * GEMM_FSEG) == 32 * 2 * 2 * GEMM_FSEG);
     CHECK(gemm_repack_pays(gemm_ops_for(ISA_AVX512), DT_F16) == isa_cpu_has(ISA_AVX512));

@@ -12,7 +12,7 @@
  * moved, once, into one pool of anonymous memory (wmap_huge: 2 MiB aligned, huge pages
  * advised): Q8_0 / Q4_0 / Q4_K / Q6_K matrices on ISAs where the
  * 16-row interleaved form runs faster (gemm_repack_pays), and F32 / F16 / BF16 matrices of
- * long rows (K of at least 2 * GEMM_FSEG cut in equal segments, gemm_fseg; AVX-512 and
+ * rows that cut into two or more equal segments of 128, 64 or 32 (gemm_fseg; AVX-512 and
  * AVX2), are repacked into it (WELD_REPACK=0 keeps every matrix as it is), the others
  * copied as they are. Streaming weights out of the file's page-cache pages decodes slower
  * than out of anonymous memory: 1B F16, 2 threads, 63-67% of the read probe mapped, 84%

@@ -141,34 +141,36 @@ enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c, GEMM
    rows one after the other, then segment c + 1. Same bytes as the original (rows rounded
    up to 16, the extra rows zero); segment c of row i of group g at
      w + 16 * g * row_bytes + (16 * c + i) * S * (element bytes).
-   Only for K of at least 2 * GEMM_FSEG (gemm_fseg > 0). Why: a one-token product then
-   reads its weights in one stream while the f32 activations of one segment (at most 8 KB)
-   stay in L1 for 16 rows. In row order, rows of K = 8192 (the down projection of 1B-class
-   models) re-read all 32 KB of activations from L2 for every 16 KB of F16 weights: 60-78%
-   of a plain read of the same bytes on a Zen 4 host, against 94-99% for the model's K =
-   2048 matrices, and 89-102% (median 95%) once repacked.
-   S is the largest multiple of 32 that divides K and is at most GEMM_FSEG (2048 for K =
-   8192 or 14336; 1376 for Llama-2-7B's K = 11008, 1216 for Qwen2.5-0.5B's 4864, 1792 for
-   Qwen2.5-1.5B's 8960): every segment the same length, so one stride per matrix and no
-   shorter last segment for the kernels to special-case, and every segment whole 64-byte
-   lines of F16 / BF16. K with no such S of at least GEMM_FSEG_MIN (K = 32 times a prime
-   above 64, say) stay in row order.
+   For every K that S = 128, 64 or 32 divides (the first that does) into at least two
+   segments (gemm_fseg > 0); others stay in row order. Why: a one-token product then reads
+   its weights in one stream, 16 rows' dependent FMA chains (the contract gives each row
+   one per lane) side by side in short segments, and a segment's f32 activations (512
+   bytes) stay in L1 for the 16 rows. Row order runs one row's chain of K / 16 FMAs at a
+   time, which bounds a core by latency, not by memory: one Zen 5 core, one-token
+   products over 128 MiB, GB/s row order / S = 128: K = 768 F16 29-33 / 40-43, K = 2048
+   F16 and BF16 30-34 / 38-42, K = 8192 and 14336 BF16 (S = 2048 before) 32-37 / 40-43,
+   against a plain read of 42; in the engine (2 threads, `weld bench --pair
+   mega,mega@WELD_REPACK=0`) llama-110m F16 decode 1.06-1.12x, a Llama-3.2-1B-shaped BF16
+   1.14x. Longer segments (256-2048) stream slower (35-40). Prefill tiles of 4 of the
+   16 rows read 256-byte pieces of each segment, too short for the hardware prefetchers:
+   the AVX-512 tile prefetches its rows' next segment, which brings prefill to 0.96-0.98x
+   of row order (0.83-0.87x without).
+   Every segment the same length, so one stride per matrix and no shorter last segment for
+   the kernels to special-case, and every segment whole 64-byte lines of F16 / BF16.
    Numeric contract: the float path's (16 lanes per row, each in order of k; S is a
    multiple of 16, so element k stays in lane k % 16), so the same bits as the GGUF layout
    on every ISA. */
 enum { GEMM_F32_R16 = 0x100, GEMM_F16_R16 = 0x101, GEMM_BF16_R16 = 0x11e };
-#define GEMM_FSEG 2048
-#define GEMM_FSEG_MIN 256
+#define GEMM_FSEG 128
+#define GEMM_FSEG_MIN 32
 
 /* Segment length of a repacked float matrix of rows of k elements (see above), or 0 if
    such rows stay in row order. */
 static inline int64_t gemm_fseg(int64_t k)
 {
-    if (k < 2 * GEMM_FSEG)
-        return 0;
-    for (int64_t s = GEMM_FSEG; s >= GEMM_FSEG_MIN; s -= 32)
+    for (int64_t s = GEMM_FSEG; s >= GEMM_FSEG_MIN; s /= 2)
         if (k % s == 0)
-            return s;
+            return k >= 2 * s ? s : 0;
     return 0;
 }
 

@@ -335,8 +335,8 @@ AI void tile_float(const struct tile *tl, const int nt, const int wt)
         lo[t] = hi[t] = _mm256_setzero_ps();
     const int64_t k = tl->k, k16 = k / 16 * 16, ks = tl->seg_k ? tl->seg_k : k16;
     const int64_t es = wt == DT_F32 ? 4 : 2;
-    for (int64_t c0 = 0; c0 < k16; c0 += ks) {
-        const uint8_t *w = tl->w + (size_t)(c0 / (ks ? ks : 1)) * tl->seg_bytes;
+    const uint8_t *w = tl->w;
+    for (int64_t c0 = 0; c0 < k16; c0 += ks, w += tl->seg_bytes) {
         const int64_t ke = k16 - c0 < ks ? k16 - c0 : ks;
         for (int64_t i = 0; i < ke; i += 16) {
             if (nt == 1 && ((es * i) & 63) == 0) { /* decode: prefetches per cache line */
@@ -403,8 +403,8 @@ AI void tile_float_rows(const uint8_t *w0, size_t ws, int64_t seg_k, size_t seg_
             for (int t = 0; t < nt; t++)
                 acc[h][r][t] = _mm256_setzero_ps();
     const int64_t k16 = k / 16 * 16, ks = seg_k ? seg_k : k16;
-    for (int64_t c0 = 0; c0 < k16; c0 += ks) {
-        const uint8_t *wc = w0 + (size_t)(c0 / (ks ? ks : 1)) * seg_bytes;
+    const uint8_t *wc = w0;
+    for (int64_t c0 = 0; c0 < k16; c0 += ks, wc += seg_bytes) {
         const int64_t ke = k16 - c0 < ks ? k16 - c0 : ks;
         for (int64_t i = 0; i < ke; i += 16) {
             UNROLL

@@ -814,12 +814,18 @@ AI void tile_float(const struct tile *tl, const int nt, const int nr, const int 
         for (int t = 0; t < nt; t++)
             acc[r][t] = _mm512_setzero_ps();
     const int64_t kseg = tl->seg_k ? tl->seg_k : tl->k;
-    for (int64_t c0 = 0; c0 < tl->k; c0 += kseg) {
-        struct tile ts = *tl;
-        ts.w0 = tl->w0 + (size_t)(c0 / kseg) * tl->seg_bytes;
-        ts.x = tl->x + c0;
+    struct tile ts = *tl;
+    for (int64_t c0 = 0; c0 < tl->k; c0 += kseg, ts.w0 += tl->seg_bytes, ts.x += kseg) {
         const int64_t k = tl->k - c0 < kseg ? tl->k - c0 : kseg;
         int64_t i = 0;
+        if (nt > 1 && tl->seg_k) { /* prefill: the tile's rows in the next segment */
+            const int64_t es = wt == DT_F32 ? 4 : 2;
+            UNROLL
+            for (int r = 0; r < nr; r++)
+                for (int64_t b = 0; b < kseg * es; b += 64)
+                    _mm_prefetch((const char *)ts.w0 + tl->seg_bytes + (size_t)r * ts.w_stride + b,
+                                 _MM_HINT_T0);
+        }
         if (nt == 1) { /* decode: one line of each row per step, prefetched ahead */
             const int64_t es = wt == DT_F32 ? 4 : 2, step = 64 / es;
             for (; i + step <= k; i += step) {
