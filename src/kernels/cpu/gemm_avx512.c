@@ -15,9 +15,11 @@
  * integer dot. K-quants: one row x the token tile, 64 elements per vpdpbusd, scales
  * applied with vpmulld into an int32 accumulator reduced once per super-block.
  * Float path: FLOAT_TILE_ROW rows x FLOAT_TILE_TOK tokens (prefill) or, for one token,
- * one row after another in one loop (float_decode: a cache line per step, prefetched
- * FLOAT_PREFETCH ahead into L1 and, with GEMM_L2_PREFETCH, GEMM_PREFETCH_L2 into L2), 16
- * f32 lanes per zmm, masked loads for the tail.
+ * the 16 rows of a repacked group side by side segment after segment (float_decode_r16,
+ * gemm.h's GEMM_F*_R16), else one row after another in one loop (float_decode: a cache
+ * line per step, prefetched FLOAT_PREFETCH ahead into L1 and, with GEMM_L2_PREFETCH,
+ * GEMM_PREFETCH_L2 into L2; with GEMM_RESIDENT four rows at a time), 16 f32 lanes per
+ * zmm, masked loads for the tail.
  *
  * Repacked Q8_0 / Q4_0 (GEMM_*_R16, gemm.h): one zmm lane per row of a 16-row group, so
  * a block costs eight vpdpbusd against broadcast 4-byte activation chunks and a single
