@@ -104,6 +104,13 @@ static int set_value(const struct cli_opt *o, const char *v)
         return 0;
     case OPT_SIZE:
         return cli_parse_size(v, (uint64_t *)o->dst);
+    case OPT_STRS: {
+        struct cli_strs *l = o->dst;
+        if (l->n >= CLI_STRS_MAX)
+            return -1;
+        l->v[l->n++] = v;
+        return 0;
+    }
     }
     return -1;
 }
@@ -166,7 +173,11 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
             return 2;
         }
         if (set_value(o, val) != 0) {
-            fprintf(stderr, "weld %s: bad value '%s' for --%s\n", argv[0], val, o->name);
+            if (o->type == OPT_STRS) /* the value may be a secret: not echoed */
+                fprintf(stderr, "weld %s: --%s given more than %d times\n", argv[0], o->name,
+                        CLI_STRS_MAX);
+            else
+                fprintf(stderr, "weld %s: bad value '%s' for --%s\n", argv[0], val, o->name);
             return 2;
         }
     }

@@ -14,14 +14,22 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum cli_opt_type { OPT_FLAG, OPT_INT, OPT_I64, OPT_U64, OPT_FLOAT, OPT_STR, OPT_SIZE };
+enum cli_opt_type { OPT_FLAG, OPT_INT, OPT_I64, OPT_U64, OPT_FLOAT, OPT_STR, OPT_SIZE,
+                    OPT_STRS };
+
+/* OPT_STRS: an option that may be repeated; each value is kept (argv's storage). */
+#define CLI_STRS_MAX 16
+struct cli_strs {
+    const char *v[CLI_STRS_MAX];
+    int n;
+};
 
 struct cli_opt {
     const char *name;      /* long name without dashes, e.g. "top-k" */
     char short_name;       /* 0 if none */
     enum cli_opt_type type;
     void *dst;             /* bool* / int* / int64_t* / uint64_t* / float* / const char** /
-                              uint64_t* (SIZE accepts 512M, 4G, 1.5GiB) */
+                              uint64_t* (SIZE accepts 512M, 4G, 1.5GiB) / struct cli_strs* */
     const char *metavar;   /* e.g. "N"; NULL for flags */
     const char *help;      /* one line; mention the default */
 };

@@ -1,8 +1,9 @@
 /*
  * cmd_serve - `weld serve MODEL`: the OpenAI-compatible HTTP server (src/server/).
  *
- * Flags follow vLLM's names: --host, --port, --served-model-name, --api-key,
- * --chat-template, --shutdown-timeout, plus the engine flags every engine command shares
+ * Flags follow vLLM's names: --host, --port, --served-model-name, --api-key (repeatable;
+ * --api-key-file adds keys from a file), --chat-template, --shutdown-timeout; weld's own:
+ * --max-body, --send-timeout, --max-connections, --max-connections-per-client; plus the engine flags every engine command shares
  * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
  * argument or with -m. This file only maps options; server_run does the work and returns
@@ -23,16 +24,22 @@ int cmd_serve(int argc, char **argv)
     int port = so.port;
     float grace = (float)so.shutdown_timeout;
     uint64_t max_body = so.max_body;
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 8];
+    float send_timeout = (float)so.send_timeout;
+    struct cli_strs keys = {.n = 0};
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 12];
     int n = cli_engine_opts_table(&eo, opts);
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
         {"served-model-name", 0, OPT_STR, &so.served_model_name, "NAME", "model name clients use (default: the model path)"},
-        {"api-key", 0, OPT_STR, &so.api_key, "KEY", "require 'Authorization: Bearer KEY' (default: none)"},
+        {"api-key", 0, OPT_STRS, &keys, "KEY", "require 'Authorization: Bearer KEY' (repeat for more keys; default: none)"},
+        {"api-key-file", 0, OPT_STR, &so.api_key_file, "FILE", "more API keys, one a line (keeps them out of ps)"},
         {"chat-template", 0, OPT_STR, &so.chat_template, "FILE", "Jinja chat template overriding the model's"},
         {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S", "seconds running requests get after SIGTERM (default 30)"},
         {"max-body", 0, OPT_SIZE, &max_body, "BYTES", "request body limit (default 8M; 413 beyond)"},
+        {"send-timeout", 0, OPT_FLOAT, &send_timeout, "S", "close a client silent for S s while sending a request, idle or not reading (default 15; running requests are not cut)"},
+        {"max-connections", 0, OPT_INT, &so.max_connections, "N", "connections held at once (default 1000; 1/16 kept for /health and /metrics)"},
+        {"max-connections-per-client", 0, OPT_INT, &so.max_connections_per_client, "N", "connections one client address may hold (default 256; 0: no limit; 429 beyond)"},
     };
     memcpy(opts + n, extra, sizeof extra);
     n += (int)(sizeof extra / sizeof extra[0]);
@@ -51,6 +58,11 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "weld serve: a model is required (weld serve MODEL; see --help)\n");
         return 2;
     }
+    if (!(send_timeout > 0) || so.max_connections < 2 || so.max_connections_per_client < 0) {
+        fprintf(stderr, "weld serve: --send-timeout must be > 0, --max-connections >= 2 and "
+                "--max-connections-per-client >= 0\n");
+        return 2;
+    }
     if (grace < 0) {
         fprintf(stderr, "weld serve: --shutdown-timeout must be >= 0\n");
         return 2;
@@ -63,6 +75,9 @@ int cmd_serve(int argc, char **argv)
     so.port = port;
     so.shutdown_timeout = grace;
     so.max_body = (size_t)max_body;
+    so.send_timeout = send_timeout;
+    so.api_keys = keys.v;
+    so.n_api_keys = keys.n;
     if (server_run(&so, &e)) {
         fprintf(stderr, "weld serve: %s\n", e.msg);
         return 1;

@@ -23,6 +23,7 @@
 #include "server/http.h"
 
 #include "core/alloc.h"
+#include "server/gate.h"
 #include "core/log.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
@@ -35,8 +36,11 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 struct server_opts server_opts_default(void)
 {
@@ -47,6 +51,9 @@ struct server_opts server_opts_default(void)
     o.port = 8000;
     o.shutdown_timeout = 30;
     o.max_body = 8u << 20;
+    o.send_timeout = 15;
+    o.max_connections = 1000;
+    o.max_connections_per_client = 256;
     return o;
 }
 
@@ -83,6 +90,13 @@ enum MHD_Result http_send_error(struct server *s, struct MHD_Connection *c,
                                 const struct server_error *e)
 {
     return http_send_json(s, c, e->http, server_error_json(e));
+}
+
+void http_touch(struct server *s, struct MHD_Connection *c)
+{
+    /* MHD 0.9.75 restarts the timer only when the timeout was 0: set 0, then the value */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
 }
 
 bool http_client_gone(struct MHD_Connection *c)
@@ -157,12 +171,34 @@ static enum MHD_Result route_metrics(struct server *s, struct MHD_Connection *c)
     return rc;
 }
 
+/* Equal, in a time that depends on the lengths only, never on where the bytes differ. */
+static bool same_secret(const char *a, size_t na, const char *b, size_t nb)
+{
+    volatile unsigned char d = na != nb;
+    for (size_t i = 0; i < na && nb; i++)
+        d |= (unsigned char)(a[i] ^ b[i < nb ? i : 0]);
+    return nb && !d;
+}
+
+/* "Authorization: Bearer KEY" with the scheme in any case (RFC 7235) and one of the keys;
+   every key is compared, whichever matches. */
 static bool authorized(struct server *s, struct MHD_Connection *c)
 {
-    if (!s->o.api_key)
+    if (!s->n_keys)
         return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    return h && !strncmp(h, "Bearer ", 7) && !strcmp(h + 7, s->o.api_key);
+    if (!h || strncasecmp(h, "Bearer", 6) || (h[6] != ' ' && h[6] != '\t'))
+        return false;
+    const char *t = h + 6;
+    while (*t == ' ' || *t == '\t')
+        t++;
+    size_t n = strlen(t);
+    while (n && (t[n - 1] == ' ' || t[n - 1] == '\t'))
+        n--;
+    bool ok = false;
+    for (int i = 0; i < s->n_keys; i++)
+        ok |= same_secret(t, n, s->keys[i], s->key_len[i]);
+    return ok;
 }
 
 static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct http_conn *hc,
@@ -203,6 +239,16 @@ static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct 
     if (!post) {
         server_error_set(&e, 405, NULL, "%s needs POST", url);
         return http_send_error(s, c, &e);
+    }
+    if ((which == HTTP_POST_COMPLETIONS || which == HTTP_POST_CHAT) && !hc->gen) {
+        /* the connections above max_gens stay free for /health, /metrics and the rest */
+        if (__atomic_add_fetch(&s->gens, 1, __ATOMIC_ACQ_REL) > s->max_gens) {
+            __atomic_sub_fetch(&s->gens, 1, __ATOMIC_ACQ_REL);
+            server_error_set(&e, 503, NULL, "%d generation requests are already running, the "
+                             "most this server takes at once; retry later", s->max_gens);
+            return http_send_error(s, c, &e);
+        }
+        hc->gen = true;
     }
     if (hc->too_big) {
         server_error_set(&e, 413, NULL, "request body of %zu bytes is over the limit of %zu "
@@ -262,8 +308,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    struct server *s = cls;
     struct http_conn *hc = *con_cls;
-    (void)cls, (void)c, (void)toe;
+    (void)c, (void)toe;
+    if (hc && hc->gen)
+        __atomic_sub_fetch(&s->gens, 1, __ATOMIC_ACQ_REL);
     if (hc) {
         wfree(hc->body);
         wfree(hc);
@@ -304,6 +353,90 @@ static int read_template(struct server *s, struct weld_err *e)
     return rc;
 }
 
+/* The API keys: --api-key (each), then --api-key-file (one a line; blank lines skipped).
+   Messages name the flag and the file, never a key. */
+static int load_keys(struct server *s, struct weld_err *e)
+{
+    int cap = s->o.n_api_keys + 16;
+    s->keys = wcalloc((size_t)cap, sizeof *s->keys);
+    s->key_len = wcalloc((size_t)cap, sizeof *s->key_len);
+    if (!s->keys || !s->key_len)
+        return err_set(e, WELD_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < s->o.n_api_keys; i++) {
+        if (!s->o.api_keys[i][0])
+            return err_set(e, WELD_ERR_INVALID_ARG, "--api-key: the key is empty");
+        if (!(s->keys[s->n_keys] = wstrdup(s->o.api_keys[i])))
+            return err_set(e, WELD_ERR_NOMEM, "out of memory");
+        s->key_len[s->n_keys] = strlen(s->keys[s->n_keys]);
+        s->n_keys++;
+    }
+    if (!s->o.api_key_file)
+        return WELD_OK;
+    FILE *f = fopen(s->o.api_key_file, "r");
+    if (!f)
+        return err_set(e, WELD_ERR_IO, "--api-key-file %s: %s", s->o.api_key_file,
+                       strerror(errno));
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t n;
+    int rc = WELD_OK, n_file = 0;
+    while (!rc && (n = getline(&line, &lcap, f)) >= 0) {
+        char *t = line;
+        while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
+            t[--n] = 0;
+        while (*t == ' ' || *t == '\t')
+            t++, n--;
+        if (!n)
+            continue;
+        if (s->n_keys == cap) {
+            char **nk = wrealloc(s->keys, (size_t)(cap * 2) * sizeof *nk);
+            if (nk)
+                s->keys = nk;
+            size_t *nl = nk ? wrealloc(s->key_len, (size_t)(cap * 2) * sizeof *nl) : NULL;
+            if (nl)
+                s->key_len = nl;
+            if (!nk || !nl) {
+                rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
+                break;
+            }
+            cap *= 2;
+        }
+        if (!(s->keys[s->n_keys] = wstrdup(t))) {
+            rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
+            break;
+        }
+        s->key_len[s->n_keys++] = (size_t)n;
+        n_file++;
+    }
+    if (!rc && ferror(f))
+        rc = err_set(e, WELD_ERR_IO, "--api-key-file %s: read error", s->o.api_key_file);
+    if (!rc && !n_file)
+        rc = err_set(e, WELD_ERR_INVALID_ARG, "--api-key-file %s: no key in the file (one "
+                     "key a line)", s->o.api_key_file);
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* Every connection costs a descriptor in MHD and another while it waits in the gate. */
+static void raise_fd_limit(const struct server *s)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return;
+    rlim_t need = (rlim_t)s->o.max_connections * 2 + 64;
+    if (rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < need)
+        log_warn("weld serve: ulimit -n is %llu; --max-connections %d needs about %llu open "
+                 "files: raise it (ulimit -n) or lower --max-connections",
+                 (unsigned long long)rl.rlim_cur, s->o.max_connections,
+                 (unsigned long long)need);
+}
+
 static int start_daemon(struct server *s, struct weld_err *e)
 {
     struct sockaddr_in sa;
@@ -316,19 +449,48 @@ static int start_daemon(struct server *s, struct weld_err *e)
                        s->o.host);
     if (s->o.port < 0 || s->o.port > 65535)
         return err_set(e, WELD_ERR_INVALID_ARG, "--port %d: expected 0..65535", s->o.port);
+    if (s->o.max_connections < 2 || s->o.max_connections_per_client < 0 ||
+        !(s->o.send_timeout > 0))
+        return err_set(e, WELD_ERR_INVALID_ARG, "--max-connections must be >= 2, "
+                       "--max-connections-per-client >= 0 and --send-timeout > 0");
+    double t = s->o.send_timeout < 1 ? 1 : s->o.send_timeout > 86400 ? 86400 : s->o.send_timeout;
+    s->timeout_s = (unsigned)t + (t > (unsigned)t);
+    int reserve = s->o.max_connections / 16 > 0 ? s->o.max_connections / 16 : 1;
+    s->max_gens = s->o.max_connections - reserve;
+    raise_fd_limit(s);
+
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, SOMAXCONN)) {
+        int er = errno;
+        if (fd >= 0)
+            close(fd);
+        return err_set(e, WELD_ERR_IO, "cannot listen on %s:%d (%s)", s->o.host, s->o.port,
+                       strerror(er));
+    }
+    socklen_t sl = sizeof sa;
+    s->port = getsockname(fd, (struct sockaddr *)&sa, &sl) ? s->o.port : ntohs(sa.sin_port);
+    struct gate_opts go = {.listen_fd = fd, .send_timeout = s->o.send_timeout,
+                           .max_connections = s->o.max_connections, .reserve = reserve,
+                           .per_client = s->o.max_connections_per_client};
+    int rc = gate_new(&s->gate, &go, e);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                            MHD_USE_POLL, (uint16_t)s->o.port, NULL, NULL, on_access, s,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_USE_POLL | MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET, 0, NULL,
+                            NULL, on_access, s,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_NOTIFY_CONNECTION, gate_notify, s->gate,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, s->timeout_s,
                             MHD_OPTION_END);
     if (!s->d)
-        return err_set(e, WELD_ERR_IO, "cannot listen on %s:%d (%s)", s->o.host, s->o.port,
-                       errno ? strerror(errno) : "address in use?");
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->o.port;
-    return WELD_OK;
+        return err_set(e, WELD_ERR_IO, "cannot start the HTTP server (%s)",
+                       errno ? strerror(errno) : "libmicrohttpd refused its options");
+    return gate_start(s->gate, s->d, e);
 }
 
 /* Wait for SIGINT/SIGTERM (or a failed model load). */
@@ -371,7 +533,9 @@ int server_run(const struct server_opts *o, struct weld_err *e)
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    int rc = read_template(&s, e);
+    int rc = load_keys(&s, e);
+    if (!rc)
+        rc = read_template(&s, e);
     if (!rc)
         rc = server_gen_start(&s.gen, &o->engine, e);
     if (!rc && (rc = start_daemon(&s, e)) == WELD_OK) {
@@ -385,9 +549,17 @@ int server_run(const struct server_opts *o, struct weld_err *e)
             log_warn("weld serve: grace period over; aborting the requests still running");
     }
     server_gen_halt(s.gen);
+    gate_stop(s.gate);
     if (s.d)
         MHD_stop_daemon(s.d);
+    gate_free(s.gate);
     server_gen_free(s.gen);
+    for (int i = 0; i < s.n_keys; i++) {
+        memset(s.keys[i], 0, s.key_len[i]);
+        wfree(s.keys[i]);
+    }
+    wfree(s.keys);
+    wfree(s.key_len);
     chat_template_free(s.tmpl);
     pthread_mutex_destroy(&s.mu);
     return rc;

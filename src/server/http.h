@@ -24,6 +24,13 @@ struct server {
     long t_start;
     int port;                      /* bound port */
     struct MHD_Daemon *d;
+    struct gate *gate;             /* the accept loop in front of d (gate.c) */
+    unsigned timeout_s;            /* send_timeout rounded up to whole seconds (MHD's unit) */
+    int max_gens;                  /* generation requests allowed at once */
+    int gens;                      /* __atomic: generation requests now running */
+    char **keys;                   /* (n_keys) API keys: --api-key, then --api-key-file */
+    size_t *key_len;
+    int n_keys;
     struct server_gen *gen;
     struct chat_template *tmpl;    /* --chat-template, else the model's (parsed lazily) */
     pthread_mutex_t mu;
@@ -38,6 +45,7 @@ struct http_conn {
     char *body;
     size_t body_len, cap;          /* body_len counts every byte received, kept or not */
     bool too_big;
+    bool gen;                      /* counted in server.gens */
 };
 
 enum http_post { HTTP_POST_COMPLETIONS, HTTP_POST_CHAT, HTTP_POST_TOKENIZE, HTTP_POST_DETOKENIZE };
@@ -51,6 +59,10 @@ enum MHD_Result http_send_error(struct server *s, struct MHD_Connection *c,
                                 const struct server_error *e);
 /* The peer closed its end of the connection. */
 bool http_client_gone(struct MHD_Connection *c);
+/* Restart the connection's send timeout, so that a stream that waited long for its next
+   token is not cut by it: call before a body callback hands MHD data. (A whole answer needs
+   no call: MHD_queue_response restarts the timer itself.) */
+void http_touch(struct server *s, struct MHD_Connection *c);
 /* The served model, once the engine is ready (false while loading). */
 bool http_model(struct server *s, struct server_model *m);
 

@@ -261,6 +261,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             g->off += n;
             if (g->off == g->len)
                 g->off = g->len = 0;
+            http_touch(g->s, g->c); /* however long the wait, the send timeout starts now */
             return (ssize_t)n;
         }
         if (g->finished)

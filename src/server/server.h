@@ -30,10 +30,16 @@ struct server_opts {
     const char *host;              /* "127.0.0.1" */
     int port;                      /* 8000; 0: any free port (printed) */
     const char *served_model_name; /* NULL: the model path */
-    const char *api_key;           /* NULL: no auth */
+    const char *const *api_keys;   /* (n_api_keys) keys accepted as "Bearer KEY"; with none */
+    int n_api_keys;                /* and no api_key_file, no auth */
+    const char *api_key_file;      /* NULL or a file of more keys, one a line */
     const char *chat_template;     /* NULL or a file overriding the model's template */
     double shutdown_timeout;       /* seconds running requests get after SIGTERM */
     size_t max_body;               /* request body limit in bytes (413 beyond) */
+    double send_timeout;           /* seconds a client may stay silent while it sends a request
+                                      (or keeps an idle connection, or stops reading): 15 */
+    int max_connections;           /* connections held at once (1000) */
+    int max_connections_per_client; /* per client address (256; 0: no limit) */
 };
 
 struct server_opts server_opts_default(void);
