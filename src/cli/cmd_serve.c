@@ -37,7 +37,7 @@ int cmd_serve(int argc, char **argv)
         {"chat-template", 0, OPT_STR, &so.chat_template, "FILE", "Jinja chat template overriding the model's"},
         {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S", "seconds running requests get after SIGTERM (default 30)"},
         {"max-body", 0, OPT_SIZE, &max_body, "BYTES", "request body limit (default 8M; 413 beyond)"},
-        {"send-timeout", 0, OPT_FLOAT, &send_timeout, "S", "close a client silent for S s while sending a request, idle or not reading (default 15; running requests are not cut)"},
+        {"send-timeout", 0, OPT_FLOAT, &send_timeout, "S", "drop a client silent S s while sending, idle or not reading (default 15; never cuts a running request)"},
         {"max-connections", 0, OPT_INT, &so.max_connections, "N", "connections held at once (default 1000; 1/16 kept for /health and /metrics)"},
         {"max-connections-per-client", 0, OPT_INT, &so.max_connections_per_client, "N", "connections one client address may hold (default 256; 0: no limit; 429 beyond)"},
     };

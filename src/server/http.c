@@ -2,8 +2,14 @@
  * http - libmicrohttpd glue for `weld serve`: the daemon, routing, auth, the body limit,
  * plain JSON answers and the start/stop sequence of server_run().
  *
- * MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with its internal
- * listening thread, poll() so descriptors above FD_SETSIZE work). The access handler
+ * MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION, poll() so descriptors
+ * above FD_SETSIZE work); it has no listening socket: the gate (gate.c) accepts, refuses
+ * garbage, silent clients, a client over its connection limit and, past the reserve, all
+ * but the cheap GETs, and hands the rest over. MHD's connection timeout is the send
+ * timeout (a client silent that long while sending, idle or not reading is closed); a
+ * running request does not count: MHD_queue_response restarts the timer after a long
+ * handler, and the stream callback calls http_touch before each piece. Generation requests
+ * beyond max_connections minus the reserve get 503 here too. The access handler
  * collects the body (at most max_body bytes are kept; a longer body is read to its end and
  * answered 413), then routes. Generation (routes.c) blocks the connection's own thread
  * while the engine works, never the engine. A request that fails before it reaches the
@@ -11,14 +17,17 @@
  *
  * Routes: GET /health (200 when the model is loaded and the server is not draining, 503
  * otherwise), GET /version, GET /metrics, GET /v1/models, POST /v1/completions,
- * POST /v1/chat/completions, POST /tokenize, POST /detokenize. With --api-key every route
- * but /health, /version and /metrics needs "Authorization: Bearer KEY" (401 otherwise).
+ * POST /v1/chat/completions, POST /tokenize, POST /detokenize. With API keys (--api-key,
+ * --api-key-file) every route but /health, /version and /metrics needs "Authorization:
+ * Bearer KEY", scheme in any case, compared in constant time with every key (401
+ * otherwise); no message or log line ever holds a key.
  *
- * Start: the chat template file (if any) is read, the socket bound (port 0: any free port,
- * the bound one printed), then the engine thread starts loading the model. Stop: SIGINT or
- * SIGTERM (blocked in every thread, taken with sigtimedwait by the caller of server_run)
- * closes the engine to new work (503), waits up to shutdown_timeout for running requests,
- * aborts the rest, stops the daemon (joining every connection thread) and frees the engine.
+ * Start: the keys and the chat template file (if any) are read, the socket bound (port 0:
+ * any free port, the bound one printed), then the engine thread starts loading the model.
+ * Stop: SIGINT or SIGTERM (blocked in every thread, taken with sigtimedwait by the caller
+ * of server_run) closes the engine to new work (503), waits up to shutdown_timeout for
+ * running requests, aborts the rest, stops the gate, then the daemon (joining every
+ * connection thread), and frees the engine.
  */
 #include "server/http.h"
 

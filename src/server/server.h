@@ -8,8 +8,10 @@
  *   gen.h / gen.c             the engine thread: inbox, aborts, per-request outboxes
  *   metrics.h / metrics.c     Prometheus histograms and the /metrics text
  *   http.c                    libmicrohttpd glue, routing, auth, body limit, shutdown
+ *   gate.h / gate.c           the accept loop in front of libmicrohttpd: garbage, silent
+ *                             clients, per-client limit, the reserve for /health
  *
- * Threads: libmicrohttpd runs one thread per connection (plus its listening thread); a
+ * Threads: the gate's accept thread; libmicrohttpd's thread per connection (plus its own); a
  * connection thread parses and tokenizes its request, hands a job to the engine thread and
  * then blocks on that job's condition variable (never on the engine), checking its socket
  * for a disconnect between waits. The engine thread alone calls engine_* (engine.h is not
