@@ -19,7 +19,8 @@
  * The counts of what MHD holds (total and per address) are raised here at hand-over and
  * lowered by MHD's connection-closed notification (gate_notify), under mu; so they never
  * fall below MHD's own and MHD never refuses a socket the gate hands it. Refusals are
- * logged at most once per 10 s with their counts and the last address.
+ * reported to the server (answered: /metrics counts them) and logged at most once per
+ * 10 s with their counts and the last address.
  *
  * Invariants: pend and pfd belong to the gate thread; held/n_held/total to mu. The gate
  * only answers with a complete HTTP/1.1 response and "Connection: close", then drains
@@ -162,6 +163,8 @@ static void refuse(struct gate *g, int fd, const struct sockaddr_in *sa, int sta
         ;
     shutdown(fd, SHUT_WR);
     close(fd);
+    if (g->o.answered)
+        g->o.answered(g->o.cls, status);
     note_refusal(g, status, sa);
 }
 

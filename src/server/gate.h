@@ -21,6 +21,8 @@ struct gate_opts {
     int max_connections;       /* connections libmicrohttpd may hold */
     int reserve;               /* of those, kept for GET /health, /metrics, /version */
     int per_client;            /* connections one client address may hold (0: no limit) */
+    void (*answered)(void *cls, int status); /* NULL, or told of each refusal's status */
+    void *cls;
 };
 
 int gate_new(struct gate **g, const struct gate_opts *o, struct weld_err *e);

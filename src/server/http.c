@@ -446,6 +446,13 @@ static void raise_fd_limit(const struct server *s)
                  (unsigned long long)need);
 }
 
+/* The gate's refusals count in /metrics like every other answer. */
+static void gate_answered(void *cls, int status)
+{
+    struct server *s = cls;
+    server_gen_count_http(s->gen, status);
+}
+
 static int start_daemon(struct server *s, struct weld_err *e)
 {
     struct sockaddr_in sa;
@@ -482,7 +489,8 @@ static int start_daemon(struct server *s, struct weld_err *e)
     s->port = getsockname(fd, (struct sockaddr *)&sa, &sl) ? s->o.port : ntohs(sa.sin_port);
     struct gate_opts go = {.listen_fd = fd, .send_timeout = s->o.send_timeout,
                            .max_connections = s->o.max_connections, .reserve = reserve,
-                           .per_client = s->o.max_connections_per_client};
+                           .per_client = s->o.max_connections_per_client,
+                           .answered = gate_answered, .cls = s};
     int rc = gate_new(&s->gate, &go, e);
     if (rc) {
         close(fd);

@@ -85,6 +85,9 @@ async function serverA() {
   t.check(refused.length >= 700 && refused.every((x) => x.data.startsWith('HTTP/1.1 429')),
           'A: the connections past the limit were answered 429',
           { n: refused.length, first: refused[0]?.data.slice(0, 60) });
+  const errs = Number(m.body.match(/^weld:http_errors_total\S* (\d+)/m)?.[1]);
+  t.check(errs >= refused.length, 'A: the refusals count in weld:http_errors_total',
+          { errs, refused: refused.length });
   const same = await raw(s.port, get('/health'), '127.0.0.1');
   t.eq(same.status, 429, 'A: /health from the full address: 429');
   t.check(/max-connections-per-client/.test(same.body), 'A: the 429 names the flag', same.body);
