@@ -40,8 +40,17 @@ struct server_job;
 
 enum server_gen_state { SERVER_GEN_LOADING, SERVER_GEN_READY, SERVER_GEN_FAILED };
 
-/* One item of a job's outbox: a text delta (maybe with the token's logprobs) or a choice's
-   finish. */
+/* One prompt token's logprobs (echo with logprobs); entry 0 has none (logprob NAN). */
+struct server_prompt_lp {
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[REQUEST_MAX_LOGPROBS];
+    float top_lps[REQUEST_MAX_LOGPROBS];
+};
+
+/* One item of a job's outbox: a text delta (maybe with the token's logprobs), a choice's
+   result (prompt logprobs, embedding) or its finish. */
 struct server_event {
     struct server_event *next;
     int choice;
@@ -59,6 +68,12 @@ struct server_event {
     int n_prompt, n_cached, n_generated;
     char *stop_reason;            /* points into the event's own storage, or NULL */
     char *error;                  /* likewise */
+    /* a result event (just before its choice's finish; points into its own storage):
+       the prompt tokens' logprobs (echo) or the embedding */
+    struct server_prompt_lp *plp; /* (n_plp) or NULL */
+    int n_plp;
+    float *emb;                   /* (n_emb) or NULL */
+    int n_emb;
     size_t len;                   /* text bytes */
     char text[];                  /* (len + 1) */
 };

@@ -48,6 +48,7 @@ struct server_model {
     const struct tokenizer *tok;       /* may be NULL: token-id prompts only */
     const struct chat_template *tmpl;  /* NULL: chat is refused */
     int n_vocab;
+    int dim;                           /* hidden size: the embeddings' length */
     int max_model_len;
 };
 

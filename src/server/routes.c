@@ -438,6 +438,7 @@ enum MHD_Result http_post(struct server *s, struct MHD_Connection *c, enum http_
     case HTTP_POST_CHAT: return generate(s, c, SERVER_API_CHAT, body);
     case HTTP_POST_TOKENIZE: return tokenize(s, c, body);
     case HTTP_POST_DETOKENIZE: return detokenize(s, c, body);
+    case HTTP_POST_EMBEDDINGS: return http_embeddings(s, c, body);
     }
     return MHD_NO;
 }
