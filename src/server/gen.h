@@ -40,15 +40,6 @@ struct server_job;
 
 enum server_gen_state { SERVER_GEN_LOADING, SERVER_GEN_READY, SERVER_GEN_FAILED };
 
-/* One prompt token's logprobs (echo with logprobs); entry 0 has none (logprob NAN). */
-struct server_prompt_lp {
-    int32_t token;
-    float logprob;
-    int n_top;
-    int32_t top_ids[REQUEST_MAX_LOGPROBS];
-    float top_lps[REQUEST_MAX_LOGPROBS];
-};
-
 /* One item of a job's outbox: a text delta (maybe with the token's logprobs), a choice's
    result (prompt logprobs, embedding) or its finish. */
 struct server_event {
