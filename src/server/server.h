@@ -6,6 +6,7 @@
  *                             template rendered, sampling params), OpenAI error objects
  *   openai_resp.c             response bodies, SSE chunks, logprobs shapes
  *   gen.h / gen.c             the engine thread: inbox, aborts, per-request outboxes
+ *   embeddings.c              POST /v1/embeddings (engine requests of kind EMBED)
  *   metrics.h / metrics.c     Prometheus histograms and the /metrics text
  *   http.c                    libmicrohttpd glue, routing, auth, body limit, shutdown
  *
