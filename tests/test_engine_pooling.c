@@ -12,7 +12,8 @@
  * The engine runs them batched with generating requests under a small token budget
  * (chunked prefill), with a cached prefix present (an embedding may use it; prompt
  * logprobs must not skip it), and must agree within float rounding; repeated embeddings
- * are identical; max_tokens 0 with prompt logprobs scores the prompt and generates nothing.
+ * are identical; mean pooling averages every prompt token's state (no prefix-cache hit);
+ * max_tokens 0 with prompt logprobs scores the prompt and generates nothing.
  */
 #include "core/alloc.h"
 #include "core/log.h"
@@ -69,24 +70,36 @@ static void on_finish(void *user, uint64_t id, int seq, const struct request_res
     o->n_plp = r->n_prompt_logprobs;
 }
 
-/* Reference embedding: normalised final hidden state of the last prompt token. */
-static void ref_embedding(const int32_t *ids, int n, double *out)
+/* Reference embedding: the normalised final hidden state of the last prompt token, or
+   (mean) the normalised mean of every prompt token's. */
+static void ref_embedding_pool(const int32_t *ids, int n, bool mean, double *out)
 {
     struct runner *r;
     struct weld_err e;
     REQUIRE(runner_create(&r, g_m, 1, 128, &e) == WELD_OK);
     const int D = g_m->cfg.dim;
-    float *lg = wmalloc(sizeof(float) * (size_t)g_m->cfg.n_vocab), *h = wmalloc(sizeof(float) * D);
-    struct batch_seq s = {.seq_id = 0, .tokens = ids, .n_tokens = n};
+    float *lg = wmalloc(sizeof(float) * (size_t)g_m->cfg.n_vocab * (size_t)n);
+    float *h = wmalloc(sizeof(float) * (size_t)D * (size_t)n);
+    struct batch_seq s = {.seq_id = 0, .tokens = ids, .n_tokens = n, .all_logits = mean};
     struct batch b = {.seqs = &s, .n_seqs = 1};
     REQUIRE(runner_forward_hidden(r, &b, lg, NULL, h, &e) == WELD_OK);
     double ss = 0;
+    for (int i = 0; i < D; i++) {
+        out[i] = 0;
+        for (int t = 0; t < (mean ? n : 1); t++)
+            out[i] += h[(size_t)t * D + (size_t)i];
+        out[i] /= mean ? n : 1;
+        ss += out[i] * out[i];
+    }
     for (int i = 0; i < D; i++)
-        ss += (double)h[i] * h[i];
-    for (int i = 0; i < D; i++)
-        out[i] = h[i] / sqrt(ss);
+        out[i] /= sqrt(ss);
     wfree(lg), wfree(h);
     runner_free(r);
+}
+
+static void ref_embedding(const int32_t *ids, int n, double *out)
+{
+    ref_embedding_pool(ids, n, false, out);
 }
 
 /* Reference prompt logprobs: the prompt one token per step. */
@@ -127,11 +140,14 @@ static struct engine *mk_engine(int budget)
     return eng;
 }
 
+static enum request_pooling g_pooling;
+
 static void add(struct engine *eng, const int32_t *ids, int n, enum request_kind kind,
                 int prompt_lp, int max_tokens)
 {
     struct request_params p = request_params_default();
     p.kind = kind;
+    p.pooling = g_pooling;
     p.prompt_ids = ids;
     p.n_prompt_ids = n;
     p.sampling.temperature = 0;
@@ -207,6 +223,44 @@ TEST(embeddings_batched_equal_reference)
     engine_free(eng);
 }
 
+/* Mean pooling: every prompt row, never from the prefix cache, chunked beside a decode. */
+TEST(mean_pooling_equals_reference)
+{
+    REQUIRE(g_m);
+    const int D = g_m->cfg.dim;
+    int32_t a[70], gen[40];
+    prompt(a, 70, 5);
+    prompt(gen, 40, 6);
+    memset(g_out, 0, sizeof g_out);
+    struct engine *eng = mk_engine(24);
+    REQUIRE(eng);
+    add(eng, gen, 40, REQUEST_KIND_GENERATE, -1, 20); /* id 1 */
+    g_pooling = REQUEST_POOLING_MEAN;
+    add(eng, a, 70, REQUEST_KIND_EMBED, -1, 16);      /* id 2 */
+    run(eng);
+    add(eng, a, 70, REQUEST_KIND_EMBED, -1, 16);      /* id 3: prefix cached, not used */
+    run(eng);
+    g_pooling = REQUEST_POOLING_LAST;
+    double want[512], last[512];
+    ref_embedding_pool(a, 70, true, want);
+    ref_embedding_pool(a, 70, false, last);
+    double diff = 0, off = 0;
+    for (int i = 0; i < D; i++) {
+        diff = fmax(diff, fabs(g_out[2].emb[i] - want[i]));
+        off = fmax(off, fabs(g_out[2].emb[i] - last[i]));
+    }
+    CHECK_EQ_INT(g_out[2].n_emb, D);
+    CHECK_EQ_INT(g_out[2].finish, REQUEST_FINISH_STOP);
+    if (!(diff < 1e-5))
+        fprintf(stderr, "mean embedding differs by %g\n", diff);
+    CHECK(diff < 1e-5);
+    CHECK(off > 1e-2); /* not the last token's */
+    CHECK_EQ_INT(g_out[3].n_cached, 0);
+    CHECK(memcmp(g_out[2].emb, g_out[3].emb, sizeof(float) * (size_t)D) == 0);
+    CHECK_EQ_INT(g_out[1].n_gen, 20);
+    engine_free(eng);
+}
+
 TEST(prompt_logprobs_equal_token_by_token)
 {
     REQUIRE(g_m);
@@ -265,6 +319,7 @@ int main(void)
     if (!path || model_load(&g_m, path, &e) != WELD_OK)
         fprintf(stderr, "stories260K.gguf not available: its tests fail\n");
     RUN(embeddings_batched_equal_reference);
+    RUN(mean_pooling_equals_reference);
     RUN(prompt_logprobs_equal_token_by_token);
     model_free(g_m);
     return test_summary();

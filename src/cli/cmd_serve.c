@@ -2,7 +2,8 @@
  * cmd_serve - `weld serve MODEL`: the OpenAI-compatible HTTP server (src/server/).
  *
  * Flags follow vLLM's names: --host, --port, --served-model-name, --api-key,
- * --chat-template, --shutdown-timeout, plus the engine flags every engine command shares
+ * --chat-template, --shutdown-timeout, --pooling-type (the embeddings' pooling, llama.cpp's
+ * --pooling and vLLM's pooling_type: last or mean), plus the engine flags every engine command shares
  * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
  * argument or with -m. This file only maps options; server_run does the work and returns
@@ -23,8 +24,7 @@ int cmd_serve(int argc, char **argv)
     int port = so.port;
     float grace = (float)so.shutdown_timeout;
     uint64_t max_body = so.max_body;
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 8];
-    int n = cli_engine_opts_table(&eo, opts);
+    const char *pooling = "last";
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
@@ -33,14 +33,17 @@ int cmd_serve(int argc, char **argv)
         {"chat-template", 0, OPT_STR, &so.chat_template, "FILE", "Jinja chat template overriding the model's"},
         {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S", "seconds running requests get after SIGTERM (default 30)"},
         {"max-body", 0, OPT_SIZE, &max_body, "BYTES", "request body limit (default 8M; 413 beyond)"},
+        {"pooling-type", 0, OPT_STR, &pooling, "TYPE", "/v1/embeddings pooling: last (default) or mean"},
     };
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + sizeof extra / sizeof extra[0]];
+    int n = cli_engine_opts_table(&eo, opts);
     memcpy(opts + n, extra, sizeof extra);
     n += (int)(sizeof extra / sizeof extra[0]);
     const char *pos[1];
     int n_pos = 0;
     int rc = cli_parse(argc, argv, "serve MODEL [options]",
                        "Serve MODEL over HTTP with the OpenAI API (/v1/completions, "
-                       "/v1/chat/completions, /v1/models),\n/tokenize, /detokenize, /health, "
+                       "/v1/chat/completions, /v1/embeddings, /v1/models),\n/tokenize, /detokenize, /health, "
                        "/version and /metrics (Prometheus). SIGTERM drains, then exits.",
                        opts, n, pos, 1, &n_pos);
     if (rc)
@@ -55,6 +58,11 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "weld serve: --shutdown-timeout must be >= 0\n");
         return 2;
     }
+    if (strcmp(pooling, "last") && strcmp(pooling, "mean")) {
+        fprintf(stderr, "weld serve: --pooling-type %s: expected last or mean\n", pooling);
+        return 2;
+    }
+    so.pooling = strcmp(pooling, "mean") ? REQUEST_POOLING_LAST : REQUEST_POOLING_MEAN;
     struct weld_err e = {0};
     if (cli_engine_params(&eo, &so.engine, &e)) {
         fprintf(stderr, "weld serve: %s\n", e.msg);

@@ -378,6 +378,13 @@ static int req_build(struct engine *eng, const struct request_params *p,
     return WELD_OK;
 }
 
+/* The request needs a row (logits, hidden state) for every prompt position. */
+static bool req_every_row(const struct request *r)
+{
+    return r->p.prompt_logprobs >= 0 ||
+           (r->p.kind == REQUEST_KIND_EMBED && r->p.pooling == REQUEST_POOLING_MEAN);
+}
+
 int engine_add_request(struct engine *eng, const struct request_params *p,
                        const struct request_callbacks *cb, uint64_t *id, struct weld_err *e)
 {
@@ -396,10 +403,10 @@ int engine_add_request(struct engine *eng, const struct request_params *p,
         .n_tokens = r->n_prompt,
         .cache_salt = r->p.cache_salt,
         .cache_salt_len = r->p.cache_salt ? strlen(r->p.cache_salt) : 0,
-        /* prompt logprobs need the logits of every prompt position: no cached prefix, and
-           chunks that bound the rows of logits one sequence takes */
-        .no_prefix_hit = p->prompt_logprobs >= 0,
-        .max_chunk = p->prompt_logprobs >= 0 ? ENGINE_PROMPT_LP_CHUNK : 0,
+        /* prompt logprobs and mean pooling need every prompt position's row: no cached
+           prefix, and chunks that bound the rows one sequence takes */
+        .no_prefix_hit = req_every_row(r),
+        .max_chunk = req_every_row(r) ? ENGINE_PROMPT_LP_CHUNK : 0,
     };
     if ((rc = sched_add(eng->s, &sp, &er->seqs[0].ss, e))) {
         eng->st.requests_rejected++;
@@ -495,16 +502,25 @@ static bool step_buffers(struct engine *eng, int n, int n_rows, int n_copies)
     return true;
 }
 
-/* A prompt-logprobs request's chunk of its prompt: logits for every token. */
+/* A chunk of the prompt of a request that needs every row (req_every_row): a row per token. */
 static bool entry_all_logits(const struct sched_entry *en)
 {
     const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
-    return rq->p.prompt_logprobs >= 0 && en->n_tokens > 1 && en->first < rq->n_prompt;
+    return req_every_row(rq) && en->n_tokens > 1 && en->first < rq->n_prompt;
+}
+
+/* The step must return hidden states for this entry: an embedding's last step, or any
+   prompt step of a mean-pooled one. */
+static bool entry_hidden(const struct sched_entry *en)
+{
+    const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
+    return rq->p.kind == REQUEST_KIND_EMBED &&
+           (en->sample || rq->p.pooling == REQUEST_POOLING_MEAN);
 }
 
 /* The plan as a batch: the live entries in order, batch sequence j's logits rows from
    row0[j] (one per token for entry_all_logits, else one: its last token). *hidden: some
-   embedding request ends its prompt here (the step must give the hidden states). */
+   entry needs hidden states (entry_hidden). */
 static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct batch *b,
                          bool *hidden, struct weld_err *e)
 {
@@ -515,8 +531,7 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
         if (!en->seq)
             continue;
         n_rows += entry_all_logits(en) ? en->n_tokens : 1;
-        *hidden |= en->sample && ((struct engine_seq *)en->seq->user)->er->r->p.kind ==
-                                     REQUEST_KIND_EMBED;
+        *hidden |= entry_hidden(en);
     }
     if (!step_buffers(eng, pl->n_entries, n_rows, pl->n_copies))
         return err_set(e, WELD_ERR_NOMEM, "engine: out of memory for a step of %d entries "
@@ -713,7 +728,7 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
         return rc;
     eng->st.steps++;
     eng->st.computed_tokens += (uint64_t)pl->n_tokens;
-    const size_t V = (size_t)eng->n_vocab;
+    const size_t V = (size_t)eng->n_vocab, D = (size_t)eng->m->cfg.dim;
     for (int j = 0; j < b.n_seqs; j++) {
         const struct sched_entry *en = &pl->entries[eng->row_entry[j]];
         if (!en->seq)
@@ -723,9 +738,17 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
         if (es->er->r->p.prompt_logprobs >= 0 && es->index == 0)
             request_prompt_logprobs(es->er->r, en->first, eng->logits + (size_t)r0 * V,
                                     last - r0 + 1);
+        struct weld_err re;
+        if (es->er->r->p.kind == REQUEST_KIND_EMBED &&
+            es->er->r->p.pooling == REQUEST_POOLING_MEAN &&
+            request_embed_rows(es->er->r, en->first, eng->hidden + (size_t)r0 * D,
+                               last - r0 + 1, (int)D, &re) != WELD_OK) {
+            req_end(eng, es->er, REQUEST_FINISH_ERROR, re.msg);
+            continue;
+        }
         if (en->sample)
             entry_sample(eng, es, eng->logits + (size_t)last * V, &eng->tops[last],
-                         eng->hidden + (size_t)last * (size_t)eng->m->cfg.dim);
+                         eng->hidden + (size_t)last * D);
     }
     return WELD_OK;
 }

@@ -29,7 +29,8 @@
  * reaches its last token for that row's final hidden state (runner_forward_hidden) and
  * finishes with it instead of sampling; one with prompt_logprobs runs its prompt chunks
  * with a logits row per token (at most ENGINE_PROMPT_LP_CHUNK tokens a step), never from
- * the prefix cache (sched no_prefix_hit), scoring each prompt token as its chunk ends.
+ * the prefix cache (sched no_prefix_hit), scoring each prompt token as its chunk ends; a
+ * mean-pooled embedding runs its prompt the same way, adding up every row's hidden state.
  *
  * Determinism: at temperature 0 a request's tokens do not depend on what else runs, how
  * its prompt was chunked or whether its prefix came from the cache, because the backend

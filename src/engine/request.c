@@ -47,6 +47,9 @@ static int check_counts(const struct request_params *p, struct weld_err *e)
 {
     if (p->kind != REQUEST_KIND_GENERATE && p->kind != REQUEST_KIND_EMBED)
         return err_set(e, WELD_ERR_INVALID_ARG, "kind: %d is not a request kind", (int)p->kind);
+    if (p->pooling != REQUEST_POOLING_LAST && p->pooling != REQUEST_POOLING_MEAN)
+        return err_set(e, WELD_ERR_INVALID_ARG, "pooling: %d is not a pooling type",
+                       (int)p->pooling);
     if (p->kind == REQUEST_KIND_EMBED && (p->n != 1 || p->prompt_logprobs >= 0))
         return err_set(e, WELD_ERR_INVALID_ARG, "an embedding request takes n = 1 (got %d) "
                        "and no prompt_logprobs", p->n);
@@ -220,6 +223,7 @@ void request_free(struct request *r)
     wfree(r->plp_ids);
     wfree(r->plp_lps);
     wfree(r->emb);
+    wfree(r->emb_sum);
     wfree(r->error);
     wfree(r);
 }
@@ -640,8 +644,27 @@ void request_prompt_logprobs(struct request *r, int first, const float *rows, in
     }
 }
 
+int request_embed_rows(struct request *r, int first, const float *rows, int n_rows, int dim,
+                       struct weld_err *e)
+{
+    if (!r->emb_sum && !(r->emb_sum = wcalloc((size_t)(dim > 0 ? dim : 1), sizeof *r->emb_sum)))
+        return err_set(e, WELD_ERR_NOMEM, "request: out of memory for an embedding");
+    for (int k = 0; k < n_rows; k++) {
+        if (first + k != r->n_emb_pos || first + k >= r->n_prompt)
+            continue;
+        for (int i = 0; i < dim; i++)
+            r->emb_sum[i] += rows[(size_t)k * (size_t)dim + (size_t)i];
+        r->n_emb_pos++;
+    }
+    return WELD_OK;
+}
+
 int request_embed_done(struct request *r, const float *h, int dim, struct weld_err *e)
 {
+    const bool mean = r->p.pooling == REQUEST_POOLING_MEAN;
+    if (mean && (!r->emb_sum || r->n_emb_pos != r->n_prompt))
+        return err_set(e, WELD_ERR_INTERNAL, "request %llu: mean pooling saw %d of %d prompt "
+                       "tokens", (unsigned long long)r->id, r->n_emb_pos, r->n_prompt);
     float *v = wmalloc((size_t)(dim > 0 ? dim : 1) * sizeof *v);
     if (!v)
         return err_set(e, WELD_ERR_NOMEM, "request: out of memory for an embedding");
@@ -649,11 +672,13 @@ int request_embed_done(struct request *r, const float *h, int dim, struct weld_e
     r->emb = v;
     r->n_emb = dim;
     double ss = 0;
-    for (int i = 0; i < dim; i++)
-        ss += (double)h[i] * h[i];
+    for (int i = 0; i < dim; i++) {
+        double x = mean ? r->emb_sum[i] / r->n_prompt : (double)h[i];
+        ss += x * x;
+    }
     const double inv = ss > 0 ? 1.0 / sqrt(ss) : 0.0; /* an all-zero state stays zero */
     for (int i = 0; i < dim; i++)
-        v[i] = (float)(h[i] * inv);
+        v[i] = (float)((mean ? r->emb_sum[i] / r->n_prompt : (double)h[i]) * inv);
     if (r->t_first_token == 0)
         r->t_first_token = time_now();
     for (int i = 0; i < r->n_seqs; i++)

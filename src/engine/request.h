@@ -35,10 +35,11 @@
  * the position before it, in each sequence's request_result; with it max_tokens may be 0
  * (score the prompt only: finish "length", nothing sampled).
  *
- * Kinds: REQUEST_KIND_EMBED only runs the prompt; the final hidden state of its last token
- * (after the final norm), L2-normalised, is its request_result's embedding, and it finishes
- * "stop" with no tokens (last-token pooling, vLLM's default for decoder models; n is 1,
- * sampling fields are ignored).
+ * Kinds: REQUEST_KIND_EMBED only runs the prompt; the final hidden state (after the final
+ * norm) of its last token (REQUEST_POOLING_LAST, the default: vLLM's for decoder models),
+ * or the mean of every prompt token's (REQUEST_POOLING_MEAN), L2-normalised, is its
+ * request_result's embedding, and it finishes "stop" with no tokens (n is 1, sampling
+ * fields are ignored).
  *
  * Not thread-safe; callbacks run on the caller's thread inside request_seq_step.
  */
@@ -76,8 +77,14 @@ enum request_kind {
     REQUEST_KIND_EMBED,        /* run the prompt, report its pooled hidden state */
 };
 
+enum request_pooling {
+    REQUEST_POOLING_LAST = 0,  /* the last prompt token's hidden state */
+    REQUEST_POOLING_MEAN,      /* the mean over the prompt's tokens */
+};
+
 struct request_params {
     enum request_kind kind;          /* default GENERATE */
+    enum request_pooling pooling;    /* REQUEST_KIND_EMBED: default LAST */
     /* the prompt: exactly one of these three */
     const char *prompt;              /* text, encoded with the model's tokenizer */
     const int32_t *prompt_ids;       /* (n_prompt_ids) token ids, used as given */
@@ -185,6 +192,8 @@ struct request {
     float *plp_lps;
     float *emb;                      /* (n_emb) REQUEST_KIND_EMBED: the embedding */
     int n_emb;
+    double *emb_sum;                 /* (n_emb) POOLING_MEAN: sum of the hidden states of */
+    int n_emb_pos;                   /* prompt positions [0, n_emb_pos) */
     char *error;                     /* message for REQUEST_FINISH_ERROR */
 };
 
@@ -218,8 +227,12 @@ int request_seq_step(struct request *r, int i, const float *logits,
 /* prompt_logprobs: rows[k] (n_vocab floats) is the logits row of prompt position
    first + k, k < n_rows; scores prompt tokens first + k + 1 not scored yet. */
 void request_prompt_logprobs(struct request *r, int first, const float *rows, int n_rows);
-/* REQUEST_KIND_EMBED: pool h (dim floats, the last prompt token's final hidden state),
-   normalise, finish "stop" with it as the result's embedding. */
+/* REQUEST_POOLING_MEAN: rows[k] (dim floats) is the final hidden state of prompt position
+   first + k, k < n_rows; adds the positions not added yet. */
+int request_embed_rows(struct request *r, int first, const float *rows, int n_rows, int dim,
+                       struct weld_err *e);
+/* REQUEST_KIND_EMBED: pool (h: dim floats, the last prompt token's final hidden state;
+   MEAN: the rows added), normalise, finish "stop" with it as the result's embedding. */
 int request_embed_done(struct request *r, const float *h, int dim, struct weld_err *e);
 /* max_tokens 0: the prompt was scored; finish every sequence "length". */
 void request_finish_prompt_only(struct request *r);

@@ -13,8 +13,9 @@
  * scheduled and batched with everything else (prefill chunks; its prefix may come from the
  * prefix cache, its last token is always computed), and its vector is the final hidden
  * state of its last token after the final norm, L2-normalised (last-token pooling, vLLM's
- * default for decoder models; llama-server --embeddings --pooling last). No tokens are
- * generated.
+ * default for decoder models; llama-server --embeddings --pooling last), or with
+ * `--pooling-type mean` the mean of every prompt token's (then computed in full, never
+ * from the prefix cache). No tokens are generated.
  *
  * Response: {"object": "list", "data": [{"object": "embedding", "index": i, "embedding":
  * [...] | "base64"}], "model", "usage": {"prompt_tokens", "total_tokens"}}. A client that
@@ -287,6 +288,7 @@ enum MHD_Result http_embeddings(struct server *s, struct MHD_Connection *c, cons
     }
     struct request_params p = request_params_default();
     p.kind = REQUEST_KIND_EMBED;
+    p.pooling = s->o.pooling;
     struct server_job *job = server_gen_submit(s->gen, &p, r.prompts, r.n, &e);
     if (!job || server_gen_wait_accepted(job, &e)) {
         server_gen_release(job);

@@ -35,6 +35,7 @@ struct server_opts {
     const char *chat_template;     /* NULL or a file overriding the model's template */
     double shutdown_timeout;       /* seconds running requests get after SIGTERM */
     size_t max_body;               /* request body limit in bytes (413 beyond) */
+    enum request_pooling pooling;  /* /v1/embeddings: last token (default) or mean */
 };
 
 struct server_opts server_opts_default(void);

@@ -14,7 +14,10 @@
 //   one a separate request gets when that token is forced as the next token of the prefix
 //   (logit_bias; logprobs are of the raw row), and so does their sum; max_tokens 0 without
 //   echo is a 400 naming max_tokens.
+// --pooling-type mean (a second server): unit norm, deterministic, not the last token's;
+//   another value is refused at start (exit 2, the flag named).
 import OpenAI from 'openai';
+import { execFileSync } from 'node:child_process';
 import { counter, startServer, stopServer } from './serve_lib.mjs';
 
 const [weld, stories] = process.argv.slice(2);
@@ -155,4 +158,34 @@ try {
 }
 const ex = await stopServer(s);
 t.eq(ex.code, 0, 'server exit status');
+
+// --pooling-type mean: the mean of every prompt token's state, also unit length
+const lastVec = (await (async () => {
+  const s2 = await startServer(weld, stories, ['--pooling-type', 'last']);
+  const c2 = new OpenAI({ baseURL: s2.base + '/v1', apiKey: 'none', maxRetries: 0 });
+  const v = (await c2.embeddings.create({ model: stories, input: PROMPT })).data[0].embedding;
+  await stopServer(s2);
+  return v;
+})());
+const sm = await startServer(weld, stories, ['--pooling-type', 'mean']);
+try {
+  const cm = new OpenAI({ baseURL: sm.base + '/v1', apiKey: 'none', maxRetries: 0 });
+  const m1 = (await cm.embeddings.create({ model: stories, input: PROMPT })).data[0].embedding;
+  const m2 = (await cm.embeddings.create({ model: stories, input: [PROMPT, 'The cat'] })).data[0].embedding;
+  t.check(Math.abs(norm(m1) - 1) < 1e-5, 'mean: unit norm', norm(m1));
+  t.eq(m2, m1, 'mean: deterministic, batched');
+  t.check(m1.some((x, i) => Math.abs(x - lastVec[i]) > 1e-3), 'mean differs from last');
+} catch (e) {
+  t.check(false, 'unexpected exception (mean)', String(e.stack || e));
+}
+t.eq((await stopServer(sm)).code, 0, 'mean server exit status');
+let bad = null;
+try {
+  execFileSync(weld, ['serve', stories, '--pooling-type', 'cls'], { stdio: 'pipe' });
+} catch (e) {
+  bad = e;
+}
+t.eq(bad?.status, 2, '--pooling-type cls: exit status 2');
+t.check(String(bad?.stderr).includes('--pooling-type cls: expected last or mean'),
+        '--pooling-type error names the flag', String(bad?.stderr));
 process.exit(t.summary());
