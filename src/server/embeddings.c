@@ -19,7 +19,8 @@
  *
  * Response: {"object": "list", "data": [{"object": "embedding", "index": i, "embedding":
  * [...] | "base64"}], "model", "usage": {"prompt_tokens", "total_tokens"}}. A client that
- * goes away cancels its requests (checked every 100 ms while waiting), as in routes.c.
+ * goes away cancels its requests (checked every 100 ms while waiting), as in routes.c;
+ * requests aborted at shutdown get a 503, failed ones a 500.
  */
 #include "server/http.h"
 
@@ -221,7 +222,7 @@ static json_t *collect(struct server *s, struct MHD_Connection *c, struct server
 {
     json_t **vec = wcalloc((size_t)r->n, sizeof *vec);
     char *fail = NULL;
-    bool gone = false;
+    bool gone = false, aborted = false;
     if (!vec) {
         server_error_set(e, 500, NULL, "out of memory");
         return NULL;
@@ -236,6 +237,7 @@ static json_t *collect(struct server *s, struct MHD_Connection *c, struct server
                 vec[ev->choice] = vector_json(ev->emb, ev->n_emb, r->base64);
             if (ev->finish) {
                 *prompt_tokens += ev->n_prompt;
+                aborted |= ev->reason == REQUEST_FINISH_ABORT;
                 if (ev->reason != REQUEST_FINISH_STOP && !fail)
                     fail = wstrdup(ev->error ? ev->error : server_finish_str(ev->reason));
             }
@@ -261,7 +263,10 @@ static json_t *collect(struct server *s, struct MHD_Connection *c, struct server
     if (fail) {
         json_decref(data);
         data = NULL;
-        server_error_set(e, 500, NULL, "embedding failed: %s", fail);
+        if (aborted) /* shutdown */
+            server_error_set(e, 503, NULL, "the server is shutting down; retry elsewhere");
+        else
+            server_error_set(e, 500, NULL, "embedding failed: %s", fail);
     } else if (gone) {
         e->http = 0; /* no answer */
     }
