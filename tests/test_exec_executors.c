@@ -1,8 +1,8 @@
 /*
  * Executor equivalence: the `mega` executor (per-worker queues, dependency counters) and
  * the `ops` executor (thread team, barrier per stage) must give logits and final hidden
- * states (the embeddings' input) bit-identical (memcmp) to the single-threaded `ref` executor, the oracle that test_exec_forward
- * checks against a naive double-precision forward pass. ref also runs the head-grouped
+ * states (the embeddings' input) bit-identical (memcmp) to the single-threaded `ref`
+ * executor, the oracle that test_exec_forward checks against a naive double-precision forward pass. ref also runs the head-grouped
  * (PROG_HEAD_DEPS) programs mega asks for, and ops runs them too.
  *
  * Models: tiny random ones built in memory for every architecture variant (llama with

@@ -3,8 +3,8 @@
  *
  * Flags follow vLLM's names: --host, --port, --served-model-name, --api-key,
  * --chat-template, --shutdown-timeout, --pooling-type (the embeddings' pooling, llama.cpp's
- * --pooling and vLLM's pooling_type: last or mean), plus the engine flags every engine command shares
- * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
+ * --pooling and vLLM's pooling_type: last or mean), plus the engine flags every engine
+ * command shares (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
  * argument or with -m. This file only maps options; server_run does the work and returns
  * after SIGINT/SIGTERM (exit 0) or a start-up failure (exit 1, message on stderr).
@@ -43,7 +43,8 @@ int cmd_serve(int argc, char **argv)
     int n_pos = 0;
     int rc = cli_parse(argc, argv, "serve MODEL [options]",
                        "Serve MODEL over HTTP with the OpenAI API (/v1/completions, "
-                       "/v1/chat/completions, /v1/embeddings, /v1/models),\n/tokenize, /detokenize, /health, "
+                       "/v1/chat/completions, /v1/embeddings,\n/v1/models), /tokenize, "
+                       "/detokenize, /health, "
                        "/version and /metrics (Prometheus). SIGTERM drains, then exits.",
                        opts, n, pos, 1, &n_pos);
     if (rc)
