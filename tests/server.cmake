@@ -35,3 +35,16 @@ else()
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+
+# /v1/embeddings and echo with prompt logprobs (tests/node/serve_pooling.mjs)
+if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/package.json
+   AND EXISTS ${weld_serve_model})
+  add_test(NAME server_pooling
+           COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_pooling.mjs
+                   $<TARGET_FILE:weld> ${weld_serve_model}
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
+  set_tests_properties(server_pooling PROPERTIES TIMEOUT 120)
+else()
+  add_test(NAME server_pooling COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and shared/models/stories260K.gguf'; exit 77")
+  set_tests_properties(server_pooling PROPERTIES SKIP_RETURN_CODE 77)
+endif()

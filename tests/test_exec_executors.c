@@ -1,8 +1,8 @@
 /*
  * Executor equivalence: the `mega` executor (per-worker queues, dependency counters) and
- * the `ops` executor (thread team, barrier per stage) must give logits bit-identical
- * (memcmp) to the single-threaded `ref` executor, the oracle that test_exec_forward
- * checks against a naive double-precision forward pass. ref also runs the head-grouped
+ * the `ops` executor (thread team, barrier per stage) must give logits and final hidden
+ * states (the embeddings' input) bit-identical (memcmp) to the single-threaded `ref`
+ * executor, the oracle that test_exec_forward checks against a naive double-precision forward pass. ref also runs the head-grouped
  * (PROG_HEAD_DEPS) programs mega asks for, and ops runs them too.
  *
  * Models: tiny random ones built in memory for every architecture variant (llama with
@@ -106,9 +106,10 @@ static void sched_next(struct sched *s, int vocab, struct batch *b)
     *b = (struct batch){.seqs = s->seqs, .n_seqs = n};
 }
 
-/* Run `steps` random steps on r; append every logit row to out (returns floats written,
-   -1 on error). */
-static long run_random(struct runner *r, uint64_t seed, int steps, float *out, long cap)
+/* Run `steps` random steps on r; append every logit row to out, then every row's final
+   hidden state (embeddings: runner_forward_hidden) (returns floats written, -1 on error). */
+static long run_random(struct runner *r, int dim, uint64_t seed, int steps, float *out,
+                       long cap)
 {
     struct sched s;
     memset(&s, 0, sizeof s);
@@ -122,13 +123,13 @@ static long run_random(struct runner *r, uint64_t seed, int steps, float *out, l
         for (int i = 0; i < s.n_drop; i++)
             runner_drop_seq(r, s.drop[i]);
         long rows = batch_n_logit_rows(&b);
-        if (n + rows * V > cap)
+        if (n + rows * (V + dim) > cap)
             return -1;
-        if (runner_forward(r, &b, out + n, &e)) {
+        if (runner_forward_hidden(r, &b, out + n, NULL, out + n + rows * V, &e)) {
             fprintf(stderr, "step %d: %s\n", step, e.msg);
             return -1;
         }
-        n += rows * V;
+        n += rows * (V + dim);
     }
     return n;
 }
@@ -146,7 +147,7 @@ static void check_equivalent_kp(const struct tspec *sp, int wtype, int kv_type, 
     struct exec_cfg ref = {"ref", 1, 0, kv_type};
     struct runner *r = make_runner(&tm->m, &ref);
     REQUIRE(r != NULL);
-    long n_want = run_random(r, seed * 7 + 1, 30, want, OUT_CAP);
+    long n_want = run_random(r, sp->dim, seed * 7 + 1, 30, want, OUT_CAP);
     runner_free(r);
     CHECK(n_want > 0);
     const struct exec_cfg cfgs[] = {
@@ -161,7 +162,7 @@ static void check_equivalent_kp(const struct tspec *sp, int wtype, int kv_type, 
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0] && n_want > 0; i++) {
         r = make_runner(&tm->m, &cfgs[i]);
         REQUIRE(r != NULL);
-        long n_got = run_random(r, seed * 7 + 1, 30, got, OUT_CAP);
+        long n_got = run_random(r, sp->dim, seed * 7 + 1, 30, got, OUT_CAP);
         runner_free(r);
         CHECK_EQ_INT(n_got, n_want);
         if (n_got == n_want && memcmp(got, want, (size_t)n_want * sizeof(float)) != 0) {

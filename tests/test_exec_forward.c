@@ -192,6 +192,24 @@ static void ref_layer(const struct model *m, int l, double *x, int n)
     free(q), free(k), free(v), free(att), free(h), free(o), free(g), free(u), free(sc);
 }
 
+/* The final hidden state (after the final norm: the LM head's input) of every position
+   of tokens[0..n): (n, dim). */
+static void ref_hidden(const struct model *m, const int32_t *tokens, int n, double *hidden)
+{
+    const struct model_config *c = &m->cfg;
+    int D = c->dim;
+    double *x = calloc((size_t)n * D, 8);
+    double *emb = deq(&m->tok_embd);
+    for (int t = 0; t < n; t++)
+        memcpy(x + t * D, emb + (size_t)tokens[t] * D, sizeof(double) * (size_t)D);
+    free(emb);
+    for (int l = 0; l < c->n_layer; l++)
+        ref_layer(m, l, x, n);
+    for (int t = 0; t < n; t++)
+        rmsnorm(x + t * D, &m->output_norm, c->norm_eps, hidden + (size_t)t * D, D);
+    free(x);
+}
+
 /* Logits (n, n_vocab) for every position of tokens[0..n). */
 static void ref_forward(const struct model *m, const int32_t *tokens, int n, double *logits)
 {
@@ -642,6 +660,61 @@ TEST(batch_invariants_qwen2_bf16) { check_batch_invariants(&spec_qwen2, DT_BF16,
 TEST(batch_invariants_llama_q4_0) { check_batch_invariants(&spec_llama, DT_Q4_0, 34); }
 TEST(batch_invariants_kquant_q4_k) { check_batch_invariants(&spec_kquant, DT_Q4_K, 35); }
 
+/* runner_forward_hidden: each logit row's final hidden state (embeddings' input) against
+   the naive reference, every position (all_logits) and the last one alone (the same bits),
+   with the logits unchanged by asking for it; in K parts too. */
+static void check_hidden(const struct tspec *s, int wtype, uint64_t seed, const char *kp)
+{
+    enum { P = 11 };
+    setenv("WELD_K_PARTS", kp, 1);
+    struct tmodel *tm = tm_build(s, wtype, seed);
+    const int V = s->vocab, D = s->dim;
+    int32_t toks[P];
+    rand_tokens(seed + 1, toks, P, V);
+    double *want = malloc(sizeof(double) * P * D);
+    float *got = malloc(sizeof(float) * P * D), *last = malloc(sizeof(float) * D);
+    float *lg = malloc(sizeof(float) * P * V), *lg2 = malloc(sizeof(float) * P * V);
+    float *lg3 = malloc(sizeof(float) * V);
+    ref_hidden(&tm->m, toks, P, want);
+    struct weld_err e;
+    for (int mode = 0; mode < 3; mode++) {
+        struct runner *r;
+        struct backend_params bp;
+        backend_params_init(&bp, 2, 32);
+        bp.kv_type = DT_F32;
+        REQUIRE(runner_create_ex(&r, &tm->m, &bp, &e) == WELD_OK);
+        struct batch_seq bs = {.seq_id = 0, .tokens = toks, .n_tokens = P, .all_logits = mode < 2};
+        struct batch b = {.seqs = &bs, .n_seqs = 1};
+        int rc = mode == 1 ? runner_forward(r, &b, lg2, &e)
+                 : runner_forward_hidden(r, &b, mode == 0 ? lg : lg3, NULL,
+                                         mode == 0 ? got : last, &e);
+        CHECK_EQ_INT(rc, WELD_OK);
+        runner_free(r);
+    }
+    double max_ref = 0, max_diff = 0;
+    for (int i = 0; i < P * D; i++) {
+        max_ref = fmax(max_ref, fabs(want[i]));
+        max_diff = fmax(max_diff, fabs(want[i] - got[i]));
+    }
+    CHECK(max_ref > 0.1);
+    if (!(max_diff / max_ref <= 1e-4))
+        fprintf(stderr, "hidden: max diff %g / max %g\n", max_diff, max_ref);
+    CHECK(max_diff / max_ref <= 1e-4);
+    CHECK(memcmp(last, got + (size_t)(P - 1) * D, sizeof(float) * D) == 0);
+    CHECK(memcmp(lg, lg2, sizeof(float) * P * V) == 0);
+    CHECK(memcmp(lg3, lg + (size_t)(P - 1) * V, sizeof(float) * V) == 0);
+    free(want), free(got), free(last), free(lg), free(lg2), free(lg3);
+    tm_free(tm);
+    unsetenv("WELD_K_PARTS");
+}
+
+TEST(final_hidden_states)
+{
+    check_hidden(&spec_llama, DT_F32, 41, "1");
+    check_hidden(&spec_qwen3, DT_F32, 42, "1");
+    check_hidden(&spec_qwen2, DT_F32, 43, "2");
+}
+
 /* all_logits = false returns exactly the last row of the all_logits run. */
 TEST(last_logits_only)
 {
@@ -948,6 +1021,7 @@ static void run_batch_tests(void)
     RUN(batch_invariants_llama_q4_0);
     RUN(batch_invariants_kquant_q4_k);
     RUN(last_logits_only);
+    RUN(final_hidden_states);
     RUN(rewind_and_drop);
     RUN(limits_and_bad_batches);
     RUN(kv_exhaustion_is_all_or_nothing);

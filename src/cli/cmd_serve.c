@@ -2,8 +2,10 @@
  * cmd_serve - `weld serve MODEL`: the OpenAI-compatible HTTP server (src/server/).
  *
  * Flags follow vLLM's names: --host, --port, --served-model-name, --api-key (repeatable;
- * --api-key-file adds keys from a file), --chat-template, --shutdown-timeout; weld's own:
- * --max-body, --send-timeout, --max-connections, --max-connections-per-client; plus the engine flags every engine command shares
+ * --api-key-file adds keys from a file), --chat-template, --shutdown-timeout, --pooling-type
+ * (the embeddings' pooling, llama.cpp's --pooling and vLLM's pooling_type: last or mean);
+ * weld's own: --max-body, --send-timeout, --max-connections, --max-connections-per-client;
+ * plus the engine flags every engine command shares
  * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
  * argument or with -m. This file only maps options; server_run does the work and returns
@@ -26,8 +28,7 @@ int cmd_serve(int argc, char **argv)
     uint64_t max_body = so.max_body;
     float send_timeout = (float)so.send_timeout;
     struct cli_strs keys = {.n = 0};
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 12];
-    int n = cli_engine_opts_table(&eo, opts);
+    const char *pooling = "last";
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
@@ -40,14 +41,18 @@ int cmd_serve(int argc, char **argv)
         {"send-timeout", 0, OPT_FLOAT, &send_timeout, "S", "drop a client silent S s while sending, idle or not reading (default 15; never cuts a running request)"},
         {"max-connections", 0, OPT_INT, &so.max_connections, "N", "connections held at once (default 1000; 1/16 kept for /health and /metrics)"},
         {"max-connections-per-client", 0, OPT_INT, &so.max_connections_per_client, "N", "connections one client address may hold (default 256; 0: no limit; 429 beyond)"},
+        {"pooling-type", 0, OPT_STR, &pooling, "TYPE", "/v1/embeddings pooling: last (default) or mean"},
     };
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + sizeof extra / sizeof extra[0]];
+    int n = cli_engine_opts_table(&eo, opts);
     memcpy(opts + n, extra, sizeof extra);
     n += (int)(sizeof extra / sizeof extra[0]);
     const char *pos[1];
     int n_pos = 0;
     int rc = cli_parse(argc, argv, "serve MODEL [options]",
                        "Serve MODEL over HTTP with the OpenAI API (/v1/completions, "
-                       "/v1/chat/completions, /v1/models),\n/tokenize, /detokenize, /health, "
+                       "/v1/chat/completions, /v1/embeddings,\n/v1/models), /tokenize, "
+                       "/detokenize, /health, "
                        "/version and /metrics (Prometheus). SIGTERM drains, then exits.",
                        opts, n, pos, 1, &n_pos);
     if (rc)
@@ -67,6 +72,11 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "weld serve: --shutdown-timeout must be >= 0\n");
         return 2;
     }
+    if (strcmp(pooling, "last") && strcmp(pooling, "mean")) {
+        fprintf(stderr, "weld serve: --pooling-type %s: expected last or mean\n", pooling);
+        return 2;
+    }
+    so.pooling = strcmp(pooling, "mean") ? REQUEST_POOLING_LAST : REQUEST_POOLING_MEAN;
     struct weld_err e = {0};
     if (cli_engine_params(&eo, &so.engine, &e)) {
         fprintf(stderr, "weld serve: %s\n", e.msg);

@@ -29,6 +29,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Tokens per step of a request that wants prompt logprobs (each is a logits row). */
+#define ENGINE_PROMPT_LP_CHUNK 256
+
 struct engine_req;
 
 struct engine_seq {
@@ -62,10 +65,13 @@ struct engine {
                                     first pass, made by the LM head), and for rows that
                                     sample at a plain temperature its softmax statistics */
     float *chunk_stats;          /* (cap_rows, 2, logits_n_chunks(n_vocab)) their arrays */
+    float *hidden;               /* (cap_rows, dim) final hidden states (embedding steps) */
     int cap_rows;
     struct batch_seq *bseqs;     /* (cap_bseqs) */
     int cap_bseqs;
-    int *row_entry;              /* (cap_bseqs) plan entry of batch sequence / logits row */
+    int *row_entry;              /* (cap_bseqs) plan entry of each batch sequence */
+    int *row0;                   /* (cap_bseqs + 1) its first logits row (all_logits
+                                    sequences have one per token); row0[n] = rows */
     struct kv_block_copy *copies; /* (cap_copies) */
     int cap_copies;
     size_t kv_bytes;
@@ -307,8 +313,10 @@ void engine_free(struct engine *eng)
     wfree(eng->logits);
     wfree(eng->tops);
     wfree(eng->chunk_stats);
+    wfree(eng->hidden);
     wfree(eng->bseqs);
     wfree(eng->row_entry);
+    wfree(eng->row0);
     wfree(eng->copies);
     wfree(eng);
 }
@@ -370,6 +378,13 @@ static int req_build(struct engine *eng, const struct request_params *p,
     return WELD_OK;
 }
 
+/* The request needs a row (logits, hidden state) for every prompt position. */
+static bool req_every_row(const struct request *r)
+{
+    return r->p.prompt_logprobs >= 0 ||
+           (r->p.kind == REQUEST_KIND_EMBED && r->p.pooling == REQUEST_POOLING_MEAN);
+}
+
 int engine_add_request(struct engine *eng, const struct request_params *p,
                        const struct request_callbacks *cb, uint64_t *id, struct weld_err *e)
 {
@@ -388,6 +403,10 @@ int engine_add_request(struct engine *eng, const struct request_params *p,
         .n_tokens = r->n_prompt,
         .cache_salt = r->p.cache_salt,
         .cache_salt_len = r->p.cache_salt ? strlen(r->p.cache_salt) : 0,
+        /* prompt logprobs and mean pooling need every prompt position's row: no cached
+           prefix, and chunks that bound the rows one sequence takes */
+        .no_prefix_hit = req_every_row(r),
+        .max_chunk = req_every_row(r) ? ENGINE_PROMPT_LP_CHUNK : 0,
     };
     if ((rc = sched_add(eng->s, &sp, &er->seqs[0].ss, e))) {
         eng->st.requests_rejected++;
@@ -437,19 +456,31 @@ const struct model *engine_model(const struct engine *eng) { return eng->m; }
 const struct tokenizer *engine_tokenizer(const struct engine *eng) { return eng->tok; }
 const struct sched_config *engine_sched_config(const struct engine *eng) { return &eng->sc; }
 
-/* Grow the step buffers for n entries and n_copies copies. */
-static bool step_buffers(struct engine *eng, int n, int n_copies)
+/* Grow the step buffers for n entries, n_rows logits rows and n_copies copies. */
+static bool step_buffers(struct engine *eng, int n, int n_rows, int n_copies)
 {
-    if (n > eng->cap_rows) {
-        float *l = wrealloc(eng->logits, (size_t)n * (size_t)eng->n_vocab * sizeof *l);
+    if (n > eng->cap_bseqs) {
         struct batch_seq *b = wrealloc(eng->bseqs, (size_t)n * sizeof *b);
-        if (l)
-            eng->logits = l;
         if (b)
             eng->bseqs = b;
         int *re = wrealloc(eng->row_entry, (size_t)n * sizeof *re);
         if (re)
             eng->row_entry = re;
+        int *r0 = wrealloc(eng->row0, ((size_t)n + 1) * sizeof *r0);
+        if (r0)
+            eng->row0 = r0;
+        if (!b || !re || !r0)
+            return false;
+        eng->cap_bseqs = n;
+    }
+    if (n_rows > eng->cap_rows) {
+        n = n_rows;
+        float *l = wrealloc(eng->logits, (size_t)n * (size_t)eng->n_vocab * sizeof *l);
+        if (l)
+            eng->logits = l;
+        float *h = wrealloc(eng->hidden, (size_t)n * (size_t)eng->m->cfg.dim * sizeof *h);
+        if (h)
+            eng->hidden = h;
         struct logits_top *tp = wrealloc(eng->tops, (size_t)n * sizeof *tp);
         if (tp)
             eng->tops = tp;
@@ -457,9 +488,9 @@ static bool step_buffers(struct engine *eng, int n, int n_copies)
                              (size_t)logits_n_chunks(eng->n_vocab) * sizeof *cs);
         if (cs)
             eng->chunk_stats = cs;
-        if (!l || !b || !re || !tp || !cs)
+        if (!l || !h || !tp || !cs)
             return false;
-        eng->cap_rows = eng->cap_bseqs = n;
+        eng->cap_rows = n;
     }
     if (n_copies > eng->cap_copies) {
         struct kv_block_copy *c = wrealloc(eng->copies, (size_t)n_copies * sizeof *c);
@@ -471,14 +502,41 @@ static bool step_buffers(struct engine *eng, int n, int n_copies)
     return true;
 }
 
-/* The plan as a batch: entry k is batch sequence k (its logits row k). */
-static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct batch *b,
-                         struct weld_err *e)
+/* A chunk of the prompt of a request that needs every row (req_every_row): a row per token. */
+static bool entry_all_logits(const struct sched_entry *en)
 {
-    if (!step_buffers(eng, pl->n_entries, pl->n_copies))
-        return err_set(e, WELD_ERR_NOMEM, "engine: out of memory for a step of %d entries",
-                       pl->n_entries);
-    int n = 0;
+    const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
+    return req_every_row(rq) && en->n_tokens > 1 && en->first < rq->n_prompt;
+}
+
+/* The step must return hidden states for this entry: an embedding's last step, or any
+   prompt step of a mean-pooled one. */
+static bool entry_hidden(const struct sched_entry *en)
+{
+    const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
+    return rq->p.kind == REQUEST_KIND_EMBED &&
+           (en->sample || rq->p.pooling == REQUEST_POOLING_MEAN);
+}
+
+/* The plan as a batch: the live entries in order, batch sequence j's logits rows from
+   row0[j] (one per token for entry_all_logits, else one: its last token). *hidden: some
+   entry needs hidden states (entry_hidden). */
+static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct batch *b,
+                         bool *hidden, struct weld_err *e)
+{
+    int n_rows = 0;
+    *hidden = false;
+    for (int k = 0; k < pl->n_entries; k++) {
+        const struct sched_entry *en = &pl->entries[k];
+        if (!en->seq)
+            continue;
+        n_rows += entry_all_logits(en) ? en->n_tokens : 1;
+        *hidden |= entry_hidden(en);
+    }
+    if (!step_buffers(eng, pl->n_entries, n_rows, pl->n_copies))
+        return err_set(e, WELD_ERR_NOMEM, "engine: out of memory for a step of %d entries "
+                       "(%d logits rows)", pl->n_entries, n_rows);
+    int n = 0, row = 0;
     for (int k = 0; k < pl->n_entries; k++) {
         const struct sched_entry *en = &pl->entries[k];
         if (!en->seq)
@@ -492,21 +550,29 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
            at another temperature, a fraction of the cost) */
         const size_t nch = (size_t)logits_n_chunks(eng->n_vocab);
         const struct request *rq = es->er->r;
-        struct logits_top *t = &eng->tops[n];
-        t->inv_t = !en->sample ? 0.0f : rq->p.logprobs >= 0 ? 1.0f
-                 : sampler_stats_inv_t(&rq->p.sampling, eng->n_vocab);
-        t->chunk_max = eng->chunk_stats + (size_t)n * 2 * nch;
-        t->chunk_sum = t->chunk_max + nch;
+        const bool all = entry_all_logits(en);
+        const int rows = all ? en->n_tokens : 1;
+        for (int i = 0; i < rows; i++) {
+            struct logits_top *t = &eng->tops[row + i];
+            t->inv_t = !en->sample || i < rows - 1 ? 0.0f : rq->p.logprobs >= 0 ? 1.0f
+                     : sampler_stats_inv_t(&rq->p.sampling, eng->n_vocab);
+            t->chunk_max = eng->chunk_stats + (size_t)(row + i) * 2 * nch;
+            t->chunk_sum = t->chunk_max + nch;
+        }
         eng->row_entry[n] = k;
+        eng->row0[n] = row;
+        row += rows;
         eng->bseqs[n++] = (struct batch_seq){
             .seq_id = k,
             .tokens = en->seq->tokens + en->first,
             .n_tokens = en->n_tokens,
             .pos = en->first,
+            .all_logits = all,
             .blocks = en->blocks,
             .n_blocks = en->n_blocks,
         };
     }
+    eng->row0[n] = row;
     for (int c = 0; c < pl->n_copies; c++)
         eng->copies[c] = (struct kv_block_copy){pl->copies[c].src, pl->copies[c].dst};
     *b = (struct batch){.seqs = eng->bseqs, .n_seqs = n,
@@ -545,9 +611,10 @@ static void seq_sample(struct engine *eng, struct engine_req *er, int i, const f
     }
 }
 
-/* An entry that reached the end of its tokens: fork (n > 1, first time), then sample. */
+/* An entry that reached the end of its tokens: an embedding (hidden: its final hidden
+   state) or a prompt-only request finishes; else fork (n > 1, first time), then sample. */
 static void entry_sample(struct engine *eng, struct engine_seq *es, const float *row,
-                         const struct logits_top *top)
+                         const struct logits_top *top, const float *hidden)
 {
     struct engine_req *er = es->er;
     struct request *r = er->r;
@@ -555,6 +622,25 @@ static void entry_sample(struct engine *eng, struct engine_seq *es, const float 
         er->counted_cached = true;
         r->n_cached = es->ss->n_cached;
         eng->st.cached_tokens += (uint64_t)r->n_cached;
+    }
+    if (r->p.kind == REQUEST_KIND_EMBED || (r->p.max_tokens == 0 && !er->forked)) {
+        struct weld_err e;
+        if (r->p.kind == REQUEST_KIND_EMBED) {
+            if (request_embed_done(r, hidden, eng->m->cfg.dim, &e) != WELD_OK) {
+                req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+                return;
+            }
+        } else {
+            request_finish_prompt_only(r);
+        }
+        for (int i = 0; i < r->n_seqs; i++)
+            if (er->seqs[i].ss) {
+                sched_finish(eng->s, er->seqs[i].ss);
+                er->seqs[i].ss = NULL;
+            }
+        eng->st.requests_finished++;
+        req_unlink_free(eng, er);
+        return;
     }
     if (es->index != 0 || er->forked || r->n_seqs == 1) {
         seq_sample(eng, er, es->index, row, top);
@@ -624,10 +710,12 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
 {
     plan_failed(eng, pl);
     struct batch b;
-    int rc = plan_to_batch(eng, pl, &b, e);
+    bool hidden = false;
+    int rc = plan_to_batch(eng, pl, &b, &hidden, e);
     if (rc == WELD_OK && b.n_seqs > 0) {
         double t0 = time_now();
-        rc = runner_forward_top(eng->run, &b, eng->logits, eng->tops, e);
+        rc = runner_forward_hidden(eng->run, &b, eng->logits, eng->tops,
+                                   hidden ? eng->hidden : NULL, e);
         eng->st.t_forward += time_now() - t0;
     }
     if (rc) {
@@ -640,11 +728,27 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
         return rc;
     eng->st.steps++;
     eng->st.computed_tokens += (uint64_t)pl->n_tokens;
+    const size_t V = (size_t)eng->n_vocab, D = (size_t)eng->m->cfg.dim;
     for (int j = 0; j < b.n_seqs; j++) {
         const struct sched_entry *en = &pl->entries[eng->row_entry[j]];
-        if (en->seq && en->sample)
-            entry_sample(eng, en->seq->user, eng->logits + (size_t)j * (size_t)eng->n_vocab,
-                         &eng->tops[j]);
+        if (!en->seq)
+            continue;
+        struct engine_seq *es = en->seq->user;
+        const int r0 = eng->row0[j], last = eng->row0[j + 1] - 1;
+        if (es->er->r->p.prompt_logprobs >= 0 && es->index == 0)
+            request_prompt_logprobs(es->er->r, en->first, eng->logits + (size_t)r0 * V,
+                                    last - r0 + 1);
+        struct weld_err re;
+        if (es->er->r->p.kind == REQUEST_KIND_EMBED &&
+            es->er->r->p.pooling == REQUEST_POOLING_MEAN &&
+            request_embed_rows(es->er->r, en->first, eng->hidden + (size_t)r0 * D,
+                               last - r0 + 1, (int)D, &re) != WELD_OK) {
+            req_end(eng, es->er, REQUEST_FINISH_ERROR, re.msg);
+            continue;
+        }
+        if (en->sample)
+            entry_sample(eng, es, eng->logits + (size_t)last * V, &eng->tops[last],
+                         eng->hidden + (size_t)last * D);
     }
     return WELD_OK;
 }

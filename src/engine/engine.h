@@ -25,6 +25,12 @@
  * released (sched_finish). n > 1: the prompt runs once as sequence 0; when it first
  * samples, sequences 1..n-1 are forked from it (sched_fork: shared blocks, copy-on-write)
  * and each samples its first token from the same logits row with its own seed.
+ * Requests that read the prompt (request.h): an embedding request asks the step that
+ * reaches its last token for that row's final hidden state (runner_forward_hidden) and
+ * finishes with it instead of sampling; one with prompt_logprobs runs its prompt chunks
+ * with a logits row per token (at most ENGINE_PROMPT_LP_CHUNK tokens a step), never from
+ * the prefix cache (sched no_prefix_hit), scoring each prompt token as its chunk ends; a
+ * mean-pooled embedding runs its prompt the same way, adding up every row's hidden state.
  *
  * Determinism: at temperature 0 a request's tokens do not depend on what else runs, how
  * its prompt was chunked or whether its prefix came from the cache, because the backend

@@ -39,14 +39,26 @@ struct request_params request_params_default(void)
     p.skip_special_tokens = true;
     p.n = 1;
     p.logprobs = -1;
+    p.prompt_logprobs = -1;
     return p;
 }
 
 static int check_counts(const struct request_params *p, struct weld_err *e)
 {
-    if (p->max_tokens < 1)
-        return err_set(e, WELD_ERR_INVALID_ARG, "max_tokens: %d, must be at least 1",
-                       p->max_tokens);
+    if (p->kind != REQUEST_KIND_GENERATE && p->kind != REQUEST_KIND_EMBED)
+        return err_set(e, WELD_ERR_INVALID_ARG, "kind: %d is not a request kind", (int)p->kind);
+    if (p->pooling != REQUEST_POOLING_LAST && p->pooling != REQUEST_POOLING_MEAN)
+        return err_set(e, WELD_ERR_INVALID_ARG, "pooling: %d is not a pooling type",
+                       (int)p->pooling);
+    if (p->kind == REQUEST_KIND_EMBED && (p->n != 1 || p->prompt_logprobs >= 0))
+        return err_set(e, WELD_ERR_INVALID_ARG, "an embedding request takes n = 1 (got %d) "
+                       "and no prompt_logprobs", p->n);
+    if (p->prompt_logprobs < -1 || p->prompt_logprobs > REQUEST_MAX_LOGPROBS)
+        return err_set(e, WELD_ERR_INVALID_ARG, "prompt_logprobs: %d, must be in [0, %d] "
+                       "(or off)", p->prompt_logprobs, REQUEST_MAX_LOGPROBS);
+    if (p->kind == REQUEST_KIND_GENERATE && p->max_tokens < (p->prompt_logprobs >= 0 ? 0 : 1))
+        return err_set(e, WELD_ERR_INVALID_ARG, "max_tokens: %d, must be at least 1 (0 only "
+                       "with prompt logprobs: echo)", p->max_tokens);
     if (p->min_tokens < 0 || p->min_tokens > p->max_tokens)
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "min_tokens: %d, must be in [0, max_tokens = %d]", p->min_tokens,
@@ -207,6 +219,11 @@ void request_free(struct request *r)
     wfree(r->top_ids);
     wfree(r->top_lps);
     wfree(r->eog_ids);
+    wfree(r->plp);
+    wfree(r->plp_ids);
+    wfree(r->plp_lps);
+    wfree(r->emb);
+    wfree(r->emb_sum);
     wfree(r->error);
     wfree(r);
 }
@@ -309,6 +326,24 @@ static int seq_init(struct request *r, int i, struct weld_err *e)
     return WELD_OK;
 }
 
+/* prompt_logprobs: one entry per prompt token, each pointing at its tops; entry 0 (no
+   context to predict it from) has logprob NAN and is scored from the start. */
+static int plp_alloc(struct request *r, struct weld_err *e)
+{
+    const size_t n = (size_t)r->n_prompt, N = (size_t)r->p.prompt_logprobs;
+    r->plp = wcalloc(n, sizeof *r->plp);
+    r->plp_ids = wmalloc((n * N + 1) * sizeof *r->plp_ids);
+    r->plp_lps = wmalloc((n * N + 1) * sizeof *r->plp_lps);
+    if (!r->plp || !r->plp_ids || !r->plp_lps)
+        return err_set(e, WELD_ERR_NOMEM, "request: out of memory for %zu prompt logprobs", n);
+    for (size_t i = 0; i < n; i++)
+        r->plp[i] = (struct request_logprob){.token = r->prompt[i], .logprob = NAN,
+                                             .top_ids = r->plp_ids + i * N,
+                                             .top_logprobs = r->plp_lps + i * N};
+    r->n_prompt_lp = 1;
+    return WELD_OK;
+}
+
 int request_create(struct request **out, uint64_t id, const struct request_params *p,
                    const int32_t *prompt, int n_prompt, const struct tokenizer *tok,
                    int n_vocab, const struct request_callbacks *cb, struct weld_err *e)
@@ -344,6 +379,8 @@ int request_create(struct request **out, uint64_t id, const struct request_param
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
     r->n_prompt = n_prompt;
     r->n_seqs = p->n;
+    if (p->prompt_logprobs >= 0 && (rc = plp_alloc(r, e)))
+        goto fail;
     for (int i = 0; i < r->n_seqs; i++)
         if ((rc = seq_init(r, i, e)))
             goto fail;
@@ -484,6 +521,10 @@ static void seq_finish(struct request *r, struct request_seq *s, enum request_fi
         .t_queue = r->t_scheduled > 0 ? r->t_scheduled - r->t_arrival : now - r->t_arrival,
         .t_first_token = r->t_first_token > 0 ? r->t_first_token - r->t_arrival : 0,
         .t_total = now - r->t_arrival,
+        .prompt_logprobs = r->plp && r->n_prompt_lp == r->n_prompt ? r->plp : NULL,
+        .n_prompt_logprobs = r->plp && r->n_prompt_lp == r->n_prompt ? r->n_prompt : 0,
+        .embedding = r->emb,
+        .n_embedding = r->emb ? r->n_emb : 0,
     };
     r->cb.on_finish(r->cb.user, r->id, s->index, &res);
 }
@@ -580,6 +621,79 @@ int request_seq_step(struct request *r, int i, const float *logits,
         *finished = true;
     }
     return WELD_OK;
+}
+
+void request_prompt_logprobs(struct request *r, int first, const float *rows, int n_rows)
+{
+    if (!r->plp)
+        return;
+    const int N = r->p.prompt_logprobs;
+    for (int k = 0; k < n_rows; k++) {
+        const int pos = first + k + 1; /* the prompt token row k predicts */
+        if (pos != r->n_prompt_lp || pos >= r->n_prompt)
+            continue;
+        const float *row = rows + (size_t)k * (size_t)r->n_vocab;
+        const double lse = sampler_log_sum_exp(row, r->n_vocab, NULL);
+        struct request_logprob *lp = &r->plp[pos];
+        lp->logprob = (float)((double)row[lp->token] - lse);
+        lp->n_top = N > 0 ? sampler_top_logprobs_ex(row, r->n_vocab, N, NULL, lse,
+                                                    r->plp_ids + (size_t)pos * N,
+                                                    r->plp_lps + (size_t)pos * N)
+                          : 0;
+        r->n_prompt_lp = pos + 1;
+    }
+}
+
+int request_embed_rows(struct request *r, int first, const float *rows, int n_rows, int dim,
+                       struct weld_err *e)
+{
+    if (!r->emb_sum && !(r->emb_sum = wcalloc((size_t)(dim > 0 ? dim : 1), sizeof *r->emb_sum)))
+        return err_set(e, WELD_ERR_NOMEM, "request: out of memory for an embedding");
+    for (int k = 0; k < n_rows; k++) {
+        if (first + k != r->n_emb_pos || first + k >= r->n_prompt)
+            continue;
+        for (int i = 0; i < dim; i++)
+            r->emb_sum[i] += rows[(size_t)k * (size_t)dim + (size_t)i];
+        r->n_emb_pos++;
+    }
+    return WELD_OK;
+}
+
+int request_embed_done(struct request *r, const float *h, int dim, struct weld_err *e)
+{
+    const bool mean = r->p.pooling == REQUEST_POOLING_MEAN;
+    if (mean && (!r->emb_sum || r->n_emb_pos != r->n_prompt))
+        return err_set(e, WELD_ERR_INTERNAL, "request %llu: mean pooling saw %d of %d prompt "
+                       "tokens", (unsigned long long)r->id, r->n_emb_pos, r->n_prompt);
+    float *v = wmalloc((size_t)(dim > 0 ? dim : 1) * sizeof *v);
+    if (!v)
+        return err_set(e, WELD_ERR_NOMEM, "request: out of memory for an embedding");
+    wfree(r->emb);
+    r->emb = v;
+    r->n_emb = dim;
+    double ss = 0;
+    for (int i = 0; i < dim; i++) {
+        double x = mean ? r->emb_sum[i] / r->n_prompt : (double)h[i];
+        ss += x * x;
+    }
+    const double inv = ss > 0 ? 1.0 / sqrt(ss) : 0.0; /* an all-zero state stays zero */
+    for (int i = 0; i < dim; i++)
+        v[i] = (float)((mean ? r->emb_sum[i] / r->n_prompt : (double)h[i]) * inv);
+    if (r->t_first_token == 0)
+        r->t_first_token = time_now();
+    for (int i = 0; i < r->n_seqs; i++)
+        if (r->seqs[i].finish == REQUEST_FINISH_NONE)
+            seq_finish(r, &r->seqs[i], REQUEST_FINISH_STOP);
+    return WELD_OK;
+}
+
+void request_finish_prompt_only(struct request *r)
+{
+    if (r->t_first_token == 0)
+        r->t_first_token = time_now();
+    for (int i = 0; i < r->n_seqs; i++)
+        if (r->seqs[i].finish == REQUEST_FINISH_NONE)
+            seq_finish(r, &r->seqs[i], REQUEST_FINISH_LENGTH);
 }
 
 void request_finish_all(struct request *r, enum request_finish f, const char *msg)

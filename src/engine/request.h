@@ -31,6 +31,15 @@
  *
  * Logprobs are of the raw logits row (before min_tokens masking, penalties, temperature),
  * as vLLM reports them by default: the sampled token's and the top-N alternatives.
+ * prompt_logprobs (vLLM's): the same for every prompt token but the first, from the row of
+ * the position before it, in each sequence's request_result; with it max_tokens may be 0
+ * (score the prompt only: finish "length", nothing sampled).
+ *
+ * Kinds: REQUEST_KIND_EMBED only runs the prompt; the final hidden state (after the final
+ * norm) of its last token (REQUEST_POOLING_LAST, the default: vLLM's for decoder models),
+ * or the mean of every prompt token's (REQUEST_POOLING_MEAN), L2-normalised, is its
+ * request_result's embedding, and it finishes "stop" with no tokens (n is 1, sampling
+ * fields are ignored).
  *
  * Not thread-safe; callbacks run on the caller's thread inside request_seq_step.
  */
@@ -63,7 +72,19 @@ enum request_finish {
 /* "stop", "length", "abort", "error" (NULL for NONE). */
 const char *request_finish_str(enum request_finish f);
 
+enum request_kind {
+    REQUEST_KIND_GENERATE = 0, /* sample tokens */
+    REQUEST_KIND_EMBED,        /* run the prompt, report its pooled hidden state */
+};
+
+enum request_pooling {
+    REQUEST_POOLING_LAST = 0,  /* the last prompt token's hidden state */
+    REQUEST_POOLING_MEAN,      /* the mean over the prompt's tokens */
+};
+
 struct request_params {
+    enum request_kind kind;          /* default GENERATE */
+    enum request_pooling pooling;    /* REQUEST_KIND_EMBED: default LAST */
     /* the prompt: exactly one of these three */
     const char *prompt;              /* text, encoded with the model's tokenizer */
     const int32_t *prompt_ids;       /* (n_prompt_ids) token ids, used as given */
@@ -87,6 +108,8 @@ struct request_params {
     bool skip_special_tokens;        /* default true */
     int n;                           /* sequences per prompt, [1, REQUEST_MAX_N] */
     int logprobs;                    /* -1 off; 0: sampled token only; N: plus top N */
+    int prompt_logprobs;             /* -1 off; N in [0, 20]: each prompt token's logprob
+                                        (all but the first) plus the top N */
     int priority;                    /* lower runs first under the priority policy */
     const char *cache_salt;          /* NULL or a string mixed into prefix-cache hashes */
 };
@@ -111,6 +134,14 @@ struct request_result {
     double t_queue;                  /* seconds from arrival to first scheduled */
     double t_first_token;            /* seconds from arrival to first token (TTFT) */
     double t_total;                  /* seconds from arrival to finish */
+    /* prompt_logprobs: (n_prompt_logprobs = n_prompt_tokens) entry i for prompt token i;
+       entry 0 (no context) has token set, n_top 0 and logprob NAN; NULL when off or
+       when the request failed before every prompt token was scored */
+    const struct request_logprob *prompt_logprobs;
+    int n_prompt_logprobs;
+    /* REQUEST_KIND_EMBED: the embedding (n_embedding = model dim floats, unit L2 norm) */
+    const float *embedding;
+    int n_embedding;
 };
 
 struct request_callbacks {
@@ -155,6 +186,14 @@ struct request {
     float *top_lps;                  /* (REQUEST_MAX_LOGPROBS) */
     int32_t *eog_ids;                /* (n_eog) ids masked under min_tokens */
     int n_eog;
+    int n_prompt_lp;                 /* prompt positions [0, n_prompt_lp) scored */
+    struct request_logprob *plp;     /* (n_prompt) prompt_logprobs, their tops in: */
+    int32_t *plp_ids;                /* (n_prompt * prompt_logprobs) */
+    float *plp_lps;
+    float *emb;                      /* (n_emb) REQUEST_KIND_EMBED: the embedding */
+    int n_emb;
+    double *emb_sum;                 /* (n_emb) POOLING_MEAN: sum of the hidden states of */
+    int n_emb_pos;                   /* prompt positions [0, n_emb_pos) */
     char *error;                     /* message for REQUEST_FINISH_ERROR */
 };
 
@@ -185,6 +224,18 @@ void request_free(struct request *r);
 int request_seq_step(struct request *r, int i, const float *logits,
                      const struct logits_top *top, bool at_ctx_limit, bool *finished,
                      struct weld_err *e);
+/* prompt_logprobs: rows[k] (n_vocab floats) is the logits row of prompt position
+   first + k, k < n_rows; scores prompt tokens first + k + 1 not scored yet. */
+void request_prompt_logprobs(struct request *r, int first, const float *rows, int n_rows);
+/* REQUEST_POOLING_MEAN: rows[k] (dim floats) is the final hidden state of prompt position
+   first + k, k < n_rows; adds the positions not added yet. */
+int request_embed_rows(struct request *r, int first, const float *rows, int n_rows, int dim,
+                       struct weld_err *e);
+/* REQUEST_KIND_EMBED: pool (h: dim floats, the last prompt token's final hidden state;
+   MEAN: the rows added), normalise, finish "stop" with it as the result's embedding. */
+int request_embed_done(struct request *r, const float *h, int dim, struct weld_err *e);
+/* max_tokens 0: the prompt was scored; finish every sequence "length". */
+void request_finish_prompt_only(struct request *r);
 /* The last token of sequence i that the model has not consumed yet (its last generated
    token), or -1 before the first. */
 int32_t request_seq_last_token(const struct request *r, int i);

@@ -288,6 +288,8 @@ int sched_add(struct sched *s, const struct sched_seq_params *p, struct sched_se
     seq->arrival = s->next_arrival++;
     seq->serial = s->next_serial++;
     seq->state = SCHED_WAITING;
+    seq->no_prefix_hit = p->no_prefix_hit;
+    seq->max_chunk = p->max_chunk > 0 ? p->max_chunk : INT_MAX;
     kvm_table_init(&seq->table, p->cache_salt, p->cache_salt_len);
     queue_insert(s, &s->waiting, seq, true);
     s->n_added++;
@@ -316,6 +318,8 @@ int sched_fork(struct sched *s, struct sched_seq *parent, uint64_t id, void *use
     seq->n_computed = parent->n_computed;
     seq->n_cached = parent->n_cached;
     seq->admitted_once = true;
+    seq->no_prefix_hit = parent->no_prefix_hit;
+    seq->max_chunk = parent->max_chunk;
     seq->id = id;
     seq->user = user;
     seq->priority = parent->priority;
@@ -487,6 +491,7 @@ static int plan_running(struct sched *s, struct sched_plan *p, int *budget, stru
             if (left <= 0 || (pass == 0) != (left == 1))
                 continue;
             int n = left < *budget ? left : *budget;
+            n = n < seq->max_chunk ? n : seq->max_chunk;
             int rc = reserve_running(s, p, seq, n, budget, e);
             if (rc < 0)
                 return -rc;
@@ -530,18 +535,22 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
             fail(s, p, seq); /* preempted after it outgrew the whole pool */
             continue;
         }
-        int evictable = 0;
-        int hit = kvm_prefix_peek(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &evictable);
-        if (prefix_in_flight(s, seq, hit)) {
-            s->n_prefix_waits++;
-            break;
+        int evictable = 0, hit = 0;
+        if (!seq->no_prefix_hit) {
+            hit = kvm_prefix_peek(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &evictable);
+            if (prefix_in_flight(s, seq, hit)) {
+                s->n_prefix_waits++;
+                break;
+            }
         }
         int n = seq->n_tokens - hit < *budget ? seq->n_tokens - hit : *budget;
+        n = n < seq->max_chunk ? n : seq->max_chunk;
         int need = kvm_blocks_for(s->kvm, hit + n) - hit / s->cfg.kv.block_size;
         if (need > kvm_n_available(s->kvm) - evictable)
             break;
         int cached = 0;
-        int rc = kvm_prefix_take(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &cached, e);
+        int rc = seq->no_prefix_hit ? WELD_OK
+                 : kvm_prefix_take(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &cached, e);
         if (!rc)
             rc = kvm_table_reserve(s->kvm, &seq->table, cached + n, e);
         if (rc) {

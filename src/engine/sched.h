@@ -31,7 +31,8 @@
  *      min(remaining, budget left) tokens;
  *   3. if nothing was preempted in this step, waiting sequences are admitted in key order
  *      while running < max_num_seqs and budget is left: a prefix-cache hit skips its full
- *      blocks (never the whole token list), then a chunk of min(rest, budget left) tokens.
+ *      blocks (never the whole token list; none for a no_prefix_hit sequence), then a
+ *      chunk of min(rest, budget left, its max_chunk) tokens.
  *      Admission stops at the first sequence whose chunk's blocks are not available (no
  *      preemption for admission: head-of-line order is kept), and at the first one whose
  *      next block after its cache hit is one that a running sequence is still to compute
@@ -97,6 +98,8 @@ struct sched_seq {
     uint64_t serial;        /* creation order: the last tie-break of the key */
     int queue_index;        /* index in its state's array */
     bool admitted_once;
+    bool no_prefix_hit;     /* sched_seq_params */
+    int max_chunk;
 };
 
 struct sched_seq_params {
@@ -107,6 +110,11 @@ struct sched_seq_params {
     int n_tokens;
     const void *cache_salt; /* optional (NULL/0): requests with different salts never share */
     size_t cache_salt_len;
+    bool no_prefix_hit;     /* compute every token, never take a prefix-cache hit (its
+                               blocks still feed the cache): the caller needs every
+                               position's logits (prompt logprobs) */
+    int max_chunk;          /* > 0: at most this many tokens of it per step (bounds the
+                               logits rows of such a caller); 0: no limit */
 };
 
 /* One sequence's work in a step: tokens[first, first + n_tokens) at positions first... */

@@ -80,10 +80,12 @@ struct backend_iface {
        exec/logits_top.h), and the softmax statistics of the rows whose inv_t the caller
        set > 0 (set it to 0 on every other row). On a validation failure nothing changes; with internal
        placement the batch's sequences are left as they were before any failure. With
-       engine tables the backend keeps no per-sequence state: a failed run may have done
+       engine tables the backend keeps no per-sequence state. hidden, if not NULL,
+       (batch_n_logit_rows, dim) gets each logit row's final hidden state (after the final
+       norm: the LM head's input), the same on every executor: a failed run may have done
        the copies and written slots at positions >= pos, never below. */
     int (*forward)(void *ctx, const struct batch *b, float *logits, struct logits_top *tops,
-                   struct weld_err *e);
+                   float *hidden, struct weld_err *e);
     /* required: forget a sequence's cached positions (internal placement; no-op for
        engine tables, whose blocks the engine frees) */
     void (*drop_seq)(void *ctx, int seq_id);

@@ -294,7 +294,7 @@ static void stats_cut_chunks(const struct cpu_ctx *c, const struct program *p,
 }
 
 static int cpu_forward(void *ctx, const struct batch *b, float *logits,
-                       struct logits_top *tops, struct weld_err *e)
+                       struct logits_top *tops, float *hidden, struct weld_err *e)
 {
     struct cpu_ctx *c = ctx;
     int rc = batch_validate(b, c->params.max_seqs, c->params.max_ctx, c->m->cfg.n_vocab, e);
@@ -330,6 +330,7 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
         .tables = c->tables, .arena = c->arena, .logits = logits,
         .rope = c->rope, /* NULL without rope (grow_rope makes none) */
         .tops = tops ? c->slices : NULL, .serial = ++c->serial, .rows = tops,
+        .hidden = hidden,
     };
     rc = c->ex->run(c->ex_state, &st, e);
     if (rc == WELD_OK && tops) {

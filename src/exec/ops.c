@@ -653,6 +653,8 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
         int nk = sp.t1 - k0 < T ? sp.t1 - k0 : T;
         (void)prep_memo(st, NULL, k0, sc);
         norm_tile(st, in, x, st->w->output_norm, p->logit_tok + k0, 0, nk, sc);
+        if (st->hidden && in->row0 == 0)
+            memcpy(st->hidden + (size_t)k0 * c->dim, sc->h, (size_t)nk * c->dim * sizeof(float));
         mat_quant(st, M, sc->h, (size_t)c->dim, nk, sc->act, sc);
         mat_gemm(st, M, in->row0, in->row1, nk, sc->h, (size_t)c->dim, sc->act,
                  logits + (size_t)k0 * c->n_vocab + in->row0, (size_t)c->n_vocab, sc->row);

@@ -52,7 +52,9 @@
  *                  logits[k][rows] into the slot of (k, this instruction's place in the
  *                  stage), and the softmax statistics of the LOGITS_CHUNK chunks inside
  *                  its rows for the rows that ask (exec_step.rows): the sampler's first
- *                  pass (exec/logits_top.h). in X, out LOGITS.
+ *                  pass (exec/logits_top.h). When the step asks (exec_step.hidden), the
+ *                  slice starting at vocab row 0 also stores h of each logit row there
+ *                  (embeddings: the final hidden state). in X, out LOGITS.
  *
  * K parts (program.kp.n > 1; program_build_kp with the weights' cuts, exec/weights.h): the
  * layer's O_PROJ_RESIDUAL, FFN_NORM_GATE_UP_SILU and DOWN_PROJ_RESIDUAL give way to

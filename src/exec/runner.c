@@ -54,13 +54,19 @@ int runner_create(struct runner **out, const struct model *m, int max_seqs, int 
 int runner_forward(struct runner *r, const struct batch *b, float *logits,
                    struct weld_err *e)
 {
-    return r->be->forward(r->ctx, b, logits, NULL, e);
+    return r->be->forward(r->ctx, b, logits, NULL, NULL, e);
 }
 
 int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
                        struct logits_top *tops, struct weld_err *e)
 {
-    return r->be->forward(r->ctx, b, logits, tops, e);
+    return r->be->forward(r->ctx, b, logits, tops, NULL, e);
+}
+
+int runner_forward_hidden(struct runner *r, const struct batch *b, float *logits,
+                          struct logits_top *tops, float *hidden, struct weld_err *e)
+{
+    return r->be->forward(r->ctx, b, logits, tops, hidden, e);
 }
 
 void runner_park(struct runner *r)

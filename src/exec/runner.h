@@ -39,6 +39,11 @@ int runner_forward(struct runner *r, const struct batch *b, float *logits,
    the two arrays on every entry: inv_t 0 where none are wanted). */
 int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
                        struct logits_top *tops, struct weld_err *e);
+/* The same, and (hidden not NULL) each logit row's final hidden state, after the final
+   norm (the LM head's input), into hidden: (batch_n_logit_rows, dim) floats. Identical on
+   every executor (embeddings pool these rows). */
+int runner_forward_hidden(struct runner *r, const struct batch *b, float *logits,
+                          struct logits_top *tops, float *hidden, struct weld_err *e);
 void runner_drop_seq(struct runner *r, int seq_id);
 /* The backend's threads sleep now instead of spinning for the next step (no-op where the
    backend has none). */

@@ -166,6 +166,43 @@ static void on_delta(void *user, uint64_t req_id, int seq, const char *text, siz
     pthread_mutex_unlock(&g->mu);
 }
 
+/* The result a choice carries besides its text, as one event (NULL: none): the prompt
+   tokens' logprobs, the embedding. */
+static struct server_event *result_event(const struct server_sub *s, int seq,
+                                         const struct request_result *r)
+{
+    const size_t al = sizeof(double);
+    size_t n_lp = (size_t)r->n_prompt_logprobs, n_emb = (size_t)r->n_embedding;
+    if (!n_lp && !n_emb)
+        return NULL;
+    struct server_event *ev = wcalloc(1, sizeof *ev + 2 * al + n_lp * sizeof *ev->plp +
+                                             n_emb * sizeof *ev->emb);
+    if (!ev)
+        return NULL;
+    ev->choice = s->prompt * s->job->n + seq;
+    uintptr_t at = ((uintptr_t)ev->text + al - 1) & ~(uintptr_t)(al - 1);
+    if (n_lp) {
+        ev->plp = (struct server_prompt_lp *)at;
+        ev->n_plp = (int)n_lp;
+        for (size_t i = 0; i < n_lp; i++) {
+            const struct request_logprob *lp = &r->prompt_logprobs[i];
+            struct server_prompt_lp *o = &ev->plp[i];
+            o->token = lp->token;
+            o->logprob = lp->logprob;
+            o->n_top = lp->n_top < REQUEST_MAX_LOGPROBS ? lp->n_top : REQUEST_MAX_LOGPROBS;
+            memcpy(o->top_ids, lp->top_ids, (size_t)o->n_top * sizeof *o->top_ids);
+            memcpy(o->top_lps, lp->top_logprobs, (size_t)o->n_top * sizeof *o->top_lps);
+        }
+        at += n_lp * sizeof *ev->plp;
+    }
+    if (n_emb) {
+        ev->emb = (float *)at;
+        ev->n_emb = (int)n_emb;
+        memcpy(ev->emb, r->embedding, n_emb * sizeof *ev->emb);
+    }
+    return ev;
+}
+
 static void on_finish(void *user, uint64_t req_id, int seq, const struct request_result *r)
 {
     struct server_sub *s = user;
@@ -189,7 +226,10 @@ static void on_finish(void *user, uint64_t req_id, int seq, const struct request
             ev->error = memcpy(ev->text + 1 + ls, r->error, le);
     }
     s->n_open--;
+    struct server_event *rev = result_event(s, seq, r);
     pthread_mutex_lock(&g->mu);
+    if (rev)
+        push_locked(j, rev);
     if (r->finish > 0 && r->finish < 5)
         g->m.success[r->finish]++;
     if (seq == 0) {

@@ -40,8 +40,8 @@ struct server_job;
 
 enum server_gen_state { SERVER_GEN_LOADING, SERVER_GEN_READY, SERVER_GEN_FAILED };
 
-/* One item of a job's outbox: a text delta (maybe with the token's logprobs) or a choice's
-   finish. */
+/* One item of a job's outbox: a text delta (maybe with the token's logprobs), a choice's
+   result (prompt logprobs, embedding) or its finish. */
 struct server_event {
     struct server_event *next;
     int choice;
@@ -59,6 +59,12 @@ struct server_event {
     int n_prompt, n_cached, n_generated;
     char *stop_reason;            /* points into the event's own storage, or NULL */
     char *error;                  /* likewise */
+    /* a result event (just before its choice's finish; points into its own storage):
+       the prompt tokens' logprobs (echo) or the embedding */
+    struct server_prompt_lp *plp; /* (n_plp) or NULL */
+    int n_plp;
+    float *emb;                   /* (n_emb) or NULL */
+    int n_emb;
     size_t len;                   /* text bytes */
     char text[];                  /* (len + 1) */
 };

@@ -17,10 +17,10 @@
  *
  * Routes: GET /health (200 when the model is loaded and the server is not draining, 503
  * otherwise), GET /version, GET /metrics, GET /v1/models, POST /v1/completions,
- * POST /v1/chat/completions, POST /tokenize, POST /detokenize. With API keys (--api-key,
- * --api-key-file) every route but /health, /version and /metrics needs "Authorization:
- * Bearer KEY", scheme in any case, compared in constant time with every key (401
- * otherwise); no message or log line ever holds a key.
+ * POST /v1/chat/completions, POST /v1/embeddings (embeddings.c), POST /tokenize,
+ * POST /detokenize. With API keys (--api-key, --api-key-file) every route but /health,
+ * /version and /metrics needs "Authorization: Bearer KEY", scheme in any case, compared in
+ * constant time with every key (401 otherwise); no message or log line ever holds a key.
  *
  * Start: the keys and the chat template file (if any) are read, the socket bound (port 0:
  * any free port, the bound one printed), then the engine thread starts loading the model.
@@ -137,6 +137,7 @@ bool http_model(struct server *s, struct server_model *m)
             s->model.path = s->o.engine.model_path;
             s->model.tok = tok;
             s->model.n_vocab = engine_model(eng)->cfg.n_vocab;
+            s->model.dim = engine_model(eng)->cfg.dim;
             s->model.max_model_len = engine_sched_config(eng)->max_model_len;
             const char *src = tok ? tokenizer_chat_template(tok) : NULL;
             struct weld_err we = {0};
@@ -240,6 +241,8 @@ static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct 
         which = HTTP_POST_TOKENIZE;
     else if (!strcmp(url, "/detokenize"))
         which = HTTP_POST_DETOKENIZE;
+    else if (!strcmp(url, "/v1/embeddings"))
+        which = HTTP_POST_EMBEDDINGS;
     else {
         server_error_set(&e, 404, NULL, "no route %s %s", method, url);
         e.code = NULL;

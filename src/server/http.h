@@ -48,7 +48,8 @@ struct http_conn {
     bool gen;                      /* counted in server.gens */
 };
 
-enum http_post { HTTP_POST_COMPLETIONS, HTTP_POST_CHAT, HTTP_POST_TOKENIZE, HTTP_POST_DETOKENIZE };
+enum http_post { HTTP_POST_COMPLETIONS, HTTP_POST_CHAT, HTTP_POST_TOKENIZE, HTTP_POST_DETOKENIZE,
+                 HTTP_POST_EMBEDDINGS };
 
 enum MHD_Result http_send(struct server *s, struct MHD_Connection *c, int status,
                           const char *ctype, const char *body, size_t len);
@@ -69,5 +70,7 @@ bool http_model(struct server *s, struct server_model *m);
 /* routes.c */
 enum MHD_Result http_post(struct server *s, struct MHD_Connection *c, enum http_post which,
                           const json_t *body);
+/* embeddings.c: POST /v1/embeddings */
+enum MHD_Result http_embeddings(struct server *s, struct MHD_Connection *c, const json_t *body);
 
 #endif

@@ -21,8 +21,12 @@
  * text_offset) or the chat shape (content: [{token, logprob, bytes, top_logprobs}]).
  *
  * Not supported (answered with 400 naming them, never silently ignored): non-text content
- * parts, tools that the template cannot render. Echo returns the prompt text but no prompt
- * logprobs.
+ * parts, tools that the template cannot render.
+ *
+ * Echo (completions) returns the prompt text; with logprobs also the prompt tokens'
+ * logprobs before the completion's (vLLM's prompt_logprobs, the first token's null), and
+ * max_tokens may then be 0: score the prompt only (lm-evaluation-harness's log-likelihood
+ * requests). A stream carries the prompt text but not the prompt logprobs.
  */
 #ifndef WELD_SERVER_OPENAI_H
 #define WELD_SERVER_OPENAI_H
@@ -48,6 +52,7 @@ struct server_model {
     const struct tokenizer *tok;       /* may be NULL: token-id prompts only */
     const struct chat_template *tmpl;  /* NULL: chat is refused */
     int n_vocab;
+    int dim;                           /* hidden size: the embeddings' length */
     int max_model_len;
 };
 
@@ -112,6 +117,21 @@ struct server_choice {
     bool done, started;
 };
 
+/* One prompt token's logprobs (echo with logprobs); entry 0 has none (logprob NAN). */
+struct server_prompt_lp {
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[REQUEST_MAX_LOGPROBS];
+    float top_lps[REQUEST_MAX_LOGPROBS];
+};
+
+/* Echo with logprobs (completions): the prompt tokens' entries (n, from plp), the first
+   with null token_logprobs and top_logprobs, put before the entries *lp holds (the
+   generated tokens'); text offsets count each token's text (special tokens none), at most
+   text_len (the echoed prompt's bytes). */
+void server_lp_prepend_prompt(const struct tokenizer *tok, json_t **lp,
+                              const struct server_prompt_lp *plp, int n, size_t text_len);
 /* Token text for logprobs: the token's text as it reads after BOS (leading space kept;
    special tokens kept). */
 char *server_token_str(const struct tokenizer *tok, int32_t id, size_t *len);

@@ -361,6 +361,9 @@ int server_req_parse(const json_t *body, enum server_api api, const struct serve
     if (batch_request_parse(r->fields, 0, &r->bl, &we))
         return from_weld_err(e, &we);
     r->logprobs = r->bl.p.logprobs;
+    /* echo: the prompt's logprobs (vLLM's prompt_logprobs); max_tokens 0 scores it only */
+    if (r->echo && (r->logprobs >= 0 || r->bl.p.max_tokens == 0))
+        r->bl.p.prompt_logprobs = r->logprobs >= 0 ? r->logprobs : 0;
     if (api == SERVER_API_CHAT) {
         if (!json_object_get(body, "messages"))
             return server_error_set(e, 400, "messages", "field 'messages': required");

@@ -4,7 +4,8 @@
  *
  * Completions logprobs are four parallel arrays built token by token: tokens (each token's
  * text decoded alone), token_logprobs, top_logprobs (a {text: logprob} object per token)
- * and text_offset (byte offset of the token's text in the choice's text). Chat logprobs
+ * and text_offset (byte offset of the token's text in the choice's text); with echo the
+ * prompt tokens come first (server_lp_prepend_prompt), the first with null logprobs. Chat logprobs
  * are {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
  * finish_reason is "stop" or "length" as OpenAI defines them, "abort" for a request the
  * server cancelled (shutdown) and "error" for one that failed; stop_reason is vLLM's: the
@@ -114,6 +115,40 @@ static void lp_completion(const struct tokenizer *tok, json_t **lp, int32_t toke
     json_array_append_new(json_object_get(*lp, "top_logprobs"), top);
     json_array_append_new(json_object_get(*lp, "text_offset"),
                           json_integer((json_int_t)text_offset));
+}
+
+void server_lp_prepend_prompt(const struct tokenizer *tok, json_t **lp,
+                              const struct server_prompt_lp *plp, int n, size_t text_len)
+{
+    json_t *pl = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                           "top_logprobs", "text_offset");
+    size_t off = 0;
+    for (int i = 0; pl && i < n; i++) {
+        size_t len = 0;
+        char *s = server_token_str(tok, plp[i].token, &len);
+        if (i == 0) {
+            json_array_append_new(json_object_get(pl, "tokens"), str_json(s ? s : "", s ? len : 0));
+            json_array_append_new(json_object_get(pl, "token_logprobs"), json_null());
+            json_array_append_new(json_object_get(pl, "top_logprobs"), json_null());
+            json_array_append_new(json_object_get(pl, "text_offset"),
+                                  json_integer((json_int_t)off));
+        } else {
+            lp_completion(tok, &pl, plp[i].token, plp[i].logprob, plp[i].n_top,
+                          plp[i].top_ids, plp[i].top_lps, off);
+        }
+        wfree(s);
+        if (!(tok && tokenizer_is_special(tok, plp[i].token)))
+            off = off + len < text_len ? off + len : text_len;
+    }
+    if (pl && *lp) {
+        const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+        for (int k = 0; k < 4; k++)
+            json_array_extend(json_object_get(pl, keys[k]), json_object_get(*lp, keys[k]));
+    }
+    if (pl) {
+        json_decref(*lp);
+        *lp = pl;
+    }
 }
 
 void server_lp_append(enum server_api api, const struct tokenizer *tok, json_t **lp,

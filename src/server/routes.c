@@ -104,6 +104,9 @@ static void apply_event(struct gen_ctx *g, const struct server_event *ev)
         }
         return;
     }
+    if (ev->plp && g->r.echo && g->r.logprobs >= 0)
+        server_lp_prepend_prompt(g->s->model.tok, &c->lp, ev->plp, ev->n_plp,
+                                 g->r.prompts[ev->choice / g->r.bl.p.n].text_len);
     if (ev->has_lp)
         server_lp_append(g->r.api, g->s->model.tok, &c->lp, ev->token, ev->logprob, ev->n_top,
                          ev->top_ids, ev->top_lps, c->len);
@@ -439,6 +442,7 @@ enum MHD_Result http_post(struct server *s, struct MHD_Connection *c, enum http_
     case HTTP_POST_CHAT: return generate(s, c, SERVER_API_CHAT, body);
     case HTTP_POST_TOKENIZE: return tokenize(s, c, body);
     case HTTP_POST_DETOKENIZE: return detokenize(s, c, body);
+    case HTTP_POST_EMBEDDINGS: return http_embeddings(s, c, body);
     }
     return MHD_NO;
 }

@@ -6,6 +6,7 @@
  *                             template rendered, sampling params), OpenAI error objects
  *   openai_resp.c             response bodies, SSE chunks, logprobs shapes
  *   gen.h / gen.c             the engine thread: inbox, aborts, per-request outboxes
+ *   embeddings.c              POST /v1/embeddings (engine requests of kind EMBED)
  *   metrics.h / metrics.c     Prometheus histograms and the /metrics text
  *   http.c                    libmicrohttpd glue, routing, auth, body limit, shutdown
  *   gate.h / gate.c           the accept loop in front of libmicrohttpd: garbage, silent
@@ -42,6 +43,7 @@ struct server_opts {
                                       (or keeps an idle connection, or stops reading): 15 */
     int max_connections;           /* connections held at once (1000) */
     int max_connections_per_client; /* per client address (256; 0: no limit) */
+    enum request_pooling pooling;  /* /v1/embeddings: last token (default) or mean */
 };
 
 struct server_opts server_opts_default(void);
