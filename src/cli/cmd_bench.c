@@ -399,10 +399,13 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
 
 int cmd_bench(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "serve"))
+    if (argc >= 2 && !strcmp(argv[1], "serve")) {
+        log_set_prefix("weld bench serve");
         return cmd_bench_serve(argc, argv); /* load generator over HTTP: bench_serve.c */
+    }
     if (argc < 2 || strcmp(argv[1], "throughput"))
         return cmd_bench_model(argc, argv); /* -m MODEL, --bandwidth, --help: bench_model.c */
+    log_set_prefix("weld bench throughput");
     struct cli_engine_opts eo;
     cli_engine_opts_init(&eo);
     struct bench_opts o = {.dataset = "random", .num_prompts = 64, .input_len = 512,
