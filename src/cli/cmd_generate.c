@@ -157,7 +157,7 @@ static void context_notice(const struct gen_opts *o, const struct request_result
         (o->n_predict > 0 && r->n_generated_tokens >= o->n_predict))
         return;
     if (o->n_predict < 0)
-        log_info("stopped: the context is full (%d tokens, --ctx)", o->ctx);
+        log_info("the context is full (%d tokens, --ctx): done", o->ctx);
     else
         log_warn("stopped after %d of %d tokens: the context is full (%d tokens, --ctx)",
                  r->n_generated_tokens, o->n_predict, o->ctx);
