@@ -298,6 +298,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "weld generate: -m MODEL is required (see --help)\n");
         return 2;
     }
+    bool implicit_stdin = false; /* no -p / -f: the prompt is whatever stdin holds */
     if (o.prompt && o.file) {
         fprintf(stderr, "weld generate: give the prompt once: -p TEXT or -f FILE, not both\n");
         return 2;
@@ -309,6 +310,7 @@ int cmd_generate(int argc, char **argv)
             return 2;
         }
         o.file = "-"; /* a pipe or a redirected file, as llama-cli reads it */
+        implicit_stdin = true;
     } else if (o.prompt && !strcmp(o.prompt, "-")) {
         o.file = "-";
         o.prompt = NULL;
@@ -338,6 +340,9 @@ int cmd_generate(int argc, char **argv)
         sampler_error_flags(&e);
     if (rc == WELD_OK && o.file && (rc = read_prompt(o.file, &file_prompt, &e)) == WELD_OK)
         o.prompt = file_prompt;
+    if (rc == WELD_OK && implicit_stdin && !*o.prompt)
+        rc = err_set(&e, WELD_ERR_INVALID_ARG, "no prompt: standard input is empty; give "
+                     "-p TEXT or -f FILE (-p \"\" for an empty prompt)");
     if (rc == WELD_OK)
         rc = model_load(&m, o.model, &e);
     if (rc == WELD_OK) {

@@ -82,6 +82,17 @@ expect_eq "$?" "0" "-n 256 beyond the context: exit"
 expect_own_lines "$tmp/both.txt" "-n 256 into one file"
 expect_contains "$(grep '^weld generate: warning:' "$tmp/both.txt")" "the context is full" \
   "-n 256: the context notice is a line of its own"
+err=$("$weld" generate -m "$model" < /dev/null 2>&1); rc=$?
+expect_eq "$rc" "1" "empty standard input: exit"
+expect_contains "$err" "standard input is empty" "empty standard input: says so"
+if command -v script >/dev/null; then # on a terminal: stdout and stderr are one device
+  out=$(script -qec "'$weld' generate -m '$model' -n 5" /dev/null < /dev/null 2>&1)
+  expect_contains "$out" "no prompt: give -p TEXT, -f FILE" "no prompt on a terminal"
+  script -qec "'$weld' generate -m '$model' -p 'Once upon a time' -n 256 --seed 2" /dev/null \
+    < /dev/null 2>&1 | tr -d '\r' > "$tmp/tty.txt"
+  expect_own_lines "$tmp/tty.txt" "-n 256 on a terminal"
+  expect_contains "$(cat "$tmp/tty.txt")" "generated 123 tokens" "-n 256 on a terminal ran"
+fi
 # errors come alone: no seed, no echoed prompt
 for args in "-m $tmp/none.gguf -p hi" "-m $model -c 5000 -p hi" "-m $model -p -"; do
   out=$(yes 'hello there' | head -300 | tr '\n' ' ' | "$weld" generate $args 2>"$tmp/e.err"); rc=$?
