@@ -123,6 +123,10 @@ expect_contains "$err" "f32, f16, bf16, q4_0" "convert bad dtype lists the valid
 expect_contains "$err" "q8_0" "convert bad dtype lists q8_0"
 err=$("$weld" bench throughput --nope 2>&1)
 expect_contains "$err" "weld bench throughput: unknown option '--nope'" "bench throughput prefix"
+err=$("$weld" bench serve --base-url http://127.0.0.1:1 -n 1 2>&1); rc=$?
+expect_eq "$rc" "1" "bench serve without a server: exit"
+expect_contains "$err" "is a server running at --base-url http://127.0.0.1:1?" \
+  "bench serve without a server: says what to do"
 err=$(timeout 60 "$weld" serve "$tmp/none.gguf" --port 0 2>&1); rc=$?
 expect_eq "$rc" "1" "serve on a missing model: exit 1"
 expect_lacks "$err" "listening" "serve on a missing model: no 'listening'"
