@@ -219,13 +219,14 @@ out=$("$weld" bench -m "$model" -r 1 -t 1 -p 16 -n 8 --probe-size 16M 2>&1)
 if printf '%s' "$out" | grep -q 'cache-resident'; then ok; else
   case "$out" in *"above 100%"*|*"% of the probe"*) ok ;; *) bad "bench table: [$out]" ;; esac
 fi
-# the README's `weld bench` commands as written (quicker: -r 1 and a small probe appended)
+# the README's `weld bench` commands as written (quicker: -r 1 and a small probe, or 16
+# prompts, appended)
 while IFS= read -r cmd; do
   case "$cmd" in *--handoff*) continue ;; esac # needs two physical cores
   cmd=${cmd%%#*}
   cmd=${cmd//MODEL/$model}
   cmd=${cmd/build\/weld/$weld}
-  case "$cmd" in *throughput*) ;; *) cmd="$cmd -r 1 --probe-size 16M" ;; esac
+  case "$cmd" in *throughput*) cmd="$cmd --num-prompts 16" ;; *) cmd="$cmd -r 1 --probe-size 16M" ;; esac
   case "$cmd" in *--pair*) cmd=${cmd/ --probe-size 16M/} ;; esac
   out=$(eval "$cmd" 2>&1); rc=$?
   expect_eq "$rc" "0" "README [$cmd]: $out"
