@@ -274,7 +274,8 @@ static int bm_fit_context(struct bm_opts *o, int max_ctx, struct weld_err *e)
         o->n_gen = room - 1;
     if (bm_ctx(o) <= max_ctx) {
         fprintf(stderr, "weld bench: the model's context is %d tokens: running -p %d -n %d "
-                        "(the defaults -p 512 -n 128 do not fit)\n", max_ctx, o->n_prompt, o->n_gen);
+                        "(the defaults -p 512 -n 128 do not fit)\n", max_ctx, o->n_prompt,
+                o->n_gen);
         return WELD_OK;
     }
     o->n_prompt = p0;

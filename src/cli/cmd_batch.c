@@ -487,7 +487,9 @@ int cmd_batch(int argc, char **argv)
                         "prefix caching) and write one result per line in input order. A request has\n"
                         "\"prompt\", \"prompt_token_ids\" or \"messages\" and sampling parameters by their\n"
                         "OpenAI/vLLM names (max_tokens, temperature, top_p, top_k, stop, n, seed, ...).\n"
-                        "A progress bar and a summary go to stderr.",
+                        "The input is checked before the model loads. A line that fails gets\n"
+                        "{\"id\", \"error\"} and the others run; the exit status is then 1.\n"
+                        "A progress bar and a summary (lines succeeded and failed) go to stderr.",
                         opts, n_opts, pos, 0, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;
