@@ -5,6 +5,8 @@ JOBS ?= $(shell nproc)
 SHARED ?= $(abspath ../shared)
 MODEL ?= $(SHARED)/models/stories260K.gguf
 PROMPT ?= Once upon a time
+# -n -1: until the story ends or the model's context (128 tokens for stories260K) is full
+TOKENS ?= -1
 FUZZ_SECONDS ?= 20
 
 .PHONY: all deps build run test test-fast test-asan test-fuzz clean
@@ -19,7 +21,7 @@ build: deps
 	@cmake --build build -j $(JOBS)
 
 run: build
-	./build/weld generate -m "$(MODEL)" -p "$(PROMPT)" -n 256
+	./build/weld generate -m "$(MODEL)" -p "$(PROMPT)" -n $(TOKENS)
 
 test-fast: build
 	cd build && ctest --output-on-failure -j $(JOBS)

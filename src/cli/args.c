@@ -2,6 +2,7 @@
  * args - the option parser declared in cli.h.
  */
 #include "cli/cli.h"
+#include "core/log.h"
 
 #include <errno.h>
 #include <math.h>
@@ -125,7 +126,7 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
         const char *a = argv[i];
         if (only_pos || a[0] != '-' || a[1] == '\0') {
             if (*n_pos >= max_pos) {
-                fprintf(stderr, "weld %s: unexpected argument '%s' (see --help)\n", argv[0], a);
+                fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", log_prefix(), a);
                 return 2;
             }
             pos[(*n_pos)++] = a;
@@ -156,28 +157,33 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
                     o = &opts[j];
         }
         if (!o) {
-            fprintf(stderr, "weld %s: unknown option '%s' (see --help)\n", argv[0], a);
+            fprintf(stderr, "%s: unknown option '%s' (see --help)\n", log_prefix(), a);
             return 2;
         }
         const char *val = inline_val;
         if (o->type != OPT_FLAG && !val) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "weld %s: option '%s' needs a value %s\n", argv[0], a,
+                fprintf(stderr, "%s: option '%s' needs a value %s\n", log_prefix(), a,
                         o->metavar ? o->metavar : "");
                 return 2;
             }
             val = argv[++i];
         }
         if (o->type == OPT_FLAG && inline_val) {
-            fprintf(stderr, "weld %s: option '--%s' takes no value\n", argv[0], o->name);
+            fprintf(stderr, "%s: option '--%s' takes no value\n", log_prefix(), o->name);
             return 2;
         }
         if (set_value(o, val) != 0) {
+            char typed[80]; /* the option as the user spelled it */
+            if (a[1] == '-')
+                snprintf(typed, sizeof typed, "--%s", o->name);
+            else
+                snprintf(typed, sizeof typed, "-%c (--%s)", o->short_name, o->name);
             if (o->type == OPT_STRS) /* the value may be a secret: not echoed */
-                fprintf(stderr, "weld %s: --%s given more than %d times\n", argv[0], o->name,
+                fprintf(stderr, "%s: %s given more than %d times\n", log_prefix(), typed,
                         CLI_STRS_MAX);
             else
-                fprintf(stderr, "weld %s: bad value '%s' for --%s\n", argv[0], val, o->name);
+                fprintf(stderr, "%s: bad value '%s' for %s\n", log_prefix(), val, typed);
             return 2;
         }
     }

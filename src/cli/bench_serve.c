@@ -339,7 +339,10 @@ int cmd_bench_serve(int argc, char **argv)
         status = 2;
     }
     if (!prc && !status && bench_serve(&o, &c, &slo, &e)) {
-        fprintf(stderr, "weld bench serve: %s\n", e.msg);
+        fprintf(stderr, "weld bench serve: %s%s%s%s\n", e.msg,
+                strstr(e.msg, "onnect") ? " (is a server running at --base-url " : "",
+                strstr(e.msg, "onnect") ? c.base_url : "",
+                strstr(e.msg, "onnect") ? "? start one with weld serve MODEL)" : "");
         status = 1;
     }
     wfree(joined);

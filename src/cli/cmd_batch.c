@@ -13,6 +13,11 @@
  * logprobs) when n > 1 or logprobs were asked for. A line that fails (bad JSON, a bad
  * field, a prompt that can never fit) gets {"id", "error"} and the others go on.
  *
+ * The input is read and parsed whole before the model loads: a missing or unreadable
+ * file, one without a non-empty line, or one none of whose lines parses is an error at
+ * once. Exit status: 0 when every line succeeded, 1 when any failed (the summary on
+ * stderr counts lines: succeeded, failed) or nothing could run, 2 for bad usage.
+ *
  * Also here, shared with cmd_bench.c: the engine option table (cli_engine_opts_*).
  */
 #include "cli/cli.h"
@@ -24,6 +29,7 @@
 #include "engine/batch_io.h"
 #include "engine/engine.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -97,14 +103,14 @@ void cli_engine_summary(const struct engine *eng, double seconds, const char *wh
     engine_stats_get(eng, &st);
     uint64_t tot = st.prompt_tokens + st.generated_tokens;
     fprintf(stderr,
-            "weld %s: %llu requests (%llu finished, %llu failed, %llu rejected, %llu aborted) "
-            "in %.2f s\n"
+            "weld %s: %llu requests run (%llu finished, %llu failed, %llu aborted), %llu "
+            "refused, in %.2f s\n"
             "  prompt tokens %llu (cached %llu, hit rate %.1f%%), generated %llu\n"
             "  %.1f output tok/s, %.1f total tok/s; %llu steps, %llu preemptions, "
             "KV pool %d blocks (%.1f MiB)\n",
             what, (unsigned long long)st.requests_added, (unsigned long long)st.requests_finished,
-            (unsigned long long)st.requests_failed, (unsigned long long)st.requests_rejected,
-            (unsigned long long)st.requests_aborted, seconds,
+            (unsigned long long)st.requests_failed, (unsigned long long)st.requests_aborted,
+            (unsigned long long)st.requests_rejected, seconds,
             (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens,
             st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0.0,
             (unsigned long long)st.generated_tokens,
@@ -281,8 +287,8 @@ static void on_finish(void *user, uint64_t id, int seq, const struct request_res
     s->res.error = NULL;
     if (r->stop_reason)
         s->stop_reason = wstrdup(r->stop_reason);
-    if (r->finish == REQUEST_FINISH_ERROR && r->error)
-        br->lines[br->id_line[id]].error = wstrdup(r->error);
+    if (r->finish == REQUEST_FINISH_ERROR && r->error && !br->lines[br->id_line[id]].error)
+        br->lines[br->id_line[id]].error = wstrdup(r->error); /* the first of its choices' */
     s->done = true;
     struct line_out *l = &br->lines[br->id_line[id]];
     if (++l->n_done == l->n) {
@@ -334,46 +340,102 @@ static void add_line(struct engine *eng, struct batch_run *br, const char *text,
     batch_line_release(&bl);
 }
 
-/* Read the non-empty lines of path ("-": stdin) and queue them. */
-static int read_input(struct engine *eng, struct batch_run *br, const char *path,
-                      struct weld_err *e)
+/* The input, read whole before the model loads: its non-empty lines and their numbers. */
+struct batch_input {
+    char **text;    /* (n) NUL-terminated, trailing blanks and newline dropped */
+    int *line_no;   /* (n) counting every line of the file from 1 */
+    int n, n_good;  /* n_good: lines that parse as requests */
+};
+
+static void input_free(struct batch_input *in)
 {
+    for (int i = 0; i < in->n; i++)
+        wfree(in->text[i]);
+    wfree(in->text);
+    wfree(in->line_no);
+    memset(in, 0, sizeof *in);
+}
+
+/* Read the non-empty lines of path ("-": stdin) and parse each once: a file that cannot be
+   read, has no request line, or has no line that parses fails here, before the model is
+   loaded. Lines that fail alone get their error at their place in the output later. */
+static int read_input(const char *path, struct batch_input *in, struct weld_err *e)
+{
+    char name[512]; /* how errors name the input */
+    snprintf(name, sizeof name, strcmp(path, "-") ? "--input %s" : "standard input", path);
     FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
     if (!f)
-        return err_set(e, WELD_ERR_IO, "%s: cannot open", path);
-    char *line = NULL;
+        return err_set(e, WELD_ERR_IO, "%s: cannot open (%s)", name, strerror(errno));
+    char *line = NULL, *first_err = NULL;
     size_t cap = 0;
     ssize_t n;
     int line_no = 0, cap_lines = 0, rc = WELD_OK;
     while ((n = getline(&line, &cap, f)) >= 0) {
         line_no++;
         size_t k = (size_t)n;
-        while (k && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' '))
+        while (k && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' ' ||
+                     line[k - 1] == '\t'))
             k--;
         if (!k)
             continue;
-        if (br->n_lines == cap_lines) {
+        if (in->n == cap_lines) {
             int nc = cap_lines ? cap_lines * 2 : 64;
-            struct line_out *nl = wrealloc(br->lines, (size_t)nc * sizeof *nl);
-            int *ni = nl ? wrealloc(br->id_line, (size_t)(nc + 1) * sizeof *ni) : NULL;
+            char **nt = wrealloc(in->text, (size_t)nc * sizeof *nt);
+            if (nt)
+                in->text = nt;
+            int *nl = nt ? wrealloc(in->line_no, (size_t)nc * sizeof *nl) : NULL;
             if (nl)
-                br->lines = nl;
-            if (!nl || !ni) {
-                rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory at line %d", path, line_no);
+                in->line_no = nl;
+            if (!nt || !nl) {
+                rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory at line %d", name,
+                             line_no);
                 break;
             }
-            br->id_line = ni;
-            memset(br->lines + cap_lines, 0, (size_t)(nc - cap_lines) * sizeof *nl);
             cap_lines = nc;
         }
-        add_line(eng, br, line, k, line_no);
+        line[k] = 0;
+        struct batch_line bl;
+        struct weld_err le;
+        if (batch_line_parse(line, k, line_no, &bl, &le) == WELD_OK)
+            in->n_good++;
+        else if (!first_err)
+            first_err = wstrdup(le.msg);
+        batch_line_release(&bl);
+        in->line_no[in->n] = line_no;
+        if (!(in->text[in->n++] = wstrndup(line, k))) {
+            in->n--;
+            rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory at line %d", name, line_no);
+            break;
+        }
     }
     if (rc == WELD_OK && ferror(f))
-        rc = err_set(e, WELD_ERR_IO, "%s: read error", path);
+        rc = err_set(e, WELD_ERR_IO, "%s: read error (%s)", name, strerror(errno));
+    if (rc == WELD_OK && in->n == 0)
+        rc = err_set(e, WELD_ERR_FORMAT, "%s: no requests (not one non-empty line); give "
+                     "one JSON object a line, e.g. {\"prompt\": \"Hello\", \"max_tokens\": 16}",
+                     name);
+    else if (rc == WELD_OK && in->n_good == 0)
+        rc = err_set(e, WELD_ERR_FORMAT, "%s: none of its %d lines is a request "
+                     "(%s); give one JSON object a line, e.g. {\"prompt\": \"Hello\", "
+                     "\"max_tokens\": 16}", name, in->n, first_err ? first_err : "?");
+    wfree(first_err);
     free(line);
     if (f != stdin)
         fclose(f);
     return rc;
+}
+
+/* Queue every line of the input (the model is loaded now). */
+static int queue_input(struct engine *eng, struct batch_run *br, const struct batch_input *in,
+                       struct weld_err *e)
+{
+    br->lines = wcalloc((size_t)in->n, sizeof *br->lines);
+    br->id_line = wcalloc((size_t)in->n + 1, sizeof *br->id_line);
+    if (!br->lines || !br->id_line)
+        return err_set(e, WELD_ERR_NOMEM, "out of memory for %d lines", in->n);
+    for (int i = 0; i < in->n; i++)
+        add_line(eng, br, in->text[i], strlen(in->text[i]), in->line_no[i]);
+    return WELD_OK;
 }
 
 static int batch_run_all(struct engine *eng, struct batch_run *br, struct weld_err *e)
@@ -425,7 +487,9 @@ int cmd_batch(int argc, char **argv)
                         "prefix caching) and write one result per line in input order. A request has\n"
                         "\"prompt\", \"prompt_token_ids\" or \"messages\" and sampling parameters by their\n"
                         "OpenAI/vLLM names (max_tokens, temperature, top_p, top_k, stop, n, seed, ...).\n"
-                        "A progress bar and a summary go to stderr.",
+                        "The input is checked before the model loads. A line that fails gets\n"
+                        "{\"id\", \"error\"} and the others run; the exit status is then 1.\n"
+                        "A progress bar and a summary (lines succeeded and failed) go to stderr.",
                         opts, n_opts, pos, 0, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;
@@ -439,19 +503,22 @@ int cmd_batch(int argc, char **argv)
     struct batch_run br;
     memset(&br, 0, sizeof br);
     br.out = stdout;
-    int rc = cli_engine_open(&eo, &eng, &e);
+    struct batch_input in = {0};
+    int rc = read_input(input, &in, &e); /* before the model: a bad file costs no load */
+    if (rc == WELD_OK)
+        rc = cli_engine_open(&eo, &eng, &e);
     if (rc == WELD_OK && output && !(br.out = fopen(output, "w")))
-        rc = err_set(&e, WELD_ERR_IO, "%s: cannot create", output);
+        rc = err_set(&e, WELD_ERR_IO, "--output %s: cannot create (%s)", output, strerror(errno));
     double t0 = time_now();
     if (rc == WELD_OK)
-        rc = read_input(eng, &br, input, &e);
+        rc = queue_input(eng, &br, &in, &e);
     if (rc == WELD_OK)
         rc = batch_run_all(eng, &br, &e);
     if (rc == WELD_OK) {
         cli_engine_summary(eng, time_now() - t0, "batch");
-        if (br.n_errors)
-            fprintf(stderr, "weld batch: %d of %d lines failed (see their \"error\")\n",
-                    br.n_errors, br.n_lines);
+        fprintf(stderr, "weld batch: %d lines: %d succeeded, %d failed%s\n", br.n_lines,
+                br.n_lines - br.n_errors, br.n_errors,
+                br.n_errors ? " (their results carry \"error\"; exit status 1)" : "");
     } else {
         fprintf(stderr, "weld batch: %s\n", e.msg);
     }
@@ -460,9 +527,14 @@ int cmd_batch(int argc, char **argv)
         line_release(&br.lines[i]);
     wfree(br.lines);
     wfree(br.id_line);
+    input_free(&in);
     if (br.out && br.out != stdout && fclose(br.out) != 0 && rc == WELD_OK) {
-        fprintf(stderr, "weld batch: %s: write error\n", output);
+        fprintf(stderr, "weld batch: --output %s: write error\n", output);
         rc = WELD_ERR_IO;
     }
-    return rc == WELD_OK ? 0 : 1;
+    if (br.out == stdout && fflush(stdout) != 0 && rc == WELD_OK) {
+        fprintf(stderr, "weld batch: standard output: write error\n");
+        rc = WELD_ERR_IO;
+    }
+    return rc == WELD_OK && br.n_errors == 0 ? 0 : 1;
 }

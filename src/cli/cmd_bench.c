@@ -15,6 +15,8 @@
  *                  when turn k finishes, so later turns hit the prefix cache.
  * (`weld bench -m MODEL` and `weld bench --bandwidth`, the kernel benchmark, live in
  * bench_model.c; cmd_bench hands every invocation without "throughput" to it.)
+ * Every request must fit the context whole (prompt and output; an error before running
+ * otherwise, naming the lengths to lower).
  * The clock runs from the first request to the last token (model loading excluded).
  * Reported: requests, seconds, output tokens/s, total tokens/s ((prompt + output) / s),
  * prefix-cache hit rate (cached / prompt tokens), preemptions, mean TTFT; --json prints one
@@ -341,6 +343,33 @@ static int check_opts(const struct bench_opts *o, struct weld_err *e)
     return WELD_OK;
 }
 
+/* Every request must fit the context whole (prompt and all --output-len tokens), else it
+   would be refused or cut short and the figures would not be the workload asked for. */
+static int check_fits(const struct bench_opts *o, int ctx, struct weld_err *e)
+{
+    long long need;
+    char what[160];
+    if (!strcmp(o->dataset, "random")) {
+        need = (long long)o->input_len + o->output_len;
+        snprintf(what, sizeof what, "--input-len %d + --output-len %d", o->input_len,
+                 o->output_len);
+    } else if (!strcmp(o->dataset, "shared-prefix")) {
+        need = (long long)o->prefix_len + o->input_len + o->output_len;
+        snprintf(what, sizeof what, "--prefix-len %d + --input-len %d + --output-len %d",
+                 o->prefix_len, o->input_len, o->output_len);
+    } else {
+        int turns = o->num_prompts / o->num_groups;
+        need = (long long)turns * ((long long)o->input_len + o->output_len);
+        snprintf(what, sizeof what, "%d turns x (--input-len %d + --output-len %d)", turns,
+                 o->input_len, o->output_len);
+    }
+    if (ctx <= 0 || need <= ctx)
+        return WELD_OK;
+    return err_set(e, WELD_ERR_LIMIT, "--dataset %s: a request needs %s = %lld tokens, more "
+                   "than the context of %d (--max-model-len, at most the model's): lower those "
+                   "lengths", o->dataset, what, need, ctx);
+}
+
 static int throughput(const struct cli_engine_opts *eo, const struct bench_opts *o,
                       struct weld_err *e)
 {
@@ -353,6 +382,11 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
         rc = model_load(&m, eo->model, e);
     if (rc)
         return rc;
+    int ctx = p.max_model_len > 0 ? p.max_model_len : m->cfg.max_ctx;
+    if ((rc = check_fits(o, ctx, e))) {
+        model_free(m);
+        return rc;
+    }
     p.model = m;
     p.model_path = NULL;
     p.seed = (uint64_t)o->seed;
@@ -399,10 +433,13 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
 
 int cmd_bench(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "serve"))
+    if (argc >= 2 && !strcmp(argv[1], "serve")) {
+        log_set_prefix("weld bench serve");
         return cmd_bench_serve(argc, argv); /* load generator over HTTP: bench_serve.c */
+    }
     if (argc < 2 || strcmp(argv[1], "throughput"))
         return cmd_bench_model(argc, argv); /* -m MODEL, --bandwidth, --help: bench_model.c */
+    log_set_prefix("weld bench throughput");
     struct cli_engine_opts eo;
     cli_engine_opts_init(&eo);
     struct bench_opts o = {.dataset = "random", .num_prompts = 64, .input_len = 512,

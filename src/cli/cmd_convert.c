@@ -9,6 +9,7 @@
 #include "model/convert.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int cmd_convert(int argc, char **argv)
 {
@@ -37,14 +38,24 @@ int cmd_convert(int argc, char **argv)
     struct convert_opts o = {-1, shard};
     if (dtype) {
         o.dtype = dtype_from_name(dtype);
-        if (o.dtype < 0) {
-            fprintf(stderr, "weld convert: --dtype '%s' is not a known type\n", dtype);
+        const struct dtype_info *di = o.dtype >= 0 ? dtype_get(o.dtype) : NULL;
+        if (!di || (di->quantized && !di->can_quantize) ||
+            (!di->quantized && o.dtype != DT_F32 && o.dtype != DT_F16 && o.dtype != DT_BF16)) {
+            char list[256] = "f32, f16, bf16"; /* then every type weld can quantize to */
+            for (int t = 0; t < DT_COUNT; t++) {
+                const struct dtype_info *q = dtype_get(t);
+                if (q && q->quantized && q->can_quantize)
+                    snprintf(list + strlen(list), sizeof list - strlen(list), ", %s", q->name);
+            }
+            fprintf(stderr, "weld convert: --dtype '%s' is not a type weld can write; use one "
+                            "of %s\n", dtype, list);
             return 2;
         }
     }
     struct weld_err e = {0};
     if (convert_model(pos[0], pos[1], &o, &e)) {
-        fprintf(stderr, "weld convert: %s\n", e.msg);
+        const char *msg = !strncmp(e.msg, "convert: ", 9) ? e.msg + 9 : e.msg;
+        fprintf(stderr, "weld convert: %s\n", msg);
         return 1;
     }
     fprintf(stderr, "wrote %s\n", pos[1]);

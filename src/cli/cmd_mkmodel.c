@@ -112,6 +112,12 @@ int cmd_mkmodel(int argc, char **argv)
     struct model_config c;
     if ((r = build_config(&a, &c)))
         return r;
+    if (!a.tokenizer && c.n_vocab <= 0) {
+        fprintf(stderr, "weld mkmodel: no vocabulary: give --tokenizer PATH (a tokenizer.json "
+                        "or its directory; the model takes its vocabulary), or --vocab N for "
+                        "a model without a tokenizer\n");
+        return 2;
+    }
     int dt = dtype_from_name(a.dtype);
     if (dt < 0) {
         fprintf(stderr, "weld mkmodel: --dtype '%s' is not a known type\n", a.dtype);
@@ -120,7 +126,8 @@ int cmd_mkmodel(int argc, char **argv)
     struct mkmodel_opts o = {a.tokenizer, dt, a.seed, a.out};
     struct weld_err e = {0};
     if (mkmodel_write(&c, &o, &e)) {
-        fprintf(stderr, "weld mkmodel: %s\n", e.msg);
+        const char *msg = !strncmp(e.msg, "mkmodel: ", 9) ? e.msg + 9 : e.msg;
+        fprintf(stderr, "weld mkmodel: %s\n", msg);
         return 1;
     }
     fprintf(stderr, "wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ffn %d)\n",

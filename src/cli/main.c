@@ -1,7 +1,10 @@
 /*
- * main - `weld <command> [options]`: dispatch to the subcommands in cmd_*.c.
+ * main - `weld <command> [options]`: dispatch to the subcommands in cmd_*.c. The log
+ * prefix becomes "weld <command>", so every message of a command, its own and the
+ * library's, starts with that one prefix.
  */
 #include "cli/cli.h"
+#include "core/log.h"
 #include "weld.h"
 
 #include <stdio.h>
@@ -50,8 +53,12 @@ int main(int argc, char **argv)
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(cmd, commands[i].name))
+        if (!strcmp(cmd, commands[i].name)) {
+            char prefix[32]; /* every message of the command starts "weld <cmd>: " */
+            snprintf(prefix, sizeof prefix, "weld %s", commands[i].name);
+            log_set_prefix(prefix);
             return commands[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "weld: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

@@ -23,11 +23,13 @@
  * constant time with every key (401 otherwise); no message or log line ever holds a key.
  *
  * Start: the keys and the chat template file (if any) are read, the socket bound (port 0:
- * any free port, the bound one printed), then the engine thread starts loading the model.
- * Stop: SIGINT or SIGTERM (blocked in every thread, taken with sigtimedwait by the caller
- * of server_run) closes the engine to new work (503), waits up to shutdown_timeout for
- * running requests, aborts the rest, stops the gate, then the daemon (joining every
- * connection thread), and frees the engine.
+ * any free port), then the engine thread loads the model (/health 503 meanwhile);
+ * "listening on" with the bound port is printed once it is loaded, so a model that fails to
+ * load ends the process (exit 1) without ever having announced a server. Stop: SIGINT or
+ * SIGTERM (blocked in every thread, taken with sigtimedwait by the caller of server_run)
+ * closes the engine to new work (503), waits up to shutdown_timeout for running requests,
+ * aborts the rest, stops the gate, then the daemon (joining every connection thread), and
+ * frees the engine.
  */
 #include "server/http.h"
 
@@ -530,6 +532,9 @@ static int wait_signal(struct server *s, const sigset_t *set, struct weld_err *e
         if (st == SERVER_GEN_FAILED)
             return err_set(e, WELD_ERR_FORMAT, "loading the model failed: %s", msg);
         if (st == SERVER_GEN_READY && !announced) {
+            /* only now: a model that fails to load never shows a "listening" line */
+            fprintf(stderr, "weld serve: listening on http://%s:%d\n", s->o.host, s->port);
+            fflush(stderr);
             struct server_model m;
             http_model(s, &m);
             log_info("weld serve: model '%s' ready (max_model_len %d%s)", s->name,
@@ -559,8 +564,6 @@ int server_run(const struct server_opts *o, struct weld_err *e)
     if (!rc)
         rc = server_gen_start(&s.gen, &o->engine, e);
     if (!rc && (rc = start_daemon(&s, e)) == WELD_OK) {
-        fprintf(stderr, "weld serve: listening on http://%s:%d\n", o->host, s.port);
-        fflush(stderr);
         server_gen_load(s.gen);
         rc = wait_signal(&s, &set, e);
         __atomic_store_n(&s.draining, true, __ATOMIC_RELEASE);

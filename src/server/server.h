@@ -51,7 +51,7 @@ struct server_opts server_opts_default(void);
 /* Listen, load the model (health answers 503 meanwhile), serve until SIGINT/SIGTERM, drain
    for up to shutdown_timeout seconds, stop. Returns WELD_OK after a clean shutdown; an
    error (socket, model, template) fills e. Prints "listening on http://HOST:PORT" to
-   stderr once the socket is bound. */
+   stderr once the socket is bound and the model loaded (never when the load fails). */
 int server_run(const struct server_opts *o, struct weld_err *e);
 
 #endif

@@ -10,9 +10,62 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+size_t bw_llc_bytes(void)
+{
+    size_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[96], buf[64];
+        int level = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            break;
+        if (fscanf(f, "%d", &level) != 1)
+            level = 0;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if ((f = fopen(path, "r"))) {
+            bool instr = fgets(buf, sizeof buf, f) && !strncmp(buf, "Instruction", 11);
+            fclose(f);
+            if (instr)
+                continue;
+        }
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        unsigned long long v = 0;
+        char unit = 0;
+        if (!(f = fopen(path, "r")))
+            continue;
+        int n = fscanf(f, "%llu%c", &v, &unit);
+        fclose(f);
+        if (n < 1)
+            continue;
+        if (n == 2 && (unit == 'K' || unit == 'k'))
+            v <<= 10;
+        else if (n == 2 && (unit == 'M' || unit == 'm'))
+            v <<= 20;
+        if (level > best_level) {
+            best_level = level;
+            best = (size_t)v;
+        }
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (!best) {
+        long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (v <= 0)
+            v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        best = v > 0 ? (size_t)v : 0;
+    }
+#endif
+    return best;
+}
 
 uint64_t bw_read_scalar(const void *p, size_t n)
 {

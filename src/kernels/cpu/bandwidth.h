@@ -51,6 +51,11 @@ int bw_probe(size_t bytes, int n_threads, int passes, struct bw_result *out,
    buffer (bytes, n_threads as bw_probe; memory stays mapped until close); a probe is
    bw_probe's passes over every loop; a pass is one timed pass of the loop named `loop`
    (a bw_result.loop), its rate in *gb_s. */
+/* The last-level cache of CPU 0 in bytes (sysfs cache/index*, else sysconf), 0 if
+   unknown. Weights no larger than it may be read from cache rather than memory, which
+   makes a decode-to-probe share meaningless (it can pass 100%). */
+size_t bw_llc_bytes(void);
+
 struct bw_session;
 int bw_session_open(struct bw_session **out, size_t bytes, int n_threads, struct weld_err *e);
 int bw_session_probe(struct bw_session *s, int passes, struct bw_result *out,
