@@ -2,7 +2,8 @@
  * cmd_serve - `weld serve MODEL`: the OpenAI-compatible HTTP server (src/server/).
  *
  * Flags follow vLLM's names: --host, --port, --served-model-name, --api-key,
- * --chat-template, --shutdown-timeout, plus the engine flags every engine command shares
+ * --chat-template, --shutdown-timeout, --disable-log-requests, plus weld's own
+ * --stream-buffer-size, --stream-stall-timeout and --log-prompts, plus the engine flags every engine command shares
  * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
  * argument or with -m. This file only maps options; server_run does the work and returns
@@ -23,7 +24,10 @@ int cmd_serve(int argc, char **argv)
     int port = so.port;
     float grace = (float)so.shutdown_timeout;
     uint64_t max_body = so.max_body;
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 8];
+    uint64_t stream_buffer = so.stream_buffer;
+    float stall = (float)so.stream_stall_timeout;
+    bool no_log = false;
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 12];
     int n = cli_engine_opts_table(&eo, opts);
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
@@ -33,6 +37,10 @@ int cmd_serve(int argc, char **argv)
         {"chat-template", 0, OPT_STR, &so.chat_template, "FILE", "Jinja chat template overriding the model's"},
         {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S", "seconds running requests get after SIGTERM (default 30)"},
         {"max-body", 0, OPT_SIZE, &max_body, "BYTES", "request body limit (default 8M; 413 beyond)"},
+        {"stream-buffer-size", 0, OPT_SIZE, &stream_buffer, "BYTES", "bytes queued for a client that stops reading before its stream is paused (default 1M; 0: no cap)"},
+        {"stream-stall-timeout", 0, OPT_FLOAT, &stall, "S", "seconds a paused stream waits for its client before it is aborted (default 60; 0: forever)"},
+        {"disable-log-requests", 0, OPT_FLAG, &no_log, NULL, "no access-log line per request on stderr"},
+        {"log-prompts", 0, OPT_FLAG, &so.log_prompts, NULL, "add the prompt text to each access-log line (default: never logged)"},
     };
     memcpy(opts + n, extra, sizeof extra);
     n += (int)(sizeof extra / sizeof extra[0]);
@@ -55,6 +63,10 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "weld serve: --shutdown-timeout must be >= 0\n");
         return 2;
     }
+    if (!(stall >= 0)) {
+        fprintf(stderr, "weld serve: --stream-stall-timeout must be >= 0 (0: wait forever)\n");
+        return 2;
+    }
     struct weld_err e = {0};
     if (cli_engine_params(&eo, &so.engine, &e)) {
         fprintf(stderr, "weld serve: %s\n", e.msg);
@@ -63,6 +75,9 @@ int cmd_serve(int argc, char **argv)
     so.port = port;
     so.shutdown_timeout = grace;
     so.max_body = (size_t)max_body;
+    so.stream_buffer = (size_t)stream_buffer;
+    so.stream_stall_timeout = stall;
+    so.log_requests = !no_log;
     if (server_run(&so, &e)) {
         fprintf(stderr, "weld serve: %s\n", e.msg);
         return 1;

@@ -18,12 +18,15 @@
  * the bound one printed), then the engine thread starts loading the model. Stop: SIGINT or
  * SIGTERM (blocked in every thread, taken with sigtimedwait by the caller of server_run)
  * closes the engine to new work (503), waits up to shutdown_timeout for running requests,
- * aborts the rest, stops the daemon (joining every connection thread) and frees the engine.
+ * aborts the rest, waits (up to 5 s) until their last bytes (streams: the "abort" chunk and
+ * [DONE]) left, stops the daemon (joining every connection thread) and frees the engine.
+ * The completion callback prints each request's access-log line (access.c).
  */
 #include "server/http.h"
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -47,6 +50,9 @@ struct server_opts server_opts_default(void)
     o.port = 8000;
     o.shutdown_timeout = 30;
     o.max_body = 8u << 20;
+    o.stream_buffer = 1u << 20;
+    o.stream_stall_timeout = 60;
+    o.log_requests = true;
     return o;
 }
 
@@ -216,7 +222,7 @@ static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct 
                          je.column, je.text);
         return http_send_error(s, c, &e);
     }
-    enum MHD_Result rc = http_post(s, c, which, body);
+    enum MHD_Result rc = http_post(s, c, which, body, &hc->acc);
     json_decref(body);
     return rc;
 }
@@ -231,6 +237,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (!hc) {
         if (!(hc = wcalloc(1, sizeof *hc)))
             return MHD_NO;
+        hc->acc.t_start = time_now();
+        snprintf(hc->acc.method, sizeof hc->acc.method, "%s", method);
+        snprintf(hc->acc.path, sizeof hc->acc.path, "%s", url);
         *con_cls = hc;
         return MHD_YES;
     }
@@ -263,8 +272,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     struct http_conn *hc = *con_cls;
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
     if (hc) {
+        const union MHD_ConnectionInfo *st =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+        http_access_log(cls, c, &hc->acc, st ? st->http_status : 0);
+        wfree(hc->acc.prompt);
         wfree(hc->body);
         wfree(hc);
     }
@@ -372,8 +385,8 @@ int server_run(const struct server_opts *o, struct weld_err *e)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     int rc = read_template(&s, e);
-    if (!rc)
-        rc = server_gen_start(&s.gen, &o->engine, e);
+    if (!rc && (rc = server_gen_start(&s.gen, &o->engine, e)) == WELD_OK)
+        server_gen_set_stream_limits(s.gen, o->stream_buffer, o->stream_stall_timeout);
     if (!rc && (rc = start_daemon(&s, e)) == WELD_OK) {
         fprintf(stderr, "weld serve: listening on http://%s:%d\n", o->host, s.port);
         fflush(stderr);
@@ -385,8 +398,10 @@ int server_run(const struct server_opts *o, struct weld_err *e)
             log_warn("weld serve: grace period over; aborting the requests still running");
     }
     server_gen_halt(s.gen);
-    if (s.d)
+    if (s.d) {
+        http_wait_generations(&s, 5.0);
         MHD_stop_daemon(s.d);
+    }
     server_gen_free(s.gen);
     chat_template_free(s.tmpl);
     pthread_mutex_destroy(&s.mu);

@@ -34,12 +34,19 @@ struct server_opts {
     const char *chat_template;     /* NULL or a file overriding the model's template */
     double shutdown_timeout;       /* seconds running requests get after SIGTERM */
     size_t max_body;               /* request body limit in bytes (413 beyond) */
+    size_t stream_buffer;          /* output bytes queued for a stream whose client is not
+                                      reading before its request is paused; 0: no cap */
+    double stream_stall_timeout;   /* seconds a paused stream waits for its client before
+                                      it is aborted; 0: forever */
+    bool log_requests;             /* one access-log line per request (default on) */
+    bool log_prompts;              /* ... with the prompt text (default off) */
 };
 
 struct server_opts server_opts_default(void);
 
 /* Listen, load the model (health answers 503 meanwhile), serve until SIGINT/SIGTERM, drain
-   for up to shutdown_timeout seconds, stop. Returns WELD_OK after a clean shutdown; an
+   for up to shutdown_timeout seconds, abort what still runs (each stream still ends with a
+   last chunk, finish_reason "abort", and [DONE]; a non-streaming request gets a 503), stop. Returns WELD_OK after a clean shutdown; an
    error (socket, model, template) fills e. Prints "listening on http://HOST:PORT" to
    stderr once the socket is bound. */
 int server_run(const struct server_opts *o, struct weld_err *e);
