@@ -8,6 +8,8 @@
  *   gen.h / gen.c             the engine thread: inbox, aborts, per-request outboxes
  *   metrics.h / metrics.c     Prometheus histograms and the /metrics text
  *   http.c                    libmicrohttpd glue, routing, auth, body limit, shutdown
+ *   routes.c                  the POST routes: generation (whole or streamed), tokenize
+ *   access.c                  the access log (one line per request)
  *
  * Threads: libmicrohttpd runs one thread per connection (plus its listening thread); a
  * connection thread parses and tokenizes its request, hands a job to the engine thread and
