@@ -371,7 +371,7 @@ static void abort_stalled(struct server_gen *g)
                 list = j;
                 log_warn("weld serve: %s: aborted: its client stopped reading (paused %.1f s "
                          "with %zu bytes queued, over --stream-buffer-size %zu; "
-                         "--stream-stall-timeout %.0f s)", j->id[0] ? j->id : "stream",
+                         "--stream-stall-timeout %g s)", j->id[0] ? j->id : "stream",
                          now - j->t_paused, j->queued, g->stream_buffer, g->stall_timeout);
                 g->m.stream_stalls++;
                 if (j->fd >= 0)

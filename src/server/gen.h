@@ -69,7 +69,7 @@ struct server_event {
 };
 
 /* Cap on a streamed job's outbox in bytes (0: none) and the seconds it may stay paused
-   before it is aborted (0: forever). Call before server_gen_load. */
+   before it is aborted (0: forever); from the next event on. */
 void server_gen_set_stream_limits(struct server_gen *g, size_t buffer, double stall_timeout);
 
 /* Starts the engine thread, which waits for server_gen_load and then loads the model
