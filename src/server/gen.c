@@ -27,8 +27,8 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <sys/socket.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_REFUSED, JOB_DONE };

@@ -19,10 +19,10 @@
  *     reports through the free callback. The job is watched (gen.h): a client that stops
  *     reading gets its request paused once --stream-buffer-size bytes wait for it, and
  *     aborted (connection shut) after --stream-stall-timeout; the socket's kernel send
- *     buffer (SO_SNDBUF) gets the same size. A job aborted at shutdown
- *     still ends its stream: each choice's last chunk says finish_reason "abort", then
- *     [DONE]; server_run waits (http_wait_generations) until those bytes left before it
- *     stops the daemon.
+ *     buffer (SO_SNDBUF) gets the same size. A job aborted at shutdown still ends its
+ *     stream: each choice's last chunk says finish_reason "abort", then [DONE];
+ *     server_run waits (http_wait_generations) until those bytes left before it stops
+ *     the daemon.
  * Every generation fills the access-log record (struct http_access) as its events arrive.
  * Usage: prompt_tokens sums the prompts (each once, whatever n is); cached_tokens is what
  * the prefix cache served of them; completion_tokens sums every choice's tokens.
@@ -370,6 +370,7 @@ static enum MHD_Result generate(struct server *s, struct MHD_Connection *c, enum
     g->c = c;
     g->acc = acc;
     if (start_job(g, api, body, &e)) {
+        acc->generation = false; /* refused: no tokens, no finish to log */
         g->finished = true;
         enum MHD_Result r = http_send_error(s, c, &e);
         ctx_free(g);
