@@ -1,8 +1,9 @@
-# `weld serve` end to end (tests/node/serve_api.mjs, serve_load.mjs, serve_hostile.mjs): a
-# real server on a free loopback port driven by the official `openai` npm client, a load test
-# (1,000 requests, 64 concurrent, random client aborts; 300 requests under the sanitizers),
-# and hostile clients over raw sockets (1,000 idle connections, garbage request lines, send
-# timeouts, the reserve for /health, API keys). Both need node and
+# `weld serve` end to end (tests/node/serve_api.mjs, serve_load.mjs, serve_hostile.mjs,
+# serve_faults.mjs): a real server on a free loopback port driven by the official `openai`
+# npm client, a load test (1,000 requests, 64 concurrent, random client aborts; 300 requests
+# under the sanitizers), hostile clients over raw sockets (1,000 idle connections, garbage
+# request lines, send timeouts, the reserve for /health, API keys), and faults: SIGTERM in
+# the middle of streams, clients that stop reading, the access log. Both need node and
 # tests/node/node_modules (npm ci in tests/node); without them the tests are reported skipped
 # with the reason. In a WELD_SANITIZE build the server under test is the ASan/UBSan binary.
 find_program(WELD_NODE node)
@@ -10,8 +11,10 @@ set(WELD_SHARED_DIR "${CMAKE_SOURCE_DIR}/../shared" CACHE PATH "shared/ with mod
 set(weld_serve_model ${WELD_SHARED_DIR}/models/stories260K.gguf)
 if(WELD_SANITIZE)
   set(weld_load_n 300)
+  set(weld_sanitize 1)
 else()
   set(weld_load_n 1000)
+  set(weld_sanitize 0)
 endif()
 if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/package.json
    AND EXISTS ${weld_serve_model})
@@ -28,9 +31,13 @@ if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/pac
                    ${weld_serve_model} ${CMAKE_CURRENT_BINARY_DIR}/server_hostile_tmp
            WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
   set_tests_properties(server_hostile PROPERTIES SKIP_RETURN_CODE 77)
-  set_tests_properties(server_api server_load server_hostile PROPERTIES TIMEOUT 240 RUN_SERIAL TRUE)
+  add_test(NAME server_faults
+           COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_faults.mjs $<TARGET_FILE:weld>
+                   ${weld_serve_model} ${CMAKE_CURRENT_BINARY_DIR}/server_faults_tmp ${weld_sanitize}
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
+  set_tests_properties(server_api server_load server_hostile server_faults PROPERTIES TIMEOUT 240 RUN_SERIAL TRUE)
 else()
-  foreach(t server_api server_load server_hostile)
+  foreach(t server_api server_load server_hostile server_faults)
     add_test(NAME ${t} COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and shared/models/stories260K.gguf'; exit 77")
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()

@@ -14,6 +14,9 @@
  *   - n > 1 (fork + copy-on-write): at temperature 0 every sequence equals the reference;
  *     at temperature 1 sequence i equals a single request with seed + i * golden ratio;
  *   - abort from outside and from a callback, rejection of a prompt that can never fit;
+ *   - pause and resume (from outside, from a callback, before a fork, in a pool so small
+ *     that a newcomer takes the paused request's blocks, aborted while paused): a paused
+ *     request makes no progress while others run, and ends with the reference's tokens;
  *   - a stress run: 1,000 requests with random lengths, stop strings and aborts in a pool
  *     small enough to force preemption; it must end with every block free, every request
  *     finished or aborted as asked, and the greedy ones equal to the reference.
@@ -138,6 +141,7 @@ struct col {
     struct engine *eng;
     uint64_t abort_id_in_cb; /* abort this request from its first delta */
     int aborted_in_cb;
+    uint64_t pause_id_in_cb; /* pause this request from its first delta */
 };
 
 static struct out_seq *col_at(struct col *c, uint64_t id, int seq)
@@ -173,6 +177,12 @@ static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t 
         if (engine_abort(c->eng, id, &e) == WELD_OK)
             c->aborted_in_cb++;
         c->abort_id_in_cb = 0;
+    }
+    if (c->pause_id_in_cb == id) {
+        struct weld_err e;
+        if (engine_pause(c->eng, id, &e) != WELD_OK)
+            fprintf(stderr, "engine_pause in a callback: %s\n", e.msg);
+        c->pause_id_in_cb = 0;
     }
 }
 
@@ -580,6 +590,123 @@ TEST(abort_and_reject)
     engine_free(eng);
 }
 
+static int engine_paused(struct engine *eng)
+{
+    struct engine_stats st;
+    engine_stats_get(eng, &st);
+    return st.paused;
+}
+
+/* Request id's sequence seq equals the reference for prompt (greedy, n_gen tokens). */
+static bool equals_ref(struct col *c, uint64_t id, int seq, const int32_t *prompt, int n_prompt,
+                       int n_gen)
+{
+    int32_t want[MAXGEN];
+    struct out_seq *o = col_at(c, id, seq);
+    return ref_greedy(g_stories, DT_F16, prompt, n_prompt, n_gen, want) == n_gen &&
+           o->n_tokens == n_gen && !memcmp(o->tokens, want, (size_t)n_gen * sizeof *want) &&
+           o->n_finish == 1 && o->res.finish == REQUEST_FINISH_LENGTH;
+}
+
+TEST(pause_resume)
+{
+    REQUIRE(g_stories);
+    struct engine *eng = mk_engine(g_stories, g_tok, 8, 64, 0, true);
+    REQUIRE(eng);
+    struct col c;
+    REQUIRE(col_init(&c, 4, 2));
+    c.eng = eng;
+    struct request_callbacks cb = {&c, on_delta, on_finish};
+    struct weld_err e;
+    int32_t prompt[40];
+    for (int k = 0; k < 40; k++)
+        prompt[k] = (int32_t)((k * 7 + 1) % 512);
+    /* 1 paused from outside after 5 steps, 2 from its first delta; 3 runs through */
+    struct request_params p1 = greedy_ids(prompt, 20, 30), p2 = greedy_ids(prompt + 5, 20, 30);
+    struct request_params p3 = greedy_ids(prompt + 9, 20, 30);
+    REQUIRE(engine_add_request(eng, &p1, &cb, NULL, &e) == WELD_OK);
+    REQUIRE(engine_add_request(eng, &p2, &cb, NULL, &e) == WELD_OK);
+    REQUIRE(engine_add_request(eng, &p3, &cb, NULL, &e) == WELD_OK);
+    c.pause_id_in_cb = 2;
+    for (int s = 0; s < 5; s++)
+        REQUIRE(engine_step(eng, &e) == WELD_OK);
+    REQUIRE(engine_pause(eng, 1, &e) == WELD_OK);
+    CHECK(engine_pause(eng, 1, &e) == WELD_OK); /* idempotent */
+    CHECK(engine_pause(eng, 99, &e) == WELD_ERR_NOT_FOUND);
+    int n1 = col_at(&c, 1, 0)->n_tokens, n2 = col_at(&c, 2, 0)->n_tokens;
+    CHECK(n1 > 1 && n1 < 30);
+    CHECK_EQ_INT(n2, 1);
+    CHECK(run_all(eng, 1000) > 0); /* returns once only paused requests are left */
+    CHECK(!engine_has_work(eng));
+    CHECK_EQ_INT(engine_paused(eng), 2);
+    CHECK_EQ_INT(col_at(&c, 1, 0)->n_tokens, n1);
+    CHECK_EQ_INT(col_at(&c, 2, 0)->n_tokens, n2);
+    CHECK_EQ_INT(col_at(&c, 1, 0)->n_finish + col_at(&c, 2, 0)->n_finish, 0);
+    CHECK(equals_ref(&c, 3, 0, prompt + 9, 20, 30));
+    struct engine_stats st;
+    engine_stats_get(eng, &st);
+    CHECK(st.kv_blocks_used > 0 && st.running == 2 && st.preemptions == 0);
+    REQUIRE(engine_resume(eng, 1, &e) == WELD_OK);
+    REQUIRE(engine_resume(eng, 2, &e) == WELD_OK);
+    CHECK(engine_resume(eng, 2, &e) == WELD_OK);
+    CHECK(run_all(eng, 1000) > 0);
+    CHECK(equals_ref(&c, 1, 0, prompt, 20, 30));
+    CHECK(equals_ref(&c, 2, 0, prompt + 5, 20, 30));
+    CHECK(engine_pause(eng, 1, &e) == WELD_ERR_NOT_FOUND); /* finished */
+    CHECK_EQ_INT(engine_paused(eng), 0);
+    CHECK(all_blocks_free(eng));
+
+    /* paused before it ran (n = 2: the fork inherits the pause), then aborted while paused */
+    struct request_params p4 = greedy_ids(prompt + 2, 20, 30);
+    p4.n = 2;
+    uint64_t id4;
+    REQUIRE(engine_add_request(eng, &p4, &cb, &id4, &e) == WELD_OK);
+    REQUIRE(id4 == 4);
+    REQUIRE(engine_pause(eng, 4, &e) == WELD_OK);
+    CHECK(!engine_has_work(eng));
+    CHECK_EQ_INT(run_all(eng, 10), 0);
+    REQUIRE(engine_resume(eng, 4, &e) == WELD_OK);
+    for (int s = 0; s < 3; s++)
+        REQUIRE(engine_step(eng, &e) == WELD_OK);
+    REQUIRE(engine_pause(eng, 4, &e) == WELD_OK);
+    int n4 = col_at(&c, 4, 1)->n_tokens;
+    CHECK(n4 > 0);
+    CHECK_EQ_INT(run_all(eng, 10), 0);
+    CHECK_EQ_INT(col_at(&c, 4, 1)->n_tokens, n4);
+    REQUIRE(engine_abort(eng, 4, &e) == WELD_OK);
+    CHECK_EQ_INT(col_at(&c, 4, 0)->res.finish, REQUEST_FINISH_ABORT);
+    CHECK_EQ_INT(col_at(&c, 4, 1)->res.finish, REQUEST_FINISH_ABORT);
+    CHECK_EQ_INT(engine_paused(eng), 0);
+    CHECK(all_blocks_free(eng));
+    wfree(c.seqs);
+    engine_free(eng);
+
+    /* max_num_seqs 1 and a pool of 6 blocks: a paused request does not hold the one slot,
+       and a newcomer preempts it for its blocks; it recomputes after its resume */
+    eng = mk_engine(g_stories, g_tok, 1, 64, 6, true);
+    REQUIRE(eng);
+    REQUIRE(col_init(&c, 2, 1));
+    c.eng = eng;
+    cb.user = &c;
+    struct request_params pa = greedy_ids(prompt, 20, 60), pb = greedy_ids(prompt + 11, 20, 40);
+    REQUIRE(engine_add_request(eng, &pa, &cb, NULL, &e) == WELD_OK);
+    for (int s = 0; s < 30; s++)
+        REQUIRE(engine_step(eng, &e) == WELD_OK);
+    REQUIRE(engine_pause(eng, 1, &e) == WELD_OK);
+    REQUIRE(engine_add_request(eng, &pb, &cb, NULL, &e) == WELD_OK);
+    CHECK(run_all(eng, 1000) > 0);
+    engine_stats_get(eng, &st);
+    CHECK(st.preemptions >= 1);
+    CHECK(equals_ref(&c, 2, 0, prompt + 11, 20, 40));
+    CHECK_EQ_INT(col_at(&c, 1, 0)->n_finish, 0);
+    REQUIRE(engine_resume(eng, 1, &e) == WELD_OK);
+    CHECK(run_all(eng, 1000) > 0);
+    CHECK(equals_ref(&c, 1, 0, prompt, 20, 60));
+    CHECK(all_blocks_free(eng));
+    wfree(c.seqs);
+    engine_free(eng);
+}
+
 /* Priority policy, one sequence at a time: requests run in (priority, arrival) order;
    FCFS runs them in arrival order whatever their priority. */
 TEST(priority_policy)
@@ -876,6 +1003,7 @@ int main(void)
     RUN_TIMED(prefix_cache_same_tokens);
     RUN_TIMED(n_greater_than_one);
     RUN_TIMED(abort_and_reject);
+    RUN_TIMED(pause_resume);
     RUN_TIMED(priority_policy);
     RUN_TIMED(alloc_failures);
     RUN_TIMED(stress);

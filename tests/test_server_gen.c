@@ -7,14 +7,18 @@
  * counts; logit_bias forces (+100) or forbids (-100) a token; a cancelled job ends and gives its blocks back; a prompt the engine refuses
  * comes back as a 400 naming the limit; halting with a job running aborts it and the HTTP
  * side still drains its outbox; the metrics and stats snapshot end idle with no KV block
- * used.
+ * used; a watched (streamed) job whose outbox is not read is paused at the stream buffer,
+ * resumes as it is read (same greedy text), and is aborted after the stall timeout with its
+ * socket shut down.
  */
 #include "test.h"
 
 #include "core/alloc.h"
 #include "server/gen.h"
 
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *golden = ", there was a little girl named Lily. She loved to play outside "
                             "in the park. One day, she saw";
@@ -215,6 +219,73 @@ TEST(cancel_refuse_halt)
     server_gen_free(g);
 }
 
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static struct server_metrics metrics_of(struct server_gen *g)
+{
+    struct server_metrics m;
+    server_gen_metrics(g, &m);
+    return m;
+}
+
+TEST(stream_pause_and_stall)
+{
+    struct server_gen *g = start(0);
+    REQUIRE(g && server_gen_state(g, NULL, 0) == SERVER_GEN_READY);
+    server_gen_set_stream_limits(g, 2048, 0);
+    struct request_params p = request_params_default();
+    p.sampling.temperature = 0;
+    p.max_tokens = 32;
+    struct server_prompt pr = prompt_once();
+    struct server_error e;
+    struct server_job *j = server_gen_submit(g, &p, &pr, 1, &e);
+    REQUIRE(j);
+    server_gen_watch(j, -1, "t1");
+    CHECK_EQ_INT(server_gen_wait_accepted(j, &e), 0);
+    struct server_metrics m = metrics_of(g);
+    for (int i = 0; i < 500 && m.st.paused == 0; i++, m = metrics_of(g))
+        nap_ms(10);
+    CHECK_EQ_INT(m.st.paused, 1);
+    uint64_t gen0 = m.st.generated_tokens;
+    CHECK(gen0 > 0 && gen0 < 32);
+    nap_ms(100);
+    CHECK_EQ_INT((int)metrics_of(g).st.generated_tokens, (int)gen0);
+    struct result r;
+    drain(j, &r); /* reading resumes it */
+    server_gen_release(j);
+    CHECK_EQ_STR(r.text[0], golden);
+    CHECK_EQ_INT(r.reason[0], REQUEST_FINISH_LENGTH);
+    CHECK_EQ_INT(metrics_of(g).st.paused, 0);
+
+    /* paused past the stall timeout: aborted, its socket shut down */
+    server_gen_set_stream_limits(g, 2048, 0.2);
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    j = server_gen_submit(g, &p, &pr, 1, &e);
+    REQUIRE(j);
+    server_gen_watch(j, sv[0], "t2");
+    CHECK_EQ_INT(server_gen_wait_accepted(j, &e), 0);
+    m = metrics_of(g);
+    for (int i = 0; i < 500 && m.stream_stalls == 0; i++, m = metrics_of(g))
+        nap_ms(10);
+    CHECK_EQ_INT((int)m.stream_stalls, 1);
+    char b;
+    CHECK(recv(sv[1], &b, 1, MSG_DONTWAIT) == 0); /* the peer sees the shutdown */
+    drain(j, &r);
+    server_gen_release(j);
+    CHECK_EQ_INT(r.reason[0], REQUEST_FINISH_ABORT);
+    CHECK(strlen(r.text[0]) < strlen(golden));
+    close(sv[0]);
+    close(sv[1]);
+    m = metrics_of(g);
+    CHECK_EQ_INT(m.st.paused + m.st.running + m.st.kv_blocks_used, 0);
+    server_gen_free(g);
+}
+
 TEST(load_failure)
 {
     struct engine_params ep = engine_params_default();
@@ -249,6 +320,7 @@ int main(void)
     }
     RUN(greedy_and_choices);
     RUN(cancel_refuse_halt);
+    RUN(stream_pause_and_stall);
     RUN(load_failure);
     return test_summary();
 }

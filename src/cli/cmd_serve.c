@@ -3,8 +3,9 @@
  *
  * Flags follow vLLM's names: --host, --port, --served-model-name, --api-key (repeatable;
  * --api-key-file adds keys from a file), --chat-template, --shutdown-timeout, --pooling-type
- * (the embeddings' pooling, llama.cpp's --pooling and vLLM's pooling_type: last or mean);
- * weld's own: --max-body, --send-timeout, --max-connections, --max-connections-per-client;
+ * (the embeddings' pooling, llama.cpp's --pooling and vLLM's pooling_type: last or mean),
+ * --disable-log-requests; weld's own: --max-body, --send-timeout, --max-connections,
+ * --max-connections-per-client, --stream-buffer-size, --stream-stall-timeout, --log-prompts;
  * plus the engine flags every engine command shares
  * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
@@ -29,6 +30,9 @@ int cmd_serve(int argc, char **argv)
     float send_timeout = (float)so.send_timeout;
     struct cli_strs keys = {.n = 0};
     const char *pooling = "last";
+    uint64_t stream_buffer = so.stream_buffer;
+    float stall = (float)so.stream_stall_timeout;
+    bool no_log = false;
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
@@ -42,6 +46,10 @@ int cmd_serve(int argc, char **argv)
         {"max-connections", 0, OPT_INT, &so.max_connections, "N", "connections held at once (default 1000; 1/16 kept for /health and /metrics)"},
         {"max-connections-per-client", 0, OPT_INT, &so.max_connections_per_client, "N", "connections one client address may hold (default 256; 0: no limit; 429 beyond)"},
         {"pooling-type", 0, OPT_STR, &pooling, "TYPE", "/v1/embeddings pooling: last (default) or mean"},
+        {"stream-buffer-size", 0, OPT_SIZE, &stream_buffer, "BYTES", "bytes queued for a client that stops reading before its stream is paused (default 1M; 0: no cap)"},
+        {"stream-stall-timeout", 0, OPT_FLOAT, &stall, "S", "seconds a paused stream waits for its client before it is aborted (default 60; 0: forever)"},
+        {"disable-log-requests", 0, OPT_FLAG, &no_log, NULL, "no access-log line per request on stderr"},
+        {"log-prompts", 0, OPT_FLAG, &so.log_prompts, NULL, "add the prompt text to each access-log line (default: never logged)"},
     };
     struct cli_opt opts[CLI_ENGINE_N_OPTS + sizeof extra / sizeof extra[0]];
     int n = cli_engine_opts_table(&eo, opts);
@@ -77,6 +85,10 @@ int cmd_serve(int argc, char **argv)
         return 2;
     }
     so.pooling = strcmp(pooling, "mean") ? REQUEST_POOLING_LAST : REQUEST_POOLING_MEAN;
+    if (!(stall >= 0)) {
+        fprintf(stderr, "weld serve: --stream-stall-timeout must be >= 0 (0: wait forever)\n");
+        return 2;
+    }
     struct weld_err e = {0};
     if (cli_engine_params(&eo, &so.engine, &e)) {
         fprintf(stderr, "weld serve: %s\n", e.msg);
@@ -88,6 +100,9 @@ int cmd_serve(int argc, char **argv)
     so.send_timeout = send_timeout;
     so.api_keys = keys.v;
     so.n_api_keys = keys.n;
+    so.stream_buffer = (size_t)stream_buffer;
+    so.stream_stall_timeout = stall;
+    so.log_requests = !no_log;
     if (server_run(&so, &e)) {
         fprintf(stderr, "weld serve: %s\n", e.msg);
         return 1;

@@ -44,6 +44,7 @@ struct engine_req {
     struct request *r;
     struct engine_seq *seqs;     /* (r->n_seqs) */
     bool forked, abort_pending, fail_pending, counted_cached;
+    bool paused;                 /* engine_pause: every sequence paused in the scheduler */
     struct engine_req *prev, *next;
 };
 
@@ -59,6 +60,7 @@ struct engine {
     uint64_t seed, next_id;
     struct engine_req *head, *tail;
     int n_reqs;
+    int n_paused;                /* requests on the list with paused set */
     bool in_step;
     float *logits;               /* (cap_rows, n_vocab) */
     struct logits_top *tops;     /* (cap_rows) each row's largest logits (the sampler's
@@ -290,6 +292,8 @@ static void req_unlink_free(struct engine *eng, struct engine_req *er)
     else
         eng->tail = er->prev;
     eng->n_reqs--;
+    if (er->paused)
+        eng->n_paused--;
     request_free(er->r);
     wfree(er->seqs);
     wfree(er);
@@ -451,7 +455,33 @@ int engine_abort(struct engine *eng, uint64_t id, struct weld_err *e)
     return WELD_OK;
 }
 
-bool engine_has_work(const struct engine *eng) { return eng->n_reqs > 0; }
+static int req_set_paused(struct engine *eng, uint64_t id, bool paused, struct weld_err *e)
+{
+    struct engine_req *er = req_find(eng, id);
+    if (!er || er->abort_pending)
+        return err_set(e, WELD_ERR_NOT_FOUND, "%s: no running request %llu",
+                       paused ? "pause" : "resume", (unsigned long long)id);
+    if (er->paused == paused)
+        return WELD_OK;
+    er->paused = paused;
+    eng->n_paused += paused ? 1 : -1;
+    for (int i = 0; i < er->r->n_seqs; i++)
+        if (er->seqs[i].ss)
+            sched_pause(eng->s, er->seqs[i].ss, paused);
+    return WELD_OK;
+}
+
+int engine_pause(struct engine *eng, uint64_t id, struct weld_err *e)
+{
+    return req_set_paused(eng, id, true, e);
+}
+
+int engine_resume(struct engine *eng, uint64_t id, struct weld_err *e)
+{
+    return req_set_paused(eng, id, false, e);
+}
+
+bool engine_has_work(const struct engine *eng) { return eng->n_reqs > eng->n_paused; }
 const struct model *engine_model(const struct engine *eng) { return eng->m; }
 const struct tokenizer *engine_tokenizer(const struct engine *eng) { return eng->tok; }
 const struct sched_config *engine_sched_config(const struct engine *eng) { return &eng->sc; }
@@ -653,6 +683,8 @@ static void entry_sample(struct engine *eng, struct engine_seq *es, const float 
             req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
             return;
         }
+        if (er->paused)
+            sched_pause(eng->s, er->seqs[i].ss, true);
     }
     /* each sample may finish (and free) the request: stop when it is gone */
     uint64_t id = r->id;
@@ -776,6 +808,7 @@ void engine_stats_get(const struct engine *eng, struct engine_stats *st)
     st->preemptions = ss.n_preemptions;
     st->running = ss.n_running;
     st->waiting = ss.n_waiting;
+    st->paused = eng->n_paused;
     st->cache_queries = ss.kv.lookups;
     st->cache_query_tokens = ss.kv.query_tokens;
     st->cache_hit_tokens = ss.kv.hit_tokens;

@@ -41,6 +41,10 @@
  * FAILED finishes with reason "error". A failed forward pass finishes every request of
  * that step with "error" and engine_step returns the status.
  *
+ * Pausing: engine_pause leaves a request out of the steps (its sequences keep their KV
+ * blocks, see "Pausing" in sched.h) until engine_resume; the server pauses a stream whose
+ * client stopped reading. engine_has_work is false when every live request is paused.
+ *
  * Not thread-safe: one thread calls everything; callbacks run inside engine_step (they may
  * call engine_abort, which takes effect at the end of the step, but not engine_add_request
  * or engine_step: queue new work and add it after engine_step returns).
@@ -95,7 +99,8 @@ struct engine_stats {
     int kv_blocks, kv_blocks_used, kv_blocks_cached, kv_blocks_free, block_size;
     double kv_usage;                /* used / total blocks */
     size_t kv_bytes;                /* bytes of the KV pool */
-    int running, waiting;
+    int running, waiting;           /* sequences (paused ones included) */
+    int paused;                     /* requests paused (engine_pause) */
     double t_forward;               /* seconds inside forward passes */
 };
 
@@ -114,8 +119,15 @@ int engine_add_request(struct engine *eng, const struct request_params *p,
    step when called from a callback) and each unfinished sequence gets on_finish "abort".
    WELD_ERR_NOT_FOUND for an unknown or finished id. */
 int engine_abort(struct engine *eng, uint64_t id, struct weld_err *e);
+/* Pause a request: its sequences (and any it forks later) take no part in steps until
+   engine_resume; they keep their KV blocks unless others need them (then they are
+   preempted and recomputed after the resume). Callable from a callback (it takes effect at
+   the next step). Idempotent. WELD_ERR_NOT_FOUND for an unknown, finished or aborted id. */
+int engine_pause(struct engine *eng, uint64_t id, struct weld_err *e);
+int engine_resume(struct engine *eng, uint64_t id, struct weld_err *e);
 /* One scheduler step + forward pass + sampling. Does nothing when idle. */
 int engine_step(struct engine *eng, struct weld_err *e);
+/* Some live request is not paused. */
 bool engine_has_work(const struct engine *eng);
 void engine_stats_get(const struct engine *eng, struct engine_stats *st);
 

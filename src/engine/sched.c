@@ -57,6 +57,7 @@ struct sched {
     bool plan_pending;
     uint64_t n_steps, n_preemptions, n_added, n_finished, n_aborted, n_rejected;
     uint64_t n_prefix_waits;
+    int n_paused;            /* sequences with paused set, any state */
 };
 
 /* ---- queues --------------------------------------------------------------------------- */
@@ -370,6 +371,8 @@ static void plan_forget(struct sched *s, struct sched_seq *seq)
 
 static void seq_release(struct sched *s, struct sched_seq *seq)
 {
+    if (seq->paused)
+        s->n_paused--;
     plan_forget(s, seq);
     queue_remove(queue_of(s, seq->state), seq);
     seq_destroy(s, seq);
@@ -391,6 +394,14 @@ void sched_abort(struct sched *s, struct sched_seq *seq)
         return;
     s->n_aborted++;
     seq_release(s, seq);
+}
+
+void sched_pause(struct sched *s, struct sched_seq *seq, bool paused)
+{
+    if (seq->paused == paused)
+        return;
+    seq->paused = paused;
+    s->n_paused += paused ? 1 : -1;
 }
 
 /* ---- planning ------------------------------------------------------------------------- */
@@ -454,8 +465,17 @@ static void fail(struct sched *s, struct sched_plan *p, struct sched_seq *seq)
              s->cfg.kv.block_size);
 }
 
-/* Get blocks for n more tokens of running seq, preempting the newest running sequences
-   while short. Returns 1 if seq got them, 0 if seq itself was preempted or failed, or an
+/* The newest paused running sequence other than seq, or NULL. */
+static struct sched_seq *newest_paused(const struct sched *s, const struct sched_seq *seq)
+{
+    for (int i = s->running.n - 1; s->n_paused > 0 && i >= 0; i--)
+        if (s->running.v[i]->paused && s->running.v[i] != seq)
+            return s->running.v[i];
+    return NULL;
+}
+
+/* Get blocks for n more tokens of running seq, preempting the newest paused running
+   sequence, else the newest running one, while short. Returns 1 if seq got them, 0 if seq itself was preempted or failed, or an
    error status (negated) for anything but a shortage. *budget gets refunds. */
 static int reserve_running(struct sched *s, struct sched_plan *p, struct sched_seq *seq, int n,
                            int *budget, struct weld_err *e)
@@ -470,7 +490,9 @@ static int reserve_running(struct sched *s, struct sched_plan *p, struct sched_s
                 *e = tmp;
             return -rc;
         }
-        struct sched_seq *victim = s->running.v[s->running.n - 1];
+        struct sched_seq *victim = newest_paused(s, seq);
+        if (!victim)
+            victim = s->running.v[s->running.n - 1];
         if (victim == seq && s->running.n == 1) {
             fail(s, p, seq);
             return 0;
@@ -488,7 +510,7 @@ static int plan_running(struct sched *s, struct sched_plan *p, int *budget, stru
         for (int i = 0; i < s->running.n && *budget > 0; i++) {
             struct sched_seq *seq = s->running.v[i];
             int left = seq->n_tokens - seq->n_computed;
-            if (left <= 0 || (pass == 0) != (left == 1))
+            if (seq->paused || left <= 0 || (pass == 0) != (left == 1))
                 continue;
             int n = left < *budget ? left : *budget;
             n = n < seq->max_chunk ? n : seq->max_chunk;
@@ -526,11 +548,21 @@ static bool prefix_in_flight(const struct sched *s, const struct sched_seq *seq,
     return false;
 }
 
-/* Step 3: admit waiting sequences in key order while they fit. */
+/* Step 3: admit waiting sequences in key order while they fit; paused ones are passed
+   over and do not count against max_num_seqs. Blocks held by paused running sequences are
+   taken (by preempting them) when a sequence cannot be admitted without them. */
 static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct weld_err *e)
 {
-    while (s->waiting.n > 0 && s->running.n < s->cfg.max_num_seqs && *budget > 0) {
-        struct sched_seq *seq = s->waiting.v[0];
+    int active = s->running.n;
+    for (int i = 0; s->n_paused > 0 && i < s->running.n; i++)
+        active -= s->running.v[i]->paused;
+    int w = 0;
+    while (w < s->waiting.n && active < s->cfg.max_num_seqs && *budget > 0) {
+        struct sched_seq *seq = s->waiting.v[w];
+        if (seq->paused) {
+            w++;
+            continue;
+        }
         if (kvm_blocks_for(s->kvm, seq->n_tokens) > s->cfg.kv.n_blocks) {
             fail(s, p, seq); /* preempted after it outgrew the whole pool */
             continue;
@@ -546,8 +578,13 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
         int n = seq->n_tokens - hit < *budget ? seq->n_tokens - hit : *budget;
         n = n < seq->max_chunk ? n : seq->max_chunk;
         int need = kvm_blocks_for(s->kvm, hit + n) - hit / s->cfg.kv.block_size;
-        if (need > kvm_n_available(s->kvm) - evictable)
-            break;
+        if (need > kvm_n_available(s->kvm) - evictable) {
+            struct sched_seq *victim = newest_paused(s, NULL);
+            if (!victim)
+                break;
+            preempt(s, p, victim); /* not in the plan: nothing to refund */
+            continue;
+        }
         int cached = 0;
         int rc = seq->no_prefix_hit ? WELD_OK
                  : kvm_prefix_take(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &cached, e);
@@ -570,6 +607,7 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
         seq_move(s, seq, SCHED_RUNNING);
         plan_add(s, p, seq, n);
         *budget -= n;
+        active++;
     }
     return WELD_OK;
 }
@@ -645,6 +683,7 @@ void sched_stats_get(const struct sched *s, struct sched_stats *st)
     st->n_running = s->running.n;
     st->n_waiting = s->waiting.n;
     st->n_failed = s->failed.n;
+    st->n_paused = s->n_paused;
     st->n_steps = s->n_steps;
     st->n_preemptions = s->n_preemptions;
     st->n_added = s->n_added;

@@ -49,6 +49,14 @@
  * A step's total tokens never exceed max_num_batched_tokens, and a chunk never crosses
  * max_model_len. An entry samples when its chunk reaches the end of the known tokens.
  *
+ * Pausing. sched_pause marks a sequence (any state) as paused: it keeps its state and its
+ * blocks but takes no part in plans (no decode, no prefill chunk, no admission) and does
+ * not count against max_num_seqs, until sched_pause(..., false). Its blocks are the first
+ * to go when blocks run short: a running sequence that needs blocks, or a waiting one that
+ * cannot be admitted for lack of them, preempts the newest paused running sequence before
+ * anything else (it recomputes after it is resumed, helped by the prefix cache). The
+ * server pauses a stream whose client stopped reading.
+ *
  * Rejection. sched_add refuses (WELD_ERR_LIMIT, message naming the limit) a token list
  * longer than max_model_len or needing more blocks than the whole pool.
  *
@@ -92,6 +100,7 @@ struct sched_seq {
     int n_computed;         /* == table.n_computed once stepped: tokens with KV */
     int n_cached;           /* tokens served from the prefix cache at the first admission */
     int n_preemptions;      /* times this sequence was preempted */
+    bool paused;            /* sched_pause: left out of plans, blocks kept */
     struct kvm_table table; /* its physical blocks */
     /* private */
     int cap_tokens;
@@ -143,6 +152,7 @@ struct sched_plan {
 
 struct sched_stats {
     int n_running, n_waiting, n_failed;
+    int n_paused;               /* paused sequences, in any state */
     uint64_t n_steps;
     uint64_t n_preemptions;
     uint64_t n_added, n_finished, n_aborted, n_rejected;
@@ -200,6 +210,10 @@ int sched_fork(struct sched *s, struct sched_seq *parent, uint64_t id, void *use
    failed lists are not cleared. NULL-safe for seq. */
 void sched_finish(struct sched *s, struct sched_seq *seq);
 void sched_abort(struct sched *s, struct sched_seq *seq);
+
+/* Pause (true) or resume (false) a sequence in any state; see "Pausing" above. Takes
+   effect at the next sched_step. Idempotent. */
+void sched_pause(struct sched *s, struct sched_seq *seq, bool paused);
 
 struct kvm *sched_kvm(struct sched *s);
 const struct sched_config *sched_get_config(const struct sched *s);

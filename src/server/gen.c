@@ -8,6 +8,13 @@
  * job's own condition variable; the engine thread waits on g->cv. Fields of struct
  * server_sub and the active list belong to the engine thread alone.
  *
+ * Streams: the outbox size (queued), the paused flag, the resume request and the socket of
+ * a watched job are shared fields under g->mu. The engine thread pauses a job in on_delta
+ * (engine_pause is safe inside a step) and resumes the jobs on the resume list at the start
+ * of a round; it waits with a deadline while some job is paused so that a stall is noticed
+ * even when nothing else happens. The socket is shut down (never closed) under g->mu, and
+ * server_gen_release clears it under g->mu before the HTTP side lets MHD close it.
+ *
  * Accounting: a job is over for the engine when n_done reaches n_choices. Choices are
  * counted done by on_finish (stop, length, abort, error), or in bulk when the job is
  * refused or cancelled before its requests were added.
@@ -21,6 +28,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_REFUSED, JOB_DONE };
@@ -46,7 +54,14 @@ struct server_job {
     struct server_event *head, *tail;
     int n_done, refs;
     bool cancelled, engine_ref;
+    /* streams (server_gen_watch) */
+    bool watched, paused, resume_queued, stalled;
+    size_t queued;                        /* approximate bytes of the outbox's events */
+    double t_paused;                      /* when it was paused (time_now) */
+    int fd;                               /* the client's socket, -1: none */
+    char id[64];
     struct server_job *next_in, *next_abort, *prev_act, *next_act, *next_fin;
+    struct server_job *next_resume, *next_stall;
 };
 
 struct server_gen {
@@ -63,6 +78,10 @@ struct server_gen {
     struct server_job *finished;          /* all choices over, not yet marked done */
     bool go, closed, quit, busy;
     struct server_metrics m;
+    size_t stream_buffer;                 /* 0: no cap */
+    double stall_timeout;                 /* 0: none */
+    struct server_job *resume_head;       /* jobs whose HTTP side asked for a resume */
+    int n_paused;                         /* jobs paused */
 };
 
 static void job_free(struct server_job *j)
@@ -115,8 +134,15 @@ static void finish_jobs_locked(struct server_gen *g)
     }
 }
 
+/* What an event costs in the outbox (approximately: finish events have their strings). */
+static size_t event_bytes(const struct server_event *ev)
+{
+    return sizeof *ev + ev->len + 1;
+}
+
 static void push_locked(struct server_job *j, struct server_event *ev)
 {
+    j->queued += event_bytes(ev);
     ev->next = NULL;
     if (j->tail)
         j->tail->next = ev;
@@ -158,12 +184,23 @@ static void on_delta(void *user, uint64_t req_id, int seq, const char *text, siz
             }
         }
     }
+    struct server_job *j = s->job;
     pthread_mutex_lock(&g->mu);
     if (itl >= 0)
         server_hist_observe(&g->m.itl, itl);
     if (ev)
-        push_locked(s->job, ev);
+        push_locked(j, ev);
+    bool pause = j->watched && !j->paused && !j->cancelled && g->stream_buffer &&
+                 j->queued > g->stream_buffer;
+    if (pause) {
+        j->paused = true;
+        j->t_paused = now;
+        g->n_paused++;
+    }
     pthread_mutex_unlock(&g->mu);
+    for (int i = 0; pause && i < j->n_prompts; i++)
+        if (j->subs[i].added && j->subs[i].n_open > 0)
+            engine_pause(g->eng, j->subs[i].eng_id, NULL);
 }
 
 /* The result a choice carries besides its text, as one event (NULL: none): the prompt
@@ -243,6 +280,10 @@ static void on_finish(void *user, uint64_t req_id, int seq, const struct request
         push_locked(j, ev);
     int left = j->n_choices - j->n_done - 1;
     if (left == 0) {
+        if (j->paused) {
+            j->paused = false;
+            g->n_paused--;
+        }
         /* unlink from the engine thread's active list before the job can be freed */
         if (j->prev_act)
             j->prev_act->next_act = j->next_act;
@@ -321,6 +362,68 @@ static void abort_job(struct server_gen *g, struct server_job *j)
             engine_abort(g->eng, j->subs[i].eng_id, NULL);
 }
 
+/* Resume the jobs whose HTTP side took their outbox down (the list taken from g). */
+static void resume_jobs(struct server_gen *g, struct server_job *list)
+{
+    while (list) {
+        struct server_job *j = list, *next = j->next_resume;
+        pthread_mutex_lock(&g->mu);
+        bool go = j->paused && j->resume_queued;
+        j->resume_queued = false;
+        if (go) {
+            j->paused = false;
+            g->n_paused--;
+        }
+        pthread_mutex_unlock(&g->mu);
+        for (int i = 0; go && i < j->n_prompts; i++)
+            if (j->subs[i].added && j->subs[i].n_open > 0)
+                engine_resume(g->eng, j->subs[i].eng_id, NULL);
+        pthread_mutex_lock(&g->mu);
+        job_unref_locked(j);
+        pthread_mutex_unlock(&g->mu);
+        list = next;
+    }
+}
+
+/* The earliest time a paused job stalls (0: none). Under g->mu, engine thread. */
+static double stall_deadline_locked(const struct server_gen *g)
+{
+    double d = 0;
+    if (g->n_paused == 0 || g->stall_timeout <= 0)
+        return 0;
+    for (const struct server_job *j = g->active; j; j = j->next_act)
+        if (j->paused && !j->stalled && (d == 0 || j->t_paused + g->stall_timeout < d))
+            d = j->t_paused + g->stall_timeout;
+    return d;
+}
+
+/* Abort the jobs paused for longer than the stall timeout and shut their sockets down. */
+static void abort_stalled(struct server_gen *g)
+{
+    struct server_job *list = NULL;
+    double now = time_now();
+    pthread_mutex_lock(&g->mu);
+    if (g->n_paused > 0 && g->stall_timeout > 0)
+        for (struct server_job *j = g->active; j; j = j->next_act)
+            if (j->paused && !j->stalled && now - j->t_paused >= g->stall_timeout) {
+                j->stalled = true;
+                j->next_stall = list;
+                list = j;
+                log_warn("weld serve: %s: aborted: its client stopped reading (paused %.1f s "
+                         "with %zu bytes queued, over --stream-buffer-size %zu; "
+                         "--stream-stall-timeout %g s)", j->id[0] ? j->id : "stream",
+                         now - j->t_paused, j->queued, g->stream_buffer, g->stall_timeout);
+                g->m.stream_stalls++;
+                if (j->fd >= 0)
+                    shutdown(j->fd, SHUT_RDWR);
+            }
+    pthread_mutex_unlock(&g->mu);
+    /* abort_job may finish a job (on_finish unlinks it) but never frees it: the HTTP side
+       holds a reference until its connection ends */
+    for (struct server_job *j = list; j; j = j->next_stall)
+        abort_job(g, j);
+}
+
 static void publish_stats(struct server_gen *g)
 {
     struct engine_stats st;
@@ -331,17 +434,40 @@ static void publish_stats(struct server_gen *g)
     pthread_mutex_unlock(&g->mu);
 }
 
-/* One round: take the lists, add, abort, step. Returns false when the thread should end. */
+/* Wait on g->cv until the deadline (time_now seconds; 0: none). Under g->mu. */
+static void wait_locked(struct server_gen *g, double deadline)
+{
+    if (deadline <= 0) {
+        pthread_cond_wait(&g->cv, &g->mu);
+        return;
+    }
+    double left = deadline - time_now();
+    if (left <= 0)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long ns = ts.tv_nsec + (long)((left - (double)(long)left) * 1e9);
+    ts.tv_sec += (time_t)left + ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+}
+
+/* One round: take the lists, add, abort, resume, step. Returns false when the thread
+   should end. */
 static bool gen_round(struct server_gen *g)
 {
     pthread_mutex_lock(&g->mu);
-    while (!g->in_head && !g->abort_head && !engine_has_work(g->eng) && !g->quit) {
+    while (!g->in_head && !g->abort_head && !g->resume_head && !engine_has_work(g->eng) &&
+           !g->quit) {
         g->busy = false;
-        pthread_cond_wait(&g->cv, &g->mu);
+        double d = stall_deadline_locked(g);
+        if (d > 0 && time_now() >= d)
+            break;
+        wait_locked(g, d);
     }
     g->busy = true;
-    struct server_job *in = g->in_head, *ab = g->abort_head;
-    g->in_head = g->in_tail = g->abort_head = NULL;
+    struct server_job *in = g->in_head, *ab = g->abort_head, *re = g->resume_head;
+    g->in_head = g->in_tail = g->abort_head = g->resume_head = NULL;
     bool quit = g->quit;
     pthread_mutex_unlock(&g->mu);
     while (in) {
@@ -357,6 +483,8 @@ static bool gen_round(struct server_gen *g)
         pthread_mutex_unlock(&g->mu);
         ab = next;
     }
+    resume_jobs(g, re);
+    abort_stalled(g);
     if (quit)
         while (g->active)
             abort_job(g, g->active);
@@ -369,7 +497,7 @@ static bool gen_round(struct server_gen *g)
     if (!quit)
         return true;
     pthread_mutex_lock(&g->mu);
-    bool more = g->in_head || g->abort_head || engine_has_work(g->eng);
+    bool more = g->in_head || g->abort_head || g->resume_head || engine_has_work(g->eng);
     if (!more)
         g->busy = false;
     pthread_mutex_unlock(&g->mu);
@@ -425,6 +553,14 @@ int server_gen_start(struct server_gen **out, const struct engine_params *p, str
     g->thread_started = true;
     *out = g;
     return WELD_OK;
+}
+
+void server_gen_set_stream_limits(struct server_gen *g, size_t buffer, double stall_timeout)
+{
+    pthread_mutex_lock(&g->mu);
+    g->stream_buffer = buffer;
+    g->stall_timeout = stall_timeout;
+    pthread_mutex_unlock(&g->mu);
 }
 
 void server_gen_halt(struct server_gen *g)
@@ -485,6 +621,7 @@ struct server_job *server_gen_submit(struct server_gen *g, const struct request_
         return NULL;
     }
     j->g = g;
+    j->fd = -1;
     j->p = p;
     j->prompts = prompts;
     j->n_prompts = n_prompts;
@@ -555,6 +692,14 @@ int server_gen_next(struct server_job *j, int timeout_ms, struct server_event **
             j->head = j->head->next;
             if (!j->head)
                 j->tail = NULL;
+            j->queued -= event_bytes(*ev);
+            if (j->paused && !j->resume_queued && j->queued <= g->stream_buffer / 2) {
+                j->resume_queued = true;
+                j->refs++;
+                j->next_resume = g->resume_head;
+                g->resume_head = j;
+                pthread_cond_signal(&g->cv);
+            }
             rc = 1;
             break;
         }
@@ -569,6 +714,16 @@ int server_gen_next(struct server_job *j, int timeout_ms, struct server_event **
     }
     pthread_mutex_unlock(&g->mu);
     return rc;
+}
+
+void server_gen_watch(struct server_job *j, int fd, const char *id)
+{
+    struct server_gen *g = j->g;
+    pthread_mutex_lock(&g->mu);
+    j->watched = true;
+    j->fd = fd;
+    snprintf(j->id, sizeof j->id, "%s", id ? id : "");
+    pthread_mutex_unlock(&g->mu);
 }
 
 void server_gen_cancel(struct server_job *j)
@@ -595,6 +750,7 @@ void server_gen_release(struct server_job *j)
     pthread_mutex_lock(&g->mu);
     while (j->state == JOB_QUEUED)
         pthread_cond_wait(&j->cv, &g->mu);
+    j->fd = -1;
     job_unref_locked(j);
     pthread_mutex_unlock(&g->mu);
 }

@@ -9,9 +9,14 @@
  *   engine_abort the requests of cancelled jobs; engine_step (callbacks fire inside and
  *   push events into the jobs' outboxes, each push under the mutex followed by a signal of
  *   that job's condition variable); publish the engine's stats.
- * The engine thread never waits for an HTTP thread: outboxes are unbounded linked lists.
- * They cannot grow without limit all the same: a job gets at most one event per generated
- * token per choice plus one finish per choice, and max_tokens bounds the tokens.
+ * The engine thread never waits for an HTTP thread: outboxes are linked lists. A job gets
+ * at most one event per generated token per choice plus one finish per choice. A streamed
+ * job (server_gen_watch) whose client stops reading is also bounded in memory: once its
+ * outbox holds more than the stream buffer (approximate bytes: event structs plus text),
+ * the engine thread pauses its requests (engine_pause: KV kept, others keep running); the
+ * HTTP thread asks for a resume once it has taken the outbox down to half the buffer. A job
+ * paused for longer than the stall timeout is aborted with a warning naming it, and its
+ * socket is shut down so that its connection ends.
  *
  * A job (one HTTP request: n_prompts prompts x n sequences = choices, numbered
  * prompt * n + i) is shared by its HTTP thread and the engine thread and freed by whoever
@@ -69,6 +74,10 @@ struct server_event {
     char text[];                  /* (len + 1) */
 };
 
+/* Cap on a streamed job's outbox in bytes (0: none) and the seconds it may stay paused
+   before it is aborted (0: forever); from the next event on. */
+void server_gen_set_stream_limits(struct server_gen *g, size_t buffer, double stall_timeout);
+
 /* Starts the engine thread, which waits for server_gen_load and then loads the model
    from p (copied; strings borrowed). */
 int server_gen_start(struct server_gen **out, const struct engine_params *p,
@@ -95,6 +104,10 @@ int server_gen_wait_accepted(struct server_job *j, struct server_error *e);
 /* The next event (caller frees it with wfree), waiting at most timeout_ms. Returns 1 with
    *ev set, 0 on timeout, -1 when the job is over and its outbox empty. */
 int server_gen_next(struct server_job *j, int timeout_ms, struct server_event **ev);
+/* The job streams to socket fd: its outbox is capped (see above); id names it in logs.
+   server_gen_release forgets fd, so the caller must release the job before the socket is
+   closed. */
+void server_gen_watch(struct server_job *j, int fd, const char *id);
 /* Ask the engine thread to abort the job (a client went away). Idempotent. */
 void server_gen_cancel(struct server_job *j);
 /* Drop the caller's reference (waits until the job left the inbox). NULL-safe. */

@@ -28,14 +28,16 @@
  * load ends the process (exit 1) without ever having announced a server. Stop: SIGINT or
  * SIGTERM (blocked in every thread, taken with sigtimedwait by the caller of server_run)
  * closes the engine to new work (503), waits up to shutdown_timeout for running requests,
- * aborts the rest, stops the gate, then the daemon (joining every connection thread), and
- * frees the engine.
+ * aborts the rest, waits (up to 5 s) until their last bytes (streams: the "abort" chunk and
+ * [DONE]) left, stops the gate, then the daemon (joining every connection thread), and frees
+ * the engine. The completion callback prints each request's access-log line (access.c).
  */
 #include "server/http.h"
 
 #include "core/alloc.h"
 #include "server/gate.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -65,6 +67,9 @@ struct server_opts server_opts_default(void)
     o.send_timeout = 15;
     o.max_connections = 1000;
     o.max_connections_per_client = 256;
+    o.stream_buffer = 1u << 20;
+    o.stream_stall_timeout = 60;
+    o.log_requests = true;
     return o;
 }
 
@@ -276,7 +281,7 @@ static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct 
                          je.column, je.text);
         return http_send_error(s, c, &e);
     }
-    enum MHD_Result rc = http_post(s, c, which, body);
+    enum MHD_Result rc = http_post(s, c, which, body, &hc->acc);
     json_decref(body);
     return rc;
 }
@@ -291,6 +296,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (!hc) {
         if (!(hc = wcalloc(1, sizeof *hc)))
             return MHD_NO;
+        hc->acc.t_start = time_now();
+        snprintf(hc->acc.method, sizeof hc->acc.method, "%s", method);
+        snprintf(hc->acc.path, sizeof hc->acc.path, "%s", url);
         *con_cls = hc;
         return MHD_YES;
     }
@@ -328,6 +336,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (hc && hc->gen)
         __atomic_sub_fetch(&s->gens, 1, __ATOMIC_ACQ_REL);
     if (hc) {
+        const union MHD_ConnectionInfo *st =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+        http_access_log(cls, c, &hc->acc, st ? st->http_status : 0);
+        wfree(hc->acc.prompt);
         wfree(hc->body);
         wfree(hc);
     }
@@ -561,8 +573,8 @@ int server_run(const struct server_opts *o, struct weld_err *e)
     int rc = load_keys(&s, e);
     if (!rc)
         rc = read_template(&s, e);
-    if (!rc)
-        rc = server_gen_start(&s.gen, &o->engine, e);
+    if (!rc && (rc = server_gen_start(&s.gen, &o->engine, e)) == WELD_OK)
+        server_gen_set_stream_limits(s.gen, o->stream_buffer, o->stream_stall_timeout);
     if (!rc && (rc = start_daemon(&s, e)) == WELD_OK) {
         server_gen_load(s.gen);
         rc = wait_signal(&s, &set, e);
@@ -572,6 +584,8 @@ int server_run(const struct server_opts *o, struct weld_err *e)
             log_warn("weld serve: grace period over; aborting the requests still running");
     }
     server_gen_halt(s.gen);
+    if (s.d)
+        http_wait_generations(&s, 5.0);
     gate_stop(s.gate);
     if (s.d)
         MHD_stop_daemon(s.d);

@@ -38,6 +38,22 @@ struct server {
     struct server_model model;
     bool draining;                 /* __atomic: set once by the main thread, read by /health */
     unsigned long next_id;         /* response ids (atomic increments) */
+    int n_gen_open;                /* __atomic: generation requests not yet freed (routes.c) */
+};
+
+/* What the access log line says about one request: http.c fills the method, path and
+   start when the request arrives; a generation route adds its id, token counts, first
+   token time and finish reasons while it runs (never after MHD's completion callback, which
+   prints the line and frees the record). */
+struct http_access {
+    double t_start, t_first;       /* time_now of the headers / the first token (0: none) */
+    char method[16], path[256];
+    char id[64];                   /* response id; "" for routes without one */
+    bool generation;               /* the fields below mean something */
+    int prompt_tokens, completion_tokens, n_choices, n_finished;
+    int delta_tokens;              /* tokens seen in deltas (choices that never finished) */
+    unsigned finish_seen;          /* bit per enum request_finish seen */
+    char *prompt;                  /* --log-prompts: the prompt(s) as JSON (wmalloc'd) */
 };
 
 /* Per-connection state (MHD's con_cls): the request body collected so far. */
@@ -46,6 +62,7 @@ struct http_conn {
     size_t body_len, cap;          /* body_len counts every byte received, kept or not */
     bool too_big;
     bool gen;                      /* counted in server.gens */
+    struct http_access acc;
 };
 
 enum http_post { HTTP_POST_COMPLETIONS, HTTP_POST_CHAT, HTTP_POST_TOKENIZE, HTTP_POST_DETOKENIZE,
@@ -69,8 +86,16 @@ bool http_model(struct server *s, struct server_model *m);
 
 /* routes.c */
 enum MHD_Result http_post(struct server *s, struct MHD_Connection *c, enum http_post which,
-                          const json_t *body);
+                          const json_t *body, struct http_access *acc);
 /* embeddings.c: POST /v1/embeddings */
 enum MHD_Result http_embeddings(struct server *s, struct MHD_Connection *c, const json_t *body);
+/* After server_gen_halt: wait (at most timeout seconds) until every generation request has
+   handed its last bytes to its connection, so that stopping the daemon cuts no stream. */
+void http_wait_generations(struct server *s, double timeout);
+/* access.c: keep the request's prompt text(s) in a for the access log (--log-prompts). */
+void http_access_prompt(struct http_access *a, const struct server_req *r);
+/* The access-log line of a finished request (status 0: no response was queued). */
+void http_access_log(struct server *s, struct MHD_Connection *c, struct http_access *a,
+                     unsigned status);
 
 #endif

@@ -136,6 +136,10 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
     const struct engine_stats *st = &m->st;
     gauge(&b, "num_requests_running", "Sequences running (scheduled for steps).", st->running, lbl);
     gauge(&b, "num_requests_waiting", "Sequences waiting to be scheduled.", st->waiting, lbl);
+    gauge(&b, "num_requests_paused", "Requests paused because their stream's client is not "
+          "reading (--stream-buffer-size).", st->paused, lbl);
+    counter(&b, "stream_stall_aborts_total", "Streams aborted after their client read nothing "
+            "for --stream-stall-timeout.", m->stream_stalls, lbl);
     gauge(&b, "kv_cache_usage_perc", "Fraction of KV blocks in use by sequences (1 = 100%).",
           st->kv_usage, lbl);
     gauge(&b, "kv_cache_blocks_used", "KV blocks referenced by sequences.", st->kv_blocks_used, lbl);

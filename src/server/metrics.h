@@ -9,6 +9,9 @@
  * use by running sequences only: blocks kept in the prefix cache with no user are free.
  * Histograms use vLLM's bucket bounds (cumulative _bucket{le}, _sum, _count).
  *
+ * weld's own: num_requests_paused (engine requests paused because their stream's client is
+ * not reading) and stream_stall_aborts_total (streams aborted after the stall timeout).
+ *
  * request_success_total counts finished choices (one per sequence: n > 1 counts n) by
  * finished_reason: stop, length, abort, error.
  */
@@ -34,6 +37,7 @@ struct server_metrics {
     uint64_t success[5];           /* by enum request_finish (index 0 unused) */
     struct engine_stats st;        /* the engine's last snapshot */
     uint64_t http_requests, http_errors; /* every HTTP request / those answered >= 400 */
+    uint64_t stream_stalls;        /* streams aborted after --stream-stall-timeout */
 };
 
 void server_metrics_init(struct server_metrics *m);

@@ -9,30 +9,41 @@
  *     50 ms (also while tokens keep coming) a poll() on the socket checks whether the
  *     client went away: then the job is cancelled, which aborts its engine requests and
  *     returns their KV blocks, and the connection is closed without an answer; else the
- *     whole body is the answer (500 if a choice failed in the engine);
+ *     whole body is the answer (500 if a choice failed in the engine, 503 if the server
+ *     aborted it at shutdown);
  *   - streaming: answer 200 text/event-stream at once with a callback body; the callback
  *     turns events into "data: {chunk}\n\n" lines (chat opens each choice with a role
  *     chunk; echo opens each completion choice with its prompt), then the usage chunk when
  *     stream_options.include_usage, then "data: [DONE]\n\n". A client gone between chunks
  *     ends the body with an error and cancels the job; so does a failed write, which MHD
- *     reports through the free callback.
+ *     reports through the free callback. The job is watched (gen.h): a client that stops
+ *     reading gets its request paused once --stream-buffer-size bytes wait for it, and
+ *     aborted (connection shut) after --stream-stall-timeout; the socket's kernel send
+ *     buffer (SO_SNDBUF) gets the same size. A job aborted at shutdown still ends its
+ *     stream: each choice's last chunk says finish_reason "abort", then [DONE];
+ *     server_run waits (http_wait_generations) until those bytes left before it stops
+ *     the daemon.
+ * Every generation fills the access-log record (struct http_access) as its events arrive.
  * Usage: prompt_tokens sums the prompts (each once, whatever n is); cached_tokens is what
  * the prefix cache served of them; completion_tokens sums every choice's tokens.
  */
 #include "server/http.h"
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/progress.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 struct gen_ctx {
     struct server *s;
     struct MHD_Connection *c;
     struct server_req r;
+    struct http_access *acc;       /* until MHD's completion callback: not in ctx_free */
     struct server_job *job;
     struct server_choice *ch;      /* (n_choices) */
     int n_choices, prompt_tokens, cached_tokens;
@@ -62,6 +73,7 @@ static void ctx_free(struct gen_ctx *g)
     wfree(g->ch);
     server_req_release(&g->r);
     wfree(g->pend);
+    __atomic_sub_fetch(&g->s->n_gen_open, 1, __ATOMIC_RELEASE);
     wfree(g);
 }
 
@@ -81,6 +93,23 @@ static bool text_add(char **buf, size_t *len, size_t *cap, const char *t, size_t
     *len += n;
     (*buf)[*len] = 0;
     return true;
+}
+
+/* The access-log record learns of one event. */
+static void acc_event(struct gen_ctx *g, const struct server_event *ev)
+{
+    struct http_access *a = g->acc;
+    if (ev->n_tokens && a->t_first == 0)
+        a->t_first = time_now();
+    a->delta_tokens += ev->n_tokens;
+    if (!ev->finish)
+        return;
+    a->n_finished++;
+    a->completion_tokens += ev->n_generated;
+    if (ev->choice % g->r.bl.p.n == 0)
+        a->prompt_tokens += ev->n_prompt;
+    if (ev->reason > REQUEST_FINISH_NONE && ev->reason <= REQUEST_FINISH_ERROR)
+        a->finish_seen |= 1u << ev->reason;
 }
 
 /* Fold one event into its choice (non-streaming) and the usage counts. */
@@ -135,6 +164,11 @@ static int start_job(struct gen_ctx *g, enum server_api api, const json_t *body,
     snprintf(g->id, sizeof g->id, "%s-%lx%08lx", api == SERVER_API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long)g->s->t_start, id);
     g->created = (long)time(NULL);
+    snprintf(g->acc->id, sizeof g->acc->id, "%s", g->id);
+    g->acc->generation = true;
+    g->acc->n_choices = g->n_choices;
+    if (g->s->o.log_requests && g->s->o.log_prompts)
+        http_access_prompt(g->acc, &g->r);
     g->job = server_gen_submit(g->s->gen, &g->r.bl.p, g->r.prompts, g->r.n_prompts, e);
     if (!g->job)
         return e->http;
@@ -157,6 +191,7 @@ static enum MHD_Result answer_whole(struct gen_ctx *g)
         struct server_event *ev = NULL;
         int rc = server_gen_next(g->job, 100, &ev);
         if (rc == 1) {
+            acc_event(g, ev);
             apply_event(g, ev);
             wfree(ev);
         } else if (rc < 0) {
@@ -169,6 +204,15 @@ static enum MHD_Result answer_whole(struct gen_ctx *g)
     }
     g->finished = true;
     struct server_error e;
+    for (int i = 0; i < g->n_choices; i++)
+        if (g->ch[i].finish == REQUEST_FINISH_ABORT) {
+            /* not the client (it is still here): the server aborted it at shutdown */
+            server_error_set(&e, 503, NULL, "the server is shutting down: the request was "
+                             "aborted before it finished; retry on another instance");
+            enum MHD_Result r = http_send_error(g->s, g->c, &e);
+            ctx_free(g);
+            return r;
+        }
     for (int i = 0; i < g->n_choices; i++)
         if (g->ch[i].finish == REQUEST_FINISH_ERROR || !g->ch[i].done) {
             server_error_set(&e, 500, NULL, "generation failed: %s",
@@ -272,6 +316,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         struct server_event *ev = NULL;
         int rc = server_gen_next(g->job, 100, &ev);
         if (rc == 1) {
+            acc_event(g, ev);
             stream_event(g, ev);
             wfree(ev);
         } else if (rc < 0) {
@@ -289,6 +334,17 @@ static void stream_free(void *cls)
 
 static enum MHD_Result answer_stream(struct gen_ctx *g)
 {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(g->c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    /* the kernel's send buffer is capped too (Linux doubles the value), else a client that
+       stops reading parks up to tcp_wmem's maximum (4 MiB) there */
+    size_t cap = g->s->o.stream_buffer;
+    if (fd >= 0 && cap > 0) {
+        int sz = cap < (1u << 30) ? (int)cap : 1 << 30;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+    }
+    server_gen_watch(g->job, fd, g->id);
     stream_open(g);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
                                                                   stream_read, g, stream_free);
@@ -305,7 +361,7 @@ static enum MHD_Result answer_stream(struct gen_ctx *g)
 }
 
 static enum MHD_Result generate(struct server *s, struct MHD_Connection *c, enum server_api api,
-                                const json_t *body)
+                                const json_t *body, struct http_access *acc)
 {
     struct server_error e;
     struct gen_ctx *g = wcalloc(1, sizeof *g);
@@ -313,9 +369,12 @@ static enum MHD_Result generate(struct server *s, struct MHD_Connection *c, enum
         server_error_set(&e, 500, NULL, "out of memory");
         return http_send_error(s, c, &e);
     }
+    __atomic_add_fetch(&s->n_gen_open, 1, __ATOMIC_RELAXED);
     g->s = s;
     g->c = c;
+    g->acc = acc;
     if (start_job(g, api, body, &e)) {
+        acc->generation = false; /* refused: no tokens, no finish to log */
         g->finished = true;
         enum MHD_Result r = http_send_error(s, c, &e);
         ctx_free(g);
@@ -435,14 +494,27 @@ static enum MHD_Result detokenize(struct server *s, struct MHD_Connection *c,
 }
 
 enum MHD_Result http_post(struct server *s, struct MHD_Connection *c, enum http_post which,
-                          const json_t *body)
+                          const json_t *body, struct http_access *acc)
 {
     switch (which) {
-    case HTTP_POST_COMPLETIONS: return generate(s, c, SERVER_API_COMPLETIONS, body);
-    case HTTP_POST_CHAT: return generate(s, c, SERVER_API_CHAT, body);
+    case HTTP_POST_COMPLETIONS: return generate(s, c, SERVER_API_COMPLETIONS, body, acc);
+    case HTTP_POST_CHAT: return generate(s, c, SERVER_API_CHAT, body, acc);
     case HTTP_POST_TOKENIZE: return tokenize(s, c, body);
     case HTTP_POST_DETOKENIZE: return detokenize(s, c, body);
     case HTTP_POST_EMBEDDINGS: return http_embeddings(s, c, body);
     }
     return MHD_NO;
+}
+
+void http_wait_generations(struct server *s, double timeout)
+{
+    double t_end = time_now() + timeout;
+    while (__atomic_load_n(&s->n_gen_open, __ATOMIC_ACQUIRE) > 0 && time_now() < t_end) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    int left = __atomic_load_n(&s->n_gen_open, __ATOMIC_ACQUIRE);
+    if (left > 0)
+        log_warn("weld serve: %d response%s not sent in full after %.0f s (clients not "
+                 "reading); closing them", left, left == 1 ? "" : "s", timeout);
 }

@@ -11,6 +11,8 @@
  *   http.c                    libmicrohttpd glue, routing, auth, body limit, shutdown
  *   gate.h / gate.c           the accept loop in front of libmicrohttpd: garbage, silent
  *                             clients, per-client limit, the reserve for /health
+ *   routes.c                  the POST routes: generation (whole or streamed), tokenize
+ *   access.c                  the access log (one line per request)
  *
  * Threads: the gate's accept thread; libmicrohttpd's thread per connection (plus its own); a
  * connection thread parses and tokenizes its request, hands a job to the engine thread and
@@ -44,12 +46,19 @@ struct server_opts {
     int max_connections;           /* connections held at once (1000) */
     int max_connections_per_client; /* per client address (256; 0: no limit) */
     enum request_pooling pooling;  /* /v1/embeddings: last token (default) or mean */
+    size_t stream_buffer;          /* output bytes queued for a stream whose client is not
+                                      reading before its request is paused; 0: no cap */
+    double stream_stall_timeout;   /* seconds a paused stream waits for its client before
+                                      it is aborted; 0: forever */
+    bool log_requests;             /* one access-log line per request (default on) */
+    bool log_prompts;              /* ... with the prompt text (default off) */
 };
 
 struct server_opts server_opts_default(void);
 
 /* Listen, load the model (health answers 503 meanwhile), serve until SIGINT/SIGTERM, drain
-   for up to shutdown_timeout seconds, stop. Returns WELD_OK after a clean shutdown; an
+   for up to shutdown_timeout seconds, abort what still runs (each stream still ends with a
+   last chunk, finish_reason "abort", and [DONE]; a non-streaming request gets a 503), stop. Returns WELD_OK after a clean shutdown; an
    error (socket, model, template) fills e. Prints "listening on http://HOST:PORT" to
    stderr once the socket is bound and the model loaded (never when the load fails). */
 int server_run(const struct server_opts *o, struct weld_err *e);
