@@ -52,6 +52,53 @@ if [ -f "$l3tok/tokenizer.json" ]; then
   expect_lacks "$err" "internal error" "match limit: tokenize message"
   out=$("$weld" tokenize --tokenizer "$l3tok" "${spaces}a" 2>&1)
   expect_eq "$?" "0" "default match limit: 3000 spaces tokenize"
+
+  # --- one verdict on a tokenizer from info, generate and serve's loader ---
+  if command -v python3 >/dev/null &&
+     "$weld" mkmodel --preset tiny --arch llama --dtype q8_0 --seed 3 --tokenizer "$l3tok" \
+       --out "$tmp/l3.gguf" >/dev/null 2>&1 &&
+     rm -rf "$tmp/l3hf" && "$weld" convert "$tmp/l3.gguf" "$tmp/l3hf" --dtype f32 >/dev/null 2>&1; then
+    # a Split regex of no llama.cpp family (GPT-2's, inside a Split): generate runs it
+    python3 - "$tmp/l3hf/tokenizer.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = (
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+")
+json.dump(t, open(sys.argv[1], "w"))
+PY
+    out=$("$weld" info "$tmp/l3hf" 2>"$tmp/info.err"); rc=$?
+    expect_eq "$rc" "0" "info on a custom pre-tokenizer: exit"
+    expect_contains "$out" "pre-tokenizer custom" "info on a custom pre-tokenizer"
+    expect_contains "$out" "usable             yes" "info on a custom pre-tokenizer: usable"
+    expect_contains "$(cat "$tmp/info.err")" "warning: the pre-tokenizer" "info custom warning"
+    "$weld" generate -m "$tmp/l3hf" -p "Hello world" -n 2 --temp 0 >/dev/null 2>&1
+    expect_eq "$?" "0" "generate on a custom pre-tokenizer"
+    # GPT-2's own layout: a lone ByteLevel with its regex is GGUF's "default"
+    python3 - "$tmp/l3hf/tokenizer.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                      "use_regex": True}
+json.dump(t, open(sys.argv[1], "w"))
+PY
+    out=$("$weld" info "$tmp/l3hf" 2>&1)
+    expect_contains "$out" "pre-tokenizer default" "info on a GPT-2 ByteLevel pre-tokenizer"
+    # a GGUF naming a pre-tokenizer weld cannot run: info says so, generate refuses
+    python3 - "$tmp/l3.gguf" "$tmp/l3bad.gguf" <<'PY'
+import sys
+d = open(sys.argv[1], "rb").read()
+i = d.find(b"llama-bpe", d.find(b"tokenizer.ggml.pre"))
+open(sys.argv[2], "wb").write(d[:i] + b"falcon-xx" + d[i + 9:])
+PY
+    out=$("$weld" info "$tmp/l3bad.gguf" 2>"$tmp/info.err"); rc=$?
+    expect_eq "$rc" "0" "info on an unsupported GGUF pre-tokenizer: exit"
+    expect_contains "$out" "usable             no: " "info on an unsupported GGUF pre-tokenizer"
+    expect_contains "$(cat "$tmp/info.err")" "'falcon-xx' is not supported" "info warning"
+    err=$("$weld" generate -m "$tmp/l3bad.gguf" -p "Hello" -n 2 2>&1 >/dev/null)
+    expect_contains "$err" "'falcon-xx' is not supported" "generate on an unsupported pre-tokenizer"
+  else
+    echo "python3, mkmodel or convert unavailable; tokenizer verdict checks skipped" >&2
+  fi
 else
   echo "llama3 tokenizer not found under tests/node; match-limit checks skipped" >&2
 fi
