@@ -206,23 +206,13 @@ TEST(out_of_range)
     expect_fail("{\"prompt\": \"p\", \"temperature\": 1e39}", "'temperature'");
     expect_fail("{\"prompt\": \"p\", \"presence_penalty\": -1e300}", "'presence_penalty'");
     struct batch_line l;
-    /* in range for the parser; request_params_check is the one to refuse it */
-    REQUIRE(parse("{\"prompt\": \"p\", \"max_tokens\": 0, \"temperature\": -1}", &l) == WELD_OK);
-    CHECK_EQ_INT(l.p.max_tokens, 0);
-    CHECK(request_params_check(&l.p, 0, &g_e) != WELD_OK);
-    batch_line_release(&l);
-    /* logprobs is clamped to 1000 above and to INT32_MIN below, so narrowing is exact */
-    REQUIRE(parse("{\"prompt\": \"p\", \"logprobs\": 9223372036854775807}", &l) == WELD_OK);
-    CHECK_EQ_INT(l.p.logprobs, 1000);
-    batch_line_release(&l);
-    REQUIRE(parse("{\"prompt\": \"p\", \"logprobs\": -9223372036854775807}", &l) == WELD_OK);
-    CHECK_EQ_INT(l.p.logprobs, INT32_MIN);
-    CHECK(request_params_check(&l.p, 0, &g_e) != WELD_OK);
-    batch_line_release(&l);
-    REQUIRE(parse("{\"prompt\": \"p\", \"logprobs\": true, \"top_logprobs\": -3}", &l) == WELD_OK);
-    CHECK_EQ_INT(l.p.logprobs, -2);
-    CHECK(request_params_check(&l.p, 0, &g_e) != WELD_OK);
-    batch_line_release(&l);
+    /* the OpenAI / vLLM ranges are checked here, so batch and the server agree */
+    expect_fail("{\"prompt\": \"p\", \"max_tokens\": 0}", "'max_tokens': 0, must be at least 1");
+    expect_fail("{\"prompt\": \"p\", \"temperature\": -1}", "'temperature'");
+    expect_fail("{\"prompt\": \"p\", \"logprobs\": 9223372036854775807}", "'logprobs'");
+    expect_fail("{\"prompt\": \"p\", \"logprobs\": -1}", "'logprobs': -1, must be in [0, 20]");
+    expect_fail("{\"prompt\": \"p\", \"logprobs\": true, \"top_logprobs\": -3}",
+                "'top_logprobs'");
     /* seed: any int64, as its two's-complement bits */
     REQUIRE(parse("{\"prompt\": \"p\", \"seed\": -1}", &l) == WELD_OK);
     CHECK(l.p.has_seed && l.p.sampling.seed == UINT64_MAX);
@@ -253,12 +243,88 @@ TEST(unknown_fields_ignored)
     struct batch_line a, b;
     REQUIRE(parse("{\"prompt\": \"p\", \"max_tokens\": 3}", &a) == WELD_OK);
     REQUIRE(parse("{\"model\": \"gpt\", \"prompt\": \"p\", \"stream\": true, \"max_tokens\": 3, "
-                  "\"user\": {\"x\": [1, null]}, \"best_of\": \"nope\", \"echo\": 1}",
+                  "\"user\": {\"x\": [1, null]}, \"best_of\": 1, \"echo\": 1, \"top_a\": 0.5, "
+                  "\"mirostat\": 2, \"response_format\": {\"type\": \"text\"}, "
+                  "\"tool_choice\": \"none\", \"guided_json\": null}",
                   &b) == WELD_OK);
     CHECK_EQ_STR(a.p.prompt, b.p.prompt);
     CHECK(params_same(&a.p, &b.p));
+    CHECK_EQ_STR(a.unknown, "");
+    CHECK_EQ_STR(b.unknown, "top_a, mirostat"); /* for the caller's warning line */
     batch_line_release(&a);
     batch_line_release(&b);
+}
+
+/* OpenAI / vLLM ranges, each failure naming its field */
+TEST(api_ranges)
+{
+    const char *const bad[][2] = {
+        {"\"temperature\": 2.5", "'temperature': 2.5, must be in [0, 2]"},
+        {"\"temperature\": -0.1", "'temperature'"},
+        {"\"top_k\": -2", "'top_k': -2"},
+        {"\"presence_penalty\": 2.5", "'presence_penalty': 2.5, must be in [-2, 2]"},
+        {"\"frequency_penalty\": -3", "'frequency_penalty'"},
+        {"\"repetition_penalty\": 0", "'repetition_penalty': 0, must be greater than 0"},
+        {"\"logprobs\": 21", "'logprobs': 21"},
+        {"\"logprobs\": true, \"top_logprobs\": 21", "'top_logprobs': 21"},
+        {"\"logit_bias\": {\"5\": 100.5}", "'logit_bias[5]': expected a number in [-100, 100]"},
+        {"\"n\": 0", "'n': 0, must be at least 1"},
+        {"\"max_tokens\": -4", "'max_tokens': -4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[256];
+        snprintf(line, sizeof line, "{\"prompt\": \"p\", %s}", bad[i][0]);
+        expect_fail(line, bad[i][1]);
+    }
+    const char *const good[] = {"\"temperature\": 2", "\"temperature\": 0", "\"top_k\": -1",
+                                "\"top_k\": 0", "\"top_k\": 1", "\"presence_penalty\": -2",
+                                "\"frequency_penalty\": 2", "\"logprobs\": 20",
+                                "\"logprobs\": 0", "\"logit_bias\": {\"5\": -100}",
+                                "\"repetition_penalty\": 0.01"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char line[256];
+        snprintf(line, sizeof line, "{\"prompt\": \"p\", %s}", good[i]);
+        struct batch_line l;
+        if (parse(line, &l) != WELD_OK) {
+            fprintf(stderr, "  %s: %s\n", line, g_e.msg);
+            CHECK(0);
+        }
+        batch_line_release(&l);
+    }
+}
+
+/* Fields that would change the output but are not implemented: refused, naming them */
+TEST(unimplemented_fields_refused)
+{
+    const char *const bad[][2] = {
+        {"\"response_format\": {\"type\": \"json_object\"}", "'response_format'"},
+        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {}}",
+         "'response_format'"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "'tools'"},
+        {"\"tool_choice\": \"auto\"", "'tool_choice'"},
+        {"\"tool_choice\": {\"type\": \"function\"}", "'tool_choice'"},
+        {"\"guided_json\": {}", "'guided_json'"},
+        {"\"guided_regex\": \"a+\"", "'guided_regex'"},
+        {"\"guided_choice\": [\"a\"]", "'guided_choice'"},
+        {"\"guided_grammar\": \"root ::= x\"", "'guided_grammar'"},
+        {"\"structured_outputs\": {\"json\": {}}", "'structured_outputs'"},
+        {"\"suffix\": \"end\"", "'suffix'"},
+        {"\"best_of\": 3", "'best_of'"},
+        {"\"use_beam_search\": true", "'use_beam_search'"},
+        {"\"functions\": [{\"name\": \"f\"}]", "'functions'"},
+        {"\"echo\": true", "'echo'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[256];
+        snprintf(line, sizeof line, "{\"prompt\": \"p\", %s}", bad[i][0]);
+        expect_fail(line, bad[i][1]);
+    }
+    /* tools shown by the template with tool_choice "none" are fine; so is best_of = n */
+    struct batch_line l;
+    REQUIRE(parse("{\"prompt\": \"p\", \"tools\": [{\"type\": \"function\"}], "
+                  "\"tool_choice\": \"none\", \"best_of\": 2, \"n\": 2}", &l) ==
+            WELD_OK);
+    batch_line_release(&l);
 }
 
 TEST(bad_json)
@@ -335,6 +401,8 @@ int main(void)
     RUN(bad_types);
     RUN(out_of_range);
     RUN(unknown_fields_ignored);
+    RUN(api_ranges);
+    RUN(unimplemented_fields_refused);
     RUN(bad_json);
     RUN(messages);
     RUN(request_parse_object);

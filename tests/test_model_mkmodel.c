@@ -613,7 +613,8 @@ static void write_text(const char *path, const char *text)
 }
 
 /* A hand-made byte-level tokenizer: special ids from config.json, the template from
-   chat_template.json, the pre-tokenizer from the caller's hint (no Split to recognise). */
+   chat_template.json, the pre-tokenizer detected ("default" for a lone ByteLevel, "custom"
+   for an unknown Split under TOKMETA_PRE_ANY) or from the caller's hint. */
 TEST(tokmeta_fallback_files)
 {
     struct weld_err e = {0};
@@ -629,8 +630,24 @@ TEST(tokmeta_fallback_files)
     snprintf(p, sizeof p, "%s/chat_template.json", dir);
     write_text(p, "{\"chat_template\": \"{{ messages }}\"}");
     struct tokmeta *t = NULL;
+    /* a lone ByteLevel (its own GPT-2 regex) is GGUF's "default" */
+    REQUIRE(tokmeta_from_hf(&t, dir, NULL, 0, &e) == WELD_OK);
+    CHECK_EQ_STR(t->pre, "default");
+    tokmeta_free(t);
+    t = NULL;
+    /* a Split regex of no known family: refused, or "custom" with TOKMETA_PRE_ANY */
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    write_text(p, "{\"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", \"special\": true}],"
+                  " \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\":"
+                  " \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, \"behavior\": \"Isolated\"},"
+                  " {\"type\": \"ByteLevel\", \"use_regex\": false}]}, \"model\": {\"type\": \"BPE\","
+                  " \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}}");
     CHECK_EQ_INT(tokmeta_from_hf(&t, dir, NULL, 0, &e), WELD_ERR_UNSUPPORTED);
     CHECK(strstr(e.msg, "pre_tokenizer") != NULL);
+    REQUIRE(tokmeta_from_hf(&t, dir, TOKMETA_PRE_ANY, 0, &e) == WELD_OK);
+    CHECK_EQ_STR(t->pre, "custom");
+    tokmeta_free(t);
+    t = NULL;
     REQUIRE(tokmeta_from_hf(&t, dir, "qwen2", 0, &e) == WELD_OK);
     CHECK_EQ_INT(t->n_tokens, 4);
     CHECK_EQ_INT(t->n_merges, 1);

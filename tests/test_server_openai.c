@@ -359,6 +359,79 @@ TEST(metrics_text)
 /* Random bodies built from the known keys with values of every JSON type and edge values:
    every answer is a success that the engine would accept, or a 400 / 404 with a message
    and never a crash (this runs under ASan/UBSan in the sanitizer build). */
+/* issue 26: OpenAI / vLLM ranges and unimplemented output-changing fields, 400 naming the
+   field (the same table `weld batch` uses) */
+TEST(openai_ranges_and_unsupported)
+{
+    const enum server_api C = SERVER_API_COMPLETIONS, H = SERVER_API_CHAT;
+    static const char *const bad[][3] = {
+        {"\"top_k\": -2", "top_k", "-1 or 0"},
+        {"\"top_k\": -100", "top_k", NULL},
+        {"\"presence_penalty\": 2.5", "presence_penalty", "[-2, 2]"},
+        {"\"presence_penalty\": -2.01", "presence_penalty", NULL},
+        {"\"frequency_penalty\": 3", "frequency_penalty", "[-2, 2]"},
+        {"\"repetition_penalty\": 0", "repetition_penalty", "greater than 0"},
+        {"\"repetition_penalty\": -1", "repetition_penalty", NULL},
+        {"\"logprobs\": -1", "logprobs", "[0, 20]"},
+        {"\"logprobs\": 21", "logprobs", NULL},
+        {"\"logit_bias\": {\"512\": 1}", "logit_bias", "[0, 512)"},
+        {"\"logit_bias\": {\"-1\": 1}", "logit_bias", NULL},
+        {"\"logit_bias\": {\"5\": -101}", "logit_bias", "[-100, 100]"},
+        {"\"temperature\": 2.01", "temperature", "[0, 2]"},
+        {"\"temperature\": -0.5", "temperature", NULL},
+        {"\"n\": 0", "n", NULL},
+        {"\"n\": -3", "n", NULL},
+        {"\"max_tokens\": 0", "max_tokens", "at least 1"},
+        {"\"max_tokens\": -1", "max_tokens", NULL},
+        {"\"response_format\": {\"type\": \"json_object\"}", "response_format", "text"},
+        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\"}}",
+         "response_format", NULL},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "tools",
+         "tool_choice"},
+        {"\"tool_choice\": \"auto\"", "tool_choice", "\"none\""},
+        {"\"tool_choice\": \"required\"", "tool_choice", NULL},
+        {"\"guided_json\": {\"type\": \"object\"}", "guided_json", "not supported"},
+        {"\"guided_regex\": \"[a-z]+\"", "guided_regex", NULL},
+        {"\"guided_choice\": [\"yes\", \"no\"]", "guided_choice", NULL},
+        {"\"guided_grammar\": \"root ::= \\\"a\\\"\"", "guided_grammar", NULL},
+        {"\"structured_outputs\": {\"regex\": \"a\"}", "structured_outputs", NULL},
+        {"\"suffix\": \"The end.\"", "suffix", NULL},
+        {"\"best_of\": 4", "best_of", NULL},
+        {"\"use_beam_search\": true", "use_beam_search", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\": \"Once\", %s}", bad[i][0]);
+        if (!expect_error(body, C, 400, bad[i][1], bad[i][2]))
+            CHECK(0);
+    }
+    /* chat: top_logprobs 0-20, echo refused, tools rendered only with tool_choice "none" */
+    g_m.tmpl = g_bos_tmpl;
+    CHECK(expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+                       "\"logprobs\": true, \"top_logprobs\": 21}", H, 400, "top_logprobs", "[0, 20]"));
+    CHECK(expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+                       "\"echo\": true}", H, 400, "echo", NULL));
+    CHECK(expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+                       "\"tools\": [{\"type\": \"function\"}]}", H, 400, "tools", NULL));
+    struct server_req r;
+    struct server_error e;
+    CHECK(parse("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": "
+                "[{\"type\": \"function\"}], \"tool_choice\": \"none\", \"top_logprobs\": 20, "
+                "\"logprobs\": true, \"response_format\": {\"type\": \"text\"}}", H, &r, &e) == 0);
+    server_req_release(&r);
+    g_m.tmpl = NULL;
+    /* the boundaries are accepted; temperatures below 1e-5 are greedy, as in vLLM */
+    CHECK(parse("{\"prompt\": \"Once\", \"temperature\": 2, \"top_k\": -1, \"presence_penalty\": "
+                "-2, \"frequency_penalty\": 2, \"logprobs\": 20, \"logit_bias\": {\"511\": 100}, "
+                "\"repetition_penalty\": 0.001, \"best_of\": 1, \"tool_choice\": \"none\", "
+                "\"guided_json\": null, \"some_new_field\": 1}", C, &r, &e) == 0);
+    CHECK_EQ_STR(r.bl.unknown, "some_new_field");
+    server_req_release(&r);
+    CHECK(parse("{\"prompt\": \"Once\", \"temperature\": 1e-6}", C, &r, &e) == 0);
+    CHECK(sampler_stats_inv_t(&r.bl.p.sampling, g_m.n_vocab) == 0.0f); /* greedy path */
+    server_req_release(&r);
+}
+
 TEST(random_bodies)
 {
     static const char *const keys[] = {
@@ -450,6 +523,7 @@ int main(void)
     RUN(error_object);
     RUN(response_shapes);
     RUN(metrics_text);
+    RUN(openai_ranges_and_unsupported);
     RUN(random_bodies);
     chat_template_free(g_bos_tmpl);
     tokenizer_free(g_tok);

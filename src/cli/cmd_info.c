@@ -5,8 +5,13 @@
  * tensor with --tensors), tokenizer, chat template (first lines; all with --template),
  * and memory: weight bytes plus the f16 KV cache per token and at the trained context.
  *
- * Everything goes to stdout; a file that cannot be read gives one error line on stderr
- * and exit status 1.
+ * The tokenizer is also loaded as generate and serve load it (tokenizer/), so info says
+ * what they will do: "usable yes", or "usable no" with their error and a warning; a
+ * tokenizer.json whose pre-tokenizer is no llama.cpp family shows as "custom" (generate and
+ * serve run it as written; only conversion to GGUF cannot name it), with a warning.
+ *
+ * Everything goes to stdout (warnings to stderr); a file that cannot be read gives one
+ * error line on stderr and exit status 1.
  */
 #include "cli/cli.h"
 #include "core/err.h"
@@ -15,6 +20,7 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/tokmeta.h"
+#include "tokenizer/tokenizer.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -38,6 +44,7 @@ struct info {
     struct st_set *st;
     struct model_config c;
     struct tokmeta *tok;
+    char tok_error[512];   /* why generate / serve cannot load the tokenizer, or "" */
     int n_tensors;
     struct info_tensor *t;
 };
@@ -89,8 +96,19 @@ static int info_open_hf(struct info *in, struct weld_err *e)
     char p[4200];
     snprintf(p, sizeof p, "%s/tokenizer.json", in->path);
     if (access(p, R_OK) == 0)
-        return tokmeta_from_hf(&in->tok, in->path, NULL, in->c.n_vocab, e);
+        return tokmeta_from_hf(&in->tok, in->path, TOKMETA_PRE_ANY, in->c.n_vocab, e);
     return WELD_OK;
+}
+
+/* Load the tokenizer the way the engine does; its error, if any, into in->tok_error. */
+static void info_check_tokenizer(struct info *in)
+{
+    struct tokenizer *t = NULL;
+    struct weld_err e = {0};
+    int rc = in->hf ? tokenizer_load_hf(&t, in->path, &e) : tokenizer_load_gguf(&t, in->g, &e);
+    if (rc)
+        snprintf(in->tok_error, sizeof in->tok_error, "%s", e.msg);
+    tokenizer_free(t);
 }
 
 static void print_config(const struct model_config *c)
@@ -165,8 +183,9 @@ static void print_token(const struct tokmeta *t, const char *what, int64_t id)
         printf("  %-18s none\n", what);
 }
 
-static void print_tokenizer(const struct tokmeta *t, int whole_template)
+static void print_tokenizer(const struct info *in, int whole_template)
 {
+    const struct tokmeta *t = in->tok;
     if (!t) {
         printf("tokenizer: none\n");
         return;
@@ -176,6 +195,18 @@ static void print_tokenizer(const struct tokmeta *t, int whole_template)
         printf(" (byte-level BPE, pre-tokenizer %s)\n", t->pre);
     else
         printf(" (SentencePiece-style BPE with byte fallback)\n");
+    if (in->tok_error[0]) {
+        printf("  usable             no: %s\n", in->tok_error);
+        fprintf(stderr, "weld info: warning: generate and serve cannot use this tokenizer: "
+                "%s\n", in->tok_error);
+    } else {
+        printf("  usable             yes\n");
+    }
+    if (!in->tok_error[0] && !strcmp(t->pre, "custom"))
+        fprintf(stderr, "weld info: warning: the pre-tokenizer of %s/tokenizer.json is not one "
+                "of llama.cpp's families (llama-bpe, qwen2, deepseek-v3, default): generate "
+                "and serve run it as tokenizer.json defines it, but `weld convert` to GGUF "
+                "cannot name it\n", in->path);
     printf("  vocab              %" PRId64 "\n", t->n_tokens);
     if (t->n_merges)
         printf("  merges             %" PRId64 "\n", t->n_merges);
@@ -252,7 +283,9 @@ int cmd_info(int argc, char **argv)
         printf("model: %s (%s)\n", in.path, in.hf ? "Hugging Face directory" : "GGUF");
         print_config(&in.c);
         print_tensors(&in, tensors, &wbytes);
-        print_tokenizer(in.tok, whole_template);
+        if (in.tok)
+            info_check_tokenizer(&in);
+        print_tokenizer(&in, whole_template);
         print_memory(&in.c, wbytes);
     } else {
         fprintf(stderr, "weld info: %s\n", e.msg);

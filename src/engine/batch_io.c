@@ -7,16 +7,21 @@
  * the prompt, stop_token_ids, stop strings, numeric sampling fields and flags, each helper
  * failing with a message naming its field. The "line N" prefix is added once, at the top.
  * Every integer is range-checked before it is narrowed to an int; arrays longer than
- * INT_MAX elements are refused before their count is narrowed.
+ * INT_MAX elements are refused before their count is narrowed. Then the OpenAI / vLLM
+ * ranges (api_ranges) and the fields weld does not implement (refused[]: they would change
+ * the output, so silently ignoring them would be a lie); every other key not in known[] is
+ * listed in batch_line.unknown for the caller's one warning line.
  */
 #include "engine/batch_io.h"
 
 #include "core/alloc.h"
 #include "core/json.h"
+#include "core/log.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,8 +96,9 @@ static int get_logit_bias(const json_t *o, struct batch_line *l, struct weld_err
             return err_set(e, WELD_ERR_FORMAT, "field 'logit_bias': key '%s' is not a token id",
                            k);
         double b = json_is_number(v) ? json_number_value(v) : NAN;
-        if (!(b >= -3.0e38 && b <= 3.0e38))
-            return err_set(e, WELD_ERR_FORMAT, "field 'logit_bias[%s]': expected a number", k);
+        if (!(b >= -100.0 && b <= 100.0)) /* OpenAI's range */
+            return err_set(e, WELD_ERR_FORMAT, "field 'logit_bias[%s]': expected a number in "
+                           "[-100, 100]", k);
         l->bias_ids[i] = (int32_t)id;
         l->bias[i++] = (float)b;
     }
@@ -159,13 +165,17 @@ static int get_logprobs(const json_t *o, struct request_params *p, struct weld_e
     int64_t v;
     if (json_is_integer(lp)) {
         v = json_integer_value(lp);
+        if (v < 0 || v > REQUEST_MAX_LOGPROBS)
+            return err_set(e, WELD_ERR_FORMAT, "field 'logprobs': %lld, must be in [0, %d]",
+                           (long long)v, REQUEST_MAX_LOGPROBS);
     } else if (json_is_true(lp)) {
         v = 0;
         int rc = jget_int(o, "top_logprobs", &v, "request", e);
         if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
             return rc;
-        if (v < 0)
-            v = -2;
+        if (v < 0 || v > REQUEST_MAX_LOGPROBS)
+            return err_set(e, WELD_ERR_FORMAT, "field 'top_logprobs': %lld, must be in "
+                           "[0, %d]", (long long)v, REQUEST_MAX_LOGPROBS);
     } else if (lp && !json_is_null(lp) && !json_is_false(lp)) {
         return err_set(e, WELD_ERR_FORMAT, "field 'logprobs': expected an integer or a bool");
     } else {
@@ -247,6 +257,138 @@ static int get_prompt(const json_t *o, struct batch_line *l, struct weld_err *e)
     return WELD_OK;
 }
 
+/* OpenAI / vLLM ranges of the sampling fields (request_params_check has the engine's own,
+   looser ones, which CLI flags use). */
+static int api_ranges(const struct request_params *p, bool echo, struct weld_err *e)
+{
+    const struct sampler_params *s = &p->sampling;
+    if (!(s->temperature >= 0.0f && s->temperature <= 2.0f))
+        return err_set(e, WELD_ERR_INVALID_ARG, "field 'temperature': %g, must be in [0, 2] "
+                       "(below 1e-5 means greedy)", (double)s->temperature);
+    if (s->top_k < -1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "field 'top_k': %d, must be -1 or 0 (off) or "
+                       "at least 1", s->top_k);
+    if (!(s->presence_penalty >= -2.0f && s->presence_penalty <= 2.0f))
+        return err_set(e, WELD_ERR_INVALID_ARG, "field 'presence_penalty': %g, must be in "
+                       "[-2, 2]", (double)s->presence_penalty);
+    if (!(s->frequency_penalty >= -2.0f && s->frequency_penalty <= 2.0f))
+        return err_set(e, WELD_ERR_INVALID_ARG, "field 'frequency_penalty': %g, must be in "
+                       "[-2, 2]", (double)s->frequency_penalty);
+    if (!(s->repetition_penalty > 0.0f))
+        return err_set(e, WELD_ERR_INVALID_ARG, "field 'repetition_penalty': %g, must be "
+                       "greater than 0", (double)s->repetition_penalty);
+    if (p->n < 1)
+        return err_set(e, WELD_ERR_INVALID_ARG, "field 'n': %d, must be at least 1", p->n);
+    if (p->max_tokens < (echo ? 0 : 1)) /* echo + max_tokens 0: score the prompt only */
+        return err_set(e, WELD_ERR_INVALID_ARG, "field 'max_tokens': %d, must be at least 1",
+                       p->max_tokens);
+    return WELD_OK;
+}
+
+static bool str_is(const json_t *v, const char *s)
+{
+    return json_is_string(v) && !strcmp(json_string_value(v), s);
+}
+
+/* Fields that would change the output but are not implemented: refused when set to
+   anything but their neutral value (null, false, "" or as noted). */
+static int refused(const json_t *o, struct weld_err *e)
+{
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
+                                         "guided_grammar", "structured_outputs",
+                                         "guided_decoding", "grammar", "json_schema"};
+    for (size_t i = 0; i < sizeof guided / sizeof guided[0]; i++) {
+        const json_t *v = json_object_get(o, guided[i]);
+        if (v && !json_is_null(v))
+            return err_set(e, WELD_ERR_UNSUPPORTED, "field '%s': guided decoding and "
+                           "structured outputs are not supported by weld", guided[i]);
+    }
+    const json_t *rf = json_object_get(o, "response_format");
+    if (rf && !json_is_null(rf) && !str_is(json_object_get(rf, "type"), "text"))
+        return err_set(e, WELD_ERR_UNSUPPORTED, "field 'response_format': only {\"type\": "
+                       "\"text\"} is supported (weld has no JSON mode or structured outputs)");
+    const json_t *tc = json_object_get(o, "tool_choice");
+    if (tc && !json_is_null(tc) && !str_is(tc, "none"))
+        return err_set(e, WELD_ERR_UNSUPPORTED, "field 'tool_choice': only \"none\" is "
+                       "supported (weld does not parse tool calls out of the output)");
+    const json_t *tools = json_object_get(o, "tools");
+    if (tools && !json_is_null(tools) && !(json_is_array(tools) && !json_array_size(tools)) &&
+        !str_is(tc, "none"))
+        return err_set(e, WELD_ERR_UNSUPPORTED, "field 'tools': tool calling is not supported "
+                       "(tool calls in the output are not parsed); with tool_choice \"none\" "
+                       "the chat template shows the tools and the answer is plain text");
+    static const char *const others[] = {
+        "functions", "function_call", "suffix", "allowed_token_ids", "bad_words",
+        "logits_processors", "truncate_prompt_tokens", "chat_template", "documents",
+        "audio", "prompt_embeds"};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        const json_t *v = json_object_get(o, others[i]);
+        if (v && !json_is_null(v) && !str_is(v, "") && !json_is_false(v) &&
+            !(json_is_array(v) && !json_array_size(v)) &&
+            !(json_is_object(v) && !json_object_size(v)))
+            return err_set(e, WELD_ERR_UNSUPPORTED, "field '%s': not supported by weld%s",
+                           others[i], !strcmp(others[i], "chat_template")
+                           ? " per request (start it with --chat-template)" : "");
+    }
+    static const char *const flags[] = {"use_beam_search", "continue_final_message",
+                                        "return_tokens_as_token_ids"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (json_is_true(json_object_get(o, flags[i])))
+            return err_set(e, WELD_ERR_UNSUPPORTED, "field '%s': not supported by weld",
+                           flags[i]);
+    const json_t *bo = json_object_get(o, "best_of");
+    const json_t *n = json_object_get(o, "n");
+    if (bo && !json_is_null(bo) && !(json_is_integer(bo) && (json_integer_value(bo) == 1 ||
+                                     (json_is_integer(n) && json_equal(bo, (json_t *)n)))))
+        return err_set(e, WELD_ERR_UNSUPPORTED, "field 'best_of': only 1 or n is supported");
+    const json_t *mod = json_object_get(o, "modalities");
+    for (size_t i = 0; json_is_array(mod) && i < json_array_size(mod); i++)
+        if (!str_is(json_array_get(mod, i), "text"))
+            return err_set(e, WELD_ERR_UNSUPPORTED, "field 'modalities': only \"text\" is "
+                           "supported");
+    return WELD_OK;
+}
+
+/* Keys read above or harmless to ignore (OpenAI / vLLM bookkeeping that does not change
+   the output); anything else goes to l->unknown. */
+static void list_unknown(const json_t *o, struct batch_line *l)
+{
+    static const char *const known[] = {
+        "model", "prompt", "messages", "prompt_token_ids", "max_tokens",
+        "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p",
+        "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "stop",
+        "stop_token_ids", "logit_bias", "ignore_eos", "n", "logprobs", "top_logprobs",
+        "priority", "cache_salt", "include_stop_str_in_output", "skip_special_tokens",
+        "add_special_tokens", "stream", "stream_options", "echo", "add_generation_prompt",
+        "chat_template_kwargs", "id", "user", "metadata", "store", "service_tier",
+        "request_id", "parallel_tool_calls", "spaces_between_special_tokens",
+        "mm_processor_kwargs", "custom_id", "method", "url", "body", /* batch envelope */
+        /* refused unless neutral (see refused()) */
+        "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "structured_outputs", "guided_decoding", "grammar", "json_schema", "response_format",
+        "tool_choice", "tools", "functions", "function_call", "suffix", "allowed_token_ids",
+        "bad_words", "logits_processors", "truncate_prompt_tokens", "chat_template",
+        "documents", "audio", "prompt_embeds", "use_beam_search",
+        "continue_final_message", "return_tokens_as_token_ids", "best_of", "modalities"};
+    size_t w = 0;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)o, k, v) {
+        size_t i = 0;
+        while (i < sizeof known / sizeof known[0] && strcmp(known[i], k))
+            i++;
+        if (i < sizeof known / sizeof known[0] || w + 8 >= sizeof l->unknown)
+            continue;
+        int n = snprintf(l->unknown + w, sizeof l->unknown - w, "%s%s", w ? ", " : "", k);
+        if (n < 0 || (size_t)n >= sizeof l->unknown - w) { /* cut: end with "..." */
+            snprintf(l->unknown + (sizeof l->unknown - 8), 8, ", ...");
+            w = sizeof l->unknown;
+        } else {
+            w += (size_t)n;
+        }
+    }
+}
+
 static int parse_object(const json_t *o, struct batch_line *l, struct weld_err *e)
 {
     if (!json_is_object(o))
@@ -259,9 +401,11 @@ static int parse_object(const json_t *o, struct batch_line *l, struct weld_err *
             l->p.stop_token_ids = l->stop_ids;
     }
     if (!rc && !(rc = get_stop(o, l, e)) && !(rc = get_logit_bias(o, l, e)) &&
-        !(rc = get_floats(o, &l->p, e)) &&
-        !(rc = get_ints(o, &l->p, e)))
-        rc = get_flags(o, &l->p, e);
+        !(rc = get_floats(o, &l->p, e)) && !(rc = get_ints(o, &l->p, e)) &&
+        !(rc = get_flags(o, &l->p, e)) && !(rc = api_ranges(&l->p, json_is_true(json_object_get(o, "echo")), e)))
+        rc = refused(o, e);
+    if (!rc)
+        list_unknown(o, l);
     return rc;
 }
 
@@ -294,8 +438,14 @@ int batch_line_parse(const char *text, size_t len, int line_no, struct batch_lin
     if (!out->id)
         out->id = json_object_get(out->root, "custom_id");
     int rc = parse_object(o, out, e);
+    if (!rc && json_is_true(json_object_get(o, "echo")))
+        rc = err_set(e, WELD_ERR_UNSUPPORTED, "field 'echo': not supported by weld batch");
     if (rc)
         err_prefix(e, "line %d", line_no);
+    static _Atomic bool warned; /* one line per run: input files repeat their keys */
+    if (!rc && out->unknown[0] && !atomic_exchange(&warned, true))
+        log_warn("line %d: ignoring unknown fields: %s (not reported again for later lines)",
+                 line_no, out->unknown);
     return rc;
 }
 

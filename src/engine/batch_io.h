@@ -10,7 +10,12 @@
  * presence_penalty, seed, stop (string or array), stop_token_ids, logit_bias (an object
  * {"token id": bias}), ignore_eos, n, logprobs
  * (int, or true with top_logprobs), priority, cache_salt, include_stop_str_in_output,
- * skip_special_tokens, add_special_tokens. Unknown keys are ignored; JSON null is "absent".
+ * skip_special_tokens, add_special_tokens. JSON null is "absent". Fields that would
+ * change the output but are not implemented (response_format other than text, tools
+ * unless tool_choice is "none", tool_choice other than "none", guided_* and
+ * structured_outputs, suffix, best_of above n, beam search, ...) are refused, naming the
+ * field; other unknown keys are ignored and listed in batch_line.unknown
+ * (batch_line_parse logs the first line that has any, once per process).
  *
  * Layout: struct batch_line owns a reference to the parsed JSON document; every string of
  * its request_params (prompt, stop strings, cache_salt) and its messages point into that
@@ -22,9 +27,12 @@
  * "line 3: field 'stop[1]': expected a string". The id is filled in whenever the line was
  * JSON, even when a field is bad, so the caller can report the error under it.
  *
- * Deliberately not here: semantic checks (max_tokens >= 1, temperature >= 0, token ids
- * below n_vocab, ...) belong to request_params_check(), which engine_add_request() runs;
- * this layer only checks JSON types and that integers fit their C fields.
+ * Ranges: the OpenAI / vLLM API's are checked here (temperature in [0, 2], top_k -1, 0 or
+ * >= 1, presence and frequency penalties in [-2, 2], repetition_penalty > 0, logprobs and
+ * top_logprobs in [0, 20], logit_bias values in [-100, 100], n and max_tokens >= 1), so the
+ * server and `weld batch` agree; the engine's own invariants (token ids below n_vocab,
+ * min_tokens <= max_tokens, ...) stay in request_params_check(), which
+ * engine_add_request() runs. CLI flags go only through the latter.
  */
 #ifndef WELD_ENGINE_BATCH_IO_H
 #define WELD_ENGINE_BATCH_IO_H
@@ -45,6 +53,7 @@ struct batch_line {
     const char **stops;       /* (p.n_stop) pointers into root */
     int32_t *bias_ids;        /* (p.n_logit_bias) */
     float *bias;              /* (p.n_logit_bias) */
+    char unknown[256];        /* "" or the ignored unknown keys, ", "-separated (cut: ", ...") */
 };
 
 /* Parse text[0..len) (one line, no newline needed) numbered line_no for messages. On

@@ -34,6 +34,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/progress.h"
 
 #include <limits.h>
 #include <string.h>
@@ -58,7 +59,13 @@ struct sched {
     uint64_t n_steps, n_preemptions, n_added, n_finished, n_aborted, n_rejected;
     uint64_t n_prefix_waits;
     int n_paused;            /* sequences with paused set, any state */
+    /* preemption log (at most one line per SCHED_PREEMPT_LOG_S seconds) */
+    double preempt_log_t;    /* time_now() of the last line; 0: none yet */
+    uint64_t preempt_logged; /* n_preemptions when that line was written */
 };
+
+#define SCHED_PREEMPT_LOG_S 1.0
+static void preempt_log(struct sched *s, const struct sched_seq *seq, int n_blocks, bool flush);
 
 /* ---- queues --------------------------------------------------------------------------- */
 
@@ -224,6 +231,7 @@ void sched_free(struct sched *s)
 {
     if (!s)
         return;
+    preempt_log(s, NULL, 0, true);
     struct seq_queue *qs[3] = {&s->running, &s->waiting, &s->failed};
     for (int k = 0; k < 3; k++) {
         for (int i = 0; i < qs[k]->n; i++)
@@ -435,6 +443,32 @@ static int plan_remove(struct sched_plan *p, struct sched_seq *seq)
     return 0;
 }
 
+/* One summary line for the preemptions since the last one: the first preemption is
+   reported at once, later ones at most once per SCHED_PREEMPT_LOG_S (a run with n far above
+   what the pool holds preempts thousands of times); flush: report what is pending now.
+   seq / n_blocks: the sequence just preempted (named in the first line), or NULL. */
+static void preempt_log(struct sched *s, const struct sched_seq *seq, int n_blocks, bool flush)
+{
+    uint64_t n = s->n_preemptions - s->preempt_logged;
+    if (n == 0)
+        return;
+    double now = time_now();
+    if (!flush && s->preempt_log_t > 0 && now - s->preempt_log_t < SCHED_PREEMPT_LOG_S)
+        return;
+    if (s->preempt_log_t > 0)
+        log_info("scheduler: KV cache full: %llu more preemptions in the last %.1f s (%llu in "
+                 "all; preempted sequences are recomputed); %d running, %d waiting",
+                 (unsigned long long)n, now - s->preempt_log_t,
+                 (unsigned long long)s->n_preemptions, s->running.n, s->waiting.n);
+    else if (seq)
+        log_info("scheduler: KV cache full: preempted request %llu (%d tokens, %d blocks "
+                 "freed; it will be recomputed); %d running, %d waiting; further preemptions "
+                 "are summarized at most once a second", (unsigned long long)seq->id,
+                 seq->n_tokens, n_blocks, s->running.n, s->waiting.n);
+    s->preempt_log_t = now;
+    s->preempt_logged = s->n_preemptions;
+}
+
 /* Recompute preemption: blocks back to the cache, back to waiting. Returns the refund. */
 static int preempt(struct sched *s, struct sched_plan *p, struct sched_seq *seq)
 {
@@ -446,10 +480,7 @@ static int preempt(struct sched *s, struct sched_plan *p, struct sched_seq *seq)
     seq->n_preemptions++;
     s->n_preemptions++;
     p->preempted[p->n_preempted++] = seq;
-    log_info("scheduler: KV cache full: preempted request %llu (%d tokens, %d blocks freed; "
-             "it will be recomputed); %d running, %d waiting",
-             (unsigned long long)seq->id, seq->n_tokens, n_blocks, s->running.n,
-             s->waiting.n);
+    preempt_log(s, seq, n_blocks, false);
     return refund;
 }
 
@@ -625,6 +656,7 @@ int sched_step(struct sched *s, struct sched_plan *plan, struct weld_err *e)
     plan->preempted = s->preempted;
     plan->failed = s->plan_failed;
     s->n_steps++;
+    preempt_log(s, NULL, 0, false); /* what piled up since the last line, once a second has passed */
     int budget = s->cfg.max_num_batched_tokens;
     int rc = plan_running(s, plan, &budget, e);
     if (!rc && plan->n_preempted == 0)

@@ -41,7 +41,8 @@
  *   When a running sequence in 1-2 cannot get its blocks, the newest running sequence is
  *   preempted by recompute (its blocks released to the prefix cache, n_computed reset, put
  *   back in the waiting queue, its plan entry if any removed and its tokens refunded,
- *   counted, logged with log_info) and the allocation is retried. If the sequence that
+ *   counted, and logged with log_info as a summary at most once a second, not per event)
+ *   and the allocation is retried. If the sequence that
  *   needs blocks is itself the newest, it is preempted; if it is the only running one, it
  *   can never fit: it becomes FAILED and is listed in the plan's failed list. So does a
  *   waiting sequence that has outgrown the whole pool (a fork preempted after appending)

@@ -388,9 +388,22 @@ static void collect_split_regexes(json_t *pre, char *buf, size_t cap)
     }
 }
 
+/* A lone ByteLevel pre-tokenizer with its GPT-2 regex (use_regex, default true) and no
+   prefix space: GGUF's "default" pre-tokenizer. */
+static bool bytelevel_gpt2(json_t *pre)
+{
+    const char *type = json_string_value(json_object_get(pre, "type"));
+    json_t *ur = json_object_get(pre, "use_regex");
+    return type && !strcmp(type, "ByteLevel") && !json_is_false(ur) &&
+           !json_is_true(json_object_get(pre, "add_prefix_space"));
+}
+
 static int hf_detect_pre(struct hf_ctx *c, struct tokmeta *t, const char *hint,
                          struct weld_err *e)
 {
+    bool any = hint && !strcmp(hint, TOKMETA_PRE_ANY);
+    if (any)
+        hint = NULL;
     if (hint) {
         if (!pre_family_find(hint))
             return err_set(e, WELD_ERR_INVALID_ARG, "pre-tokenizer '%s' is not one weld knows "
@@ -409,6 +422,11 @@ static int hf_detect_pre(struct hf_ctx *c, struct tokmeta *t, const char *hint,
             return WELD_OK;
         }
     }
+    json_t *pre = json_object_get(c->tok, "pre_tokenizer");
+    if (!have[0] && bytelevel_gpt2(pre)) { /* GPT-2 itself: ByteLevel's own regex split */
+        snprintf(t->pre, sizeof t->pre, "default");
+        return WELD_OK;
+    }
     const char *name = NULL;
     if (strstr(have, "\xe4\xb8\x80-")) /* a CJK range: DeepSeek V3 */
         name = "deepseek-v3";
@@ -416,6 +434,10 @@ static int hf_detect_pre(struct hf_ctx *c, struct tokmeta *t, const char *hint,
         name = "llama-bpe";
     else if (strstr(have, "(?i:'s"))
         name = "qwen2";
+    if (!name && any) {
+        snprintf(t->pre, sizeof t->pre, "custom");
+        return WELD_OK;
+    }
     if (!name)
         return err_set(e, WELD_ERR_UNSUPPORTED, "%s: pre_tokenizer: not a known byte-level BPE "
                        "family; pass a pre-tokenizer name (llama-bpe, qwen2, deepseek-v3)",

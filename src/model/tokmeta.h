@@ -50,7 +50,8 @@ enum tokmeta_type {
 
 struct tokmeta {
     char model[16];        /* "gpt2" | "llama" */
-    char pre[32];          /* gpt2: "llama-bpe" | "qwen2" | "deepseek-v3"; llama: "default" */
+    char pre[32];          /* gpt2: "llama-bpe" | "qwen2" | "deepseek-v3" | "default" (GPT-2)
+                              (| "custom" with TOKMETA_PRE_ANY); llama: "default" */
     int64_t n_tokens;
     char **tokens;         /* (n_tokens) NUL-terminated UTF-8 */
     float *scores;         /* (n_tokens) */
@@ -67,10 +68,14 @@ struct tokmeta {
 /*
  * Read a Hugging Face tokenizer: `path` is tokenizer.json or a directory holding it;
  * tokenizer_config.json and generation_config.json next to it are read when present.
- * pre_hint (NULL: detect from the pre-tokenizer regexes) names the gpt2 pre-tokenizer.
+ * pre_hint (NULL: detect from the pre-tokenizer regexes) names the gpt2 pre-tokenizer;
+ * TOKMETA_PRE_ANY detects too, but a pre-tokenizer of no known family gives pre "custom"
+ * instead of WELD_ERR_UNSUPPORTED (for showing it: GGUF has no name for it). A lone
+ * ByteLevel with its own regex (GPT-2's tokenizer.json) is "default".
  * n_vocab_min pads the token list with "[PAD<i>]" up to that many ids (a model's
  * vocab_size may exceed the tokenizer's).
  */
+#define TOKMETA_PRE_ANY "*"
 int tokmeta_from_hf(struct tokmeta **out, const char *path, const char *pre_hint,
                     int64_t n_vocab_min, struct weld_err *e);
 /* Read the tokenizer.* keys of a GGUF file. */

@@ -15,6 +15,10 @@
  * engine will not refuse what was accepted here (except for a KV pool too small for the
  * prompt, which the engine reports and the caller turns into a 400).
  *
+ * Fields weld does not implement but that would change the output are refused by
+ * batch_request_parse (the same table `weld batch` uses), naming the field; unknown
+ * harmless ones are logged in one warning line per request, as vLLM does.
+ *
  * Messages from lower layers look like "line 0: field 'stop[1]': expected a string" or
  * "max_tokens: 0, must be at least 1"; the "line 0: " prefix is cut and the parameter is
  * taken from the field name or the leading word for the error's "param".
@@ -22,6 +26,7 @@
 #include "server/openai.h"
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -165,6 +170,9 @@ static int api_fields(const json_t *body, const struct server_model *m, struct s
             return server_error_set(e, 400, "logprobs",
                                     "field 'logprobs': expected an integer (completions)");
     } else {
+        if (json_is_true(json_object_get(body, "echo")))
+            return server_error_set(e, 400, "echo", "field 'echo': not supported for chat "
+                                    "completions");
         if (lp && !json_is_null(lp) && !json_is_boolean(lp))
             return server_error_set(e, 400, "logprobs",
                                     "field 'logprobs': expected a boolean (chat)");
@@ -360,6 +368,9 @@ int server_req_parse(const json_t *body, enum server_api api, const struct serve
     struct weld_err we = {0};
     if (batch_request_parse(r->fields, 0, &r->bl, &we))
         return from_weld_err(e, &we);
+    if (r->bl.unknown[0]) /* vLLM's warning, one line per request */
+        log_warn("weld serve: the following fields were present in the request but ignored: "
+                 "%s", r->bl.unknown);
     r->logprobs = r->bl.p.logprobs;
     /* echo: the prompt's logprobs (vLLM's prompt_logprobs); max_tokens 0 scores it only */
     if (r->echo && (r->logprobs >= 0 || r->bl.p.max_tokens == 0))

@@ -192,6 +192,17 @@ int tok_pretokenize(const struct tokenizer *t, const char *s, size_t n, bool fir
                     struct tok_buf *text_out, struct tok_spans *words);
 pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *errbuf,
                               size_t errcap);
+/* pcre2_match with the process's match limit (WELD_REGEX_MATCH_LIMIT, read once; else
+   PCRE2's default). A negative PCRE2 status other than NOMATCH is kept for
+   tok_regex_error() (per thread). */
+int tok_regex_match(const pcre2_code *re, const char *s, size_t n, size_t pos,
+                    pcre2_match_data *md);
+/* PCRE2 status -> WELD_ERR_LIMIT (match, depth, heap or JIT stack limit), WELD_ERR_NOMEM or
+   WELD_ERR_INTERNAL. */
+int tok_regex_status(int pcre2_rc);
+/* The last failing tok_regex_match on this thread as a sentence for an error message
+   ("internal error" if none), then forgotten. */
+void tok_regex_error(char *buf, size_t cap);
 /* The GPT-2 pre-tokenizer regex (ByteLevel use_regex) and the ones llama.cpp names in
    tokenizer.ggml.pre, as the matching tokenizer.json files spell them. */
 extern const char tok_re_gpt2[], tok_re_llama3[], tok_re_qwen2[], tok_re_dsv3_digits[],

@@ -10,7 +10,8 @@
  * buffer; each stage reads one (buffer, spans) pair and writes the next, ping-ponging
  * between two, and empty words are dropped after every stage, as HF does. Regexes use
  * PCRE2 with UTF and UCP (Unicode \s, \p{L}, case folding), JIT-compiled when the library
- * has JIT; empty regex matches are ignored.
+ * has JIT; empty regex matches are ignored. A match that exceeds PCRE2's limits fails the
+ * encode with WELD_ERR_LIMIT (see tok_regex.c), never a partial split.
  */
 #include "tokenizer/tok_internal.h"
 
@@ -28,10 +29,10 @@ static int regex_matches(const pcre2_code *re, const char *s, size_t n, struct t
     int rc = WELD_OK;
     size_t pos = 0;
     while (pos <= n) {
-        int r = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+        int r = tok_regex_match(re, s, n, pos, md);
         if (r < 0) {
             if (r != PCRE2_ERROR_NOMATCH)
-                rc = WELD_ERR_INTERNAL;
+                rc = tok_regex_status(r); /* the match limit: WELD_ERR_LIMIT */
             break;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);

@@ -18,11 +18,18 @@
  * spelled out as that property's explicit list (`\S` inside a class is left alone).
  * Not covered: category changes of already-assigned characters, `\P{..}`, `\pL` forms and
  * long property names (none of the supported tokenizers use them).
+ *
+ * Matching (tok_regex_match) runs under PCRE2's match limit, or WELD_REGEX_MATCH_LIMIT
+ * when set (read once per process; tests lower it). An input that needs more backtracking
+ * (millions of spaces under `\s*[\r\n]+`) fails with WELD_ERR_LIMIT and a message naming
+ * the limit, which callers report as the client's error, not weld's.
  */
 #include "tokenizer/tok_internal.h"
 
 #include "core/alloc.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
 
@@ -231,4 +238,76 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *e
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter on error */
     return re;
+}
+
+/* ---- matching under a limit ---- */
+
+static pcre2_match_context *match_ctx; /* NULL: PCRE2's defaults; process lifetime */
+static uint32_t match_limit;          /* the limit in force */
+static pthread_once_t match_once = PTHREAD_ONCE_INIT;
+static _Thread_local int last_error;
+static _Thread_local size_t last_pos;
+
+static void match_init(void)
+{
+    pcre2_config(PCRE2_CONFIG_MATCHLIMIT, &match_limit);
+    const char *v = getenv("WELD_REGEX_MATCH_LIMIT");
+    if (!v || !*v)
+        return;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || errno || x < 1 || x > UINT32_MAX)
+        return;
+    pcre2_match_context *c = pcre2_match_context_create(NULL);
+    if (c && pcre2_set_match_limit(c, (uint32_t)x) == 0) {
+        match_ctx = c;
+        match_limit = (uint32_t)x;
+    } else {
+        pcre2_match_context_free(c);
+    }
+}
+
+int tok_regex_match(const pcre2_code *re, const char *s, size_t n, size_t pos,
+                    pcre2_match_data *md)
+{
+    pthread_once(&match_once, match_init);
+    int r = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, match_ctx);
+    if (r < 0 && r != PCRE2_ERROR_NOMATCH) {
+        last_error = r;
+        last_pos = pos;
+    }
+    return r;
+}
+
+int tok_regex_status(int r)
+{
+    switch (r) {
+    case PCRE2_ERROR_MATCHLIMIT: case PCRE2_ERROR_DEPTHLIMIT: case PCRE2_ERROR_HEAPLIMIT:
+    case PCRE2_ERROR_JIT_STACKLIMIT:
+        return WELD_ERR_LIMIT;
+    case PCRE2_ERROR_NOMEMORY:
+        return WELD_ERR_NOMEM;
+    default:
+        return WELD_ERR_INTERNAL;
+    }
+}
+
+void tok_regex_error(char *buf, size_t cap)
+{
+    if (!last_error) {
+        snprintf(buf, cap, "internal error");
+        return;
+    }
+    char msg[128];
+    if (pcre2_get_error_message(last_error, (PCRE2_UCHAR *)msg, sizeof msg) < 0)
+        snprintf(msg, sizeof msg, "PCRE2 error %d", last_error);
+    if (tok_regex_status(last_error) == WELD_ERR_LIMIT)
+        snprintf(buf, cap, "the text exceeds the match limit of the pre-tokenizer's regular "
+                 "expression (PCRE2: %s; match limit %u): very long runs of one kind of "
+                 "character (spaces, punctuation) cause this; shorten or split them "
+                 "(WELD_REGEX_MATCH_LIMIT raises the limit)", msg, match_limit);
+    else
+        snprintf(buf, cap, "pre-tokenizer regex failed at byte %zu (PCRE2: %s)", last_pos, msg);
+    last_error = 0;
 }

@@ -370,8 +370,13 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
     wfree(sc.words.v);
     if (rc) {
         wfree(out.v);
-        return err_set(e, rc, "tokenizer_encode: %s",
-                       rc == WELD_ERR_NOMEM ? "out of memory" : "internal error");
+        char why[512];
+        if (rc == WELD_ERR_LIMIT || rc == WELD_ERR_INTERNAL)
+            tok_regex_error(why, sizeof why); /* only regexes fail these ways */
+        else
+            snprintf(why, sizeof why, "%s", rc == WELD_ERR_NOMEM ? "out of memory"
+                                                                 : "invalid input");
+        return err_set(e, rc, "tokenizer_encode: %s", why);
     }
     *ids = out.v;
     *n_ids = out.n;
