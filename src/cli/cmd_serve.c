@@ -30,7 +30,7 @@ int cmd_serve(int argc, char **argv)
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
         {"served-model-name", 0, OPT_STR, &so.served_model_name, "NAME", "model name clients use (default: the model path)"},
         {"api-key", 0, OPT_STR, &so.api_key, "KEY", "require 'Authorization: Bearer KEY' (default: none)"},
-        {"chat-template", 0, OPT_STR, &so.chat_template, "FILE", "Jinja chat template overriding the model's"},
+        {"chat-template", 0, OPT_STR, &so.chat_template, "FILE|NAME", "Jinja chat template file or a builtin (chatml, llama2, llama3, mistral, qwen, gemma) overriding the model's"},
         {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S", "seconds running requests get after SIGTERM (default 30)"},
         {"max-body", 0, OPT_SIZE, &max_body, "BYTES", "request body limit (default 8M; 413 beyond)"},
     };

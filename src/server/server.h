@@ -31,7 +31,8 @@ struct server_opts {
     int port;                      /* 8000; 0: any free port (printed) */
     const char *served_model_name; /* NULL: the model path */
     const char *api_key;           /* NULL: no auth */
-    const char *chat_template;     /* NULL or a file overriding the model's template */
+    const char *chat_template;     /* NULL, a file or a builtin name (chat_template_load)
+                                      overriding the model's template */
     double shutdown_timeout;       /* seconds running requests get after SIGTERM */
     size_t max_body;               /* request body limit in bytes (413 beyond) */
 };
