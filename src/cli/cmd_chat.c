@@ -154,7 +154,7 @@ static int render(struct chat *c, char **out, struct weld_err *e)
         json_object_set_new(ctx, "eos_token", json_string(eos));
     int rc = chat_template_render(c->tmpl, ctx, out, NULL, e);
     json_decref(ctx);
-    return rc ? err_prefix(e, "chat template") : WELD_OK;
+    return rc;
 }
 
 static void clear_history(struct chat *c)
@@ -224,7 +224,11 @@ static int chat_turn(struct chat *c, const char *text, struct weld_err *fatal)
 {
     struct weld_err e;
     err_clear(&e);
-    json_array_append_new(c->msgs, json_pack("{s:s, s:s}", "role", "user", "content", text));
+    json_t *um = json_pack("{s:s, s:s}", "role", "user", "content", text);
+    if (!um || json_array_append_new(c->msgs, um)) {
+        fprintf(stderr, "weld %s: the message is not valid UTF-8; not sent\n", c->cmd);
+        return WELD_OK;
+    }
     char *full = NULL;
     int32_t *ids = NULL;
     int n_ids = 0, rc;
@@ -310,9 +314,10 @@ static int chat_turn(struct chat *c, const char *text, struct weld_err *fatal)
     wfree(c->hist_text);
     c->hist_text = ht;
     c->hist_len = n_full + c->reply_len;
-    json_array_append_new(c->msgs,
-                          json_pack("{s:s, s:s%}", "role", "assistant", "content",
-                                    c->reply ? c->reply : "", c->reply_len));
+    json_t *am = json_pack("{s:s, s:s%}", "role", "assistant", "content",
+                           c->reply ? c->reply : "", c->reply_len);
+    if (!am || json_array_append_new(c->msgs, am))
+        return err_set(fatal, WELD_ERR_NOMEM, "out of memory");
 
     const struct request_result *r = &c->res;
     if (c->o->verbose) {
@@ -541,11 +546,20 @@ int cmd_chat(int argc, char **argv)
             rc = err_set(&e, WELD_ERR_NOT_FOUND,
                          "%s has no chat template: give one with --chat-template FILE or a "
                          "builtin name (%s)", o.model, chat_template_builtin_names());
-        else if ((rc = chat_template_parse(&c.tmpl, src, strlen(src), &e)))
-            err_prefix(&e, "the model's chat template");
+        else
+            rc = chat_template_parse(&c.tmpl, src, strlen(src), &e);
     }
     if (rc == WELD_OK && !(c.msgs = json_array()))
         rc = err_set(&e, WELD_ERR_NOMEM, "out of memory");
+    if (rc == WELD_OK) {
+        /* a template that refuses this conversation's shape (a system message where it
+           has no system role, say) fails now, before the banner */
+        clear_history(&c);
+        json_array_append_new(c.msgs, json_pack("{s:s, s:s}", "role", "user", "content", "Hi"));
+        char *probe = NULL;
+        rc = render(&c, &probe, &e);
+        wfree(probe);
+    }
     if (rc != WELD_OK) {
         fprintf(stderr, "weld %s: %s\n", cmd, e.msg);
         wfree(tmpl_src);
