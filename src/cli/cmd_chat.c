@@ -562,6 +562,9 @@ int cmd_chat(int argc, char **argv)
     }
     if (rc != WELD_OK) {
         fprintf(stderr, "weld %s: %s\n", cmd, e.msg);
+        json_decref(c.msgs);
+        chat_template_free(c.tmpl);
+        wfree(c.hist_text);
         wfree(tmpl_src);
         engine_free(c.eng);
         model_free(m);

