@@ -5,6 +5,7 @@
  * ({"custom_id": ..., "body": {...}}), parsed by engine/batch_io.h (which lists the keys:
  * "prompt", "prompt_token_ids" or "messages", and sampling parameters by their OpenAI /
  * vLLM names). Unknown keys are ignored; a key of the wrong type fails that line.
+ * "messages" go through the model's chat template, or the --chat-template file or builtin.
  *
  * Output: one JSON object per input line, in input order, written as soon as every earlier
  * line is complete: {"id", "text", "finish_reason", "stop_reason", "token_ids",

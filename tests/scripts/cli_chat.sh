@@ -11,8 +11,8 @@
 #   tmux: a real terminal (tmux send-keys / capture-pane, polled with a deadline): prompt,
 #         streamed replies, prefix reuse, Ctrl-C stopping a long reply (a random-weight
 #         model with a 32K context and --ignore-eos, so the reply lasts seconds) while the
-#         program stays at its prompt, /clear, Ctrl-C at the prompt, /exit (status 0) and
-#         Ctrl-C twice (status 130). Skipped (77) without tmux.
+#         program stays at its prompt, /clear, Ctrl-C at the prompt, /exit and Ctrl-D
+#         (status 0) and Ctrl-C twice (status 130). Skipped (77) without tmux.
 # usage: cli_chat.sh pipe|tmux WELD_BIN SHARED_DIR SCRATCH_DIR
 set -u
 mode=$1 weld=$2 shared=$3 tmp=$4
@@ -171,6 +171,13 @@ wait_for a "conversation cleared" || bad "a: /clear"
 tm send-keys -t a "/exit" Enter
 for _ in $(seq 300); do [ -s "$tmp/a.status" ] && break; sleep 0.1; done
 expect_eq "$(cat "$tmp/a.status" 2>/dev/null)" 0 "a: /exit status"
+
+# session c: end of input (Ctrl-D) at the prompt quits with status 0
+start c "$tmp/c.status" "$model" "${opts[@]}"
+wait_prompt c || bad "c: no prompt"
+tm send-keys -t c C-d
+for _ in $(seq 300); do [ -s "$tmp/c.status" ] && break; sleep 0.1; done
+expect_eq "$(cat "$tmp/c.status" 2>/dev/null)" 0 "c: Ctrl-D status"
 
 # session b: a long reply (random weights, 32K context, --ignore-eos) stopped by Ctrl-C
 slow="$tmp/slow.gguf"
