@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev
-      libmicrohttpd-dev libcurl4-openssl-dev nodejs npm)
+      libmicrohttpd-dev libcurl4-openssl-dev tmux nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   # nodejs/npm may come from elsewhere (e.g. a newer Node); a working command is enough.

@@ -685,6 +685,21 @@ TEST(request_encode_prompt_paths)
         if (rc == WELD_OK)
             wfree(ids);
     }
+    /* an explicit chat_template renders the messages whatever the model ships; the text
+       starts with BOS, so no second BOS is added */
+    p.chat_template = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                      "{% endfor %}{% if add_generation_prompt %}<a>{% endif %}";
+    REQUIRE(request_encode_prompt(g_tok, &p, &ids, &n, &e) == WELD_OK);
+    int32_t *want;
+    size_t n_want;
+    REQUIRE(tokenizer_encode(g_tok, "<s><user>hi<a>", 14, false, true, &want, &n_want, &e) ==
+            WELD_OK);
+    CHECK_EQ_INT(n, (int)n_want);
+    CHECK(n == (int)n_want && !memcmp(ids, want, n_want * sizeof *ids));
+    CHECK(tokenizer_bos(g_tok) >= 0 && ids[0] == tokenizer_bos(g_tok) &&
+          (n < 2 || ids[1] != tokenizer_bos(g_tok)));
+    wfree(want);
+    wfree(ids);
     json_decref(msgs);
 }
 

@@ -12,6 +12,8 @@
  *  - hand-written checks: syntax errors name line and column, runtime error statuses,
  *    limits stop runaway templates, strftime_now/date_string, apply_simple, and allocation
  *    failure injection on every allocation of a parse + render.
+ *  - builtins: the named --chat-template sources equal their copies in
+ *    tests/data/chat_templates.json (so reference_renders covers them); chat_template_load.
  */
 #include "test.h"
 
@@ -367,6 +369,61 @@ TEST(alloc_failures)
     json_decref(ctx);
 }
 
+/* The builtin --chat-template sources equal the copies in tests/data/chat_templates.json
+ * (which reference_renders compares against @huggingface/jinja), and chat_template_load
+ * takes a file first, then a builtin name, and names both when neither fits. */
+TEST(builtins)
+{
+    static const char *const refs[][2] = {
+        {"chatml", "chatml"},          {"llama2", "llama2"}, {"llama3", "llama3-instruct"},
+        {"mistral", "mistral-instruct"}, {"qwen", "qwen2.5"}, {"gemma", "gemma2"},
+    };
+    struct weld_err e = {0};
+    json_t *doc = jload_file(WELD_SOURCE_DIR "/tests/data/chat_templates.json", &e);
+    REQUIRE(doc);
+    json_t *templates = json_object_get(doc, "templates");
+    int n = 0;
+    while (chat_template_builtin_name(n))
+        n++;
+    CHECK_EQ_INT(n, (int)(sizeof refs / sizeof refs[0]));
+    for (int i = 0; i < n; i++) {
+        const char *name = chat_template_builtin_name(i);
+        CHECK_EQ_STR(name, refs[i][0]);
+        CHECK(strstr(chat_template_builtin_names(), name) != NULL);
+        const char *want =
+            json_string_value(json_object_get(json_object_get(templates, refs[i][1]), "source"));
+        REQUIRE(want);
+        CHECK_EQ_STR(chat_template_builtin(name), want);
+        char *src = NULL;
+        CHECK_EQ_INT(chat_template_load(name, &src, &e), WELD_OK);
+        CHECK_EQ_STR(src, want);
+        wfree(src);
+    }
+    CHECK(chat_template_builtin("nope") == NULL && chat_template_builtin_name(-1) == NULL);
+    json_decref(doc);
+
+    char *src = NULL;
+    CHECK_EQ_INT(chat_template_load("no-such-template", &src, &e), WELD_ERR_NOT_FOUND);
+    CHECK(src == NULL);
+    CHECK(strstr(e.msg, "no-such-template") && strstr(e.msg, "chatml, llama2"));
+    char path[512];
+    snprintf(path, sizeof path, "%s/builtin_test.jinja", WELD_BINARY_DIR);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f);
+    fputs("{% for m in messages %}[{{ m.content }}]{% endfor %}", f);
+    fclose(f);
+    REQUIRE(chat_template_load(path, &src, &e) == WELD_OK);
+    CHECK_EQ_STR(src, "{% for m in messages %}[{{ m.content }}]{% endfor %}");
+    wfree(src);
+    f = fopen(path, "wb");
+    REQUIRE(f);
+    fputs("{% for m in messages %}", f);
+    fclose(f);
+    CHECK_EQ_INT(chat_template_load(path, &src, &e), WELD_ERR_FORMAT);
+    CHECK(src == NULL && strstr(e.msg, "builtin_test.jinja") && strstr(e.msg, "line 1"));
+    remove(path);
+}
+
 int main(void)
 {
     RUN(reference_renders);
@@ -377,5 +434,6 @@ int main(void)
     RUN(dates);
     RUN(apply_simple);
     RUN(alloc_failures);
+    RUN(builtins);
     return test_summary();
 }

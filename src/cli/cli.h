@@ -71,6 +71,8 @@ int cli_engine_open(const struct cli_engine_opts *o, struct engine **eng, struct
 void cli_engine_summary(const struct engine *eng, double seconds, const char *what);
 
 int cmd_generate(int argc, char **argv);
+/* `weld chat MODEL`, also `weld generate -i` (argv[0] is then "generate"). */
+int cmd_chat(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

@@ -5,6 +5,7 @@
  * ({"custom_id": ..., "body": {...}}), parsed by engine/batch_io.h (which lists the keys:
  * "prompt", "prompt_token_ids" or "messages", and sampling parameters by their OpenAI /
  * vLLM names). Unknown keys are ignored; a key of the wrong type fails that line.
+ * "messages" go through the model's chat template, or the --chat-template file or builtin.
  *
  * Output: one JSON object per input line, in input order, written as soon as every earlier
  * line is complete: {"id", "text", "finish_reason", "stop_reason", "token_ids",
@@ -28,6 +29,7 @@
 #include "core/progress.h"
 #include "engine/batch_io.h"
 #include "engine/engine.h"
+#include "tokenizer/chat_template.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -147,6 +149,7 @@ struct batch_run {
     FILE *out;
     struct progress prog;
     int n_errors;
+    const char *chat_template;      /* --chat-template source for "messages", or NULL */
 };
 
 static bool text_append(struct seq_out *s, const char *t, size_t n)
@@ -314,6 +317,7 @@ static void add_line(struct engine *eng, struct batch_run *br, const char *text,
     uint64_t rid = 0;
     if (rc == WELD_OK) {
         struct request_callbacks cb = {br, on_delta, on_finish};
+        bl.p.chat_template = br->chat_template;
         if ((rc = engine_add_request(eng, &bl.p, &cb, &rid, &e)))
             err_prefix(&e, "line %d", line_no);
     }
@@ -472,14 +476,17 @@ int cmd_batch(int argc, char **argv)
 {
     struct cli_engine_opts eo;
     cli_engine_opts_init(&eo);
-    const char *input = NULL, *output = NULL;
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 2];
+    const char *input = NULL, *output = NULL, *chat_template = NULL;
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 3];
     int n_opts = cli_engine_opts_table(&eo, opts);
     opts[n_opts++] = (struct cli_opt){"input", 'i', OPT_STR, &input, "FILE",
                                       "requests, one JSON object a line ('-': stdin; required)"};
     opts[n_opts++] = (struct cli_opt){"output", 'o', OPT_STR, &output, "FILE",
                                       "results, one JSON object a line in input order "
                                       "(default: stdout)"};
+    opts[n_opts++] = (struct cli_opt){"chat-template", 0, OPT_STR, &chat_template, "FILE|NAME",
+                                      "Jinja chat template for \"messages\", or a builtin: chatml, "
+                                      "llama2, llama3, mistral, qwen, gemma (default: the model's)"};
     const char *pos[1];
     int n_pos;
     int prc = cli_parse(argc, argv, "batch -m MODEL --input requests.jsonl [--output results.jsonl] [options]",
@@ -504,7 +511,13 @@ int cmd_batch(int argc, char **argv)
     memset(&br, 0, sizeof br);
     br.out = stdout;
     struct batch_input in = {0};
-    int rc = read_input(input, &in, &e); /* before the model: a bad file costs no load */
+    char *tmpl = NULL;
+    int rc = chat_template ? chat_template_load(chat_template, &tmpl, &e) : WELD_OK;
+    if (rc != WELD_OK)
+        err_prefix(&e, "--chat-template");
+    br.chat_template = tmpl;
+    if (rc == WELD_OK)
+        rc = read_input(input, &in, &e); /* before the model: a bad file costs no load */
     if (rc == WELD_OK)
         rc = cli_engine_open(&eo, &eng, &e);
     if (rc == WELD_OK && output && !(br.out = fopen(output, "w")))
@@ -523,6 +536,7 @@ int cmd_batch(int argc, char **argv)
         fprintf(stderr, "weld batch: %s\n", e.msg);
     }
     engine_free(eng);
+    wfree(tmpl);
     for (int i = 0; i < br.n_lines; i++)
         line_release(&br.lines[i]);
     wfree(br.lines);

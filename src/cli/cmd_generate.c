@@ -17,7 +17,9 @@
  * The request runs through exactly the path a server request takes (engine.h: scheduler,
  * paged KV cache, sampler, detokenizer, stop logic), so the CLI and the batch and server
  * paths can never disagree on tokens. --chat wraps the prompt as a user turn (after an
- * optional --system turn) in the model's chat template.
+ * optional --system turn) in the model's chat template, or the one --chat-template names (a
+ * file or a builtin); a model without one is refused before anything is printed. -i hands
+ * the whole command line to `weld chat` (cmd_chat.c).
  */
 #include "cli/cli.h"
 #include "core/alloc.h"
@@ -27,6 +29,8 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/model.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -38,11 +42,11 @@
 #define GEN_MAX_PROMPT_BYTES (64u << 20) /* -f / stdin: larger is surely not a prompt */
 
 struct gen_opts {
-    const char *model, *prompt, *system, *file;
+    const char *model, *prompt, *system, *file, *chat_template;
     int n_predict, ctx, threads;
     struct sampler_params sp;
     int64_t seed;
-    bool chat, no_echo, ignore_eos, no_special, show_ids;
+    bool chat, no_echo, ignore_eos, no_special, show_ids, interactive;
 };
 
 struct gen_state {
@@ -279,6 +283,8 @@ int cmd_generate(int argc, char **argv)
         {"seed", 's', OPT_I64, &o.seed, "S", "random seed; the same seed gives the same output (default: random, printed)"},
         {"chat", 0, OPT_FLAG, &o.chat, NULL, "wrap the prompt in the model's chat template as a user turn"},
         {"system", 0, OPT_STR, &o.system, "TEXT", "system message for --chat"},
+        {"chat-template", 0, OPT_STR, &o.chat_template, "FILE|NAME", "Jinja chat template file or a builtin (chatml, llama2, llama3, mistral, qwen, gemma) for --chat (implies it)"},
+        {"interactive", 'i', OPT_FLAG, &o.interactive, NULL, "chat in the terminal: the same as `weld chat` (see weld chat --help)"},
         {"ctx", 'c', OPT_INT, &o.ctx, "N", "context length (default: the model's, at most 4096)"},
         {"threads", 't', OPT_INT, &o.threads, "N", "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
         {"no-echo", 0, OPT_FLAG, &o.no_echo, NULL, "print only the continuation, not the prompt"},
@@ -286,6 +292,10 @@ int cmd_generate(int argc, char **argv)
         {"no-special", 0, OPT_FLAG, &o.no_special, NULL, "do not add BOS/special tokens to the prompt"},
         {"show-ids", 0, OPT_FLAG, &o.show_ids, NULL, "also print the generated token ids to stderr"},
     };
+    /* -i: the conversation of `weld chat` (cmd_chat.c), which takes its own options */
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "-i") || !strcmp(argv[i], "--interactive"))
+            return cmd_chat(argc, argv);
     const char *pos[1];
     int n_pos;
     int prc = cli_parse(argc, argv, "generate -m MODEL (-p PROMPT | -f FILE | -p - | < FILE) [options]",
@@ -335,9 +345,15 @@ int cmd_generate(int argc, char **argv)
     struct engine *eng = NULL;
     json_t *msgs = NULL;
     char *file_prompt = NULL;
+    char *tmpl = NULL;
     int rc = sampler_params_check(&o.sp, &e);
     if (rc != WELD_OK)
         sampler_error_flags(&e);
+    if (rc == WELD_OK && o.chat_template) {
+        o.chat = true;
+        if ((rc = chat_template_load(o.chat_template, &tmpl, &e)))
+            err_prefix(&e, "--chat-template");
+    }
     if (rc == WELD_OK && o.file && (rc = read_prompt(o.file, &file_prompt, &e)) == WELD_OK)
         o.prompt = file_prompt;
     if (rc == WELD_OK && implicit_stdin && !*o.prompt)
@@ -362,6 +378,10 @@ int cmd_generate(int argc, char **argv)
         ep.n_threads = o.threads;
         rc = engine_create(&eng, &ep, &e);
     }
+    if (rc == WELD_OK && o.chat && !tmpl && !tokenizer_chat_template(engine_tokenizer(eng)))
+        rc = err_set(&e, WELD_ERR_NOT_FOUND,
+                     "%s has no chat template: give one with --chat-template FILE or a builtin "
+                     "name (%s)", o.model, chat_template_builtin_names());
     struct gen_state g = {.o = &o, .printing = o.n_predict != 0};
     if (rc == WELD_OK) {
         struct request_params rp = request_params_default();
@@ -369,6 +389,7 @@ int cmd_generate(int argc, char **argv)
             rp.messages = msgs = chat_messages(&o);
         else
             rp.prompt = o.prompt;
+        rp.chat_template = tmpl;
         rp.add_special_tokens = !o.no_special;
         rp.sampling = o.sp;
         rp.has_seed = true;
@@ -390,6 +411,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "weld generate: %s\n", e.msg);
     }
     json_decref(msgs);
+    wfree(tmpl);
     engine_free(eng);
     model_free(m);
     wfree(file_prompt);

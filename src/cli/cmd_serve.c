@@ -39,7 +39,7 @@ int cmd_serve(int argc, char **argv)
         {"served-model-name", 0, OPT_STR, &so.served_model_name, "NAME", "model name clients use (default: the model path)"},
         {"api-key", 0, OPT_STRS, &keys, "KEY", "require 'Authorization: Bearer KEY' (repeat for more keys; default: none)"},
         {"api-key-file", 0, OPT_STR, &so.api_key_file, "FILE", "more API keys, one a line (keeps them out of ps)"},
-        {"chat-template", 0, OPT_STR, &so.chat_template, "FILE", "Jinja chat template overriding the model's"},
+        {"chat-template", 0, OPT_STR, &so.chat_template, "FILE|NAME", "Jinja chat template file or a builtin (chatml, llama2, llama3, mistral, qwen, gemma) overriding the model's"},
         {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S", "seconds running requests get after SIGTERM (default 30)"},
         {"max-body", 0, OPT_SIZE, &max_body, "BYTES", "request body limit (default 8M; 413 beyond)"},
         {"send-timeout", 0, OPT_FLOAT, &send_timeout, "S", "drop a client silent S s while sending, idle or not reading (default 15; never cuts a running request)"},

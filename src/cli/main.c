@@ -18,6 +18,7 @@ struct command {
 
 static const struct command commands[] = {
     {"generate", cmd_generate, "generate text from a prompt"},
+    {"chat", cmd_chat, "chat with a model in the terminal (its chat template, history kept)"},
     {"info", cmd_info, "show a model's architecture, tensors, tokenizer and memory needs"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"convert", cmd_convert, "convert between GGUF and Hugging Face directories, quantize"},

@@ -120,11 +120,12 @@ int request_params_check(const struct request_params *p, int n_vocab, struct wel
     return WELD_OK;
 }
 
-/* Render chat messages with the tokenizer's template (add_generation_prompt). */
-static int render_messages(const struct tokenizer *tok, const json_t *messages, char **out,
-                           struct weld_err *e)
+/* Render chat messages with src, else the tokenizer's template (add_generation_prompt). */
+static int render_messages(const struct tokenizer *tok, const char *src, const json_t *messages,
+                           char **out, struct weld_err *e)
 {
-    const char *src = tokenizer_chat_template(tok);
+    if (!src)
+        src = tokenizer_chat_template(tok);
     if (!src)
         return err_set(e, WELD_ERR_NOT_FOUND,
                        "messages: the model has no chat template; send a prompt instead");
@@ -171,7 +172,7 @@ int request_encode_prompt(const struct tokenizer *tok, const struct request_para
     bool add_special = p->add_special_tokens;
     int rc;
     if (p->messages) {
-        if ((rc = render_messages(tok, p->messages, &rendered, e)))
+        if ((rc = render_messages(tok, p->chat_template, p->messages, &rendered, e)))
             return rc;
         text = rendered;
         const char *bos = tokenizer_bos_text(tok);
@@ -236,6 +237,7 @@ static bool copy_params(struct request *r, const struct request_params *p)
     r->p.prompt_ids = NULL;
     r->p.n_prompt_ids = 0;
     r->p.messages = NULL;
+    r->p.chat_template = NULL;
     r->p.stop = NULL;
     r->p.n_stop = 0;
     r->p.stop_token_ids = NULL;

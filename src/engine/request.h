@@ -90,6 +90,8 @@ struct request_params {
     const int32_t *prompt_ids;       /* (n_prompt_ids) token ids, used as given */
     int n_prompt_ids;
     const json_t *messages;          /* [{role, content}...] through the chat template */
+    const char *chat_template;       /* Jinja source for messages; NULL: the model's (used
+                                        only while encoding, never copied) */
     bool add_special_tokens;         /* BOS etc. for text prompts (default true) */
 
     struct sampler_params sampling;  /* sampling.seed is used only when has_seed */

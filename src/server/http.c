@@ -348,34 +348,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* ---- start and stop --------------------------------------------------------------------- */
 
+/* --chat-template: a file, or a builtin name (chat_template_load). */
 static int read_template(struct server *s, struct weld_err *e)
 {
     if (!s->o.chat_template)
         return WELD_OK;
-    FILE *f = fopen(s->o.chat_template, "rb");
-    if (!f)
-        return err_set(e, WELD_ERR_IO, "%s: %s", s->o.chat_template, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    int rc = WELD_OK;
-    for (;;) {
-        if (len + 4096 > cap) {
-            char *nb = wrealloc(buf, cap = cap * 2 + 8192);
-            if (!nb) {
-                rc = err_set(e, WELD_ERR_NOMEM, "%s: out of memory", s->o.chat_template);
-                break;
-            }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n == 0)
-            break;
-    }
-    fclose(f);
-    if (!rc && (rc = chat_template_parse(&s->tmpl, buf ? buf : "", len, e)))
+    char *src = NULL;
+    int rc = chat_template_load(s->o.chat_template, &src, e);
+    if (!rc && (rc = chat_template_parse(&s->tmpl, src, strlen(src), e)))
         err_prefix(e, "%s", s->o.chat_template);
-    wfree(buf);
+    wfree(src);
     return rc;
 }
 

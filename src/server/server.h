@@ -38,7 +38,8 @@ struct server_opts {
     const char *const *api_keys;   /* (n_api_keys) keys accepted as "Bearer KEY"; with none */
     int n_api_keys;                /* and no api_key_file, no auth */
     const char *api_key_file;      /* NULL or a file of more keys, one a line */
-    const char *chat_template;     /* NULL or a file overriding the model's template */
+    const char *chat_template;     /* NULL, a file or a builtin name (chat_template_load)
+                                      overriding the model's template */
     double shutdown_timeout;       /* seconds running requests get after SIGTERM */
     size_t max_body;               /* request body limit in bytes (413 beyond) */
     double send_timeout;           /* seconds a client may stay silent while it sends a request

@@ -78,4 +78,15 @@ int chat_template_apply_simple(const char *src, const char *const *roles,
                                bool add_generation_prompt, const char *bos, const char *eos,
                                char **out, struct weld_err *e);
 
+/* Well-known templates by name (chat_builtin.c): "chatml", "llama2", "llama3", "mistral",
+ * "qwen", "gemma". chat_template_builtin returns the source or NULL; _name(i) the i-th name
+ * (NULL past the end); _names all of them, comma-separated, for messages. */
+const char *chat_template_builtin(const char *name);
+const char *chat_template_builtin_name(int i);
+const char *chat_template_builtin_names(void);
+/* "--chat-template FILE|NAME": an existing file's text, else the named builtin; parsed once
+ * to check it. *src is wmalloc'd. Errors name the argument (and list the builtin names when
+ * it is neither a file nor a name). */
+int chat_template_load(const char *file_or_name, char **src, struct weld_err *e);
+
 #endif

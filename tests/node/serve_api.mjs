@@ -10,7 +10,7 @@
 //   streaming, content parts, chat logprobs, /tokenize with messages, a disconnect
 //   mid-stream and mid-request (aborted, blocks back), SIGTERM draining (503 for new
 //   requests, running ones finish, exit 0).
-// Server C: stories260K with --chat-template FILE.
+// Server C: stories260K with --chat-template FILE, then with a builtin name (chatml).
 import OpenAI from 'openai';
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
@@ -350,6 +350,15 @@ async function serverC() {
   t.eq(r.choices[0].message.content, want, '--chat-template renders the override');
   t.eq(r.usage.prompt_tokens, 5, '--chat-template: BOS once');
   t.eq(await stopServer(s), { code: 0, sig: null }, 'server C exits 0');
+
+  // a builtin template by name: the same prompt and reply as generate --chat-template chatml
+  const sd = await startServer(weld, stories, ['--chat-template', 'chatml']);
+  const cd = new OpenAI({ baseURL: sd.base + '/v1', apiKey: 'x', maxRetries: 0 });
+  const wantd = generate(stories, ['--chat-template', 'chatml', '-p', 'Hello', '-n', '8', '--temp', '0', '--no-echo']);
+  const rd = await cd.chat.completions.create({ model: stories, max_tokens: 8, temperature: 0,
+    messages: [{ role: 'user', content: 'Hello' }] });
+  t.eq(rd.choices[0].message.content, wantd, '--chat-template chatml (builtin name)');
+  t.eq(await stopServer(sd), { code: 0, sig: null }, 'server C (builtin) exits 0');
 }
 
 try {
