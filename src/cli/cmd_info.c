@@ -19,6 +19,7 @@
 #include "format/gguf.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/resolve.h"
 #include "model/tokmeta.h"
 #include "tokenizer/tokenizer.h"
 
@@ -272,10 +273,14 @@ int cmd_info(int argc, char **argv)
     struct info in = {.path = pos[0]};
     struct weld_err e = {0};
     struct stat st;
-    if (stat(in.path, &st) != 0) {
-        fprintf(stderr, "weld info: %s: no such file or directory\n", in.path);
+    char where[4096];
+    if (model_resolve_path(pos[0], where, sizeof where, &e) == WELD_OK && stat(where, &st))
+        err_set(&e, WELD_ERR_IO, "%s: no such file or directory", where);
+    if (e.status) {
+        fprintf(stderr, "weld info: %s\n", e.msg);
         return 1;
     }
+    in.path = where;
     in.hf = S_ISDIR(st.st_mode);
     int rc = in.hf ? info_open_hf(&in, &e) : info_open_gguf(&in, &e);
     if (rc == WELD_OK) {

@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/err.h"
 #include "format/gguf.h"
+#include "model/resolve.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
@@ -25,12 +26,17 @@ static int load(const char *model, const char *tok_path, struct tokenizer **t,
     if (tok_path)
         return tokenizer_load_hf(t, tok_path, e);
     struct stat st;
+    char where[4096];
+    int rc = model_resolve_path(model, where, sizeof where, e);
+    if (rc)
+        return rc;
+    model = where;
     if (stat(model, &st) != 0)
         return err_set(e, WELD_ERR_IO, "%s: no such file or directory", model);
     if (S_ISDIR(st.st_mode))
         return tokenizer_load_hf(t, model, e);
     struct gguf_file *f = NULL;
-    int rc = gguf_open(&f, model, e);
+    rc = gguf_open(&f, model, e);
     if (rc == WELD_OK)
         rc = tokenizer_load_gguf(t, f, e);
     gguf_close(f);

@@ -129,6 +129,17 @@ static uint64_t mem_available(void)
     return (uint64_t)kb * 1024;
 }
 
+uint64_t engine_kv_auto_bytes(uint64_t seq_bytes, int max_num_seqs, uint64_t mem_available,
+                              uint64_t weight_bytes)
+{
+    uint64_t n = max_num_seqs > 0 ? (uint64_t)max_num_seqs : 1;
+    uint64_t need = seq_bytes > UINT64_MAX / n ? UINT64_MAX : seq_bytes * n;
+    uint64_t share = mem_available > weight_bytes ? (mem_available - weight_bytes) / 2
+                     : mem_available ? mem_available / 4 : (1ull << 30);
+    uint64_t bytes = need < share ? need : share;
+    return bytes > seq_bytes ? bytes : seq_bytes;
+}
+
 /* Pool size in blocks from the params (see engine_params_default). */
 static int pool_blocks(const struct engine *eng, const struct engine_params *p,
                        size_t block_bytes, struct weld_err *e)
@@ -137,14 +148,9 @@ static int pool_blocks(const struct engine *eng, const struct engine_params *p,
     if (p->kv_blocks > 0)
         return p->kv_blocks;
     uint64_t bytes = p->kv_cache_memory;
-    if (!bytes) {
-        uint64_t need = (uint64_t)p->max_num_seqs * (uint64_t)per_seq * block_bytes;
-        uint64_t avail = mem_available(), w = model_weight_bytes(eng->m);
-        uint64_t share = avail > w ? (avail - w) / 2 : (avail ? avail / 4 : (1ull << 30));
-        bytes = need < share ? need : share;
-        if (bytes < (uint64_t)per_seq * block_bytes)
-            bytes = (uint64_t)per_seq * block_bytes;
-    }
+    if (!bytes)
+        bytes = engine_kv_auto_bytes((uint64_t)per_seq * block_bytes, p->max_num_seqs,
+                                     mem_available(), model_weight_bytes(eng->m));
     int n = backend_kv_blocks_for_bytes(&eng->m->cfg, p->kv_dtype, p->block_size,
                                         (size_t)bytes);
     if (n < 1)

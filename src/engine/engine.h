@@ -107,6 +107,13 @@ struct engine_stats {
 /* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what
    max_num_seqs sequences of max_model_len need), at least one full sequence. */
 struct engine_params engine_params_default(void);
+/* That automatic size in bytes: seq_bytes (the blocks of one max_model_len sequence) times
+   max_num_seqs, capped by half of what MemAvailable leaves beside the weights (a quarter
+   of MemAvailable when the weights exceed it; 1 GiB when it is unknown, 0), never below
+   seq_bytes. The pool's pages beyond the first 256 MiB fault in on first use (exec/kv.h),
+   so a worst-case size costs start-up time and memory only as far as it is used. */
+uint64_t engine_kv_auto_bytes(uint64_t seq_bytes, int max_num_seqs, uint64_t mem_available,
+                              uint64_t weight_bytes);
 
 int engine_create(struct engine **out, const struct engine_params *p, struct weld_err *e);
 /* NULL-safe. Unfinished requests are dropped without callbacks. */

@@ -31,6 +31,11 @@
  * moves n_layer * G runs. A block id means the same slots in every layer. kv_dim =
  * n_kv_head * head_dim; row_bytes = bytes of kv_dim elements.
  *
+ * Memory: the planes are anonymous mappings; creation touches the pages of the lowest
+ * block ids (which both allocators hand out first) up to kv_config.prefault_bytes (256 MiB
+ * by default, the whole pool when smaller), so a worst-case-sized pool starts in time and
+ * resident memory proportional to that budget and grows with use beyond it.
+ *
  * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Entries are
  * written one (position, head) at a time by kv_write_head() with the dtype
  * converters/quantizers (format/dtype.h, round to nearest even for f16/bf16, llama.cpp's
@@ -70,6 +75,7 @@
 
 #define KV_DEFAULT_BLOCK_SIZE 16
 #define KV_DEFAULT_TYPE DT_F16
+#define KV_PREFAULT_BYTES ((size_t)256 << 20)
 
 struct kv_config {
     int n_layer;
@@ -82,6 +88,8 @@ struct kv_config {
                            per head if max_seqs == 1, else 1 */
     int n_blocks;       /* 0: enough for max_seqs full sequences */
     enum weld_dtype type; /* DT_F32, DT_F16, DT_BF16 or DT_Q8_0 */
+    size_t prefault_bytes; /* pages touched at creation, lowest block ids first; 0:
+                              KV_PREFAULT_BYTES. The rest fault in on first use. */
 };
 
 struct kv_seq {

@@ -14,6 +14,7 @@
  * size) before a writer sees it, so the fill callback never reads out of bounds.
  */
 #include "model/convert.h"
+#include "model/resolve.h"
 
 #include "core/alloc.h"
 #include "core/fp16.h"
@@ -670,8 +671,11 @@ int convert_model(const char *in, const char *out, const struct convert_opts *o,
             return err_set(e, WELD_ERR_INVALID_ARG, "convert: cannot write type %s",
                            dtype_name(o->dtype));
     }
-    if (!is_dir(in) && !file_exists(in))
-        return err_set(e, WELD_ERR_NOT_FOUND, "%s: no such file or directory", in);
+    char where[4096]; /* a local path, or org/name in the Hugging Face cache */
+    int rc = model_resolve_path(in, where, sizeof where, e);
+    if (rc)
+        return rc;
+    in = where;
     int in_hf = is_dir(in), out_gguf = mkmodel_is_gguf_path(out);
     if (in_hf)
         return out_gguf ? hf_to_gguf(in, out, o, e) : hf_to_hf(in, out, o, e);

@@ -18,7 +18,8 @@
  *                 config.json copied with torch_dtype updated, tokenizer and generation
  *                 config files copied.
  * The output kind follows the OUT path: "*.gguf" is a GGUF file, anything else a directory.
- * The input kind: a directory is HF, a file is GGUF.
+ * The input kind: a directory is HF, a file is GGUF; IN may also be a Hugging Face repo id
+ * already in the local cache (model_resolve_path).
  */
 #ifndef WELD_MODEL_CONVERT_H
 #define WELD_MODEL_CONVERT_H

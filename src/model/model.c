@@ -1,7 +1,8 @@
 /*
  * model - the loader: a GGUF file or a Hugging Face directory -> struct model (model.h).
  *
- * Flow: read the config (model_config_from_gguf / model_config_from_hf, both validated),
+ * Flow: resolve the reference (model_resolve_path: a local path, or org/name in the Hugging
+ * Face cache; m->path keeps what was typed, m->dir the place found), read the config (model_config_from_gguf / model_config_from_hf, both validated),
  * open the weights (gguf_open / st_open_dir), then bind every tensor the config needs.
  * Binding looks a tensor up by its GGUF name (HF sets translate it with
  * tensor_name_gguf_to_hf and reverse the shape into GGUF's ne[] order), then checks, in
@@ -28,6 +29,7 @@
  * tokenizers (tokenizer/ reads model->gguf or model->dir).
  */
 #include "model/model.h"
+#include "model/resolve.h"
 
 #include "core/alloc.h"
 #include "core/log.h"
@@ -404,7 +406,10 @@ int model_load(struct model **out, const char *path, struct weld_err *e)
         wfree(m);
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory", path);
     }
-    int rc = open_source(m, path, e);
+    char where[4096];
+    int rc = model_resolve_path(path, where, sizeof where, e);
+    if (rc == WELD_OK)
+        rc = open_source(m, where, e);
     if (rc == WELD_OK)
         rc = bind_all(m, e);
     if (rc != WELD_OK) {

@@ -2,7 +2,8 @@
  * model - a loaded Llama-family model: its config and views of its weight tensors.
  *
  * model_load() takes a GGUF file or a Hugging Face directory (config.json + *.safetensors
- * [+ index]). Weights are never copied: each struct tensor points into the mmapped file,
+ * [+ index]), or a Hugging Face repo id already in the local hub cache (model/resolve.h).
+ * Weights are never copied: each struct tensor points into the mmapped file,
  * in the file's own type (F32/F16/BF16/quantized for GGUF; F32/F16/BF16 for HF). Shapes
  * use GGUF's order whatever the source (ne[0] is the contiguous dimension), so a Linear
  * weight is ne = {in_features, out_features} and row r (one output) is contiguous.

@@ -7,7 +7,13 @@
  * known families (embedded below verbatim from their tokenizer.json files), then by
  * looser substring tests. Special ids come from tokenizer_config.json (strings or
  * {"content": ...} objects, looked up in added_tokens then the vocab), then the
- * post_processor's TemplateProcessing, then generation_config.json.
+ * post_processor's TemplateProcessing, then generation_config.json. add_bos/add_eos are
+ * always resolved (0/1) to what encoding with these files does, as tokenizer_load_hf and
+ * transformers decide it: Llama tokenizer classes follow tokenizer_config's add_bos_token
+ * (default true) / add_eos_token; other classes follow the TemplateProcessing (no template:
+ * neither). So a GGUF written from them always states tokenizer.ggml.add_bos_token; one
+ * without it (read from elsewhere) reads, and is written back, as llama.cpp's default
+ * (tokenizer_gguf_default_add_bos).
  *
  * Writing tokenizer.json: the normalizer / pre_tokenizer / decoder objects of each gpt2
  * family are the exact JSON fragments of the reference files; llama gets the Llama 2
@@ -19,6 +25,7 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "tokenizer/tokenizer.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -33,22 +40,18 @@
 struct pre_family {
     const char *name;
     const char *normalizer, *pre_tokenizer, *decoder; /* JSON text */
-    int default_add_bos;
 };
 
 static const struct pre_family pre_families[] = {
     {"llama-bpe", "null",
      "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}]}",
-     "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true}",
-     1},
+     "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true}"},
     {"qwen2", "{\"type\":\"NFC\"}",
      "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":false,\"use_regex\":false}]}",
-     "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":false,\"use_regex\":false}",
-     0},
+     "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":false,\"use_regex\":false}"},
     {"deepseek-v3", "{\"type\":\"Sequence\",\"normalizers\":[]}",
      "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\p{N}{1,3}\"},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[\344\270\200-\351\276\245\343\201\200-\343\202\237\343\202\240-\343\203\277]+\"},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[!\\\"#$%&'()*+,\\\\-./:;<=>?@\\\\[\\\\\\\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\\\p{L}\\\\p{P}\\\\p{S}]?[\\\\p{L}\\\\p{M}]+| ?[\\\\p{P}\\\\p{S}]+[\\r\\n]*|\\\\s*[\\r\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}]}",
-     "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true}",
-     0},
+     "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true}"},
 };
 #define N_PRE_FAMILIES ((int)(sizeof pre_families / sizeof pre_families[0]))
 
@@ -154,12 +157,7 @@ void tokmeta_free(struct tokmeta *t)
 
 int tokmeta_effective_add_bos(const struct tokmeta *t)
 {
-    if (t->add_bos >= 0)
-        return t->add_bos;
-    if (!strcmp(t->model, "llama"))
-        return 1;
-    const struct pre_family *pf = pre_family_find(t->pre);
-    return pf ? pf->default_add_bos : 0;
+    return t->add_bos >= 0 ? t->add_bos : tokenizer_gguf_default_add_bos(t->model, t->pre);
 }
 
 /* ---- tokenizer.json -> tokmeta ---- */
@@ -473,30 +471,42 @@ static int64_t json_first_id(json_t *v)
     return d >= 0 && d < TOKMETA_MAX_TOKENS && d == (double)(int64_t)d ? (int64_t)d : -1;
 }
 
-/* TemplateProcessing: a leading special token means "add BOS" (crude, like llama.cpp). */
-static void hf_post_processor(struct hf_ctx *c, struct tokmeta *t)
+/* tokenizer.json's post_processor: a TemplateProcessing (alone or in a Sequence) whose
+   single-sequence template starts with a special token adds BOS, one that ends with a
+   special token adds EOS; anything else (ByteLevel, null) adds neither. */
+static void hf_post_processor(struct hf_ctx *c, struct tokmeta *t, int *add_bos, int *add_eos)
 {
     json_t *pp = json_object_get(c->tok, "post_processor");
     json_t *list = json_object_get(pp, "processors");
     size_t n = json_is_array(list) ? json_array_size(list) : 1;
+    *add_bos = *add_eos = 0;
     for (size_t i = 0; i < n; i++) {
         json_t *p = json_is_array(list) ? json_array_get(list, i) : pp;
         const char *type = json_string_value(json_object_get(p, "type"));
         if (!type || strcmp(type, "TemplateProcessing"))
             continue;
         json_t *single = json_object_get(p, "single");
-        json_t *first = json_object_get(json_array_get(single, 0), "SpecialToken");
-        json_t *id = json_object_get(first, "id");
-        int64_t tid = json_is_string(id) ? hf_token_entry_id(c, id) : -1;
-        if (tid >= 0) {
-            if (t->bos < 0)
-                t->bos = tid;
-            if (t->add_bos < 0)
-                t->add_bos = tid == t->bos;
-        } else if (t->add_bos < 0 && json_is_array(single)) {
-            t->add_bos = 0;
+        size_t ns = json_is_array(single) ? json_array_size(single) : 0;
+        for (int end = 0; end < 2 && ns; end++) {
+            json_t *st = json_object_get(json_array_get(single, end ? ns - 1 : 0), "SpecialToken");
+            json_t *id = json_object_get(st, "id");
+            int64_t tid = json_is_string(id) ? hf_token_entry_id(c, id) : -1;
+            int64_t *slot = end ? &t->eos : &t->bos;
+            if (tid < 0)
+                continue;
+            if (*slot < 0)
+                *slot = tid;
+            *(end ? add_eos : add_bos) = tid == *slot;
         }
     }
+}
+
+/* transformers' Llama tokenizer classes rebuild the post-processor from the config flags. */
+static int hf_llama_class(json_t *cfg)
+{
+    const char *cls = json_string_value(json_object_get(cfg, "tokenizer_class"));
+    return cls && (!strcmp(cls, "LlamaTokenizerFast") || !strcmp(cls, "LlamaTokenizer") ||
+                   !strcmp(cls, "CodeLlamaTokenizerFast") || !strcmp(cls, "CodeLlamaTokenizer"));
 }
 
 static void hf_specials(struct hf_ctx *c, struct tokmeta *t)
@@ -514,16 +524,19 @@ static void hf_specials(struct hf_ctx *c, struct tokmeta *t)
         if (json_is_string(unk))
             t->unk = hf_token_entry_id(c, unk);
     }
+    /* add_bos/add_eos: what encoding these files does (as tokenizer_load_hf does it), never
+       left to a reader's default, so the GGUF states it explicitly. */
+    hf_post_processor(c, t, &t->add_bos, &t->add_eos);
     if (cfg) {
         json_t *v;
-        if (json_is_boolean(v = json_object_get(cfg, "add_bos_token")))
-            t->add_bos = json_is_true(v);
-        if (json_is_boolean(v = json_object_get(cfg, "add_eos_token")))
-            t->add_eos = json_is_true(v);
+        if (hf_llama_class(cfg)) {
+            v = json_object_get(cfg, "add_bos_token");
+            t->add_bos = json_is_boolean(v) ? json_is_true(v) : 1;
+            t->add_eos = json_is_true(json_object_get(cfg, "add_eos_token"));
+        }
         if (json_is_boolean(v = json_object_get(cfg, "add_prefix_space")))
             t->add_space_prefix = json_is_true(v);
     }
-    hf_post_processor(c, t);
     json_t *fallbacks[2] = {c->gen, c->model_cfg};
     for (int i = 0; i < 2; i++) {
         if (!fallbacks[i])
@@ -998,16 +1011,35 @@ static json_t *special_token_json(const struct tokmeta *t, int64_t id, int type_
     return json_pack("{s:{s:s,s:i}}", "SpecialToken", "id", t->tokens[id], "type_id", type_id);
 }
 
-static json_t *bos_template_json(const struct tokmeta *t)
+static json_t *sequence_json(const char *id, int type_id)
 {
-    int64_t b = t->bos;
-    json_t *single = json_pack("[o,{s:{s:s,s:i}}]", special_token_json(t, b, 0), "Sequence",
-                               "id", "A", "type_id", 0);
-    json_t *pair = json_pack("[o,{s:{s:s,s:i}},o,{s:{s:s,s:i}}]", special_token_json(t, b, 0),
-                             "Sequence", "id", "A", "type_id", 0, special_token_json(t, b, 1),
-                             "Sequence", "id", "B", "type_id", 1);
-    json_t *specials = json_pack("{s:{s:s,s:[I],s:[s]}}", t->tokens[b], "id", t->tokens[b],
-                                 "ids", (json_int_t)b, "tokens", t->tokens[b]);
+    return json_pack("{s:{s:s,s:i}}", "Sequence", "id", id, "type_id", type_id);
+}
+
+/* TemplateProcessing: [BOS] A [EOS] (pair: [BOS] A [EOS] [BOS] B [EOS]), as transformers'
+   Llama tokenizers build it from add_bos_token / add_eos_token. */
+static json_t *template_json(const struct tokmeta *t, int bos, int eos)
+{
+    json_t *single = json_array(), *pair = json_array(), *specials = json_object();
+    for (int s = 0; s < 2; s++) {
+        if (bos)
+            json_array_append_new(pair, special_token_json(t, t->bos, s));
+        json_array_append_new(pair, sequence_json(s ? "B" : "A", s));
+        if (eos)
+            json_array_append_new(pair, special_token_json(t, t->eos, s));
+    }
+    if (bos)
+        json_array_append_new(single, special_token_json(t, t->bos, 0));
+    json_array_append_new(single, sequence_json("A", 0));
+    if (eos)
+        json_array_append_new(single, special_token_json(t, t->eos, 0));
+    for (int k = 0; k < 2; k++) {
+        int64_t id = k ? t->eos : t->bos;
+        if (k ? eos : bos)
+            json_object_set_new(specials, t->tokens[id],
+                                json_pack("{s:s,s:[I],s:[s]}", "id", t->tokens[id], "ids",
+                                          (json_int_t)id, "tokens", t->tokens[id]));
+    }
     return json_pack("{s:s,s:o,s:o,s:o}", "type", "TemplateProcessing", "single", single,
                      "pair", pair, "special_tokens", specials);
 }
@@ -1015,13 +1047,15 @@ static json_t *bos_template_json(const struct tokmeta *t)
 static json_t *post_processor_json(const struct tokmeta *t, int llama)
 {
     int bos = tokmeta_effective_add_bos(t) && t->bos >= 0;
+    int eos = t->add_eos > 0 && t->eos >= 0;
     if (llama)
-        return bos ? bos_template_json(t) : json_null();
+        return bos || eos ? template_json(t, bos, eos) : json_null();
     json_t *bl = json_pack("{s:s,s:b,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0,
                            "trim_offsets", 0, "use_regex", 0);
-    if (!bos)
+    if (!bos && !eos)
         return bl;
-    return json_pack("{s:s,s:[o,o]}", "type", "Sequence", "processors", bl, bos_template_json(t));
+    return json_pack("{s:s,s:[o,o]}", "type", "Sequence", "processors", bl,
+                     template_json(t, bos, eos));
 }
 
 static json_t *added_tokens_json(const struct tokmeta *t)

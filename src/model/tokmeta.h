@@ -88,7 +88,8 @@ int tokmeta_to_gguf(const struct tokmeta *t, struct gguf_writer *w, struct weld_
 int tokmeta_to_hf(const struct tokmeta *t, const char *dir, struct weld_err *e);
 
 /* The add-BOS flag a reader ends up with: t->add_bos, else llama.cpp's default for the
-   model/pre (true for llama, llama-bpe; false otherwise). */
+   model/pre (tokenizer_gguf_default_add_bos: true for llama, llama-bpe; false otherwise).
+   tokmeta_from_hf always sets add_bos/add_eos; only a GGUF may leave them unset. */
 int tokmeta_effective_add_bos(const struct tokmeta *t);
 
 #endif

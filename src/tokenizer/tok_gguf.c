@@ -6,7 +6,7 @@
  *            U+2581 (when tokenizer.ggml.add_space_prefix, default true) and Replace ' ' ->
  *            U+2581; no pre-tokenizer; decoders Replace U+2581 -> ' ', ByteFallback, Fuse,
  *            Strip one leading space (the tokenizer.json Llama 2 uses, which llama.cpp's
- *            detokenizer matches). BOS is added by default.
+ *            detokenizer matches).
  *   "gpt2":  byte-level BPE with tokenizer.ggml.merges ("a b"). tokenizer.ggml.pre picks
  *            the pre-tokenizer exactly as the corresponding tokenizer.json spells it, so a
  *            GGUF converted from a tokenizer.json tokenizes identically:
@@ -15,6 +15,9 @@
  *              "deepseek-v3"         three splits (digits, CJK runs, main), ByteLevel
  *              "default"/"gpt2"/none ByteLevel with the GPT-2 regex
  *            Other names are WELD_ERR_UNSUPPORTED (guessing would silently change ids).
+ * tokenizer.ggml.add_bos_token / add_eos_token say whether encoding adds BOS / EOS; when
+ * absent, llama.cpp's defaults apply: BOS for "llama" and for the Llama 3 pre-tokenizer
+ * ("llama-bpe"/"llama3", whose pre-type llama.cpp marks add_bos), no EOS.
  * Token types (tokenizer.ggml.token_type): 2 unknown and 3 control become special added
  * tokens (matched in text only with parse_special); 4 user-defined become non-special added
  * tokens (always matched), as llama.cpp does. Special ids (bos/eos/unk/pad/eot/eom) must be
@@ -292,7 +295,8 @@ static int load_all(struct gg *g)
         return rc;
     char pre_name[64];
     snprintf(pre_name, sizeof pre_name, "%.*s", (int)(pre.len > 63 ? 63 : pre.len), pre.ptr);
-    bool add_bos = is_llama, add_eos = false, space_prefix = true;
+    bool add_bos = tokenizer_gguf_default_add_bos(is_llama ? "llama" : "gpt2", pre_name);
+    bool add_eos = false, space_prefix = true;
     if ((rc = load_tokens(g)) || (rc = opt_id(g, "tokenizer.ggml.bos_token_id", &t->bos)) ||
         (rc = opt_id(g, "tokenizer.ggml.eos_token_id", &t->eos)) ||
         (rc = opt_id(g, "tokenizer.ggml.unknown_token_id", &t->unk)) ||
@@ -322,6 +326,13 @@ static int load_all(struct gg *g)
     if (eom >= 0)
         t->eog[eom] = 1;
     return WELD_OK;
+}
+
+bool tokenizer_gguf_default_add_bos(const char *model, const char *pre)
+{
+    if (!strcmp(model, "llama"))
+        return true;
+    return !strcmp(model, "gpt2") && (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3"));
 }
 
 int tokenizer_load_gguf(struct tokenizer **out, const struct gguf_file *f, struct weld_err *e)

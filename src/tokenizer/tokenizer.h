@@ -39,6 +39,10 @@ struct detok;
 /* GGUF metadata (tokenizer.ggml.*): model "llama" (SentencePiece BPE by score, byte fallback)
    or "gpt2" (byte-level BPE with merges; tokenizer.ggml.pre picks the pre-tokenizer regex). */
 int tokenizer_load_gguf(struct tokenizer **out, const struct gguf_file *f, struct weld_err *e);
+/* Whether a GGUF without tokenizer.ggml.add_bos_token adds BOS: llama.cpp's default for the
+   tokenizer.ggml.model / .pre pair (yes for "llama" and for the Llama 3 pre-tokenizer
+   "llama-bpe"/"llama3", no otherwise). */
+bool tokenizer_gguf_default_add_bos(const char *model, const char *pre);
 /* path: a tokenizer.json or a directory holding one; tokenizer_config.json and
    generation_config.json beside it are read when present. */
 int tokenizer_load_hf(struct tokenizer **out, const char *path, struct weld_err *e);
