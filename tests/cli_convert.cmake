@@ -14,4 +14,4 @@ add_test(NAME cli_convert_roundtrip
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/cli_convert_roundtrip.sh
                  $<TARGET_FILE:weld> ${CMAKE_CURRENT_BINARY_DIR}/cli_convert_roundtrip_tmp
                  ${CMAKE_CURRENT_SOURCE_DIR}/node)
-set_tests_properties(cli_convert_roundtrip PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
+set_tests_properties(cli_convert_roundtrip PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77)
