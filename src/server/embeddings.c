@@ -85,24 +85,10 @@ static int text_input(struct emb_req *r, const struct server_model *m, const jso
 static int ids_input(struct emb_req *r, const struct server_model *m, const json_t *a,
                      const char *where, struct server_error *e)
 {
-    size_t n = json_array_size(a);
-    if (n == 0 || n > INT_MAX)
-        return server_error_set(e, 400, "input", "%s: %s list of token ids", where,
-                                n ? "too long a" : "empty");
-    int32_t *ids = wmalloc(n * sizeof *ids);
-    if (!ids)
-        return server_error_set(e, 500, NULL, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        const json_t *v = json_array_get(a, i);
-        json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
-        if (x < 0 || x >= m->n_vocab) {
-            wfree(ids);
-            return server_error_set(e, 400, "input", "%s[%zu]: not a token id in [0, %d)",
-                                    where, i, m->n_vocab);
-        }
-        ids[i] = (int32_t)x;
-    }
-    return add_input(r, ids, (int)n, e);
+    int32_t *ids;
+    size_t n;
+    int rc = server_token_ids(m, a, "input", where, &ids, &n, e);
+    return rc ? rc : add_input(r, ids, (int)n, e);
 }
 
 static int parse_input(struct emb_req *r, const struct server_model *m, const json_t *in,

@@ -93,6 +93,10 @@ int server_error_set(struct server_error *e, int http, const char *param, const 
 json_t *server_error_json(const struct server_error *e);
 
 /* 0 on success; else e is filled and its http status returned. */
+/* A JSON array of token ids checked against the vocabulary into *out (wmalloc'd, n_out
+   ids); errors are 400s naming param, with where (e.g. "prompt[2]") in the message. */
+int server_token_ids(const struct server_model *m, const json_t *a, const char *param,
+                     const char *where, int32_t **out, size_t *n_out, struct server_error *e);
 int server_req_parse(const json_t *body, enum server_api api, const struct server_model *m,
                      struct server_req *out, struct server_error *e);
 void server_req_release(struct server_req *r);

@@ -228,14 +228,14 @@ static int text_prompt(struct server_req *r, const struct server_model *m, const
     return add_prompt(r, ids, (int)n, t, len, e);
 }
 
-static int ids_prompt(struct server_req *r, const struct server_model *m, const json_t *a,
-                      const char *param, struct server_error *e)
+int server_token_ids(const struct server_model *m, const json_t *a, const char *param,
+                     const char *where, int32_t **out, size_t *n_out, struct server_error *e)
 {
     size_t n = json_array_size(a);
     if (n == 0)
-        return server_error_set(e, 400, "prompt", "%s: empty list of token ids", param);
+        return server_error_set(e, 400, param, "%s: empty list of token ids", where);
     if (n > INT_MAX)
-        return server_error_set(e, 400, "prompt", "%s: too many token ids", param);
+        return server_error_set(e, 400, param, "%s: too many token ids", where);
     int32_t *ids = wmalloc(n * sizeof *ids);
     if (!ids)
         return server_error_set(e, 500, NULL, "out of memory");
@@ -244,11 +244,24 @@ static int ids_prompt(struct server_req *r, const struct server_model *m, const 
         json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
         if (x < 0 || x >= m->n_vocab) {
             wfree(ids);
-            return server_error_set(e, 400, "prompt", "%s[%zu]: not a token id in [0, %d)",
-                                    param, i, m->n_vocab);
+            return server_error_set(e, 400, param, "%s[%zu]: not a token id in [0, %d)",
+                                    where, i, m->n_vocab);
         }
         ids[i] = (int32_t)x;
     }
+    *out = ids;
+    *n_out = n;
+    return 0;
+}
+
+static int ids_prompt(struct server_req *r, const struct server_model *m, const json_t *a,
+                      const char *param, struct server_error *e)
+{
+    int32_t *ids;
+    size_t n;
+    int rc = server_token_ids(m, a, "prompt", param, &ids, &n, e);
+    if (rc)
+        return rc;
     char *text = NULL;
     size_t len = 0;
     if (m->tok && tokenizer_decode(m->tok, ids, n, false, &text, &len, NULL))
