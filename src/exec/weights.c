@@ -523,7 +523,7 @@ static bool kparts_cut(const struct model *m, int n, struct prog_kparts *kp)
 /* The K parts of w's model: none unless WELD_K_PARTS (1 to PROG_KPARTS_MAX) asks, and an
    error if the model cannot be cut so. Not the default: on the 2-vCPU hosts here two parts
    made stories260K's decode at two threads 0-5% faster and its prefill 15-20% slower
-   (docs/BENCHMARKS.md). */
+   (docs/bench-log/2026-12-04-k-parts-tiny-models.md). */
 static int kparts_choose(struct exec_weights *w, struct weld_err *e)
 {
     const struct model *m = w->m;

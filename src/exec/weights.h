@@ -16,7 +16,8 @@
  * AVX2), are repacked into it (WELD_REPACK=0 keeps every matrix as it is), the others
  * copied as they are. Streaming weights out of the file's page-cache pages decodes slower
  * than out of anonymous memory: 1B F16, 2 threads, 63-67% of the read probe mapped, 84%
- * copied (docs/BENCHMARKS.md). The source pages then leave the resident set, so resident
+ * copied (docs/bench-log/2026-12-02-weight-pool-decode-pairs-attention.md). The source
+ * pages then leave the resident set, so resident
  * memory stays at about one copy of the weights; the file stays mapped for the embedding
  * lookup (and tied output heads' rows). The pool is shared: a second exec_weights of the
  * same model and plan (another backend in the process: `weld bench --pair`, tests, a
@@ -124,7 +125,7 @@ struct exec_weights {
    EXEC_SMALL_STAGE_BYTES a second worker costs more in synchronisation than it saves
    (stories260K, 38 KB a stage: two threads decode at 0.7x of one on the 2-vCPU hosts
    here; a 4 MB model of 170 KB a stage at 1.18x), so the cpu backend's default thread
-   count is then 1 (docs/BENCHMARKS.md). */
+   count is then 1 (docs/bench-log/2026-12-04-k-parts-tiny-models.md). */
 #define EXEC_SMALL_STAGE_BYTES (64u << 10)
 size_t exec_stage_bytes(const struct model *m);
 
