@@ -20,8 +20,8 @@
  * variable tag when no bracket is open, so dict literals may nest.
  * Every token carries its 1-based line and column for error messages.
  */
-#include "tokenizer/jinja.h"
-#include "tokenizer/jinja_strings.h"
+#include "template/jinja.h"
+#include "template/jinja_strings.h"
 
 #include <ctype.h>
 #include <stdlib.h>
