@@ -1,10 +1,12 @@
-/* Unit tests for src/core: errors, allocation failure injection, fp16/bf16, rng, json. */
+/* Unit tests for src/core: errors, allocation failure injection, fp16/bf16, rng, json,
+   the UTF-8 encoder. */
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/fp16.h"
 #include "core/json.h"
 #include "core/mfile.h"
 #include "core/rng.h"
+#include "core/utf8.h"
 #include "test.h"
 
 TEST(err_set_formats_and_returns_status)
@@ -111,6 +113,40 @@ TEST(mfile_reports_missing_file)
     mfile_close(&m);
 }
 
+/* Known encodings, the length at each boundary, and Jansson's own encoder (a \u escape,
+   surrogate pairs above U+FFFF) as the oracle over every code point below U+1000 and a
+   stride of the rest. */
+TEST(utf8_put_matches_known_bytes_and_jansson)
+{
+    char b[4];
+    CHECK(utf8_put(0x24, b) == 1 && memcmp(b, "$", 1) == 0);
+    CHECK(utf8_put(0xA2, b) == 2 && memcmp(b, "\xC2\xA2", 2) == 0);
+    CHECK(utf8_put(0x20AC, b) == 3 && memcmp(b, "\xE2\x82\xAC", 3) == 0);
+    CHECK(utf8_put(0x10348, b) == 4 && memcmp(b, "\xF0\x90\x8D\x88", 4) == 0);
+    static const uint32_t edge[][2] = {{0x7F, 1},   {0x80, 2},    {0x7FF, 2},   {0x800, 3},
+                                       {0xFFFF, 3}, {0x10000, 4}, {0x10FFFF, 4}};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        CHECK_EQ_INT((int)utf8_put(edge[i][0], b), (int)edge[i][1]);
+    int bad = 0;
+    for (uint32_t cp = 1; cp <= 0x10FFFF; cp += cp < 0x1000 ? 1 : 61) {
+        if (cp >= 0xD800 && cp <= 0xDFFF)
+            continue;
+        char esc[32];
+        if (cp < 0x10000)
+            snprintf(esc, sizeof esc, "\"\\u%04X\"", (unsigned)cp);
+        else
+            snprintf(esc, sizeof esc, "\"\\u%04X\\u%04X\"",
+                     (unsigned)(0xD800 + ((cp - 0x10000) >> 10)),
+                     (unsigned)(0xDC00 + ((cp - 0x10000) & 0x3FF)));
+        json_t *s = json_loads(esc, JSON_DECODE_ANY, NULL);
+        size_t n = utf8_put(cp, b);
+        if (!s || json_string_length(s) != n || memcmp(json_string_value(s), b, n) != 0)
+            bad++;
+        json_decref(s);
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void)
 {
     RUN(err_set_formats_and_returns_status);
@@ -119,5 +155,6 @@ int main(void)
     RUN(rng_is_deterministic_and_normal);
     RUN(json_errors_name_position_and_field);
     RUN(mfile_reports_missing_file);
+    RUN(utf8_put_matches_known_bytes_and_jansson);
     return test_summary();
 }

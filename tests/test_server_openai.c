@@ -10,7 +10,7 @@
 #include "format/gguf.h"
 #include "server/metrics.h"
 #include "server/openai.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 static struct gguf_file *g_gguf;

@@ -8,7 +8,7 @@
  *        [--endpoint /v1/completions|/v1/chat/completions] [--tokenizer PATH]
  *        [--goodput ttft:MS tpot:MS e2el:MS] [--save-result FILE] [--json]
  *
- * Flow: build the dataset (before the clock; src/server/loadgen_data.c), ask the server
+ * Flow: build the dataset (before the clock; src/loadgen/loadgen_data.c), ask the server
  * for its model name if --model is absent (GET /v1/models, data[0].id, as vLLM does), run
  * the requests (loadgen_run: one thread, curl multi), summarise, then print vLLM's
  * "Serving Benchmark Result" table on stdout, or with --json the result object on stdout
@@ -25,7 +25,7 @@
 #include "core/err.h"
 #include "core/json.h"
 #include "format/gguf.h"
-#include "server/loadgen.h"
+#include "loadgen/loadgen.h"
 #include "tokenizer/tokenizer.h"
 
 #include <math.h>

@@ -29,7 +29,7 @@
 #include "core/progress.h"
 #include "engine/batch_io.h"
 #include "engine/engine.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <errno.h>
 #include <stdio.h>

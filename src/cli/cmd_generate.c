@@ -29,7 +29,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/model.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 #include <errno.h>

@@ -12,7 +12,7 @@
 #include "core/alloc.h"
 #include "core/progress.h"
 #include "engine/stop.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 #include <math.h>

@@ -39,7 +39,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "model/model.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 #include <arpa/inet.h>

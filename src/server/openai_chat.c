@@ -19,7 +19,7 @@
 #include "server/openai.h"
 
 #include "core/alloc.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 #include <limits.h>

@@ -27,7 +27,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 #include <ctype.h>

@@ -27,6 +27,7 @@
 #include "tokenizer/tok_internal.h"
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 
 #include <string.h>
 
@@ -169,7 +170,7 @@ static int dec_replace(const struct tok_dec *d, const struct tlist *in, struct t
 static int dec_strip(const struct tok_dec *d, const struct tlist *in, struct tlist *out)
 {
     char u[4];
-    size_t ul = tok_utf8_put(d->strip_ch, u);
+    size_t ul = utf8_put(d->strip_ch, u);
     int rc = WELD_OK;
     for (size_t i = 0; rc == WELD_OK && i < in->sp.n; i++) {
         const char *s = TL_STR(in, i);

@@ -159,7 +159,6 @@ struct tokenizer *tok_new(void);
 
 /* tok_utf8.c */
 int tok_utf8_next(const char *s, size_t len, size_t i, uint32_t *cp); /* bytes, 0 = invalid */
-size_t tok_utf8_put(uint32_t cp, char *out);
 size_t tok_utf8_valid_prefix(const char *s, size_t len); /* length of the valid prefix */
 extern const uint16_t tok_byte_to_cp[256];
 int tok_cp_to_byte(uint32_t cp); /* GPT-2 byte-level map inverse, -1 if not mapped */

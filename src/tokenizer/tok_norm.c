@@ -16,6 +16,7 @@
 #include "tokenizer/tok_internal.h"
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 
 #include <string.h>
 #include <utf8proc.h>
@@ -57,7 +58,7 @@ static int regex_matches(const pcre2_code *re, const char *s, size_t n, struct t
 static int put_cp(struct tok_buf *b, uint32_t cp)
 {
     char u[4];
-    return tok_buf_put(b, u, tok_utf8_put(cp, u));
+    return tok_buf_put(b, u, utf8_put(cp, u));
 }
 
 static int norm_unicode(enum tok_norm_kind k, const char *s, size_t n, struct tok_buf *out)

@@ -27,6 +27,7 @@
 #include "tokenizer/tok_internal.h"
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -99,7 +100,7 @@ static char major_class(uint32_t cp)
 static bool pcre_unassigned(const pcre2_code *cn, pcre2_match_data *md, uint32_t cp)
 {
     char u[4];
-    size_t n = tok_utf8_put(cp, u);
+    size_t n = utf8_put(cp, u);
     return pcre2_match(cn, (PCRE2_SPTR)u, n, 0, PCRE2_NO_UTF_CHECK, md, NULL) >= 0;
 }
 

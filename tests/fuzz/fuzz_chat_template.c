@@ -6,7 +6,7 @@
  * Seeds: tests/fuzz/corpus/fuzz_chat_template/ (real templates, small).
  */
 #include "core/alloc.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,17 +1,14 @@
 /*
  * fuzz_loadgen_sse - libFuzzer target for the load generator's event-stream parser and
- * OpenAI chunk reader (src/server/loadgen_sse.c, the code `weld bench serve` runs on every
+ * OpenAI chunk reader (src/loadgen/loadgen_sse.c, the code `weld bench serve` runs on every
  * byte a server sends). The first input byte picks a piece size; the rest is fed (1) to a
  * plain SSE parser in one go, (2) to another in pieces of that size, and (3) in pieces to
  * the stream layer that parses each event as JSON and records timings. (1) and (2) must
  * dispatch the same events (a hash of them), or the target aborts: split invariance is the
  * parser's contract. Crashes, leaks and sanitizer reports are the other findings.
- *
- * Fuzz targets link weld_engine (tests/CMakeLists.txt), below the server module, so this
- * file includes loadgen_sse.c itself; everything it needs (core allocation, errors,
- * Jansson) is in weld_core. Seeds: tests/fuzz/corpus/fuzz_loadgen_sse/ (small streams).
+ * Seeds: tests/fuzz/corpus/fuzz_loadgen_sse/ (small streams).
  */
-#include "server/loadgen_sse.c"
+#include "loadgen/loadgen.h"
 
 #include <stdint.h>
 #include <stdlib.h>

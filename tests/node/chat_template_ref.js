@@ -9,7 +9,7 @@
 // conversations below and writes
 //   {"templates": {name: source}, "cases": [{template, conversation, context,
 //     expected | error}]}
-// for tests/test_tokenizer_chat_template.c, which renders the same with weld and compares
+// for tests/test_template_chat.c, which renders the same with weld and compares
 // byte for byte. A render that throws is recorded as {"error": message}: weld must fail too.
 //
 // Where @huggingface/jinja and Python jinja2 (what transformers uses) are known to

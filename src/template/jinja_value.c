@@ -16,7 +16,7 @@
  * Printing follows Python: str() for {{ }} and ~ (True, None, 1.0, ['a', 1], {'k': 'v'}),
  * repr() inside containers; tojson follows json.dumps(ensure_ascii=False).
  */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include "core/alloc.h"
 

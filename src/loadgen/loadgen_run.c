@@ -21,7 +21,7 @@
  *
  * Not done: retries, HTTP/2, TLS options (https URLs work with curl's defaults).
  */
-#include "server/loadgen.h"
+#include "loadgen/loadgen.h"
 
 #include "core/alloc.h"
 #include "core/progress.h"

@@ -19,7 +19,7 @@
  * loadgen_stream_feed, so chunks that arrive in one TCP read share a timestamp (as they do
  * for every HTTP client).
  */
-#include "server/loadgen.h"
+#include "loadgen/loadgen.h"
 
 #include "core/alloc.h"
 

@@ -30,9 +30,13 @@
  * Limits (struct chat_template_opts) bound output size, evaluation steps, recursion depth
  * and memory so that no template can hang or exhaust the process; exceeding one returns
  * WELD_ERR_LIMIT. A parsed template is immutable: concurrent renders are safe.
+ *
+ * This module (template/) knows only core/: it never sees a tokenizer. The seam is text:
+ * callers fetch the source (tokenizer_chat_template(), a file, a builtin) and put
+ * bos_token/eos_token into the context as strings; tokenizing the result is theirs.
  */
-#ifndef WELD_TOKENIZER_CHAT_TEMPLATE_H
-#define WELD_TOKENIZER_CHAT_TEMPLATE_H
+#ifndef WELD_TEMPLATE_CHAT_TEMPLATE_H
+#define WELD_TEMPLATE_CHAT_TEMPLATE_H
 
 #include "core/err.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_server_loadgen_http - the load generator against a real HTTP server: a tiny
+ * test_loadgen_http - the load generator against a real HTTP server: a tiny
  * libmicrohttpd server in this process that streams canned OpenAI completions with known
  * delays (this tests the client; `weld serve` has its own tests).
  *
@@ -19,7 +19,7 @@
 
 #include "core/alloc.h"
 #include "core/progress.h"
-#include "server/loadgen.h"
+#include "loadgen/loadgen.h"
 
 #include <arpa/inet.h>
 #include <jansson.h>

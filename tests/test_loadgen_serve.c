@@ -1,5 +1,5 @@
 /*
- * test_server_loadgen_serve - `weld bench serve` against `weld serve` on stories260K: the
+ * test_loadgen_serve - `weld bench serve` against `weld serve` on stories260K: the
  * two halves of issue 4 talking to each other over loopback.
  *
  * Starts `$WELD_BIN serve stories260K.gguf --port 0` (stderr to a file in the test's
@@ -15,11 +15,11 @@
 #include "test.h"
 
 #include "core/alloc.h"
-#include "server/loadgen.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/wait.h>
 #include <time.h>
 

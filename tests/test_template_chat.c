@@ -1,5 +1,5 @@
 /*
- * test_tokenizer_chat_template - the Jinja interpreter against independent references.
+ * test_template_chat - the Jinja interpreter against independent references.
  *
  *  - reference_renders: real chat templates (llama2, llama3, llama3.1, qwen2.5, qwen3,
  *    deepseek_v3, gemma2, mistral-nemo) over ~19 conversations each, expected output made
@@ -19,7 +19,7 @@
 
 #include "core/alloc.h"
 #include "core/json.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <stdbool.h>
 #include <string.h>

@@ -29,7 +29,7 @@
  * Not done: real conversation corpora (ShareGPT) or length distributions; every request
  * has exactly the lengths asked for, like vLLM's random dataset with range ratio 0.
  */
-#include "server/loadgen.h"
+#include "loadgen/loadgen.h"
 
 #include "core/alloc.h"
 #include "core/rng.h"

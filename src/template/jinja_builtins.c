@@ -15,9 +15,9 @@
  * Global functions: range, namespace, dict, raise_exception (-> WELD_ERR_INVALID_ARG with
  * the template's message), strftime_now (see jinja_methods.c).
  */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
-#include "tokenizer/jinja_strings.h"
+#include "template/jinja_strings.h"
 
 #include <errno.h>
 #include <math.h>

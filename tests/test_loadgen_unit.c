@@ -1,5 +1,5 @@
 /*
- * test_server_loadgen - the load generator's pieces without a network: the SSE parser
+ * test_loadgen_unit - the load generator's pieces without a network: the SSE parser
  * (every split point of a stream with CR, LF and CRLF line ends, comments, multi-line data,
  * fields without a colon, [DONE]), the OpenAI stream layer's timings against hand-made
  * timestamps, percentiles / summary / goodput against hand-computed values, Poisson and
@@ -10,7 +10,7 @@
 
 #include "core/alloc.h"
 #include "format/gguf.h"
-#include "server/loadgen.h"
+#include "loadgen/loadgen.h"
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>

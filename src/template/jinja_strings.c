@@ -7,7 +7,7 @@
  * 'SS'); whitespace is Python's str.isspace() set (ASCII controls 9-13 and 28-31, space,
  * U+0085, U+00A0 and Unicode Zs/Zl/Zp).
  */
-#include "tokenizer/jinja_strings.h"
+#include "template/jinja_strings.h"
 
 #include <string.h>
 #include <utf8proc.h>

@@ -15,11 +15,11 @@
  * memory is in the arena, nothing needs unwinding. No jinja_* function except the entry
  * points in chat_template.c may be called without a jinja_fail armed by setjmp.
  */
-#ifndef WELD_TOKENIZER_JINJA_H
-#define WELD_TOKENIZER_JINJA_H
+#ifndef WELD_TEMPLATE_JINJA_H
+#define WELD_TEMPLATE_JINJA_H
 
 #include "core/err.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <setjmp.h>
 #include <stdbool.h>

@@ -21,7 +21,7 @@
  */
 #include "core/alloc.h"
 #include "core/mfile.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <errno.h>
 #include <string.h>

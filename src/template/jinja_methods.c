@@ -10,9 +10,9 @@
  * Mutating methods (append, pop, update, ...) exist only to fail with a clear message:
  * transformers renders in an ImmutableSandboxedEnvironment where they are forbidden.
  */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
-#include "tokenizer/jinja_strings.h"
+#include "template/jinja_strings.h"
 
 #include <string.h>
 #include <time.h>

@@ -2,10 +2,10 @@
  * jinja_strings - Python str operations on UTF-8 for the template interpreter
  * (see jinja_strings.c for the exact semantics and the deliberate gaps).
  */
-#ifndef WELD_TOKENIZER_JINJA_STRINGS_H
-#define WELD_TOKENIZER_JINJA_STRINGS_H
+#ifndef WELD_TEMPLATE_JINJA_STRINGS_H
+#define WELD_TEMPLATE_JINJA_STRINGS_H
 
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 enum jstr_case { JSTR_UPPER, JSTR_LOWER, JSTR_TITLE, JSTR_CAPITALIZE };
 

@@ -1,7 +1,8 @@
 /*
  * loadgen - the library half of `weld bench serve`: a load generator for OpenAI-compatible
  * HTTP servers (weld serve, llama.cpp's llama-server, vLLM), in the shape of vLLM's
- * `vllm bench serve` (benchmark_serving.py).
+ * `vllm bench serve` (benchmark_serving.py). A client, not part of the server: it knows
+ * only core/ and tokenizer/ (and libcurl), and only the CLI links it.
  *
  * Pieces, one file each:
  *   loadgen_sse.c    an incremental server-sent-events parser (WHATWG rules: CR, LF or CRLF
@@ -30,8 +31,8 @@
  * Nothing here prints except loadgen_summary_print (to the FILE given); errors go to
  * struct weld_err. Not thread-safe: one benchmark per thread.
  */
-#ifndef WELD_SERVER_LOADGEN_H
-#define WELD_SERVER_LOADGEN_H
+#ifndef WELD_LOADGEN_LOADGEN_H
+#define WELD_LOADGEN_LOADGEN_H
 
 #include "core/err.h"
 

@@ -15,7 +15,7 @@
  * Nesting depth is capped (PARSE_MAX_DEPTH) so hostile input cannot overflow the stack.
  * Errors name the token's line and column.
  */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include <string.h>
 

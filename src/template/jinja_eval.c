@@ -19,7 +19,7 @@
  * bounded by max_depth (covers macro recursion), strings are bounded by max_output and the
  * arena by max_memory.
  */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include <limits.h>
 #include <math.h>

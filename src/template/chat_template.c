@@ -11,10 +11,10 @@
  * These functions arm the jinja_fail jmp_buf that the interpreter longjmps to on any error;
  * locals that change after setjmp() and are read after a longjmp are volatile.
  */
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include "core/alloc.h"
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include <string.h>
 

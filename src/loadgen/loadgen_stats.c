@@ -16,7 +16,7 @@
  *
  * Deliberately not here: warm-up requests, per-second throughput curves.
  */
-#include "server/loadgen.h"
+#include "loadgen/loadgen.h"
 
 #include "core/alloc.h"
 #include "core/rng.h"

@@ -20,8 +20,10 @@
  * variable tag when no bracket is open, so dict literals may nest.
  * Every token carries its 1-based line and column for error messages.
  */
-#include "tokenizer/jinja.h"
-#include "tokenizer/jinja_strings.h"
+#include "template/jinja.h"
+
+#include "core/utf8.h"
+#include "template/jinja_strings.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -156,30 +158,6 @@ static int hexval(char ch)
     return -1;
 }
 
-static size_t utf8_put(char *o, uint32_t cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* A quoted literal at L->pos; the unescaped bytes never exceed the quoted length. */
 static void lex_string(struct lexer *L)
 {
@@ -215,7 +193,7 @@ static void lex_string(struct lexer *L)
             }
             if (cp > 0x10FFFF)
                 lex_error(L, L->pos, "\\U escape beyond U+10FFFF");
-            n += utf8_put(o + n, cp);
+            n += utf8_put(cp, o + n);
             continue;
         }
         switch (esc) {
