@@ -614,10 +614,8 @@ static void check_exact(const struct tokenizer *tok, const char *name)
 TEST(dataset_exact_lengths_gguf)
 {
     const char *path = test_shared_path("models/stories260K.gguf");
-    if (!path) {
-        fprintf(stderr, "skip: stories260K.gguf not found\n");
-        return;
-    }
+    if (!path)
+        SKIP("stories260K.gguf not found under %s/models", test_shared_dir());
     struct gguf_file *f = NULL;
     struct tokenizer *tok = NULL;
     REQUIRE(gguf_open(&f, path, NULL) == WELD_OK);

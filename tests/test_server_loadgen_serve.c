@@ -183,8 +183,8 @@ int main(void)
     const char *weld = getenv("WELD_BIN");
     model_path = test_shared_path("models/stories260K.gguf");
     if (!weld || access(weld, X_OK) || !model_path) {
-        fprintf(stderr, "skip: needs WELD_BIN (run through ctest) and stories260K.gguf\n");
-        return test_summary();
+        return test_skip_all("needs WELD_BIN (run through ctest) and stories260K.gguf under "
+                             "%s/models", test_shared_dir());
     }
     static char model_copy[4096];
     snprintf(model_copy, sizeof model_copy, "%s", model_path);
