@@ -9,8 +9,8 @@
  * GGUF the server's prompt_tokens equal the dataset's exact lengths plus the BOS token. A
  * chat run against a model without a chat template must fail every request and exit 1.
  * The tables and errors weld bench serve prints go to bench.log in the tmpdir.
- * SIGTERM stops the server at the end. Skipped (passes with a message) without WELD_BIN or
- * the model.
+ * SIGTERM stops the server at the end. Skipped (exit 77, with the reason) without WELD_BIN
+ * or the model.
  */
 #include "test.h"
 
