@@ -1,5 +1,4 @@
 # End-to-end tests of the weld command (shell scripts in tests/scripts/).
-set(WELD_SHARED_DIR "${CMAKE_SOURCE_DIR}/../shared" CACHE PATH "shared/ with models/")
 add_test(NAME cli_generate
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/cli_generate.sh $<TARGET_FILE:weld>
-                 ${WELD_SHARED_DIR} ${CMAKE_CURRENT_BINARY_DIR}/cli_generate_tmp)
+                 ${CMAKE_CURRENT_BINARY_DIR}/cli_generate_tmp)

@@ -1,6 +1,6 @@
-# Kernel rules: the gemm test forced onto each instruction set through WELD_ISA (a level
-# this CPU lacks must fail with a clear message, which the test checks, so the rule passes
-# there too), and the timing tools weld_kernel_bench (bench/kernels_bench.c) and
+# Kernel rules: the gemm test forced onto each instruction set through WELD_ISA (on a CPU
+# that lacks the level the test checks that weld refuses it, naming what is missing, and
+# reports Skipped: those kernels are not tested on that machine), and the timing tools weld_kernel_bench (bench/kernels_bench.c) and
 # weld_attn_bench (bench/attn_bench.c); not tests.
 foreach(isa scalar avx2 avx512 amx)
   add_test(NAME test_kernels_gemm_isa_${isa} COMMAND test_kernels_gemm

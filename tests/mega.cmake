@@ -15,5 +15,5 @@ foreach(t test_exec_paged test_exec_golden test_engine_engine)
 endforeach()
 add_test(NAME cli_generate_mega
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/cli_generate.sh $<TARGET_FILE:weld>
-                 ${WELD_SHARED_DIR} ${CMAKE_CURRENT_BINARY_DIR}/cli_generate_mega_tmp)
+                 ${CMAKE_CURRENT_BINARY_DIR}/cli_generate_mega_tmp)
 set_tests_properties(cli_generate_mega PROPERTIES ENVIRONMENT "WELD_EXEC=mega")

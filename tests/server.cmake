@@ -7,8 +7,7 @@
 # tests/node/node_modules (npm ci in tests/node); without them the tests are reported skipped
 # with the reason. In a WELD_SANITIZE build the server under test is the ASan/UBSan binary.
 find_program(WELD_NODE node)
-set(WELD_SHARED_DIR "${CMAKE_SOURCE_DIR}/../shared" CACHE PATH "shared/ with models/")
-set(weld_serve_model ${WELD_SHARED_DIR}/models/stories260K.gguf)
+set(weld_serve_model ${WELD_SHARED}/models/stories260K.gguf)
 if(WELD_SANITIZE)
   set(weld_load_n 300)
   set(weld_sanitize 1)
@@ -38,7 +37,7 @@ if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/pac
   set_tests_properties(server_api server_load server_hostile server_faults PROPERTIES TIMEOUT 240 RUN_SERIAL TRUE)
 else()
   foreach(t server_api server_load server_hostile server_faults)
-    add_test(NAME ${t} COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and shared/models/stories260K.gguf'; exit 77")
+    add_test(NAME ${t} COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and ${weld_serve_model}'; exit 77")
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()
 endif()
@@ -52,6 +51,6 @@ if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/pac
            WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
   set_tests_properties(server_pooling PROPERTIES TIMEOUT 120)
 else()
-  add_test(NAME server_pooling COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and shared/models/stories260K.gguf'; exit 77")
+  add_test(NAME server_pooling COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and ${weld_serve_model}'; exit 77")
   set_tests_properties(server_pooling PROPERTIES SKIP_RETURN_CODE 77)
 endif()

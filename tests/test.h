@@ -5,15 +5,21 @@
  *   int main(void) { RUN(name); return test_summary(); }
  *
  * A failed CHECK prints file:line and the expression and marks the current test failed,
- * then the test goes on (REQUIRE returns from the test instead). test_summary() prints
- * "N passed, N failed" and returns the exit status for ctest.
- * Tests read shared data through test_shared_path("models/stories260K.gguf"), which looks
- * in $WELD_SHARED, then ../shared and ../../shared relative to the source tree.
+ * then the test goes on (REQUIRE returns from the test instead). SKIP("why %s", x) returns
+ * from a test whose prerequisite is missing here (the shared model, a CPU feature): it
+ * counts as skipped, never as passed. test_summary() prints "N passed, N failed, N skipped"
+ * and returns the exit status for ctest: 1 if any test failed, 77 (the SKIP_RETURN_CODE
+ * every test has) if none passed, else 0. A program that finds nothing to run at all
+ * returns test_skip_all("why") from main.
+ * Tests read shared data through test_shared_path("models/stories260K.gguf"), under
+ * $WELD_SHARED: ctest sets it from the CMake cache variable WELD_SHARED (default
+ * ../shared beside the source tree), which is also the default when run by hand.
  */
 #ifndef WELD_TEST_H
 #define WELD_TEST_H
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int test_n_pass, test_n_fail, test_cur_failed;
+static int test_n_pass, test_n_fail, test_n_skip, test_cur_failed, test_cur_skipped;
 static const char *test_cur_name;
 
 #define TEST(name) static void test_##name(void)
@@ -44,6 +50,15 @@ static const char *test_cur_name;
             test_cur_failed = 1;                                                            \
             return;                                                                         \
         }                                                                                   \
+    } while (0)
+
+#define SKIP(...)                                                                           \
+    do {                                                                                    \
+        printf("%s: skipped: ", test_cur_name);                                             \
+        printf(__VA_ARGS__);                                                                \
+        printf("\n");                                                                       \
+        test_cur_skipped = 1;                                                               \
+        return;                                                                             \
     } while (0)
 
 #define CHECK_EQ_INT(a, b)                                                                  \
@@ -81,33 +96,55 @@ static const char *test_cur_name;
     do {                                                                                    \
         test_cur_name = #name;                                                              \
         test_cur_failed = 0;                                                                \
+        test_cur_skipped = 0;                                                               \
         test_##name();                                                                      \
         if (test_cur_failed)                                                                \
             test_n_fail++;                                                                  \
+        else if (test_cur_skipped)                                                          \
+            test_n_skip++;                                                                  \
         else                                                                                \
             test_n_pass++;                                                                  \
     } while (0)
 
 static inline int test_summary(void)
 {
-    printf("%d passed, %d failed\n", test_n_pass, test_n_fail);
-    return test_n_fail ? 1 : 0;
+    printf("%d passed, %d failed, %d skipped\n", test_n_pass, test_n_fail, test_n_skip);
+    if (test_n_fail)
+        return 1;
+    return test_n_pass ? 0 : 77;
 }
 
-/* Path of a file under shared/ (e.g. "models/stories260K.gguf"), or NULL if not found. */
+/* From main, when nothing can run here: says why (printf format), returns 77 (or 1 if a
+   test failed). */
+static inline int test_skip_all(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static inline int test_skip_all(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("skipped: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    test_n_skip++;
+    return test_summary();
+}
+
+/* The shared data directory: $WELD_SHARED, else the WELD_SHARED the build was configured
+   with. */
+static inline const char *test_shared_dir(void)
+{
+    const char *env = getenv("WELD_SHARED");
+    return env && env[0] ? env : WELD_SHARED_DEFAULT;
+}
+
+/* Path of a file under the shared directory (e.g. "models/stories260K.gguf"), or NULL if
+   it is not there. */
 static inline const char *test_shared_path(const char *rel)
 {
     static char buf[4096];
-    const char *env = getenv("WELD_SHARED");
-    const char *roots[] = {env, WELD_SOURCE_DIR "/../shared", WELD_SOURCE_DIR "/../../shared"};
-    for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++) {
-        if (!roots[i])
-            continue;
-        snprintf(buf, sizeof buf, "%s/%s", roots[i], rel);
-        if (access(buf, R_OK) == 0)
-            return buf;
-    }
-    return NULL;
+    snprintf(buf, sizeof buf, "%s/%s", test_shared_dir(), rel);
+    return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
 static inline int test_rm_entry(const char *path, const struct stat *sb, int flag,

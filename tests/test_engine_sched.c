@@ -139,8 +139,8 @@ TEST(budget_decodes_first_and_chunking)
         const struct sched_entry *eb = entry_of(&p, b);
         REQUIRE(eb);
         CHECK_EQ_INT(eb->first, b_next); /* contiguous chunks */
+        CHECK_EQ_INT(eb->n_tokens, b_next + 7 <= 30 ? 7 : 30 - b_next); /* the rest: 2 */
         b_next += eb->n_tokens;
-        CHECK_EQ_INT(eb->n_tokens, b_next < 30 ? 7 : eb->n_tokens);
         CHECK_EQ_INT(eb->sample, b_next == 30);
         CHECK(eb->n_blocks * 4 >= eb->first + eb->n_tokens);
         /* c waits until b's prompt no longer takes the whole remaining budget */

@@ -847,28 +847,6 @@ TEST(allocation_failures)
     free(b.p);
 }
 
-/* WELD_FUZZ_SEED_DIR=dir: also write the hand-built images there (fuzz corpus seeds). */
-TEST(seeds)
-{
-    const char *dir = getenv("WELD_FUZZ_SEED_DIR");
-    if (!dir)
-        return;
-    struct hb b = {0};
-    char path[4096];
-    build_all_types(&b, 3);
-    snprintf(path, sizeof path, "%s/all_types_v3.seed", dir);
-    CHECK_EQ_INT(file_write_all(path, b.p, b.n, NULL), WELD_OK);
-    b.n = 0;
-    build_all_types(&b, 2);
-    snprintf(path, sizeof path, "%s/all_types_v2.seed", dir);
-    CHECK_EQ_INT(file_write_all(path, b.p, b.n, NULL), WELD_OK);
-    b.n = 0;
-    build_min(&b, F_NONE);
-    snprintf(path, sizeof path, "%s/min.seed", dir);
-    CHECK_EQ_INT(file_write_all(path, b.p, b.n, NULL), WELD_OK);
-    free(b.p);
-}
-
 int main(void)
 {
     RUN(reads_stories260k);
@@ -883,6 +861,5 @@ int main(void)
     RUN(corrupted_files_fail_cleanly);
     RUN(truncated_at_every_offset);
     RUN(allocation_failures);
-    RUN(seeds);
     return test_summary();
 }

@@ -462,10 +462,8 @@ static int run_weld(const char *args, char *out, size_t cap)
 
 TEST(cli_json_and_goodput)
 {
-    if (!getenv("WELD_BIN") || access(getenv("WELD_BIN"), X_OK)) {
-        fprintf(stderr, "skip: WELD_BIN not set (run through ctest)\n");
-        return;
-    }
+    if (!getenv("WELD_BIN") || access(getenv("WELD_BIN"), X_OK))
+        SKIP("WELD_BIN not set (run through ctest)");
     static char out[1 << 20];
     char args[1024];
     snprintf(args, sizeof args, "--num-prompts 6 --max-concurrency 2 --input-len 8 "

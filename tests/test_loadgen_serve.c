@@ -9,8 +9,8 @@
  * GGUF the server's prompt_tokens equal the dataset's exact lengths plus the BOS token. A
  * chat run against a model without a chat template must fail every request and exit 1.
  * The tables and errors weld bench serve prints go to bench.log in the tmpdir.
- * SIGTERM stops the server at the end. Skipped (passes with a message) without WELD_BIN or
- * the model.
+ * SIGTERM stops the server at the end. Skipped (exit 77, with the reason) without WELD_BIN
+ * or the model.
  */
 #include "test.h"
 
@@ -183,8 +183,8 @@ int main(void)
     const char *weld = getenv("WELD_BIN");
     model_path = test_shared_path("models/stories260K.gguf");
     if (!weld || access(weld, X_OK) || !model_path) {
-        fprintf(stderr, "skip: needs WELD_BIN (run through ctest) and stories260K.gguf\n");
-        return test_summary();
+        return test_skip_all("needs WELD_BIN (run through ctest) and stories260K.gguf under "
+                             "%s/models", test_shared_dir());
     }
     static char model_copy[4096];
     snprintf(model_copy, sizeof model_copy, "%s", model_path);

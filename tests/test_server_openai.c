@@ -502,9 +502,11 @@ int main(void)
 {
     struct weld_err e = {0};
     const char *path = test_shared_path("models/stories260K.gguf");
-    if (!path || gguf_open(&g_gguf, path, &e) || tokenizer_load_gguf(&g_tok, g_gguf, &e)) {
-        fprintf(stderr, "stories260K.gguf not available (%s); skipping\n", path ? e.msg : "");
-        return test_summary();
+    if (!path)
+        return test_skip_all("stories260K.gguf not found under %s/models", test_shared_dir());
+    if (gguf_open(&g_gguf, path, &e) || tokenizer_load_gguf(&g_tok, g_gguf, &e)) {
+        fprintf(stderr, "%s: %s\n", path, e.msg);
+        return 1;
     }
     const char *src = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}"
                       "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}";

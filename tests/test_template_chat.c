@@ -5,10 +5,12 @@
  *    deepseek_v3, gemma2, mistral-nemo) over ~19 conversations each, expected output made
  *    by @huggingface/jinja (tests/node/chat_template_ref.js, run as a ctest fixture into
  *    the build dir; path overridable with WELD_CHAT_TEMPLATE_REF). Byte-for-byte compare;
- *    a mismatch prints the first differing offset with both sides around it.
+ *    a mismatch prints the first differing offset with both sides around it. A render
+ *    that fails there must fail here the same way: raise_exception's message, or a
+ *    runtime error naming the line.
  *  - jinja_cases: language features (loops, filters, tests, methods, whitespace control,
  *    printing, errors), expected output rendered by Python jinja2 configured as transformers
- *    does (tests/data/chat_jinja_cases.json).
+ *    does (tests/data/chat_jinja_cases.json); an error case checks weld's status and message.
  *  - hand-written checks: syntax errors name line and column, runtime error statuses,
  *    limits stop runaway templates, strftime_now/date_string, apply_simple, and allocation
  *    failure injection on every allocation of a parse + render.
@@ -75,9 +77,18 @@ static int render_str(const char *src, const char *ctx_json, char **out, struct 
     return rc;
 }
 
-/* Compare one {template|source, context, expected|error} case; returns true if it passes. */
+/* The failure a case expects: weld's status, a piece of its message (or NULL), and whether
+   the message must name the template line. */
+struct want_err {
+    int status;
+    const char *msg;
+    bool line;
+};
+
+/* Compare one {template|source, context, expected | error} case; returns true if it
+   passes. we: the error expected, or NULL for success. */
 static bool check_case(const char *what, const char *src, const json_t *ctx, const json_t *exp,
-                       const json_t *experr, const struct chat_template_opts *opts)
+                       const struct want_err *we, const struct chat_template_opts *opts)
 {
     char *out = NULL;
     size_t len = 0;
@@ -88,11 +99,13 @@ static bool check_case(const char *what, const char *src, const json_t *ctx, con
         rc = chat_template_render_ex(t, ctx, opts, &out, &len, &e);
     chat_template_free(t);
     bool ok;
-    if (experr) {
-        ok = rc != WELD_OK;
+    if (we) {
+        ok = rc == we->status && (!we->msg || strstr(e.msg, we->msg)) &&
+             (!we->line || strstr(e.msg, "line "));
         if (!ok)
-            fprintf(stderr, "  MISMATCH %s: expected an error (%s), got success\n", what,
-                    json_string_value(experr));
+            fprintf(stderr, "  MISMATCH %s: expected error %d \"%s\"%s, got %d \"%s\"\n", what,
+                    we->status, we->msg ? we->msg : "", we->line ? " naming the line" : "", rc,
+                    rc ? e.msg : "");
     } else if (rc != WELD_OK) {
         ok = false;
         fprintf(stderr, "  MISMATCH %s: expected success, got error: %s\n", what, e.msg);
@@ -136,9 +149,21 @@ TEST(reference_renders)
         char what[256];
         snprintf(what, sizeof what, "%s / %s / add_generation_prompt=%s", tname, conv,
                  json_is_true(json_object_get(ctx, "add_generation_prompt")) ? "true" : "false");
-        json_t *experr = json_object_get(c, "error");
-        n_err += experr != NULL;
-        if (!check_case(what, src, ctx, json_object_get(c, "expected"), experr, &opts))
+        /* the template's raise_exception: that message; the interpreter's own error: a
+           runtime error of weld's naming the line (its wording is @huggingface/jinja's) */
+        const char *experr = json_string_value(json_object_get(c, "error"));
+        const char *kind = json_string_value(json_object_get(c, "error_kind"));
+        struct want_err we = {WELD_ERR_FORMAT, NULL, true};
+        if (experr) {
+            n_err++;
+            REQUIRE(kind);
+            if (strcmp(kind, "raise_exception") == 0)
+                we = (struct want_err){WELD_ERR_INVALID_ARG, experr, false};
+            else
+                REQUIRE(strcmp(kind, "runtime") == 0);
+        }
+        if (!check_case(what, src, ctx, json_object_get(c, "expected"), experr ? &we : NULL,
+                        &opts))
             n_fail++;
         n_run++;
     }
@@ -162,8 +187,19 @@ TEST(jinja_cases)
         REQUIRE(src);
         char what[128];
         snprintf(what, sizeof what, "case %zu: %.80s", i, src);
+        /* "Kind: message" as jinja2 raised it: TemplateError is raise_exception's */
+        const char *experr = json_string_value(json_object_get(c, "error"));
+        struct want_err we = {0};
+        if (experr) {
+            const char *colon = strstr(experr, ": ");
+            REQUIRE(colon);
+            bool raised = strncmp(experr, "TemplateError:", 14) == 0;
+            const char *weld_msg = json_string_value(json_object_get(c, "weld_error"));
+            we = (struct want_err){raised ? WELD_ERR_INVALID_ARG : WELD_ERR_FORMAT,
+                                   weld_msg ? weld_msg : colon + 2, !raised};
+        }
         if (!check_case(what, src, json_object_get(c, "context"), json_object_get(c, "expected"),
-                        json_object_get(c, "error"), NULL))
+                        experr ? &we : NULL, NULL))
             n_fail++;
     }
     CHECK(n_fail == 0);

@@ -14,7 +14,7 @@ if(WELD_NODE AND TARGET test_tokenizer_parity)
 endif()
 
 # `weld tokenize` end to end: stories260K ids as llama.cpp's llama-tokenize prints them.
-set(weld_tok_model ${CMAKE_SOURCE_DIR}/../shared/models/stories260K.gguf)
+set(weld_tok_model ${WELD_SHARED}/models/stories260K.gguf)
 if(EXISTS ${weld_tok_model})
   add_test(NAME cli_tokenize_stories260k
            COMMAND weld tokenize -m ${weld_tok_model} "Once upon a time")
@@ -24,6 +24,10 @@ if(EXISTS ${weld_tok_model})
            COMMAND weld tokenize -m ${weld_tok_model} --no-special --show-pieces "Once upon")
   set_tests_properties(cli_tokenize_pieces PROPERTIES
                        PASS_REGULAR_EXPRESSION "^403\tOnce\n407\t upon\n$")
+else()
+  foreach(t cli_tokenize_stories260k cli_tokenize_pieces)
+    add_test(NAME ${t} COMMAND sh -c "echo 'skipped: needs ${weld_tok_model}'; exit 77")
+  endforeach()
 endif()
 add_test(NAME cli_tokenize_usage COMMAND weld tokenize "text without a model")
 set_tests_properties(cli_tokenize_usage PROPERTIES WILL_FAIL TRUE)

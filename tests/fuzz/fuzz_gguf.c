@@ -3,8 +3,8 @@
  * gguf_open_memory(), then touch everything the reader hands out (every kv, every string
  * and array element, every tensor's bytes, the typed getters, dequantizing the first row of
  * each tensor weld can dequantize) so any out-of-bounds pointer shows up under ASan.
- * Seeds (the .seed files in corpus/fuzz_gguf) are tiny hand-built GGUF images (no model weights)
- * written by the gguf writer and by test_format_gguf (WELD_FUZZ_SEED_DIR).
+ * Seeds (the .seed files in corpus/fuzz_gguf) are tiny hand-built GGUF images (no model weights),
+ * committed: made once with the gguf writer and with test_format_gguf's image builders.
  */
 #include "format/gguf.h"
 

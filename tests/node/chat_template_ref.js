@@ -10,7 +10,10 @@
 //   {"templates": {name: source}, "cases": [{template, conversation, context,
 //     expected | error}]}
 // for tests/test_template_chat.c, which renders the same with weld and compares
-// byte for byte. A render that throws is recorded as {"error": message}: weld must fail too.
+// byte for byte. A render that throws is recorded as {"error": message, "error_kind"}:
+// "raise_exception" when the template raised it (weld must fail with the same message) or
+// "runtime" when the interpreter did (weld must fail too, with a runtime error of its own
+// that names the line: the wording is @huggingface/jinja's, not jinja2's).
 //
 // Where @huggingface/jinja and Python jinja2 (what transformers uses) are known to
 // disagree, the case is recorded with "skip": reason (see KNOWN_DIFFS) and the C test
@@ -27,7 +30,14 @@ global.Date = class extends RealDate {
   }
   static now() { return NOW * 1000; }
 };
-const { Template } = require("@huggingface/jinja");
+const { Template, Environment } = require("@huggingface/jinja");
+// Tell the template's raise_exception(msg) apart from the interpreter's own errors.
+class Raised extends Error {}
+const envSet = Environment.prototype.set;
+Environment.prototype.set = function (name, value) {
+  if (name === "raise_exception") value = (msg) => { throw new Raised(String(msg)); };
+  return envSet.call(this, name, value);
+};
 const fs = require("node:fs");
 const path = require("node:path");
 
@@ -173,6 +183,17 @@ const KNOWN_DIFFS = {
   "hermes3/single_tool_call": "Undefined|trim: jinja2 gives '', @huggingface/jinja throws",
 };
 
+// (template, conversation) pairs that fail differently under jinja2: the error jinja2 (and
+// so weld) gives, checked instead of @huggingface/jinja's.
+const JINJA2_ERRORS = {
+  // the assistant turn's content null: jinja2's |trim gives "None" and goes on to the
+  // tool turn, which breaks the alternation; @huggingface/jinja throws at the trim.
+  "gemma2/tool_call_string_args": {
+    kind: "raise_exception",
+    message: "Conversation roles must alternate user/assistant/user/assistant/...",
+  },
+};
+
 const cases = [];
 for (const [tname, t] of Object.entries(templates)) {
   let tpl;
@@ -195,6 +216,13 @@ for (const [tname, t] of Object.entries(templates)) {
         c.expected = tpl.render(JSON.parse(JSON.stringify(context)));
       } catch (e) {
         c.error = String(e.message || e);
+        c.error_kind = e instanceof Raised ? "raise_exception" : "runtime";
+        const j2 = JINJA2_ERRORS[`${tname}/${cname}`];
+        if (j2) {
+          c.hf_error = c.error;
+          c.error = j2.message;
+          c.error_kind = j2.kind;
+        }
       }
       cases.push(c);
     }

@@ -4,9 +4,10 @@
 # type that keeps it), results come back in input order with per-line errors, stop
 # strings and n > 1, the prefix cache serves repeated prompts, the summary and the bench
 # report their numbers, and bad options fail with a message naming them.
-# usage: cli_batch.sh WELD_BIN SHARED_DIR SCRATCH_DIR
+# usage: WELD_SHARED=DIR cli_batch.sh WELD_BIN SCRATCH_DIR   (exit 77: skipped)
 set -u
-weld=$1 shared=$2 tmp=$3
+weld=$1 tmp=$2
+shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
 model="$shared/models/stories260K.gguf"
 fails=0 passes=0
 ok() { passes=$((passes + 1)); }
@@ -15,15 +16,15 @@ expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; f
 expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
 
 if [ ! -f "$model" ]; then
-  echo "stories260K.gguf not found under $shared/models; skipping" >&2
-  echo "0 passed, 0 failed"
-  exit 0
+  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
+  exit 77
 fi
-if ! command -v python3 >/dev/null; then
-  echo "python3 not found; skipping" >&2
-  echo "0 passed, 0 failed"
-  exit 0
+if ! command -v node >/dev/null; then
+  echo "skipped: node not found (scripts/install-deps.sh installs it)"
+  exit 77
 fi
+# jsonl FILE: the file's JSON lines as an array, for the node checks below
+jsonl='const rd = (f) => require("fs").readFileSync(f, "utf8").split("\n").filter((l) => l).map((l) => JSON.parse(l));'
 mkdir -p "$tmp"
 export WELD_NO_PROGRESS=1
 golden=", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
@@ -48,35 +49,39 @@ done
 expect_contains "$(cat "$tmp/err-f16.txt")" "hit rate" "summary on stderr"
 expect_contains "$(cat "$tmp/err-f16.txt")" "16 lines: 14 succeeded, 2 failed" "failed line count"
 
-check=$(python3 - "$tmp/out-f16.jsonl" "$golden" "$golden_ids" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-golden, gids = sys.argv[2], [int(x) for x in sys.argv[3].split()]
-errs = []
-if len(rows) != 16: errs.append("rows %d" % len(rows))
-for i in range(12):
-    r = rows[i]
-    n = 32 - i
-    if r.get("id") != i: errs.append("order %d: %r" % (i, r.get("id")))
-    if r.get("token_ids") != gids[:n]: errs.append("ids %d" % i)
-    if r.get("finish_reason") != "length" or r.get("completion_tokens") != n: errs.append("finish %d" % i)
-    if r.get("prompt_tokens") != 5: errs.append("prompt_tokens %d" % i)
-    if i == 0 and r.get("text") != golden: errs.append("text: %r" % r.get("text"))
-if "max_tokens" not in rows[12].get("error", ""): errs.append("error line 13: %r" % rows[12])
-if "line 14" not in rows[13].get("error", ""): errs.append("error line 14: %r" % rows[13])
-s = rows[14]
-if s.get("id") != "s" or s.get("text") != ", there was a little girl named " or s.get("finish_reason") != "stop" or s.get("stop_reason") != "Lily":
-    errs.append("stop: %r" % s)
-n3 = rows[15]
-if len(n3.get("choices", [])) != 3 or any(c["token_ids"] != gids[:8] for c in n3["choices"]) or n3.get("completion_tokens") != 24:
-    errs.append("n=3: %r" % n3)
-print("ok" if not errs else "; ".join(errs))
-PY
+check=$(node - "$tmp/out-f16.jsonl" "$golden" "$golden_ids" <<JS
+$jsonl
+const [file, golden, gidsText] = process.argv.slice(2);
+const rows = rd(file), gids = gidsText.split(" ").map(Number);
+const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+const errs = [];
+if (rows.length !== 16) errs.push("rows " + rows.length);
+for (let i = 0; i < 12 && i < rows.length; i++) {
+  const r = rows[i], n = 32 - i;
+  if (r.id !== i) errs.push("order " + i + ": " + r.id);
+  if (!same(r.token_ids, gids.slice(0, n))) errs.push("ids " + i);
+  if (r.finish_reason !== "length" || r.completion_tokens !== n) errs.push("finish " + i);
+  if (r.prompt_tokens !== 5) errs.push("prompt_tokens " + i);
+  if (i === 0 && r.text !== golden) errs.push("text: " + JSON.stringify(r.text));
+}
+const row = (i) => rows[i] || {};
+if (!(row(12).error || "").includes("max_tokens")) errs.push("error line 13: " + JSON.stringify(row(12)));
+if (!(row(13).error || "").includes("line 14")) errs.push("error line 14: " + JSON.stringify(row(13)));
+const s = row(14);
+if (s.id !== "s" || s.text !== ", there was a little girl named " || s.finish_reason !== "stop" ||
+    s.stop_reason !== "Lily")
+  errs.push("stop: " + JSON.stringify(s));
+const n3 = row(15), ch = n3.choices || [];
+if (ch.length !== 3 || ch.some((c) => !same(c.token_ids, gids.slice(0, 8))) || n3.completion_tokens !== 24)
+  errs.push("n=3: " + JSON.stringify(n3));
+console.log(errs.length ? errs.join("; ") : "ok");
+JS
 )
 expect_eq "$check" "ok" "batch results"
 for kv in f32 bf16; do
-  same=$(python3 -c "import json,sys; a=[json.loads(l).get('token_ids') for l in open(sys.argv[1])]; b=[json.loads(l).get('token_ids') for l in open(sys.argv[2])]; print(a==b)" "$tmp/out-f16.jsonl" "$tmp/out-$kv.jsonl")
-  expect_eq "$same" "True" "kv $kv gives the f16 tokens on stories260K"
+  same=$(node -e "$jsonl"'const ids = (f) => JSON.stringify(rd(f).map((r) => r.token_ids));
+    console.log(ids(process.argv[1]) === ids(process.argv[2]))' "$tmp/out-f16.jsonl" "$tmp/out-$kv.jsonl")
+  expect_eq "$same" "true" "kv $kv gives the f16 tokens on stories260K"
 done
 
 # prefix cache: a 40-token prompt sent 6 times, one at a time
@@ -84,22 +89,28 @@ long="Once upon a time, there was a little girl named Lily. She loved to play ou
 : > "$tmp/rep.jsonl"
 for i in 1 2 3 4 5 6; do echo "{\"prompt\": \"$long\", \"max_tokens\": 4, \"temperature\": 0}" >> "$tmp/rep.jsonl"; done
 "$weld" batch -m "$model" --input "$tmp/rep.jsonl" --output "$tmp/rep.out" --max-num-seqs 1 2> "$tmp/rep.err" || bad "repeat batch exit"
-cached=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(sum(x['cached_tokens'] for x in r[1:]) > 0 and r[0]['cached_tokens'] == 0 and len(set(tuple(x['token_ids']) for x in r)) == 1)" "$tmp/rep.out")
-expect_eq "$cached" "True" "repeated prompts hit the prefix cache with the same tokens"
+cached=$(node -e "$jsonl"'const r = rd(process.argv[1]);
+  const hits = r.slice(1).reduce((a, x) => a + x.cached_tokens, 0);
+  console.log(r.length === 6 && hits > 0 && r[0].cached_tokens === 0 &&
+              new Set(r.map((x) => JSON.stringify(x.token_ids))).size === 1)' "$tmp/rep.out")
+expect_eq "$cached" "true" "repeated prompts hit the prefix cache with the same tokens"
 "$weld" batch -m "$model" --input "$tmp/rep.jsonl" --output "$tmp/rep2.out" --max-num-seqs 1 --no-prefix-caching 2>/dev/null || bad "no-prefix-caching exit"
-nocache=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(sum(x['cached_tokens'] for x in r))" "$tmp/rep2.out")
+nocache=$(node -e "$jsonl"'const r = rd(process.argv[1]);
+  console.log(r.length === 6 ? r.reduce((a, x) => a + x.cached_tokens, 0) : "rows " + r.length)' "$tmp/rep2.out")
 expect_eq "$nocache" "0" "--no-prefix-caching caches nothing"
 
 # bench throughput
 j=$("$weld" bench throughput -m "$model" --dataset shared-prefix --num-prompts 8 --num-groups 2 \
       --prefix-len 64 --input-len 8 --output-len 4 --max-num-seqs 1 --json 2>/dev/null)
-hit=$(python3 -c "import json,sys; r=json.loads(sys.argv[1])['result']; print(r['requests'] == 8 and r['output_tokens'] == 32 and r['hit_rate'] > 0.6)" "$j" 2>&1)
-expect_eq "$hit" "True" "bench shared-prefix hit rate"
+hit=$(node -e 'const r = JSON.parse(process.argv[1]).result;
+  console.log(r.requests === 8 && r.output_tokens === 32 && r.hit_rate > 0.6)' "$j" 2>&1)
+expect_eq "$hit" "true" "bench shared-prefix hit rate"
 for ds in random multi-turn; do
   j=$("$weld" bench throughput -m "$model" --dataset $ds --num-prompts 6 --num-groups 2 --input-len 10 \
         --output-len 5 --compare sequential --json 2>/dev/null)
-  r=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d['result']['output_tokens'] == 30 and d['compare_result']['output_tokens'] == 30 and d['ratio'] > 0)" "$j" 2>&1)
-  expect_eq "$r" "True" "bench $ds --compare sequential"
+  r=$(node -e 'const d = JSON.parse(process.argv[1]);
+    console.log(d.result.output_tokens === 30 && d.compare_result.output_tokens === 30 && d.ratio > 0)' "$j" 2>&1)
+  expect_eq "$r" "true" "bench $ds --compare sequential"
 done
 err=$("$weld" bench throughput -m "$model" --dataset nope 2>&1)
 expect_contains "$err" "--dataset 'nope'" "bad dataset"
@@ -115,7 +126,7 @@ if [ -f "$qtok/tokenizer.json" ] && "$weld" mkmodel --preset tiny --arch qwen3 -
           --ignore-eos --show-ids --no-echo 2>&1 >/dev/null)
   want_ids=$(echo "$gen" | head -1 | tr -s ' ' | sed 's/ *$//')
   want_np=$(echo "$gen" | sed -n 's/.*prompt \([0-9]*\) tokens.*/\1/p')
-  got=$(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(' '.join(map(str, r['token_ids'])), r['prompt_tokens'])" "$tmp/chat.out")
+  got=$(node -e "$jsonl"'const r = rd(process.argv[1])[0]; console.log(r.token_ids.join(" "), r.prompt_tokens)' "$tmp/chat.out")
   expect_eq "$got" "$want_ids $want_np" "chat messages = weld generate --chat"
 else
   echo "qwen3 tokenizer not found under tests/node; chat check skipped" >&2

@@ -5,9 +5,10 @@
 # as asked, gb_s = share x probe_gb_s), the table names pp/tg and the bandwidth, `weld
 # bench throughput` still dispatches to its own command, and bad options fail with a
 # message, and -b B decodes B sequences at once. Timing values are not judged.
-# usage: cli_bench.sh WELD_BIN SHARED_DIR
+# usage: WELD_SHARED=DIR cli_bench.sh WELD_BIN   (exit 77: skipped)
 set -u
-weld=$1 shared=$2
+weld=$1
+shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
 model="$shared/models/stories260K.gguf"
 fails=0 passes=0
 ok() { passes=$((passes + 1)); }
@@ -15,14 +16,12 @@ bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
 
 if [ ! -f "$model" ]; then
-  echo "stories260K.gguf not found under $shared/models; skipping" >&2
-  echo "0 passed, 0 failed"
-  exit 0
+  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
+  exit 77
 fi
 if ! command -v node >/dev/null; then
-  echo "node not found; skipping" >&2
-  echo "0 passed, 0 failed"
-  exit 0
+  echo "skipped: node not found (scripts/install-deps.sh installs it)"
+  exit 77
 fi
 export WELD_NO_PROGRESS=1
 

@@ -13,9 +13,10 @@
 #         model with a 32K context and --ignore-eos, so the reply lasts seconds) while the
 #         program stays at its prompt, /clear, Ctrl-C at the prompt, /exit and Ctrl-D
 #         (status 0) and Ctrl-C twice (status 130). Skipped (77) without tmux.
-# usage: cli_chat.sh pipe|tmux WELD_BIN SHARED_DIR SCRATCH_DIR
+# usage: WELD_SHARED=DIR cli_chat.sh pipe|tmux WELD_BIN SCRATCH_DIR
 set -u
-mode=$1 weld=$2 shared=$3 tmp=$4
+mode=$1 weld=$2 tmp=$3
+shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
 model="$shared/models/stories260K.gguf"
 fails=0 passes=0
 ok() { passes=$((passes + 1)); }
@@ -24,7 +25,7 @@ expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; f
 expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
 
 if [ ! -f "$model" ]; then
-  echo "stories260K.gguf not found under $shared/models; skipping" >&2
+  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
   exit 77
 fi
 rm -rf "$tmp"
@@ -84,16 +85,16 @@ if [ "$mode" = pipe ]; then
   expect_contains "$(cat "$tmp/err")" "/clear" "full context suggests /clear"
 
   # --chat-template FILE (the chatml text) = the builtin, on chat and generate; batch
-  python3 -c "
-import json; print(json.load(open('$(dirname "$0")/../data/chat_templates.json'))['templates']['chatml']['source'], end='')" \
-    >"$tmp/chatml.jinja"
+  node -e 'const t = require(process.argv[1]).templates.chatml.source; process.stdout.write(t)' \
+    "$(cd "$(dirname "$0")/../data" && pwd)/chat_templates.json" >"$tmp/chatml.jinja"
   expect_eq "$(printf 'Hello\n' | "$weld" chat "$model" --chat-template "$tmp/chatml.jinja" --temp 0 -n 8 2>/dev/null)" \
     "$reply1" "chat --chat-template FILE"
   expect_eq "$("$weld" generate -m "$model" --chat-template "$tmp/chatml.jinja" -p Hello -n 8 --temp 0 --no-echo 2>/dev/null)" \
     "$reply1" "generate --chat-template FILE (implies --chat)"
   echo '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0}' >"$tmp/in.jsonl"
   "$weld" batch -m "$model" --input "$tmp/in.jsonl" --chat-template chatml >"$tmp/out.jsonl" 2>/dev/null
-  expect_eq "$(python3 -c "import json; print(json.loads(open('$tmp/out.jsonl').readline())['text'])")" \
+  expect_eq "$(node -e 'const l = require("fs").readFileSync(process.argv[1], "utf8").split("\n")[0];
+    console.log(JSON.parse(l).text)' "$tmp/out.jsonl")" \
     "$reply1" "batch --chat-template chatml"
   "$weld" batch -m "$model" --input "$tmp/in.jsonl" >"$tmp/out.jsonl" 2>/dev/null
   expect_contains "$(cat "$tmp/out.jsonl")" "no chat template" "batch without a template: line error"

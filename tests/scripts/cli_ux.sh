@@ -13,9 +13,10 @@
 #   make run  and every `weld bench` command of README.md work on the shared model; bench
 #             beyond the context is an error; the bandwidth share of a cache-resident model
 #             is labelled
-# usage: cli_ux.sh WELD_BIN SHARED_DIR SCRATCH_DIR SOURCE_DIR   (exit 77: skipped)
+# usage: WELD_SHARED=DIR cli_ux.sh WELD_BIN SCRATCH_DIR SOURCE_DIR   (exit 77: skipped)
 set -u
-weld=$1 shared=$2 tmp=$3 src=$4
+weld=$1 tmp=$2 src=$3
+shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
 model="$shared/models/stories260K.gguf"
 fails=0 passes=0
 ok() { passes=$((passes + 1)); }
@@ -32,7 +33,7 @@ expect_own_lines() {
 # README.md's command lines, continuation lines joined
 readme_cmds() { sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$src/README.md"; }
 if [ ! -f "$model" ]; then
-  echo "stories260K.gguf not found under $shared/models: skipped" >&2
+  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
   exit 77
 fi
 rm -rf "$tmp"
@@ -208,12 +209,11 @@ expect_contains "$err" "beyond the model's context of 128 tokens" "bench -p beyo
 out=$("$weld" bench -m "$model" -r 1 -t 1 --probe-size 16M --json 2>"$tmp/bench.err"); rc=$?
 expect_eq "$rc" "0" "bench with default sizes on a short context"
 expect_contains "$(cat "$tmp/bench.err")" "running -p 128 -n 127" "bench defaults shrink to the context"
-msg=$(printf '%s' "$out" | python3 -c '
-import json, sys
-j = json.load(sys.stdin); b = j["bandwidth"]
-ok = j["pp"]["tokens"] == 128 and j["tg"]["tokens"] == 127 and isinstance(b["llc_bytes"], int) \
-     and isinstance(b["cache_resident"], bool) and (b["cache_resident"] or b["llc_bytes"] == 0)
-print("ok" if ok else "bad")' 2>&1)
+msg=$(node -e '
+const j = JSON.parse(process.argv[1]), b = j.bandwidth;
+const ok = j.pp.tokens === 128 && j.tg.tokens === 127 && Number.isInteger(b.llc_bytes) &&
+           typeof b.cache_resident === "boolean" && (b.cache_resident || b.llc_bytes === 0);
+console.log(ok ? "ok" : "bad")' "$out" 2>&1)
 expect_eq "$msg" "ok" "bench --json: sizes and cache_resident of a 1 MB model [$out]"
 out=$("$weld" bench -m "$model" -r 1 -t 1 -p 16 -n 8 --probe-size 16M 2>&1)
 if printf '%s' "$out" | grep -q 'cache-resident'; then ok; else

@@ -5,9 +5,10 @@
 # the limit, not "internal error"; a tokenizer.json whose pre-tokenizer is not one of the
 # llama.cpp families is shown by `info` as generate and serve run it; `weld batch` lines
 # get the same OpenAI-range checks as the server.
-# usage: cli_validate.sh WELD_BIN SHARED_DIR SCRATCH_DIR   (exit 77: skipped)
+# usage: WELD_SHARED=DIR cli_validate.sh WELD_BIN SCRATCH_DIR   (exit 77: skipped)
 set -u
-weld=$1 shared=$2 tmp=$3
+weld=$1 tmp=$2
+shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
 here="$(cd "$(dirname "$0")/.." && pwd)"
 model="$shared/models/stories260K.gguf"
 fails=0 passes=0
@@ -18,7 +19,7 @@ expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; e
 expect_lacks() { case "$1" in *"$2"*) bad "$3: [$1] has [$2]" ;; *) ok ;; esac; }
 
 if [ ! -f "$model" ]; then
-  echo "skipped: stories260K.gguf not found under $shared/models"
+  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
   exit 77
 fi
 mkdir -p "$tmp"
@@ -72,18 +73,16 @@ if [ -f "$l3tok/tokenizer.json" ]; then
   expect_eq "$?" "0" "default match limit: 3000 spaces tokenize"
 
   # --- one verdict on a tokenizer from info, generate and serve's loader ---
-  if command -v python3 >/dev/null &&
-     "$weld" mkmodel --preset tiny --arch llama --dtype q8_0 --seed 3 --tokenizer "$l3tok" \
+  if "$weld" mkmodel --preset tiny --arch llama --dtype q8_0 --seed 3 --tokenizer "$l3tok" \
        --out "$tmp/l3.gguf" >/dev/null 2>&1 &&
      rm -rf "$tmp/l3hf" && "$weld" convert "$tmp/l3.gguf" "$tmp/l3hf" --dtype f32 >/dev/null 2>&1; then
     # a Split regex of no llama.cpp family (GPT-2's, inside a Split): generate runs it
-    python3 - "$tmp/l3hf/tokenizer.json" <<'PY'
-import json, sys
-t = json.load(open(sys.argv[1]))
-t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = (
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+")
-json.dump(t, open(sys.argv[1], "w"))
-PY
+    node - "$tmp/l3hf/tokenizer.json" <<'JS'
+const fs = require("fs"), f = process.argv[2], t = JSON.parse(fs.readFileSync(f, "utf8"));
+t.pre_tokenizer.pretokenizers[0].pattern.Regex =
+  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+fs.writeFileSync(f, JSON.stringify(t));
+JS
     out=$("$weld" info "$tmp/l3hf" 2>"$tmp/info.err"); rc=$?
     expect_eq "$rc" "0" "info on a custom pre-tokenizer: exit"
     expect_contains "$out" "pre-tokenizer custom" "info on a custom pre-tokenizer"
@@ -92,22 +91,20 @@ PY
     "$weld" generate -m "$tmp/l3hf" -p "Hello world" -n 2 --temp 0 >/dev/null 2>&1
     expect_eq "$?" "0" "generate on a custom pre-tokenizer"
     # GPT-2's own layout: a lone ByteLevel with its regex is GGUF's "default"
-    python3 - "$tmp/l3hf/tokenizer.json" <<'PY'
-import json, sys
-t = json.load(open(sys.argv[1]))
-t["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                      "use_regex": True}
-json.dump(t, open(sys.argv[1], "w"))
-PY
+    node - "$tmp/l3hf/tokenizer.json" <<'JS'
+const fs = require("fs"), f = process.argv[2], t = JSON.parse(fs.readFileSync(f, "utf8"));
+t.pre_tokenizer = {type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true};
+fs.writeFileSync(f, JSON.stringify(t));
+JS
     out=$("$weld" info "$tmp/l3hf" 2>&1)
     expect_contains "$out" "pre-tokenizer default" "info on a GPT-2 ByteLevel pre-tokenizer"
     # a GGUF naming a pre-tokenizer weld cannot run: info says so, generate refuses
-    python3 - "$tmp/l3.gguf" "$tmp/l3bad.gguf" <<'PY'
-import sys
-d = open(sys.argv[1], "rb").read()
-i = d.find(b"llama-bpe", d.find(b"tokenizer.ggml.pre"))
-open(sys.argv[2], "wb").write(d[:i] + b"falcon-xx" + d[i + 9:])
-PY
+    node - "$tmp/l3.gguf" "$tmp/l3bad.gguf" <<'JS'
+const fs = require("fs"), d = fs.readFileSync(process.argv[2]);
+const i = d.indexOf("llama-bpe", d.indexOf("tokenizer.ggml.pre"));
+if (i >= 0) d.write("falcon-xx", i);
+fs.writeFileSync(process.argv[3], d);
+JS
     out=$("$weld" info "$tmp/l3bad.gguf" 2>"$tmp/info.err"); rc=$?
     expect_eq "$rc" "0" "info on an unsupported GGUF pre-tokenizer: exit"
     expect_contains "$out" "usable             no: " "info on an unsupported GGUF pre-tokenizer"
@@ -115,7 +112,7 @@ PY
     err=$("$weld" generate -m "$tmp/l3bad.gguf" -p "Hello" -n 2 2>&1 >/dev/null)
     expect_contains "$err" "'falcon-xx' is not supported" "generate on an unsupported pre-tokenizer"
   else
-    echo "python3, mkmodel or convert unavailable; tokenizer verdict checks skipped" >&2
+    bad "mkmodel or convert of the Llama 3 tokenizer model failed"
   fi
 else
   echo "llama3 tokenizer not found under tests/node; match-limit checks skipped" >&2
