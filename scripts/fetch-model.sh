@@ -33,7 +33,7 @@ mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ] || manual "cannot write to $dir"
 part=$dest.part
 trap 'rm -f "$part"' EXIT
 echo "model: fetching $url"
-if ! curl -fL --retry 2 --connect-timeout 20 -o "$part" "$url"; then
+if ! curl -fsSL --retry 2 --connect-timeout 20 -o "$part" "$url"; then
   manual "the download failed (no network here?)"
 fi
 got=$(sha256sum "$part" | cut -d' ' -f1)
