@@ -1,91 +1,28 @@
 /*
  * bench_model - `weld bench -m MODEL` (prefill and decode tokens/s of the executor and
- * kernels, against the memory roofline) and `weld bench --bandwidth` (the probe alone).
+ * kernels, against the memory roofline), `weld bench --bandwidth` (the probe alone),
+ * `--handoff` (team_handoff_ns) and `--pair A,B` (two executors interleaved). What each
+ * number means and the JSON each prints are in docs/bench-json.md: keep them in step.
  *
  * What is measured: the runner directly (runner_create_ex: one sequence, f16 KV cache,
- * -t workers, default one per physical core), not the engine, so scheduling costs are
- * left out, as in llama-bench. Token ids are random (seeded, non-special when the model
- * carries a tokenizer); their values do not change the work.
- *   warm-up   one untimed prefill of -p tokens and one decode step (llama-bench does the same)
- *   pp        per repetition: one prefill of -p tokens from an empty sequence, timed
- *   tg        per repetition: an untimed one-token prompt, then -n single-token decode
- *             steps, timed together (tok/s = n / seconds)
- *   -d D      llama-bench's depth: pp and tg start after an untimed prefill of D tokens
- *             (the tg prompt is those D tokens), so attention reads D earlier positions
- *   -b B      batched decode: tg runs B sequences in lockstep (each with its own prompt,
- *             one token each per step, as llama-batched-bench's decode), tok/s counts the
- *             tokens of all B; pp stays one sequence
- *   -r        repetitions; median, min and max tok/s of each
- * Decode bandwidth: bytes one decode step reads x decode steps/s (tg median tok/s / B) / 1e9. The bytes counted
- * are every layer weight, the output norm and the output matrix once; the token embedding
- * table is not counted when the output matrix is separate (a step reads one of its rows),
- * and is counted once, as the output matrix, when the embeddings are tied. The share is
- * that figure over the best pass of the read probe (bandwidth.h) run in the same invocation
- * with the same number of threads (default 2 GiB, 5 passes of each read loop;
- * --probe-size changes it), before the measurements. The paired share: after each
- * repetition's decode, passes of the probe's best loop over the same buffer for a quarter
- * of that decode's time (at least one, at most BM_PAIRED_MAX), and the median over
- * repetitions of that decode's GB/s over those passes' together. On a shared host the
- * best of 30 passes is an outlier of minutes before; the pass seconds from the decode is
- * the memory that decode had.
+ * -t workers), not the engine, so scheduling costs are left out, as in llama-bench.
+ * Token ids are random (seeded, non-special when the model carries a tokenizer); their
+ * values do not change the work. After an untimed warm-up, each of -r repetitions times
+ * one prefill of -p tokens (pp) and -n single-token decode steps (tg); -d D prefills D
+ * untimed tokens first, -b B decodes B sequences in lockstep. Positions must fit the
+ * context; the default -p / -n shrink to fit a short one, with a note.
  *
- * The probe reads memory; weights no larger than the last-level cache (bw_llc_bytes) are
- * read from cache, so for them (stories260K: 1 MB) the shares are no roofline and can pass
- * 100%: the report says "cache-resident" then ("cache_resident" in JSON, with "llc_bytes",
- * 0 when unknown), and explains any share above 100% otherwise.
- * Positions: -d + max(-p, -n + 1) must fit the model's context (an error otherwise); the
- * defaults -p 512 -n 128 shrink to fit a shorter one (stories260K: 128), with a note.
+ * Decode bandwidth: the bytes one decode step reads x decode steps/s, over the best pass
+ * of the read probe (kernels/cpu/bandwidth.h) run in the same invocation with the same
+ * threads; the paired share uses probe passes run right after each decode instead. A
+ * model whose weights fit the last-level cache is read from cache: its shares are no
+ * roofline, and the report says "cache-resident".
  *
- * Output: a table on stdout, or with --json exactly one JSON object on stdout:
- *   {"model", "threads", "isa", "pp": {"tokens", "tok_s_median", "tok_s_min",
- *    "tok_s_max"}, "tg": {same}, "bandwidth": {"gb_s", "probe_gb_s", "share",
- *    "paired_share", "llc_bytes", "cache_resident"},
- *    "executor", "bubble", "syncs_per_token"}
- * The last three describe the timed decode steps (batch B): the executor's name, the
- * share of worker time spent waiting on dependency counters or barriers, and those waits
- * per token summed over workers (exec.h exec_stats); absent when the executor keeps no
- * stats (ref, the default with one thread). The table prints them as "executor mega:
- * bubble X% (batch B), N syncs/token". With -b B > 1 the object also has "batch": B.
- * With --bandwidth only the probe runs; its JSON is {"threads", "isa", "loop", "bytes",
- * "passes", "probe_gb_s", "probe_gb_s_median"} ("loop": the read loop of the best pass,
- * "probe_gb_s_median": that loop's median pass). With --handoff only team_handoff_ns runs
- * (0, 1, 4 and 16 lines of data); its JSON is {"rounds", "runs", "handoff": [{"lines",
- * "round_trip_ns"}, ...]}.
- *
- * --pair A,B (each EXEC or EXEC:THREADS, e.g. mega,ops or mega:2,ref:1, optionally
- * followed by @WELD_NAME=VALUE settings that hold while that side's runner is made, e.g.
- * mega,mega@WELD_DECODE_PAIRS=1: one executor, two ways of streaming the weights; only
- * settings read when a runner is made can differ, not per-process ones like WELD_ISA):
- * two runners on the one loaded model, with those executors, measured interleaved in one
- * process, for a host whose speed moves by tens of percent between seconds (other
- * tenants' memory traffic): separate runs a few seconds apart compare minutes, not
- * executors. Per
- * repetition each side prefills (-p, A first on even repetitions) and then both decode
- * the same positions in blocks of --block steps (default: about 50 ms of A's decode, at
- * least 8 blocks a repetition), A, B, A, B, ...; after every block the side's team is
- * parked (runner_park) so the other side never shares the cores with its spinning
- * workers. Each B block is compared with the mean of the A blocks either side of it
- * (linear drift cancels); the report is each side's tok/s, bubble and syncs, and the
- * median A/B speed ratio over all block pairs with its 10th-90th percentiles and how many
- * pairs A was slower in, and the pp ratio per repetition.
- * The two runners read one copy of the weights (exec/weights.h: the pool is shared per
- * model and plan; a side whose settings change the plan, e.g. @WELD_REPACK=0, gets its
- * own). With a copy each, one copy streamed up to 15% faster than the other for the
- * whole process on the Zen 5 VM here (`--pair mega,mega`: 0.84-1.12x over five
- * processes, every block pair of a process on the same side), more than the differences
- * measured; with one copy 0.98-0.99x.
- * Both creation orders: the -r repetitions run twice, first with A's runner made first,
- * then, both runners remade, with B's first. Before the weights were shared the runner
- * made first ran up to ~7% slower than an identical second one (0.93-0.99x, changing
- * from hour to hour); what remains of such a bias (the KV cache, arena and team each side
- * has of its own) cancels this way. Taking the ratio's median r1 in
- * one order and r2 in the other, sqrt(r1 * r2) is the ratio with that bias cancelled (if
- * it multiplies), and sqrt(r1 / r2) the bias itself; the median reported is the former,
- * the percentiles and counts are over the pairs of both orders. JSON: {"model", "batch",
- * "block_steps", "sides": [{"side" (as given), "executor", "threads", "pp_tok_s",
- * "tg_tok_s", "bubble", "syncs_per_token"} x 2], "tg_ratio": {"median", "p10", "p90",
- * "pairs", "a_slower", "a_first", "b_first", "order_bias"}, "pp_ratio": {same}}, where
- * a_first / b_first are the medians of each order.
+ * --pair: two runners on the one loaded model and one copy of its weights
+ * (exec/weights.h) decode in alternating blocks, each side's team parked while the other
+ * runs; each B block is compared with the A blocks either side of it (linear drift
+ * cancels), and the repetitions run in both creation orders, whose geometric mean
+ * cancels a creation-order bias.
  *
  * Not here: the engine's scheduling (see `weld bench throughput`).
  */

@@ -3,100 +3,30 @@
  *
  * A step runs one program (PROG_HEAD_DEPS: attention waits only on the projections of its
  * own KV heads) on a persistent pinned team (core/team.h). Every worker runs its own
- * queue of instructions in list order; it claims each instruction, waits until each
- * counter the instruction names has reached wait_count * epoch, runs it (exec_op_run),
- * and adds one to its signal counter with release. No worker ever waits for a straggler
- * it does not depend on, and no stage-wide barrier exists.
+ * queue of instructions in list order: it claims an instruction, waits until each counter
+ * the instruction names has reached wait_count * epoch, runs it (exec_op_run_tiles) and
+ * adds one to its signal counter with release. There is no stage-wide barrier: a worker
+ * waits only for the work it depends on.
  *
- * Plans (struct mega_plan), made once per program and cached by program_id (MEGA_PLANS,
- * least recently used out), hold what does not change from step to step:
- * - owner of each instruction, by a cost model: bytes of weights (or KV cache) read plus
- *   MEGA_FLOP_COST per FLOP (instr_cost). Each stage is assigned on its own, longest
- *   first, to the worker with the least work in that stage (ties: least work so far in
- *   the program), so every stage is balanced. The units of a stage are its instructions,
- *   or, where a stage signals a counter per worker or more (the QKV stage cut by KV-head
- *   groups), the group of instructions behind each counter, so one worker makes a head
- *   group's Q, K and V (with fewer groups than workers, e.g. a single KV head, the
- *   group's pieces are spread instead). An ATTENTION instruction goes to the worker that made its heads when that
- *   keeps the stage within MEGA_AFFINITY_SLACK of balanced: its wait is then on its own
- *   earlier work and disappears.
- *   With K parts (program.h) an O part waits only on the attention of its heads, so it
- *   goes the same way to the worker that ran that attention: a layer then waits on other
- *   workers twice (before the FFN parts and before the next layer's QKV).
- * - the queues: each worker's instructions in list order. The list order is a valid
- *   serial schedule and every dependency points to an earlier instruction, so the
- *   lowest-numbered unfinished instruction always heads its queue with its inputs done:
- *   no assignment can deadlock.
- * - which waits need a check at all: none where every signaller of the counter is an
- *   earlier instruction of the same queue, or where the same worker already checked that
- *   counter this step (counters only grow).
- * - the counters, one per 64-byte line, and the epoch (steps this plan has run). Counters
- *   are never reset: after e runs counter c holds (signallers of c) * e, so the e-th run
- *   waits for wait_count * e. uint64: no wrap in any realistic lifetime.
- * - claims, one per instruction (by queue position, so a worker's own claims share its
- *   cache lines): the epoch that last claimed it, taken by compare-and-swap from e - 1 to
- *   e, so each instruction runs exactly once per step and claims are never reset either.
- *
- * Late owners (stealing): a worker that has spun MEGA_STEAL_SPINS on a counter runs any
- * unclaimed signaller of that counter whose own inputs are ready, so a descheduled or
- * slow worker (a shared machine) delays its dependants by one instruction, not by its
- * time off the CPU. A thief only takes instructions that are ready, so it never blocks;
- * the owner skips what was taken, and from then on, for the rest of the step, checks
- * every wait the plan had pruned (its earlier work may now be another worker's, still
- * running). No deadlock: the lowest unfinished instruction always has its inputs done
- * and is either being run or will be claimed by its owner, whose earlier queue entries
- * are all finished.
- *
- * Pieces: an instruction cut into several pieces (exec_op_tiles > 1: a prefill's token
- * tiles; in a decode-shaped step, O / FFN / DOWN in row pieces of ~512 KiB of weights,
- * ops.c) is run one piece at a time, each handed out by a compare-and-swap on a
- * cumulative counter bounded by n_tiles * epoch (so, like the counters, it is never
- * reset), and whoever finishes the last piece (acq_rel on a cumulative done count)
- * signals. A waiting worker also joins a running signaller that still has pieces left
- * (its inputs are ready: checked, since an owner claims before it waits), so a stage ends
- * within one piece of balanced even when a worker is slower or loses its core mid-slice;
- * single-piece instructions take none of this (no extra atomics). Decode needs it too: on
- * a shared host one core often streams 5-10% slower than the other for seconds, and a
- * static one-slice-per-worker plan left the fast one waiting at every stage (1B Q8_0, 2
- * threads, `weld bench --pair mega,ops`: bubble 4.8-6.4% and 0.98-1.00x ops without row
- * pieces, 1.5-1.8% and 1.02-1.03x with). An owner that did not finish its own
- * instruction treats itself as robbed (above). Time running others' work inside a wait
- * does not count as waiting.
+ * A plan (struct mega_plan, plan_create), made once per program and cached by program_id,
+ * fixes each instruction's owner by a cost model, the queues, which waits need a check,
+ * and the counters and claims: never reset, they count runs (epochs), so each instruction
+ * runs once per step. A worker waiting on a late owner runs that owner's ready work
+ * (steal_for); an instruction of several pieces is shared piece by piece (run_pieces), so
+ * a stage ends within one piece of balanced. No deadlock (plan_fill_queues).
  *
  * Memory ordering: an instruction's writes happen-before its release fetch_add; a waiter's
- * acquire load that reads a value >= the target reads from the release sequence of every
- * signaller (all increments are read-modify-writes), so it sees every input. team_run
- * orders the step's inputs before and the outputs after (core/team.c). Each worker has its
- * own scratch and stats line.
+ * acquire load of a value >= the target reads from every signaller's release sequence (all
+ * increments are read-modify-writes). team_run orders the step's inputs before and its
+ * outputs after (core/team.c). Each worker has its own scratch and stats line.
  *
- * Waiting: spin with pause, prefetching the waiting instruction's first weight lines (one
- * line per spin, MEGA_PREFETCH_LINES per matrix), then sched_yield after MEGA_SPINS
- * pauses (16 with TEAM_OVERSUBSCRIBE, so more workers than cores still progress). With no
- * more workers than cores a yield cannot help the worker waited on (it has a core of its
- * own; if it lost it, stealing runs its ready work), so the bound is long: a yield is a
- * system call that also evicts the waiter's cache lines. At 256 pauses (7 us on Zen 4)
- * yields took 18% of a stories260K decode at 2 threads (perf: __schedule, do_sched_yield)
- * and every instruction ran 1.5-2x slower after them; at 16384 none showed.
- * Between steps the team's workers spin ~2 ms and then sleep on a condition variable, so
- * an idle engine uses ~0% CPU.
+ * Bit-identical to ref: the same instructions through exec_op_run_tiles, whose per-(row,
+ * token) arithmetic does not depend on the worker, split, piece or order (ops.h).
+ * Stats: a clock is read only when a wait is not met at once, and once per step; every
+ * counter check counts as a sync. WELD_TRACE=FILE records the first steps (trace.h).
  *
- * Stats: a clock is read only when a wait is not met at once (wait time), and once per
- * step (step time); every counter check counts as one sync. With WELD_TRACE=FILE the first
- * WELD_TRACE_STEPS (4) steps record start / dependency met / end of every instruction
- * (trace.h).
- *
- * Bit-identical to ref: same instructions through exec_op_run(_tiles), whose per-(row,
- * token) arithmetic does not depend on the worker, the split, the piece or the order
- * (ops.h).
- *
- * End of a step: a worker done with its queue waits on the last stage's counter, and so
- * runs the LM head's slices its late owner has not started (the program cuts the head
- * into slices of ~2048 rows when a step has few logit rows) instead of leaving the step's
- * tail to one worker.
- *
- * Deliberately not here: stealing beyond the counter a worker waits on (no general work
- * queue), pieces of QKV and FINAL at decode, sleeping inside a step, instruction
- * fusion across layers, re-planning from measured times.
+ * Deliberately not here: general work stealing, pieces of QKV and FINAL at decode,
+ * sleeping inside a step, fusion across layers, re-planning from measured times.
  */
 #include "exec/exec.h"
 
@@ -381,6 +311,19 @@ static void assign_stage(const struct program *p, struct assign_tmp *t, int *own
     }
 }
 
+/* Owners, by a cost model: bytes of weights (or KV cache) read plus MEGA_FLOP_COST per
+   FLOP (instr_cost). Each stage is assigned on its own, longest first, to the worker with
+   the least work in that stage (ties: least work so far in the program), so every stage
+   is balanced. The units of a stage are its instructions, or, where a stage signals a
+   counter per worker or more (the QKV stage cut by KV-head groups), the group of
+   instructions behind each counter, so one worker makes a head group's Q, K and V (with
+   fewer groups than workers, e.g. a single KV head, the group's pieces are spread
+   instead). An ATTENTION instruction goes to the worker that made its heads when that
+   keeps the stage within MEGA_AFFINITY_SLACK of balanced: its wait is then on its own
+   earlier work and disappears. With K parts (program.h) an O part waits only on the
+   attention of its heads, so it goes the same way to the worker that ran that attention:
+   a layer then waits on other workers twice (before the FFN parts and before the next
+   layer's QKV). */
 static bool plan_assign(struct mega_plan *pl, const struct exec_step *st, int n_workers)
 {
     const struct program *p = st->p;
@@ -406,7 +349,14 @@ static bool plan_assign(struct mega_plan *pl, const struct exec_step *st, int n_
     return ok;
 }
 
-/* Queues in list order (and each instruction's position), counters' signaller runs. */
+/* Queues in list order (and each instruction's position), counters' signaller runs. The
+   list order is a valid serial schedule and every dependency points to an earlier
+   instruction, so the lowest-numbered unfinished instruction always heads its queue with
+   its inputs done: no assignment can deadlock. Counters are one per 64-byte line; after e
+   runs counter c holds (signallers of c) * e, so the e-th run waits for wait_count * e
+   (uint64: no wrap in any realistic lifetime). Claims, one per instruction by queue
+   position (a worker's own claims share its cache lines), hold the epoch that last
+   claimed it, taken by compare-and-swap from e - 1 to e. */
 static bool plan_fill_queues(struct mega_plan *pl, const struct program *p, int n_workers)
 {
     int *fill = wcalloc((size_t)n_workers, sizeof(int));
@@ -653,7 +603,16 @@ static int claim_tile(const struct mega_ctx *x, int i)
 
 /* Run what is left of instruction i (all of it with one piece; else pieces claimed one at
    a time, shared with any worker that joins) and, if this worker finished its last
-   piece, signal its counter (*signalled). Returns the pieces this worker ran. */
+   piece, signal its counter (*signalled). Returns the pieces this worker ran.
+   Pieces (exec_op_tiles > 1: a prefill's token tiles; in a decode-shaped step, O / FFN /
+   DOWN in row pieces of ~512 KiB of weights, ops.c) are handed out by a compare-and-swap
+   on a cumulative counter bounded by n_tiles * epoch (never reset, like the counters), and
+   whoever finishes the last piece (acq_rel on a cumulative done count) signals. A waiting
+   worker joins a running signaller that still has pieces left (its inputs are ready:
+   checked, since an owner claims before it waits), so a stage ends within one piece of
+   balanced even when a worker is slower or loses its core mid-slice; decode needs this
+   too, since one core of a shared host can stream slower than another for seconds.
+   Single-piece instructions take none of this (no extra atomics). */
 static uint64_t run_pieces(const struct mega_ctx *x, int i, bool *signalled)
 {
     const struct prog_instr *in = &x->st->p->instrs[i];
@@ -702,7 +661,14 @@ static uint64_t run_instr(const struct mega_ctx *x, int i, int64_t t_start, int6
 
 /* While waiting on counter c: run one of its unclaimed signallers whose inputs are ready
    (its owner is late: descheduled, or slower than planned), or join one that is running
-   and still has pieces left. Returns the nanoseconds spent running (0: nothing ran). */
+   and still has pieces left. Returns the nanoseconds spent running (0: nothing ran).
+   A thief only takes instructions that are ready, so it never blocks; the owner skips
+   what was taken, and from then on, for the rest of the step, checks every wait the plan
+   had pruned (its earlier work may now be another worker's, still running). An owner that
+   did not finish its own instruction treats itself as robbed. No deadlock: the lowest
+   unfinished instruction always has its inputs done and is either being run or will be
+   claimed by its owner, whose earlier queue entries are all finished. Time running
+   others' work inside a wait does not count as waiting. */
 static int64_t steal_for(const struct mega_ctx *x, int c)
 {
     const struct mega_plan *pl = x->pl;
@@ -729,8 +695,14 @@ static int64_t steal_for(const struct mega_ctx *x, int c)
 }
 
 /* Spin until counter c reaches target: prefetch the waiting instruction's first weight
-   lines, after MEGA_STEAL_SPINS pauses help the counter's late signallers, after
-   s->spins yield the CPU between checks. */
+   lines (one line per spin, MEGA_PREFETCH_LINES per matrix), after MEGA_STEAL_SPINS
+   pauses help the counter's late signallers, after s->spins (MEGA_SPINS, or
+   MEGA_SPINS_OVER with more workers than cores, so those still progress) yield the CPU
+   between checks. With no more workers than cores a yield cannot help the worker waited
+   on (it has a core of its own; if it lost it, stealing runs its ready work), so the bound
+   is long: a yield is a system call that also evicts the waiter's cache lines. Between
+   steps the team's workers spin briefly and then sleep (core/team.c), so an idle engine
+   uses ~0% CPU. */
 static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
                          const struct prog_instr *in)
 {
@@ -766,6 +738,10 @@ static void wait_counter(const struct mega_ctx *x, int c, uint64_t target,
     x->mw->wait_ns += waited > 0 ? (uint64_t)waited : 0;
 }
 
+/* Worker w's step: its queue in order. A worker done with its queue waits on the last
+   stage's counter, and so runs the LM head's slices its late owner has not started (the
+   program cuts the head into slices of ~2048 rows when a step has few logit rows) instead
+   of leaving the step's tail to one worker. */
 static void mega_worker_run(void *ctx, int w, int n)
 {
     struct mega_state *s = ctx;

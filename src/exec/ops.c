@@ -1,6 +1,6 @@
 /*
- * ops - one function per opcode, over the instruction's slice of work (see program.c for
- * what each computes and ops.h for what each may touch).
+ * ops - one function per opcode, over the instruction's slice of work: the comment above
+ * each op_* function is its opcode's exact meaning (ops.h: what each may touch).
  *
  * Products go through the gemm kernels of the ISA picked at start (kernels/cpu/gemm.h),
  * one call per (token tile, row range): the normalised or source rows of a tile of up to
@@ -213,6 +213,15 @@ static bool same_act(const struct exec_mat *a, const struct exec_mat *b)
     return a && a->gemm == b->gemm && a->wtype == b->wtype && a->k == b->k;
 }
 
+/* ---- opcodes ------------------------------------------------------------------------
+   What each computes; every executor must give exactly these results. T = tokens of the
+   batch, t one of them, pos(t) its position, tab(t) the block table of its sequence (the
+   step's tables, exec/kv.h: engine-chosen or internal, the ops cannot tell); x = buffer
+   X; W* the layer's weights; hd = head_dim; "rows r" = [row0, row1) of the instruction.
+   Row-range instructions of one stage write disjoint outputs; each recomputes the
+   (cheap) rmsnorm of its input instead of sharing it. */
+
+/* EMBED: rows = tokens. x[t] = f32(tok_embd row token(t)). in -, out X. */
 static void op_embed(const struct exec_step *st, const struct prog_instr *in)
 {
     const struct tensor *emb = &st->m->tok_embd;
@@ -223,7 +232,7 @@ static void op_embed(const struct exec_step *st, const struct prog_instr *in)
         kern_to_f32(emb->type, kern_tensor_row(emb, rb, st->tokens[t]), x + t * dim, dim);
 }
 
-/* Where a head unit's output goes and what is applied to it (see program.c). */
+/* Where a head unit's output goes and what is applied to it (see op_qkv). */
 struct qkv_target {
     const struct exec_mat *w;
     const float *bias, *norm; /* bias already offset to the head; may be NULL */
@@ -301,8 +310,8 @@ static void qkv_units(const struct exec_step *st, int layer, int u, int n, int t
 
 /* Token t's row of the residual stream as instruction in reads it: x[t] (x = its `in`),
    or with K parts x[t] + sums[0][t] + sums[1][t] + .. added in part order into dst, whose
-   dims [x0, x1) are then stored to xout (program.c). Every reader adds the same terms in
-   the same order, so all see the same numbers. */
+   dims [x0, x1) are then stored to xout (op_qkv, op_ffn_down_part). Every reader adds the
+   same terms in the same order, so all see the same numbers. */
 static const float *residual_row(const struct exec_step *st, const struct prog_instr *in,
                                  const float *x, int t, float *dst)
 {
@@ -344,6 +353,15 @@ void exec_rope_row(const struct model *m, const struct exec_weights *w, int pos,
                      m->rope_freq_factors, row, row + c->rope_dim / 2);
 }
 
+/* ATTN_NORM_QKV_ROPE: layer l; rows = head units over the concatenation
+   [Q heads 0..n_head) [K heads 0..n_kv) [V heads 0..n_kv), so a split never cuts a head
+   (rope and qk-norm work on whole heads). For every token t: h = rmsnorm(x[t]) *
+   attn_norm; for each unit u: y = W[u*hd..+hd) h (+ bias); Q and K units: y = rmsnorm(y)
+   * q_norm/k_norm (qwen3) then rope at pos(t) (linear scaling divides pos; llama3 divides
+   frequencies); Q unit -> q[t][u*hd..], K/V unit -> head u of KV row (l, tab(t), pos(t)),
+   converted to the cache's element type (kv_write_head). in X, out Q (and the KV cache).
+   With K parts, layer l > 0 reads x = xmid[t] + sums_d[0][t] + .. and stores its dims
+   [x0, x1) to X (residual_row). */
 static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
                    const struct scratch *sc, struct span sp)
 {
@@ -486,6 +504,14 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
         }
 }
 
+/* ATTENTION: layer l; seq s; rows = a range of KV heads (program.c attn_pieces). For every
+   token t of s and every query head hq with hq / (n_head / n_kv) in rows: causal attention
+   over cache positions 0..pos(t) of tab(s) (keys/values widened to f32 exactly; positions
+   below the sequence's pos may sit in blocks another sequence computed) with scores
+   q.k / sqrt(hd), softmax computed online in chunks of 16 positions (kernels/cpu/attn.h);
+   att[t][hq*hd..]. Waits for the QKV instructions of its heads: the batch's own keys are
+   in the cache (default programs: the whole QKV stage; PROG_HEAD_DEPS: the counters of
+   the KV-head groups holding rows). in Q, out ATT. */
 static void op_attention(const struct exec_step *st, const struct prog_instr *in,
                          const struct scratch *sc, struct span sp)
 {
@@ -549,6 +575,9 @@ static void proj_rows(const struct exec_step *st, const struct exec_mat *M, cons
     }
 }
 
+/* O_PROJ_RESIDUAL: layer l; rows = output dims. x[t][r] += Wo[r] . att[t]. in ATT, out X.
+   DOWN_PROJ_RESIDUAL: layer l; rows = output dims. x[t][r] += Wdown[r] . hid[t]. in HID,
+   out X. */
 static void op_proj_residual(const struct exec_step *st, const struct prog_instr *in,
                              const struct exec_mat *M, const struct scratch *sc,
                              struct span sp)
@@ -557,8 +586,10 @@ static void op_proj_residual(const struct exec_step *st, const struct prog_instr
               (size_t)st->m->cfg.dim, sp.r0, sp.r1, sp.t0, sp.t1, true, in, sc);
 }
 
-/* K parts: the instruction's part of the query heads through its columns of Wo, stored as
-   that part's partial sums (sums buffer: (k_parts, n_tokens, dim)). */
+/* O_PART (K parts): layer l; part i; rows = output dims (all of them). For every token t:
+   sums_o[i][t][r] = Wo[r][cols] . att[t][cols], cols = the query heads
+   [head_cut[i], head_cut[i + 1]) (whole KV-head groups). in ATT, out SUMS (sums_o:
+   (k_parts, n_tokens, dim)). */
 static void op_o_part(const struct exec_step *st, const struct prog_instr *in,
                       const struct scratch *sc, struct span sp)
 {
@@ -605,14 +636,20 @@ static void ffn_rows(const struct exec_step *st, const struct prog_instr *in, fl
     }
 }
 
+/* FFN_NORM_GATE_UP_SILU: layer l; rows = ffn dims. h = rmsnorm(x[t]) * ffn_norm;
+   hid[t][r] = silu(Wgate[r] . h) * (Wup[r] . h). in X, out HID. */
 static void op_ffn(const struct exec_step *st, const struct prog_instr *in,
                    const struct scratch *sc, struct span sp)
 {
     ffn_rows(st, in, buf_ptr(st, in->out), sc, sp);
 }
 
-/* K parts: the instruction's ffn rows into its HID buffer (aux), then those columns of
-   Wdown over them, stored as its part's partial sums. */
+/* FFN_DOWN_PART (K parts): layer l; part i; rows = ffn dims [ffn_cut[i], ffn_cut[i + 1]).
+   For every token t: x' = x[t] + sums_o[0][t] + .. + sums_o[n-1][t] (in part order), its
+   dims [x0, x1) stored to xmid[t]; h = rmsnorm(x') * ffn_norm; hid[t][r] =
+   silu(Wgate[r] . h) * (Wup[r] . h) for the rows (into aux, a HID buffer);
+   sums_d[i][t][d] = Wdown[d][rows] . hid[t][rows], every d. in X, sums SUMS (sums_o),
+   xout XMID, aux HID, out SUMS (sums_d). */
 static void op_ffn_down_part(const struct exec_step *st, const struct prog_instr *in,
                              const struct scratch *sc, struct span sp)
 {
@@ -634,9 +671,15 @@ int exec_final_slices(const struct program *p)
     return p->n_instr - p->stage_first[p->n_stages - 1];
 }
 
-/* The logits of the instruction's rows (vocab ids) for its logit rows, then, when the step
-   wants them, the top of each row's slice and its chunks' softmax statistics while it is
-   still in cache (logits_top.h). */
+/* FINAL_NORM_LOGITS: rows = vocab ids. For each logit row k (token t = logit_tok[k]):
+   h = rmsnorm(x[t]) * output_norm (with K parts x = xmid + sums_d); logits[k][r] =
+   Woutput[r] . h; when the step asks (exec_step.tops), also the LOGITS_TOP_K largest of
+   logits[k][rows] into the slot of (k, this instruction's place in the stage), and the
+   softmax statistics of the LOGITS_CHUNK chunks inside its rows for the rows that ask
+   (exec_step.rows): the sampler's first pass (exec/logits_top.h), done while the row is
+   still in cache. When the step asks (exec_step.hidden), the slice starting at vocab
+   row 0 also stores h of each logit row there (embeddings: the final hidden state).
+   in X, out LOGITS. */
 static void op_final(const struct exec_step *st, const struct prog_instr *in,
                      const struct scratch *sc, struct span sp)
 {

@@ -1,5 +1,5 @@
 /*
- * ops - the implementation of each program opcode (semantics documented in program.c).
+ * ops - the implementation of each program opcode (semantics above each op_* in ops.c).
  *
  * Every executor calls exec_op_run() for each instruction; executors differ only in who
  * runs which instruction when, never in arithmetic, so their logits are bit-identical.

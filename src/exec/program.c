@@ -1,112 +1,31 @@
 /*
- * program - the builder and buffer planner, and the reference for what each opcode means.
+ * program - the builder and buffer planner: the shape of a batch -> an instruction list.
  *
- * Build order: fill the shape tables from the batch, emit stages (each a run of
- * instructions sharing one counter), record each buffer's first write and last read, then
- * place buffers in the arena. Notation below: T = tokens of the batch, t one of them,
- * pos(t) its position, tab(t) the block table of its sequence (the step's tables, see
- * exec/kv.h: engine-chosen or internal, the ops cannot tell); x = buffer X; W* the layer's
- * weights; hd = head_dim; "rows r" = [row0, row1) of the instruction.
+ * Build order: fill the shape tables from the batch (fill_shape); emit EMBED, each layer
+ * (emit_layer, or emit_layer_kp with K parts) and FINAL as stages, each a run of
+ * instructions sharing one counter, recording each buffer's first write and last read;
+ * then place the buffers in the arena (plan_buffers). What each opcode computes, over
+ * which rows and buffers, is written above its function in exec/ops.c; every executor
+ * must give exactly those results.
  *
- * Opcodes (executed by exec/ops.c; every executor must give these exact results):
+ * Splits: EMBED by tokens, QKV by head units, ATTENTION by sequence and KV-head range
+ * (attn_pieces); the matrix ops by output rows at multiples of 16, the group size of
+ * repacked weights (emit_split_n), and FINAL as the comment in program_build_kp says.
  *
- * EMBED            rows = tokens. x[t] = f32(tok_embd row token(t)).
- *                  in -, out X.
+ * PROG_HEAD_DEPS: the QKV stage is cut into G = min(n_splits, n_kv_head) KV-head groups,
+ * each signalling a counter of its own (emit_qkv_groups), and an ATTENTION over KV heads
+ * [h0, h1) waits only on the counters of the groups holding them. Needs n_head % n_kv_head
+ * == 0.
  *
- * ATTN_NORM_QKV_ROPE  layer l; rows = head units over the concatenation
- *                  [Q heads 0..n_head) [K heads 0..n_kv) [V heads 0..n_kv), so a split never
- *                  cuts a head (rope and qk-norm work on whole heads). For every token t:
- *                  h = rmsnorm(x[t]) * attn_norm; for each unit u: y = W[u*hd..+hd) h
- *                  (+ bias); Q and K units: y = rmsnorm(y) * q_norm/k_norm (qwen3) then
- *                  rope at pos(t) (linear scaling divides pos; llama3 divides frequencies);
- *                  Q unit -> q[t][u*hd..], K/V unit -> head u of KV row (l, tab(t), pos(t)),
- *                  converted to the cache's element type (kv_write_head).
- *                  in X, out Q (and the KV cache).
+ * K parts (program.kp.n > 1; program_build_kp with the weights' cuts, exec/weights.h): a
+ * layer's O, FFN and DOWN give way to O_PART and FFN_DOWN_PART (emit_layer_kp), so a
+ * layer needs other workers' outputs twice instead of four times.
  *
- * ATTENTION        layer l; seq s; rows = a range of KV heads (attn_pieces: all of them
- *                  for decode sequences when there are enough, narrower ranges for prefill
- *                  chunks). For every token t of s and every query head hq with
- *                  hq / (n_head / n_kv) in rows: causal attention over cache positions
- *                  0..pos(t) of tab(s) (keys/values widened to f32 exactly; positions below
- *                  the sequence's pos may sit in blocks another sequence computed) with
- *                  scores q.k / sqrt(hd), softmax computed online in chunks of 16 positions
- *                  (kernels/cpu/attn.h); att[t][hq*hd..].
- *                  Waits for the QKV instructions of its heads: the batch's own keys are
- *                  in the cache (default programs: the whole QKV stage; PROG_HEAD_DEPS:
- *                  the counters of the KV-head groups holding rows, see below).
- *                  in Q, out ATT.
- *
- * O_PROJ_RESIDUAL  layer l; rows = output dims. x[t][r] += Wo[r] . att[t].
- *                  in ATT, out X.
- *
- * FFN_NORM_GATE_UP_SILU  layer l; rows = ffn dims. h = rmsnorm(x[t]) * ffn_norm;
- *                  hid[t][r] = silu(Wgate[r] . h) * (Wup[r] . h).
- *                  in X, out HID.
- *
- * DOWN_PROJ_RESIDUAL  layer l; rows = output dims. x[t][r] += Wdown[r] . hid[t].
- *                  in HID, out X.
- *
- * FINAL_NORM_LOGITS  rows = vocab ids. For each logit row k (token t = logit_tok[k]):
- *                  h = rmsnorm(x[t]) * output_norm; logits[k][r] = Woutput[r] . h; when
- *                  the step asks (exec_step.tops), also the LOGITS_TOP_K largest of
- *                  logits[k][rows] into the slot of (k, this instruction's place in the
- *                  stage), and the softmax statistics of the LOGITS_CHUNK chunks inside
- *                  its rows for the rows that ask (exec_step.rows): the sampler's first
- *                  pass (exec/logits_top.h). When the step asks (exec_step.hidden), the
- *                  slice starting at vocab row 0 also stores h of each logit row there
- *                  (embeddings: the final hidden state). in X, out LOGITS.
- *
- * K parts (program.kp.n > 1; program_build_kp with the weights' cuts, exec/weights.h): the
- * layer's O_PROJ_RESIDUAL, FFN_NORM_GATE_UP_SILU and DOWN_PROJ_RESIDUAL give way to
- *
- * O_PART           layer l; part i; rows = output dims (all of them). For every token t:
- *                  sums_o[i][t][r] = Wo[r][cols] . att[t][cols], cols = the query heads
- *                  [head_cut[i], head_cut[i + 1]) (whole KV-head groups).
- *                  in ATT, out SUMS (sums_o).
- *
- * FFN_DOWN_PART    layer l; part i; rows = ffn dims [ffn_cut[i], ffn_cut[i + 1]). For every
- *                  token t: x' = x[t] + sums_o[0][t] + .. + sums_o[n-1][t] (in part order),
- *                  its dims [x0, x1) stored to xmid[t]; h = rmsnorm(x') * ffn_norm;
- *                  hid[t][r] = silu(Wgate[r] . h) * (Wup[r] . h) for the rows (into aux, a
- *                  HID buffer); sums_d[i][t][d] = Wdown[d][rows] . hid[t][rows], every d.
- *                  in X, sums SUMS (sums_o), xout XMID, aux HID, out SUMS (sums_d).
- *
- *                  and the readers of the residual stream add the sums the same way: QKV of
- *                  layer l > 0 reads x = xmid[t] + sums_d[0][t] + .. and stores its dims
- *                  [x0, x1) to X (each QKV instruction a slice, together all of it), layer
- *                  0's QKV reads X as EMBED wrote it, FINAL reads xmid + sums_d. A layer so
- *                  needs other workers' outputs twice (all O parts before the FFN, all
- *                  FFN_DOWN parts before the next layer) instead of four times. The
- *                  attention stage is emitted part by part, and with PROG_HEAD_DEPS each
- *                  part signals a counter of its own that only its O part waits on. Every
- *                  executor runs the same parts, and the cuts come from the model alone, so
- *                  the numbers still do not depend on the executor, the thread count or the
- *                  batch.
- *
- * Row splits of the matrix ops (O_PROJ, FFN, DOWN, FINAL) start at multiples of 16 rows
- * (the group size of repacked weights, kernels/cpu/gemm.h), so with fewer than 16 rows
- * per split there are fewer slices than n_splits; FINAL's at multiples of LOGITS_CHUNK
- * when the vocabulary has at least 8 such chunks per split, and FINAL is cut into up to
- * 64 slices of ~2048 rows instead of n_splits when the step has at most 16 logit rows
- * (the workers balance the step's end on them). EMBED and QKV split by tokens
- * / heads.
- *
- * PROG_HEAD_DEPS: the QKV stage is cut into G = min(n_splits, n_kv_head) KV-head groups
- * (group g: KV heads [g * n_kv / G, (g + 1) * n_kv / G)); each group emits its query
- * heads in n_splits / G ranges (at least 1, at most the smallest group's query heads),
- * then its K heads, then its V heads, all signalling the group's own counter, so every
- * group counter expects the same count. An ATTENTION over KV heads [h0, h1) waits on the
- * consecutive counters of the groups holding h0 .. h1 - 1. Needs n_head % n_kv_head == 0.
- *
- * Row-range instructions of one stage write disjoint outputs and read only what earlier
- * stages finished, so any number of workers can run a stage without atomics; each
- * recomputes the (cheap) rmsnorm of its input instead of sharing it.
- *
- * Buffer liveness is taken at stage granularity (a stage's instructions may run
- * concurrently), and because a stage waits for the whole previous one, two buffers whose
- * stage ranges do not overlap can share memory with no extra synchronisation. The
- * exceptions, with PROG_HEAD_DEPS, are a layer's QKV, ATTENTION and (K parts) O stages,
- * whose instructions wait only on their own heads: those stages count as one.
+ * Invariants: instructions of one stage write disjoint outputs and read only what earlier
+ * stages finished, so any number of workers run a stage without atomics; every wait names
+ * counters signalled only by earlier instructions, so list order is a valid serial
+ * schedule. Buffer liveness is taken at stage granularity (widen_to_stages), so buffers
+ * whose stage ranges do not overlap share memory with no extra synchronisation.
  */
 #include "exec/program.h"
 
@@ -328,8 +247,11 @@ static int group_of_head(int h, int n_groups, int n_kv)
 }
 
 /* The QKV stage cut by KV-head groups (min(n_splits, n_kv) of them): per group, q_pieces
-   ranges of its query heads, then its K heads, then its V heads, all signalling the
-   group's own counter (from *counter0 on). Returns the instructions per group. */
+   ranges of its query heads (n_splits / G, at least 1, at most the smallest group's query
+   heads), then its K heads, then its V heads, all signalling the group's own counter
+   (from *counter0 on), so every group counter expects the same count; an ATTENTION over
+   KV heads [h0, h1) waits on the consecutive counters of the groups holding h0 .. h1 - 1.
+   Returns the instructions per group. */
 static int emit_qkv_groups(struct builder *bd, const struct model_config *c, int l, int q,
                            int *counter0, int *n_groups)
 {
@@ -721,11 +643,12 @@ int program_build_kp(struct program **out, const struct model_config *c,
             emit_layer(&bd, c, l);
     }
     const int first_fin = p->n_instr;
-    /* The LM head is the step's last and largest matrix: with few logit rows (decode) it
-       is cut into slices of ~PROG_FINAL_ROWS vocabulary rows, so the workers balance its
-       end among themselves (exec_mega.c); on softmax-statistics chunks (logits_top.h) when
-       the vocabulary has enough of them that the slices stay even (else the backend does
-       the cut chunks). */
+    /* The LM head is the step's last and largest matrix: with at most PROG_FINAL_FEW_ROWS
+       logit rows (decode) it is cut into up to PROG_FINAL_MAX slices of ~PROG_FINAL_ROWS
+       vocabulary rows instead of n_splits, so the workers balance its end among themselves
+       (exec_mega.c); its slices start on softmax-statistics chunks (LOGITS_CHUNK,
+       logits_top.h) when the vocabulary has at least 8 of them per slice (else at
+       multiples of 16, and the backend does the chunks a boundary cuts). */
     int n_fin = p->n_splits;
     if (p->n_splits > 1 && p->n_logit_rows <= PROG_FINAL_FEW_ROWS &&
         c->n_vocab / PROG_FINAL_ROWS > n_fin)

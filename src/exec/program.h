@@ -7,7 +7,7 @@
  * list: the single-threaded reference executor (exec_ref.c) walks it in order; the later
  * persistent-team megakernel hands instructions to workers that synchronise only through
  * the counters named in each instruction; the later op-by-op executor runs each stage with
- * a barrier. The opcodes and their exact semantics are documented in program.c.
+ * a barrier. The opcodes and their exact semantics are documented in ops.c.
  *
  * Shape, not data: a program depends on the number of sequences, each sequence's token
  * count and logits mode, never on token ids, positions or seq ids, which the executor
@@ -47,7 +47,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Full semantics, unit of row0/row1 and buffers of each opcode: see program.c. */
+/* Full semantics, unit of row0/row1 and buffers of each opcode: above its op_* in ops.c. */
 enum prog_op {
     OP_EMBED = 0,             /* rows = tokens: x[t] = embedding of token t */
     OP_ATTN_NORM_QKV_ROPE,    /* rows = Q|K|V heads: rmsnorm, projections, bias, qk-norm,
@@ -95,7 +95,7 @@ struct prog_instr {
     uint8_t op;         /* enum prog_op */
     int16_t layer;      /* -1 for EMBED and FINAL_NORM_LOGITS */
     int32_t seq;        /* batch sequence index (ATTENTION), else -1 */
-    int32_t row0, row1; /* work range [row0, row1); unit depends on op (see program.c) */
+    int32_t row0, row1; /* work range [row0, row1); unit depends on op (see ops.c) */
     int32_t in, out;    /* buffer ids (index into program.bufs), -1 if none */
     int32_t wait;       /* first counter waited on, -1: none */
     int32_t n_wait;     /* counters waited on: [wait, wait + n_wait) (0 when wait is -1) */
