@@ -131,7 +131,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"tied", 0, OPT_FLAG, &a.tied, NULL, "tie output and embedding weights"},
         {"untied", 0, OPT_FLAG, &a.untied, NULL, "separate output weights"},
         {"tokenizer", 't', OPT_STR, &a.tokenizer, "PATH", "tokenizer.json or its directory"},
-        {"dtype", 0, OPT_STR, &a.dtype, "T", "f32, f16, bf16, q8_0 or q4_0 (default f32)"},
+        {"dtype", 0, OPT_STR, &a.dtype, "T", "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K (default f32)"},
         {"seed", 0, OPT_U64, &a.seed, "S", "random seed (default 0)"},
         {"name", 0, OPT_STR, &a.name, "NAME", "general.name / _name_or_path"},
         {"out", 'o', OPT_STR, &a.out, "PATH", "output: FILE.gguf or an HF directory"},
