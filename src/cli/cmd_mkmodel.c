@@ -16,10 +16,10 @@
 #include <string.h>
 
 struct mk_args {
-    const char *arch, *preset, *tokenizer, *dtype, *out, *name;
-    int dim, layers, heads, kv_heads, head_dim, ffn, vocab, ctx;
+    const char *arch, *preset, *tokenizer, *dtype, *out, *name, *rope_scaling;
+    int dim, layers, heads, kv_heads, head_dim, ffn, vocab, ctx, rope_orig_ctx;
     bool tied, untied;
-    float theta, eps;
+    float theta, eps, rope_factor, rope_low, rope_high;
     uint64_t seed;
 };
 
@@ -38,6 +38,36 @@ static void apply_dims(const struct mk_args *a, struct model_config *c)
     if (a->tied) c->tied_embeddings = true;
     if (a->untied) c->tied_embeddings = false;
     if (a->name) snprintf(c->name, sizeof c->name, "%s", a->name);
+    if (a->rope_factor > 0) c->rope_factor = a->rope_factor;
+    if (a->rope_low > 0) c->rope_low_freq_factor = a->rope_low;
+    if (a->rope_high > 0) c->rope_high_freq_factor = a->rope_high;
+    if (a->rope_orig_ctx) c->rope_orig_ctx = a->rope_orig_ctx;
+}
+
+/* --rope-scaling: none, or llama3 with Llama 3.2's factors unless given. */
+static int apply_rope_scaling(const struct mk_args *a, struct model_config *c)
+{
+    if (!a->rope_scaling)
+        return 0;
+    if (!strcmp(a->rope_scaling, "none")) {
+        c->rope_scaling = ROPE_SCALING_NONE;
+        return 0;
+    }
+    if (strcmp(a->rope_scaling, "llama3") != 0) {
+        fprintf(stderr, "weld mkmodel: --rope-scaling '%s' is not one of none, llama3\n",
+                a->rope_scaling);
+        return 2;
+    }
+    if (c->arch != ARCH_LLAMA) {
+        fprintf(stderr, "weld mkmodel: --rope-scaling llama3 needs --arch llama\n");
+        return 2;
+    }
+    c->rope_scaling = ROPE_SCALING_LLAMA3;
+    c->rope_factor = a->rope_factor > 0 ? a->rope_factor : 32.0f;
+    c->rope_low_freq_factor = a->rope_low > 0 ? a->rope_low : 1.0f;
+    c->rope_high_freq_factor = a->rope_high > 0 ? a->rope_high : 4.0f;
+    c->rope_orig_ctx = a->rope_orig_ctx ? a->rope_orig_ctx : 8192;
+    return 0;
 }
 
 static int build_config(const struct mk_args *a, struct model_config *c)
@@ -64,6 +94,8 @@ static int build_config(const struct mk_args *a, struct model_config *c)
         snprintf(c->name, sizeof c->name, "weld-mkmodel");
     }
     apply_dims(a, c);
+    if (apply_rope_scaling(a, c))
+        return 2;
     if (a->preset && (a->dim || a->heads) && !a->head_dim)
         c->head_dim = 0, c->rope_dim = 0; /* recomputed as dim / heads */
     if (a->preset && a->heads && !a->kv_heads)
@@ -88,11 +120,18 @@ int cmd_mkmodel(int argc, char **argv)
         {"vocab", 0, OPT_INT, &a.vocab, "N", "vocabulary size (default: the tokenizer's)"},
         {"ctx", 0, OPT_INT, &a.ctx, "N", "context length (default 2048)"},
         {"rope-theta", 0, OPT_FLOAT, &a.theta, "F", "rope base (default 1e4 llama, 1e6 qwen)"},
+        {"rope-scaling", 0, OPT_STR, &a.rope_scaling, "NAME",
+         "none or llama3 (factors default to Llama 3.2's: 32, 1, 4, 8192)"},
+        {"rope-factor", 0, OPT_FLOAT, &a.rope_factor, "F", "llama3 rope scaling factor"},
+        {"rope-low-freq", 0, OPT_FLOAT, &a.rope_low, "F", "llama3 low_freq_factor"},
+        {"rope-high-freq", 0, OPT_FLOAT, &a.rope_high, "F", "llama3 high_freq_factor"},
+        {"rope-orig-ctx", 0, OPT_INT, &a.rope_orig_ctx, "N",
+         "llama3 original_max_position_embeddings"},
         {"eps", 0, OPT_FLOAT, &a.eps, "F", "RMSNorm epsilon"},
         {"tied", 0, OPT_FLAG, &a.tied, NULL, "tie output and embedding weights"},
         {"untied", 0, OPT_FLAG, &a.untied, NULL, "separate output weights"},
         {"tokenizer", 't', OPT_STR, &a.tokenizer, "PATH", "tokenizer.json or its directory"},
-        {"dtype", 0, OPT_STR, &a.dtype, "T", "f32, f16, bf16, q8_0 or q4_0 (default f32)"},
+        {"dtype", 0, OPT_STR, &a.dtype, "T", "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K (default f32)"},
         {"seed", 0, OPT_U64, &a.seed, "S", "random seed (default 0)"},
         {"name", 0, OPT_STR, &a.name, "NAME", "general.name / _name_or_path"},
         {"out", 'o', OPT_STR, &a.out, "PATH", "output: FILE.gguf or an HF directory"},

@@ -473,10 +473,10 @@ int mkmodel_write(const struct model_config *cfg, const struct mkmodel_opts *o,
     int gguf = mkmodel_is_gguf_path(o->out);
     int rc;
     const struct dtype_info *di = dtype_get(o->dtype);
-    if (!di || (o->dtype != DT_F32 && o->dtype != DT_F16 && o->dtype != DT_BF16 &&
-                o->dtype != DT_Q8_0 && o->dtype != DT_Q4_0))
+    if (!di || !di->can_quantize)
         return err_set(e, WELD_ERR_INVALID_ARG, "mkmodel: dtype '%s' is not one of f32, f16, "
-                       "bf16, q8_0, q4_0", dtype_name(o->dtype));
+                       "bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K",
+                       dtype_name(o->dtype));
     if (!gguf && di->quantized)
         return err_set(e, WELD_ERR_INVALID_ARG, "mkmodel: %s: Hugging Face directories hold "
                        "f32, f16 or bf16 weights; use one of those, or write a .gguf file for "

@@ -11,8 +11,8 @@
  * memory.
  *
  * GGUF output: 1-D tensors (norms, biases) stay F32, 2-D ones take the requested type
- * (f32, f16, bf16, q8_0, q4_0); a row that is not a multiple of the block size falls back
- * to F16. The tokenizer goes into the metadata through tokmeta; Llama 3 rope scaling
+ * (f32, f16, bf16, or any type format/dtype.c quantizes: q4_0, q4_1, q5_0, q5_1, q8_0,
+ * q4_K, q5_K, q6_K); a row that is not a multiple of the block size falls back to F16. The tokenizer goes into the metadata through tokmeta; Llama 3 rope scaling
  * becomes the rope_freqs.weight tensor. HF output: config.json, model.safetensors,
  * generation_config.json, and tokenizer.json / tokenizer_config.json copied byte for byte
  * from the tokenizer's directory. Quantized types are GGUF-only.
@@ -37,7 +37,7 @@ void mkmodel_config_defaults(struct model_config *c);
 
 struct mkmodel_opts {
     const char *tokenizer; /* tokenizer.json or a directory holding it; NULL: none */
-    int dtype;             /* enum weld_dtype: DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 */
+    int dtype;             /* enum weld_dtype: F32, F16, BF16 or one dtype_quantize_row makes */
     uint64_t seed;
     const char *out;       /* ends with .gguf: GGUF file; else an HF directory (created) */
 };

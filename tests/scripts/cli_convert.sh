@@ -26,6 +26,17 @@ out=$("$weld" convert --help); expect_contains "$out" "--dtype" "convert --help"
 out=$("$weld" info --help); expect_contains "$out" "--tensors" "info --help"
 "$weld" convert only-one-arg >/dev/null 2>&1; expect_eq "$?" 2 "convert usage exit"
 "$weld" mkmodel --preset tiny >/dev/null 2>&1; expect_eq "$?" 2 "mkmodel without --out"
+"$weld" mkmodel --preset tiny --vocab 64 --rope-scaling yarn --out "$tmp/r.gguf" >/dev/null 2>&1
+expect_eq "$?" 2 "mkmodel unknown rope scaling"
+"$weld" mkmodel --arch qwen3 --preset tiny --vocab 64 --rope-scaling llama3 --out "$tmp/r.gguf" \
+  >/dev/null 2>&1
+expect_eq "$?" 2 "mkmodel llama3 rope scaling on qwen3"
+"$weld" mkmodel --preset tiny --vocab 64 --rope-scaling llama3 --rope-factor 8 \
+  --rope-orig-ctx 64 --out "$tmp/r.gguf" 2>/dev/null
+expect_eq "$?" 0 "mkmodel llama3 rope scaling"
+out=$("$weld" info "$tmp/r.gguf" --tensors)
+expect_contains "$out" "llama3, factor 8, low 1, high 4, original context 64" "info rope scaling"
+expect_contains "$out" "rope_freqs.weight" "mkmodel writes rope_freqs.weight"
 
 # bad input: exit 1 and a message that names the file
 printf 'GGUF\003\000\000\000garbage' > "$tmp/junk.gguf"
