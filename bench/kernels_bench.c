@@ -23,7 +23,7 @@
  *       (default: the CPU's gemm_decode_flags);
  *   pp: N tokens (default 64) through every matrix as one matrix-matrix product; tokens/s
  *       of the products alone.
- * Not a unit test and not registered with ctest (tests/kernels_bench.cmake builds it).
+ * Not a unit test and not registered with ctest (bench/CMakeLists.txt builds it).
  * Attention, norms and the executor are not included, so tg here is an upper bound of what
  * the engine can reach with these kernels. The weights live in huge-page-advised memory
  * (wmap_huge), as the engine's weight pool does: from malloc (4 KiB pages) each page

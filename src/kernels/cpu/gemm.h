@@ -338,8 +338,6 @@ void gemm_scalar_r16(const struct gemm_args *a);
 void gemm_scalar_fr16(const struct gemm_args *a);
 void gemm_scalar_r16k(const struct gemm_args *a);
 void gemm_scalar_r16q6(const struct gemm_args *a);
-/* Quantize one block of 32 for the repacked types (shared by every ISA). */
-void gemm_quant_br(const float *x, struct gemm_act_br *b, int32_t off);
 #if defined(__x86_64__)
 extern const struct gemm_ops gemm_ops_avx2;
 extern const struct gemm_ops gemm_ops_avx512;

@@ -19,6 +19,7 @@
  * zero-padded copies of 16 elements.
  */
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_quant.h"
 #include "kernels/cpu/gemm_x86.h"
 
 #include "core/err.h"
@@ -72,7 +73,7 @@ AI __m256i quant32(const float *x, __m256 id)
 }
 
 /* Block 2i+h of x into half h of pair p (x NULL: a zero half). */
-static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int off)
+AI void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int32_t off)
 {
     float d = 0.0f, id = 0.0f;
     __m256i q = _mm256_setzero_si256();
@@ -86,7 +87,7 @@ static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int off)
     _mm256_storeu_ps(p->d + 8 * h, _mm256_set1_ps(d));
 }
 
-/* One block of 32 for the repacked types (gemm_quant_br's result, vectorized). */
+/* One block of 32 for the repacked types (gemm_scalar.c's quant_br, vectorized). */
 static void quant_br(const float *x, struct gemm_act_br *b, int32_t off)
 {
     float id;
@@ -117,29 +118,19 @@ static void quant_bk(const float *x, struct gemm_act_bk *b)
     memset(b->pad, 0, sizeof b->pad);
 }
 
+/* Blocks 2i and (if nblk == 2) 2i+1 of x into pair p; a missing second block is zero. */
+static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int32_t off)
+{
+    quant_b32(x, p, 0, off);
+    quant_b32(nblk == 2 ? x + 32 : NULL, p, 1, off);
+}
+
+static const struct gemm_act_quantizers avx2_quantizers = {quant_pair, quant_bk, quant_br};
+
 static void avx2_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok, void *act,
                            size_t act_row_bytes)
 {
-    enum gemm_act_kind kind = gemm_act_kind(wtype);
-    for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + (size_t)t * ldx;
-        uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
-        if (kind == GEMM_ACT_Q8_32) {
-            struct gemm_act_b64 *p = (struct gemm_act_b64 *)row;
-            const int64_t nb = k / 32;
-            for (int64_t i = 0; i < (nb + 1) / 2 * 2; i++)
-                quant_b32(i < nb ? xt + 32 * i : NULL, p + i / 2, (int)(i % 2),
-                          wtype == DT_Q8_0 ? 128 : 8);
-        } else if (kind == GEMM_ACT_Q8_K) {
-            struct gemm_act_bk *b = (struct gemm_act_bk *)row;
-            for (int64_t i = 0; i < k / 256; i++)
-                quant_bk(xt + 256 * i, b + i);
-        } else if (kind == GEMM_ACT_Q8_R) {
-            struct gemm_act_br *b = (struct gemm_act_br *)row;
-            for (int64_t i = 0; i < k / 32; i++)
-                quant_br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
-        }
-    }
+    gemm_act_quant_rows(&avx2_quantizers, wtype, x, ldx, k, n_tok, act, act_row_bytes);
 }
 
 /* ------------------------------------------------------------------------------------ */

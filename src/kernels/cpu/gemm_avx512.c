@@ -30,6 +30,7 @@
  * need the activations rounded to bf16 and break the contract with the scalar path.
  */
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_quant.h"
 #include "kernels/cpu/gemm_x86.h"
 
 #include "core/err.h"
@@ -113,7 +114,7 @@ AI __m128i quant16(const float *x, __m512 id)
 }
 
 /* Blocks 2i and (if nblk == 2) 2i+1 of x into pair p; a missing second block is zero. */
-static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int off)
+static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int32_t off)
 {
     float d[2] = {0.0f, 0.0f}, id[2] = {0.0f, 0.0f};
     for (int h = 0; h < nblk; h++)
@@ -130,7 +131,7 @@ static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int off
     _mm512_storeu_ps(p->d, _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1));
 }
 
-static void quant_br(const float *x, struct gemm_act_br *b, int off)
+static void quant_br(const float *x, struct gemm_act_br *b, int32_t off)
 {
     float id;
     gemm_quant_scale(amax16(x, 32), &b->d, &id);
@@ -159,28 +160,12 @@ static void quant_bk(const float *x, struct gemm_act_bk *b)
     memset(b->pad, 0, sizeof b->pad);
 }
 
+static const struct gemm_act_quantizers avx512_quantizers = {quant_pair, quant_bk, quant_br};
+
 static void avx512_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok,
                              void *act, size_t act_row_bytes)
 {
-    enum gemm_act_kind kind = gemm_act_kind(wtype);
-    for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + (size_t)t * ldx;
-        uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
-        if (kind == GEMM_ACT_Q8_32) {
-            struct gemm_act_b64 *p = (struct gemm_act_b64 *)row;
-            const int64_t nb = k / 32;
-            for (int64_t i = 0; i < nb; i += 2)
-                quant_pair(xt + 32 * i, nb - i >= 2 ? 2 : 1, p + i / 2, wtype == DT_Q8_0 ? 128 : 8);
-        } else if (kind == GEMM_ACT_Q8_K) {
-            struct gemm_act_bk *b = (struct gemm_act_bk *)row;
-            for (int64_t i = 0; i < k / 256; i++)
-                quant_bk(xt + 256 * i, b + i);
-        } else if (kind == GEMM_ACT_Q8_R) {
-            struct gemm_act_br *b = (struct gemm_act_br *)row;
-            for (int64_t i = 0; i < k / 32; i++)
-                quant_br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
-        }
-    }
+    gemm_act_quant_rows(&avx512_quantizers, wtype, x, ldx, k, n_tok, act, act_row_bytes);
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -10,6 +10,7 @@
  * format/dtype.h.
  */
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_quant.h"
 
 #include "core/err.h"
 #include "core/fp16.h"
@@ -153,7 +154,7 @@ static void quant_b32(const float *x, struct gemm_act_b64 *p, int h, int32_t off
     }
 }
 
-void gemm_quant_br(const float *x, struct gemm_act_br *b, int32_t off)
+static void quant_br(const float *x, struct gemm_act_br *b, int32_t off)
 {
     float amax = 0.0f, id;
     for (int i = 0; i < 32; i++)
@@ -185,29 +186,19 @@ static void quant_bk(const float *x, struct gemm_act_bk *b)
     memset(b->pad, 0, sizeof b->pad);
 }
 
+/* Blocks 2i and (if nblk == 2) 2i+1 of x into pair p; a missing second block is zero. */
+static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int32_t off)
+{
+    quant_b32(x, p, 0, off);
+    quant_b32(nblk == 2 ? x + 32 : NULL, p, 1, off);
+}
+
+static const struct gemm_act_quantizers scalar_quantizers = {quant_pair, quant_bk, quant_br};
+
 static void scalar_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok,
                              void *act, size_t act_row_bytes)
 {
-    enum gemm_act_kind kind = gemm_act_kind(wtype);
-    for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + (size_t)t * ldx;
-        uint8_t *row = (uint8_t *)act + (size_t)t * act_row_bytes;
-        if (kind == GEMM_ACT_Q8_32) {
-            struct gemm_act_b64 *p = (struct gemm_act_b64 *)row;
-            const int64_t nb = k / 32;
-            for (int64_t i = 0; i < (nb + 1) / 2 * 2; i++)
-                quant_b32(i < nb ? xt + 32 * i : NULL, p + i / 2, (int)(i % 2),
-                          wtype == DT_Q8_0 ? 128 : 8);
-        } else if (kind == GEMM_ACT_Q8_K) {
-            struct gemm_act_bk *b = (struct gemm_act_bk *)row;
-            for (int64_t i = 0; i < k / 256; i++)
-                quant_bk(xt + 256 * i, b + i);
-        } else if (kind == GEMM_ACT_Q8_R) {
-            struct gemm_act_br *b = (struct gemm_act_br *)row;
-            for (int64_t i = 0; i < k / 32; i++)
-                gemm_quant_br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
-        }
-    }
+    gemm_act_quant_rows(&scalar_quantizers, wtype, x, ldx, k, n_tok, act, act_row_bytes);
 }
 
 /* ------------------------------------------------------------------------------------ */
