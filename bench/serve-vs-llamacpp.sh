@@ -70,7 +70,7 @@ wait_healthy() { # port log
 run_bench() { # name port
   echo
   echo "### $1"
-  WELD_NO_PROGRESS=1 "$weld" bench serve --base-url "http://127.0.0.1:$2" --dataset "$dataset" \
+  "$weld" bench serve --base-url "http://127.0.0.1:$2" --dataset "$dataset" \
     --num-prompts "$n" --max-concurrency "$conc" --request-rate "$rate" --input-len "$ilen" \
     --output-len "$olen" --prefix-len "$plen" --num-groups "$groups" --seed "$seed" \
     --tokenizer "$model" --save-result "$out/$1.json"

@@ -29,7 +29,7 @@ weld=${WELD_BIN:-$here/build/weld}
 command -v python3 >/dev/null || { echo "python3 is needed to read the JSON results" >&2; exit 1; }
 
 echo "workload: $n prompts x $ilen tokens, $olen output tokens, $par at a time, $threads threads; model $model"
-wj=$(WELD_NO_PROGRESS=1 "$weld" bench throughput -m "$model" --dataset random --num-prompts "$n" \
+wj=$("$weld" bench throughput -m "$model" --dataset random --num-prompts "$n" \
        --input-len "$ilen" --output-len "$olen" --max-num-seqs "$par" --compare sequential --json)
 ctx=$((par * (ilen + olen) + 256))
 lj=$("$llama_dir/llama-batched-bench" -m "$model" -c "$ctx" -b 2048 -ub 512 -npp "$ilen" \
