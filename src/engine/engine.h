@@ -55,6 +55,7 @@
 #include "core/err.h"
 #include "engine/request.h"
 #include "engine/sched.h"
+#include "exec/tuning.h"
 #include "format/dtype.h"
 
 #include <stdbool.h>
@@ -81,6 +82,8 @@ struct engine_params {
     enum sched_policy policy;       /* default FCFS */
     uint64_t seed;                  /* mixed into the seed of requests without one */
     int n_threads;                  /* forward-pass workers; 0: backend_cpu_default_threads */
+    struct exec_tuning tuning;      /* backend, executor, kernel settings; zero: automatic
+                                       (exec/tuning.h) */
     bool quiet;                     /* do not log the pool size at start */
 };
 
