@@ -18,7 +18,7 @@
  * Also: stories260K's golden greedy tokens (llama.cpp's, as in test_exec_golden) with
  * ops and mega; thousands of steps of random batch shapes run in lockstep on ref and
  * ops / mega (no deadlock, no drift: every step's logits equal); ops refuses a program
- * that is not stage-by-stage; the WELD_EXEC default and list. Mega-only behaviour (plans,
+ * that is not stage-by-stage; the executor default and the name lookups. Mega-only behaviour (plans,
  * stats, trace, idle CPU) is in test_exec_mega.c.
  */
 #include "core/alloc.h"

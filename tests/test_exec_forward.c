@@ -13,7 +13,7 @@
  * kernel: the kern_row_dot fallback), and which matrices get repacked. Then the batch
  * invariants, which must hold bit-for-bit (also for repacked and K-quant weights):
  * batching with other sequences, prefill chunking, n_splits, KV block size.
- * Then errors: context limit, KV exhaustion, bad tensors, WELD_ACCELERATOR / WELD_EXEC.
+ * Then errors: context limit, KV exhaustion, bad tensors, the tuning's accelerator / executor.
  */
 #include "core/alloc.h"
 #include "core/rng.h"

@@ -53,9 +53,9 @@
  * "round_trip_ns"}, ...]}.
  *
  * --pair A,B (each EXEC or EXEC:THREADS, e.g. mega,ops or mega:2,ref:1, optionally
- * followed by @WELD_NAME=VALUE settings that hold while that side's runner is made, e.g.
- * mega,mega@WELD_DECODE_PAIRS=1: one executor, two ways of streaming the weights; only
- * settings read when a runner is made can differ, not per-process ones like WELD_ISA):
+ * followed by @KEY=VALUE settings, --tune's keys, on top of --tune's for that side, e.g.
+ * mega,mega@decode_pairs=1: one executor, two ways of streaming the weights; only
+ * settings a runner takes can differ, not per-process ones like WELD_ISA):
  * two runners on the one loaded model, with those executors, measured interleaved in one
  * process, for a host whose speed moves by tens of percent between seconds (other
  * tenants' memory traffic): separate runs a few seconds apart compare minutes, not
@@ -69,7 +69,7 @@
  * median A/B speed ratio over all block pairs with its 10th-90th percentiles and how many
  * pairs A was slower in, and the pp ratio per repetition.
  * The two runners read one copy of the weights (exec/weights.h: the pool is shared per
- * model and plan; a side whose settings change the plan, e.g. @WELD_REPACK=0, gets its
+ * model and plan; a side whose settings change the plan, e.g. @repack=0, gets its
  * own). With a copy each, one copy streamed up to 15% faster than the other for the
  * whole process on the Zen 5 VM here (`--pair mega,mega`: 0.84-1.12x over five
  * processes, every block pair of a process on the same side), more than the differences

@@ -38,7 +38,9 @@ static void usage(FILE *f)
                "The commands that run a model (generate, chat, batch, serve, bench) also take\n"
                "--exec mega|ops|ref (the executor), --accelerator NAME (the backend: cpu) and\n");
     cli_tune_help(f);
-    fprintf(f, "\nEnvironment (debugging):\n"
+    fprintf(f, "'weld bench -m MODEL --pair A,B' compares two of them in one process, each side\n"
+               "EXEC[:THREADS][@KEY=VALUE]..., e.g. --pair mega,ops or --pair mega,mega@repack=0.\n"
+               "\nEnvironment (debugging):\n"
                "  WELD_LOG=error|warn|info|debug   log level (default info)\n"
                "  WELD_ISA=scalar|avx2|avx512|amx  force the CPU kernels' instruction set\n"
                "  WELD_TRACE=FILE                  Chrome trace of the mega executor's first steps\n"

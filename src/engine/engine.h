@@ -11,7 +11,7 @@
  *     engine_free(eng);
  *
  * What it owns: the model (loaded from model_path, or borrowed), its tokenizer, a runner
- * (the backend WELD_ACCELERATOR picks, exec/runner.h) whose KV pool has exactly the
+ * (the backend engine_params.tuning names, exec/runner.h) whose KV pool has exactly the
  * scheduler's n_blocks blocks, and the scheduler (engine/sched.h) with its KV block
  * manager. The backend keeps no per-sequence state: every step's batch carries each
  * sequence's block table and the copy-on-write block copies the manager queued.

@@ -84,7 +84,11 @@ expect_contains "$err" "truncated.gguf" "truncated model named"
 for c in generate info tokenize convert mkmodel; do
   "$weld" $c --help >/dev/null 2>&1 && ok || bad "weld $c --help"
 done
-"$weld" --help >/dev/null && ok || bad "weld --help"
+out=$("$weld" --help) && ok || bad "weld --help"
+for w in "--exec mega|ops|ref" "--tune KEY=VALUE" kv_groups dump_program "--pair" WELD_LOG WELD_ISA \
+         WELD_TRACE WELD_REGEX_MATCH_LIMIT docs/TUNING.md; do
+  expect_contains "$out" "$w" "weld --help names $w"
+done
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
