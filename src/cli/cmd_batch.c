@@ -62,11 +62,10 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
         {"policy", 0, OPT_STR, &o->policy, "P", "fcfs (default) or priority (lower runs first)"},
         {"threads", 't', OPT_INT, &o->threads, "N", "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
     };
-    _Static_assert(sizeof opts / sizeof opts[0] + CLI_EXEC_N_OPTS == CLI_ENGINE_N_OPTS,
-                   "CLI_ENGINE_N_OPTS");
+    enum { N = sizeof opts / sizeof opts[0] }; /* then --exec, --tune, --accelerator */
+    _Static_assert(N + CLI_EXEC_N_OPTS == CLI_ENGINE_N_OPTS, "CLI_ENGINE_N_OPTS");
     memcpy(t, opts, sizeof opts);
-    return (int)(sizeof opts / sizeof opts[0]) + cli_exec_opts_table(&o->exec,
-                                                                      t + sizeof opts / sizeof opts[0]);
+    return N + cli_exec_opts_table(&o->exec, t + N);
 }
 
 int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out,

@@ -117,7 +117,7 @@ int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t)
     const struct cli_opt opts[CLI_EXEC_N_OPTS] = {
         {"exec", 0, OPT_STR, &o->exec, "NAME", "executor: mega, ops or ref (default: mega with more than one thread, else ref)"},
         {"tune", 0, OPT_STRS, &o->tune, "KEY=VALUE", "executor and kernel setting, repeatable: kv_groups, k_parts, decode_pairs, l2_prefetch, repack, trace_steps, dump_program ('weld --help', docs/TUNING.md)"},
-        {"accelerator", 0, OPT_STR, &o->accelerator, "NAME", "backend (default: cpu, the only one in this build)"},
+        {"accelerator", 0, OPT_STR, &o->accelerator, "NAME", "backend (default: cpu; an unknown name lists those built in)"},
     };
     memcpy(t, opts, sizeof opts);
     return CLI_EXEC_N_OPTS;
