@@ -8,6 +8,8 @@
  * also what a user gets without flags: exec_tuning_default() returns that. The CLI fills
  * it from --accelerator, --exec and --tune KEY=VALUE (cli/tuning.c holds the key names,
  * their checks and their help; docs/TUNING.md says when to change them).
+ * The two names are read while a backend is made, not kept: the strings need only live
+ * that long.
  *
  * Invariant: no field changes the numbers a step computes except k_parts (another
  * summation order, the same on every executor and thread count); executors are
