@@ -46,7 +46,8 @@ static const struct tune_key keys[] = {
      "0 or 1: weights into the kernels' repacked layouts where faster (default 1)"},
     {"trace_steps", KEY_COUNT, 1000000, F(trace_steps),
      "N: steps a WELD_TRACE=FILE trace covers (default 4)"},
-    {"dump_program", KEY_BOOL, 0, F(dump_program), "0 or 1: print every program built to stderr (default 0)"},
+    {"dump_program", KEY_BOOL, 0, F(dump_program),
+     "0 or 1: print every program built to stderr (default 0)"},
 };
 #undef F
 #define N_KEYS (sizeof keys / sizeof keys[0])
