@@ -17,7 +17,7 @@
  * K/V cache, flash attention "auto", a ggml threadpool of T threads with poll 50 attached;
  * pp = one llama_decode of P random ids (BOS first when the vocabulary adds one) on an
  * empty cache; tg = N one-token decodes from an empty cache, each synchronized. weld runs
- * as `weld bench` does: a runner with the default executor (WELD_EXEC), T workers, f16
+ * as `weld bench` does: a runner with the default executor, T workers, f16
  * KV cache, pp = one P-token step at position 0, tg = N one-token steps from position 0.
  * With -d D (llama-bench's -d), both sides first take D random ids (untimed, in decodes
  * of up to 512) before every pp and every repetition's tg, which then start at

@@ -1,5 +1,5 @@
 # Megakernel rules: the forward-pass tests that use the default executor run again with
-# WELD_EXEC=mega forced (the default only when the machine has more than one physical
+# --exec mega forced (the default only when the machine has more than one physical
 # core), and the CLI's greedy golden output of stories260K must be unchanged under mega
 # (default threads: one per physical core). exec_executors.cmake does the same for ref
 # and ops; test_exec_executors and test_exec_mega compare the executors directly.
@@ -9,11 +9,8 @@
 #   cmake --build build-tsan --target test_exec_executors test_exec_mega test_core_team
 #   (cd build-tsan && ./tests/test_exec_mega && ./tests/test_exec_executors)
 foreach(t test_exec_paged test_exec_golden test_engine_engine)
-  add_test(NAME ${t}_mega COMMAND ${t} WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
-  set_tests_properties(${t}_mega PROPERTIES ENVIRONMENT
-    "WELD_EXEC=mega;WELD_BIN=$<TARGET_FILE:weld>;WELD_NODE_DIR=${CMAKE_CURRENT_SOURCE_DIR}/node")
+  add_test(NAME ${t}_mega COMMAND ${t} --exec mega WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 endforeach()
 add_test(NAME cli_generate_mega
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/cli_generate.sh $<TARGET_FILE:weld>
-                 ${CMAKE_CURRENT_BINARY_DIR}/cli_generate_mega_tmp)
-set_tests_properties(cli_generate_mega PROPERTIES ENVIRONMENT "WELD_EXEC=mega")
+                 ${CMAKE_CURRENT_BINARY_DIR}/cli_generate_mega_tmp --exec mega)

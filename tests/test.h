@@ -181,4 +181,15 @@ static inline const char *test_tmpdir(void)
     return test_tmpdir_path;
 }
 
+/* The executor a test's forward passes run on: `--exec NAME` on its command line (the
+   per-executor runs of tests/exec_executors.cmake and tests/mega.cmake); NULL: the
+   default. Set by test_args(argc, argv) in main. */
+static const char *test_exec;
+static inline void test_args(int argc, char **argv)
+{
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--exec"))
+            test_exec = argv[i + 1];
+}
+
 #endif

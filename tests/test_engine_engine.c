@@ -75,6 +75,7 @@ static int ref_run(const struct model *m, enum weld_dtype kv, const int32_t *pro
 {
     struct backend_params bp;
     backend_params_init(&bp, 1, n_prompt + n_gen + 1);
+    bp.tuning.executor = test_exec;
     bp.kv_type = kv;
     struct runner *r;
     struct weld_err e;
@@ -211,6 +212,7 @@ static struct engine *mk_engine(const struct model *m, const struct tokenizer *t
                                 int max_seqs, int budget, int kv_blocks, bool caching)
 {
     struct engine_params p = engine_params_default();
+    p.tuning.executor = test_exec;
     p.model = m;
     p.tokenizer = tok;
     p.max_num_seqs = max_seqs;
@@ -716,6 +718,7 @@ TEST(priority_policy)
     static const int want_prio[6] = {2, 4, 5, 3, 1, 6};
     for (int policy = 0; policy < 2; policy++) {
         struct engine_params p = engine_params_default();
+        p.tuning.executor = test_exec;
         p.model = g_stories;
         p.tokenizer = g_tok;
         p.max_num_seqs = 1;
@@ -987,8 +990,9 @@ TEST(stress)
         fprintf(stderr, "  %-32s %.2f s\n", #name, time_now() - t0_);                       \
     } while (0)
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_args(argc, argv);
     const char *path = test_shared_path("models/stories260K.gguf");
     struct weld_err e;
     log_set_level(LOG_WARN); /* preemption notices */

@@ -18,7 +18,7 @@
  * Also: stories260K's golden greedy tokens (llama.cpp's, as in test_exec_golden) with
  * ops and mega; thousands of steps of random batch shapes run in lockstep on ref and
  * ops / mega (no deadlock, no drift: every step's logits equal); ops refuses a program
- * that is not stage-by-stage; the WELD_EXEC default and list. Mega-only behaviour (plans,
+ * that is not stage-by-stage; the executor default and the name lookups. Mega-only behaviour (plans,
  * stats, trace, idle CPU) is in test_exec_mega.c.
  */
 #include "core/alloc.h"
@@ -55,6 +55,9 @@ struct exec_cfg {
     int kv_type;
 };
 
+/* The K parts every runner made is built in (0: none), as one comparison sets it. */
+static int k_parts;
+
 static struct runner *make_runner(const struct model *m, const struct exec_cfg *x)
 {
     struct backend_params bp;
@@ -64,12 +67,12 @@ static struct runner *make_runner(const struct model *m, const struct exec_cfg *
     bp.oversubscribe = true;
     if (x->kv_type >= 0)
         bp.kv_type = (enum weld_dtype)x->kv_type;
-    setenv("WELD_EXEC", x->exec, 1);
+    bp.tuning.executor = x->exec;
+    bp.tuning.k_parts = k_parts;
     struct runner *r = NULL;
     struct weld_err e;
     if (runner_create_ex(&r, m, &bp, &e))
         fprintf(stderr, "runner_create_ex: %s\n", e.msg);
-    unsetenv("WELD_EXEC");
     return r;
 }
 
@@ -137,11 +140,11 @@ static long run_random(struct runner *r, int dim, uint64_t seed, int steps, floa
 #define OUT_CAP (1L << 20)
 
 /* ref vs each executor config: bit-identical logits over the same random schedule, with
-   the model in K parts as WELD_K_PARTS says (every runner of one comparison alike). */
+   the model in kp K parts (every runner of one comparison alike). */
 static void check_equivalent_kp(const struct tspec *sp, int wtype, int kv_type, uint64_t seed,
-                                const char *k_parts)
+                                int kp)
 {
-    setenv("WELD_K_PARTS", k_parts, 1);
+    k_parts = kp;
     struct tmodel *tm = tm_build(sp, wtype, seed);
     float *want = malloc(OUT_CAP * sizeof(float)), *got = malloc(OUT_CAP * sizeof(float));
     struct exec_cfg ref = {"ref", 1, 0, kv_type};
@@ -173,21 +176,21 @@ static void check_equivalent_kp(const struct tspec *sp, int wtype, int kv_type, 
     }
     free(want), free(got);
     tm_free(tm);
-    unsetenv("WELD_K_PARTS");
+    k_parts = 0;
 }
 
 /* Without K parts and in two. */
 static void check_equivalent(const struct tspec *sp, int wtype, int kv_type, uint64_t seed)
 {
-    check_equivalent_kp(sp, wtype, kv_type, seed, "1");
-    check_equivalent_kp(sp, wtype, kv_type, seed, "2");
+    check_equivalent_kp(sp, wtype, kv_type, seed, 1);
+    check_equivalent_kp(sp, wtype, kv_type, seed, 2);
 }
 
 TEST(llama_gqa_llama3_tied_f32) { check_equivalent(&spec_llama, DT_F32, DT_F32, 101); }
 TEST(llama_neox_linear_f16_kv_f16)
 {
     check_equivalent(&spec_llama_neox, DT_F16, DT_F16, 102);
-    check_equivalent_kp(&spec_llama_neox, DT_F16, DT_F16, 105, "4"); /* 4 KV heads */
+    check_equivalent_kp(&spec_llama_neox, DT_F16, DT_F16, 105, 4); /* 4 KV heads */
 }
 TEST(qwen2_bias_q8_0) { check_equivalent(&spec_qwen2, DT_Q8_0, DT_F16, 103); }
 TEST(qwen3_qknorm_f32_kv_q8_0) { check_equivalent(&spec_qwen3, DT_F32, DT_Q8_0, 104); }
@@ -325,10 +328,10 @@ TEST(thousands_of_random_steps)
     lockstep("mega", 2, 3000, 203);
     lockstep("mega", 3, 500, 204);
     lockstep("mega", 8, 300, 205);
-    setenv("WELD_K_PARTS", "2", 1); /* both runners in two K parts */
+    k_parts = 2; /* both runners in two K parts */
     lockstep("mega", 2, 1500, 206);
     lockstep("ops", 3, 300, 207);
-    unsetenv("WELD_K_PARTS");
+    k_parts = 0;
 }
 
 /* ---- errors and selection ----------------------------------------------------------- */
@@ -367,24 +370,28 @@ TEST(selection)
 {
     const struct executor_impl *x;
     struct weld_err e;
-    unsetenv("WELD_EXEC");
-    REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
+    REQUIRE(executor_choose(&x, NULL, 1, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "ref");
-    REQUIRE(executor_from_env(&x, 2, &e) == WELD_OK);
+    REQUIRE(executor_choose(&x, "", 2, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "mega");
-    setenv("WELD_EXEC", "ref", 1);
-    REQUIRE(executor_from_env(&x, 4, &e) == WELD_OK);
+    REQUIRE(executor_choose(&x, "ref", 4, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "ref");
-    setenv("WELD_EXEC", "ops", 1);
-    REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
+    REQUIRE(executor_choose(&x, "ops", 1, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "ops");
-    setenv("WELD_EXEC", "mega", 1);
-    REQUIRE(executor_from_env(&x, 1, &e) == WELD_OK);
+    REQUIRE(executor_choose(&x, "mega", 1, &e) == WELD_OK);
     CHECK_EQ_STR(x->name, "mega");
-    setenv("WELD_EXEC", "megakernel", 1);
-    CHECK_EQ_INT(executor_from_env(&x, 2, &e), WELD_ERR_NOT_FOUND);
-    CHECK_EQ_STR(e.msg, "WELD_EXEC=megakernel: unknown executor; available: ref, ops, mega");
-    unsetenv("WELD_EXEC");
+    CHECK_EQ_INT(executor_choose(&x, "megakernel", 2, &e), WELD_ERR_NOT_FOUND);
+    CHECK(x == NULL);
+    CHECK_EQ_STR(e.msg, "unknown executor 'megakernel' (available: ref, ops, mega)");
+    /* the backend registry is looked up the same way */
+    const struct backend_iface *be;
+    REQUIRE(backend_find(&be, NULL, &e) == WELD_OK);
+    CHECK_EQ_STR(be->name, "cpu");
+    REQUIRE(backend_find(&be, "cpu", &e) == WELD_OK);
+    CHECK(be == &backend_cpu);
+    CHECK_EQ_INT(backend_find(&be, "cuda", &e), WELD_ERR_NOT_FOUND);
+    CHECK(be == NULL);
+    CHECK_EQ_STR(e.msg, "unknown accelerator 'cuda' (available: cpu)");
     /* the runner describes the executor and its threads */
     struct tmodel *tm = tm_build(&spec_qwen2, DT_F32, 302);
     struct exec_cfg c3 = {"ops", 3, 0, -1};

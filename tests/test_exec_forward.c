@@ -13,7 +13,7 @@
  * kernel: the kern_row_dot fallback), and which matrices get repacked. Then the batch
  * invariants, which must hold bit-for-bit (also for repacked and K-quant weights):
  * batching with other sequences, prefill chunking, n_splits, KV block size.
- * Then errors: context limit, KV exhaustion, bad tensors, WELD_ACCELERATOR / WELD_EXEC.
+ * Then errors: context limit, KV exhaustion, bad tensors, the tuning's accelerator / executor.
  */
 #include "core/alloc.h"
 #include "core/rng.h"
@@ -48,6 +48,7 @@ static double *deq(const struct tensor *t)
    types before the (double) dot: per block of 32 (Q8_0, Q4_0) or 256 (Q4_K, Q6_K),
    d = max|x| / 127, x -> rint(x / d) * d (kernels/cpu/gemm.h), as llama.cpp does. */
 static bool ref_quant_act;
+static int k_parts; /* K parts of every runner made (0: none), as a test sets it */
 
 static int act_block(int type)
 {
@@ -276,6 +277,7 @@ static void check_against_ref_mode(const struct tspec *s, int wtype, uint64_t se
     struct weld_err e = {0};
     struct backend_params bp;
     backend_params_init(&bp, 2, 32);
+    bp.tuning.k_parts = k_parts;
     bp.kv_type = kvtype;
     int rc = runner_create_ex(&r, &tm->m, &bp, &e);
     if (rc)
@@ -366,30 +368,30 @@ TEST(llama_q6_k) { check_quantized(&spec_kquant, DT_Q6_K, 27); }
    activation quantization), so the exact reference and the float tolerance apply. */
 TEST(qwen2_q5_0_fallback) { check_against_ref(&spec_qwen2, DT_Q5_0, 24); }
 
-/* K parts (WELD_K_PARTS): another summation order of the O and down products, the same
+/* K parts (tuning k_parts): another summation order of the O and down products, the same
    tolerances against the naive forward pass; bad requests are refused by name. */
 TEST(k_parts_against_ref)
 {
-    setenv("WELD_K_PARTS", "2", 1);
+    k_parts = 2;
     check_against_ref(&spec_llama, DT_F32, 11);
     check_against_ref(&spec_qwen3, DT_BF16, 13);
     check_quantized(&spec_qwen3, DT_Q4_0, 20);
     check_quantized(&spec_qwen2, DT_Q8_0, 17);
     check_against_ref(&spec_qwen2, DT_Q5_0, 24);
-    setenv("WELD_K_PARTS", "4", 1); /* 4 KV heads */
+    k_parts = 4; /* 4 KV heads */
     check_against_ref(&spec_llama_neox, DT_F16, 12);
     struct tmodel *tm = tm_build(&spec_llama, DT_F32, 11);
     struct exec_weights *w = NULL;
     struct weld_err e = {0};
-    setenv("WELD_K_PARTS", "3", 1); /* spec_llama has 2 KV heads */
-    CHECK_EQ_INT(exec_weights_create(&w, &tm->m, &e), WELD_ERR_INVALID_ARG);
-    CHECK(strstr(e.msg, "WELD_K_PARTS=3") && strstr(e.msg, "2 here"));
-    setenv("WELD_K_PARTS", "two", 1);
-    CHECK_EQ_INT(exec_weights_create(&w, &tm->m, &e), WELD_ERR_INVALID_ARG);
-    CHECK(strstr(e.msg, "WELD_K_PARTS=two") != NULL);
+    struct exec_tuning t = {.k_parts = 3}; /* spec_llama has 2 KV heads */
+    CHECK_EQ_INT(exec_weights_create(&w, &tm->m, &t, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "k_parts=3") && strstr(e.msg, "2 here"));
+    t.k_parts = PROG_KPARTS_MAX + 1;
+    CHECK_EQ_INT(exec_weights_create(&w, &tm->m, &t, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "needs at most") != NULL);
     CHECK(w == NULL);
-    setenv("WELD_K_PARTS", "2", 1);
-    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    t.k_parts = 2;
+    REQUIRE(exec_weights_create(&w, &tm->m, &t, &e) == WELD_OK);
     CHECK_EQ_INT(w->kp.n, 2);
     CHECK_EQ_INT(w->kp.head_cut[1], 4);
     CHECK_EQ_INT(w->kp.ffn_cut[1], 48);
@@ -397,7 +399,7 @@ TEST(k_parts_against_ref)
     CHECK_EQ_INT(w->mats[0].down_part[1].k, 48);
     exec_weights_free(w);
     tm_free(tm);
-    unsetenv("WELD_K_PARTS");
+    k_parts = 0;
 }
 
 /* Which matrices run repacked: every Q4_0 matrix where the ISA gains from it, except Q/K/V
@@ -407,7 +409,7 @@ static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
     struct tmodel *tm = tm_build(s, wtype, seed);
     struct exec_weights *w = NULL;
     struct weld_err e = {0};
-    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    REQUIRE(exec_weights_create(&w, &tm->m, NULL, &e) == WELD_OK);
     bool gemm = wtype != DT_Q5_0, pays = gemm && gemm_repack_pays(w->go, wtype);
     bool heads = pays && s->head_dim % 16 == 0;
     for (int l = 0; l < s->n_layer; l++) {
@@ -435,18 +437,15 @@ static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
 }
 
 /* Floats: only rows of at least 2 * GEMM_FSEG (the down projection here; gemm_fseg), and
-   only where the ISA has the kernels (AVX-512, AVX2); WELD_REPACK=0 keeps them all as they are. */
+   only where the ISA has the kernels (AVX-512, AVX2); repack off keeps them all as they are. */
 static void check_plan_long(int wtype, uint64_t seed)
 {
     struct tmodel *tm = tm_build(&spec_long, wtype, seed);
     for (int off = 0; off < 2; off++) {
         struct exec_weights *w = NULL;
         struct weld_err e = {0};
-        if (off)
-            setenv("WELD_REPACK", "0", 1);
-        int rc = exec_weights_create(&w, &tm->m, &e);
-        unsetenv("WELD_REPACK");
-        REQUIRE(rc == WELD_OK);
+        struct exec_tuning t = {.repack = off ? TUNE_OFF : TUNE_AUTO};
+        REQUIRE(exec_weights_create(&w, &tm->m, &t, &e) == WELD_OK);
         bool pays = !off && gemm_repack_pays(w->go, wtype);
         for (int l = 0; l < spec_long.n_layer; l++) {
             const struct exec_layer_mats *M = &w->mats[l];
@@ -455,13 +454,6 @@ static void check_plan_long(int wtype, uint64_t seed)
         }
         exec_weights_free(w);
     }
-    struct exec_weights *w = NULL;
-    struct weld_err e = {0};
-    setenv("WELD_REPACK", "yes", 1);
-    CHECK(exec_weights_create(&w, &tm->m, &e) == WELD_ERR_INVALID_ARG);
-    CHECK(strstr(e.msg, "WELD_REPACK=yes") != NULL);
-    unsetenv("WELD_REPACK");
-    exec_weights_free(w);
     tm_free(tm);
 }
 
@@ -475,7 +467,7 @@ TEST(repack_plan)
 }
 
 /* One pool per model and plan: a second exec_weights of the model references the
-   first's (same bytes, same types), one with another plan (WELD_REPACK=0) or of another
+   first's (same bytes, same types), one with another plan (repack off) or of another
    model gets its own, and a pool outlives whichever of its users is freed first. */
 TEST(shared_pool)
 {
@@ -483,13 +475,11 @@ TEST(shared_pool)
     struct tmodel *tm2 = tm_build(&spec_llama_neox, DT_Q8_0, 37);
     struct exec_weights *a = NULL, *b = NULL, *c = NULL, *d = NULL;
     struct weld_err e = {0};
-    REQUIRE(exec_weights_create(&a, &tm->m, &e) == WELD_OK);
-    REQUIRE(exec_weights_create(&b, &tm->m, &e) == WELD_OK);
-    setenv("WELD_REPACK", "0", 1);
-    int rc = exec_weights_create(&c, &tm->m, &e);
-    unsetenv("WELD_REPACK");
-    REQUIRE(rc == WELD_OK);
-    REQUIRE(exec_weights_create(&d, &tm2->m, &e) == WELD_OK);
+    REQUIRE(exec_weights_create(&a, &tm->m, NULL, &e) == WELD_OK);
+    REQUIRE(exec_weights_create(&b, &tm->m, NULL, &e) == WELD_OK);
+    const struct exec_tuning no_repack = {.repack = TUNE_OFF};
+    REQUIRE(exec_weights_create(&c, &tm->m, &no_repack, &e) == WELD_OK);
+    REQUIRE(exec_weights_create(&d, &tm2->m, NULL, &e) == WELD_OK);
     CHECK(a->pool && a->pool == b->pool && c->pool != a->pool && d->pool != a->pool);
     CHECK(a->mats[1].down.data == b->mats[1].down.data && a->output.data == b->output.data);
     CHECK_EQ_INT(b->mats[1].down.wtype, a->mats[1].down.wtype);
@@ -503,11 +493,11 @@ TEST(shared_pool)
     exec_weights_free(a); /* b still holds the pool */
     CHECK(memcmp(copy, b->output.data, n) == 0);
     struct exec_weights *a2 = NULL;
-    REQUIRE(exec_weights_create(&a2, &tm->m, &e) == WELD_OK);
+    REQUIRE(exec_weights_create(&a2, &tm->m, NULL, &e) == WELD_OK);
     CHECK(a2->pool == b->pool);
     exec_weights_free(b);
     exec_weights_free(a2);
-    REQUIRE(exec_weights_create(&a, &tm->m, &e) == WELD_OK); /* refilled from the file */
+    REQUIRE(exec_weights_create(&a, &tm->m, NULL, &e) == WELD_OK); /* refilled from the file */
     CHECK(memcmp(copy, a->output.data, n) == 0);
     free(copy);
     exec_weights_free(a);
@@ -614,7 +604,7 @@ static void check_batch_invariants(const struct tspec *s, int wtype, uint64_t se
     static const int whole[] = {64}, one[] = {1}, three[] = {3}, seven[] = {7};
     static const int mixA[] = {5, 1, 1, 4, 1}, mixB[] = {3, 2, 1}, mixC[] = {1, 6, 1};
     float **alone = alloc_outs(NS, LEN, V);
-    struct backend_params bp = {.max_seqs = 8, .max_ctx = 32};
+    struct backend_params bp = {.max_seqs = 8, .max_ctx = 32, .tuning.k_parts = k_parts};
     for (int i = 0; i < NS; i++) {
         struct sched_seq one_seq = {2, toks[i], lens[i], 0, whole, 1};
         REQUIRE(run_schedule(&tm->m, &bp, &one_seq, 1, &alone[i]) == 0);
@@ -639,7 +629,7 @@ static void check_batch_invariants(const struct tspec *s, int wtype, uint64_t se
     const int splits[] = {1, 3, 7}, blocks[] = {16, 4, 1};
     for (int v = 0; v < 3; v++) {
         struct backend_params bq = {.max_seqs = 8, .max_ctx = 32, .n_splits = splits[v],
-                                    .kv_block_size = blocks[v]};
+                                    .kv_block_size = blocks[v], .tuning.k_parts = k_parts};
         float **o = alloc_outs(NS, LEN, V);
         REQUIRE(run_schedule(&tm->m, &bq, mixed, NS, o) == 0);
         for (int i = 0; i < NS; i++)
@@ -663,10 +653,10 @@ TEST(batch_invariants_kquant_q4_k) { check_batch_invariants(&spec_kquant, DT_Q4_
 /* runner_forward_hidden: each logit row's final hidden state (embeddings' input) against
    the naive reference, every position (all_logits) and the last one alone (the same bits),
    with the logits unchanged by asking for it; in K parts too. */
-static void check_hidden(const struct tspec *s, int wtype, uint64_t seed, const char *kp)
+static void check_hidden(const struct tspec *s, int wtype, uint64_t seed, int kp)
 {
     enum { P = 11 };
-    setenv("WELD_K_PARTS", kp, 1);
+    k_parts = kp;
     struct tmodel *tm = tm_build(s, wtype, seed);
     const int V = s->vocab, D = s->dim;
     int32_t toks[P];
@@ -681,6 +671,7 @@ static void check_hidden(const struct tspec *s, int wtype, uint64_t seed, const 
         struct runner *r;
         struct backend_params bp;
         backend_params_init(&bp, 2, 32);
+        bp.tuning.k_parts = k_parts;
         bp.kv_type = DT_F32;
         REQUIRE(runner_create_ex(&r, &tm->m, &bp, &e) == WELD_OK);
         struct batch_seq bs = {.seq_id = 0, .tokens = toks, .n_tokens = P, .all_logits = mode < 2};
@@ -705,14 +696,14 @@ static void check_hidden(const struct tspec *s, int wtype, uint64_t seed, const 
     CHECK(memcmp(lg3, lg + (size_t)(P - 1) * V, sizeof(float) * V) == 0);
     free(want), free(got), free(last), free(lg), free(lg2), free(lg3);
     tm_free(tm);
-    unsetenv("WELD_K_PARTS");
+    k_parts = 0;
 }
 
 TEST(final_hidden_states)
 {
-    check_hidden(&spec_llama, DT_F32, 41, "1");
-    check_hidden(&spec_qwen3, DT_F32, 42, "1");
-    check_hidden(&spec_qwen2, DT_F32, 43, "2");
+    check_hidden(&spec_llama, DT_F32, 41, 1);
+    check_hidden(&spec_qwen3, DT_F32, 42, 1);
+    check_hidden(&spec_qwen2, DT_F32, 43, 2);
 }
 
 /* all_logits = false returns exactly the last row of the all_logits run. */
@@ -887,53 +878,45 @@ TEST(bad_tensors_are_named)
     tm_free(tm);
 }
 
-TEST(accelerator_and_executor_env)
+/* Backend and executor come from the parameters' tuning, by name, or by default. */
+TEST(accelerator_and_executor_tuning)
 {
     struct tmodel *tm = tm_build(&spec_llama, DT_F32, 54);
     struct weld_err e;
     struct runner *r = NULL;
-    unsetenv("WELD_ACCELERATOR");
-    const char *ex0 = getenv("WELD_EXEC");
-    char *saved = ex0 ? strdup(ex0) : NULL;
     /* default: mega on a team of one worker per physical core, ref with one core or for
-       a model of tiny steps (this one, unless WELD_EXEC names an executor) */
-    unsetenv("WELD_EXEC");
-    CHECK_EQ_INT(backend_cpu_default_threads(&tm->m), 1);
+       a model of tiny steps (this one, unless the tuning names an executor) */
+    struct exec_tuning t = exec_tuning_default();
+    CHECK_EQ_INT(backend_cpu_default_threads(&tm->m, NULL), 1);
+    CHECK_EQ_INT(backend_cpu_default_threads(&tm->m, &t), 1);
     REQUIRE(runner_create(&r, &tm->m, 1, 8, &e) == WELD_OK);
     CHECK(strncmp(runner_describe(r), "cpu: ref executor", 17) == 0);
-    setenv("WELD_EXEC", "mega", 1);
-    CHECK_EQ_INT(backend_cpu_default_threads(&tm->m), team_default_size());
     runner_free(r);
-    REQUIRE(runner_create(&r, &tm->m, 1, 8, &e) == WELD_OK);
+    t.executor = "mega";
+    CHECK_EQ_INT(backend_cpu_default_threads(&tm->m, &t), team_default_size());
+    struct backend_params bp;
+    backend_params_init(&bp, 1, 8);
+    bp.tuning = t;
+    REQUIRE(runner_create_ex(&r, &tm->m, &bp, &e) == WELD_OK);
     if (team_physical_cores() > 1)
         CHECK(strncmp(runner_describe(r), "cpu: mega executor", 18) == 0);
     else
         CHECK(strncmp(runner_describe(r), "cpu: ref executor", 17) == 0);
     runner_free(r);
-    if (saved)
-        setenv("WELD_EXEC", saved, 1);
-    else
-        unsetenv("WELD_EXEC");
-    free(saved);
-    setenv("WELD_ACCELERATOR", "cpu", 1);
-    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
+    bp.tuning.accelerator = "cpu";
+    bp.tuning.executor = "ref";
+    CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_OK);
     runner_free(r);
     r = NULL;
-    setenv("WELD_ACCELERATOR", "nope", 1);
-    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
-    CHECK_EQ_STR(e.msg, "WELD_ACCELERATOR=nope: backend not built in; available: cpu");
+    bp.tuning.accelerator = "cuda";
+    CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_STR(e.msg, "unknown accelerator 'cuda' (available: cpu)");
     CHECK(r == NULL);
-    setenv("WELD_ACCELERATOR", "cuda", 1);
-    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
-    CHECK_EQ_STR(e.msg, "WELD_ACCELERATOR=cuda: backend not built in; available: cpu");
-    unsetenv("WELD_ACCELERATOR");
-    setenv("WELD_EXEC", "megakernel", 1);
-    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_ERR_NOT_FOUND);
-    CHECK_EQ_STR(e.msg, "WELD_EXEC=megakernel: unknown executor; available: ref, ops, mega");
-    setenv("WELD_EXEC", "ref", 1);
-    CHECK_EQ_INT(runner_create(&r, &tm->m, 1, 8, &e), WELD_OK);
-    runner_free(r);
-    unsetenv("WELD_EXEC");
+    bp.tuning.accelerator = NULL;
+    bp.tuning.executor = "megakernel";
+    CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_NOT_FOUND);
+    CHECK_EQ_STR(e.msg, "unknown executor 'megakernel' (available: ref, ops, mega)");
+    CHECK(r == NULL);
     tm_free(tm);
 }
 
@@ -985,7 +968,7 @@ TEST(ref_checks_schedule)
                            .kv_dim = tm->m.cfg.n_kv_head * tm->m.cfg.head_dim,
                            .head_dim = tm->m.cfg.head_dim, .max_seqs = 1, .max_ctx = 8,
                            .type = DT_F32};
-    REQUIRE(exec_weights_create(&w, &tm->m, &e) == WELD_OK);
+    REQUIRE(exec_weights_create(&w, &tm->m, NULL, &e) == WELD_OK);
     REQUIRE(kv_create(&kv, &kc, &e) == WELD_OK);
     REQUIRE(kv_seq_prepare(kv, 0, 0, 3, &e) == WELD_OK);
     const int32_t *tables[1] = {kv->seqs[0].blocks};
@@ -1026,7 +1009,7 @@ static void run_batch_tests(void)
     RUN(limits_and_bad_batches);
     RUN(kv_exhaustion_is_all_or_nothing);
     RUN(bad_tensors_are_named);
-    RUN(accelerator_and_executor_env);
+    RUN(accelerator_and_executor_tuning);
     RUN(allocation_failures);
     RUN(ref_checks_schedule);
     RUN(shared_pool);

@@ -63,6 +63,7 @@ static void greedy_32_tokens(enum weld_dtype kv_type)
     struct weld_err e;
     struct backend_params bp;
     backend_params_init(&bp, 1, 0);
+    bp.tuning.executor = test_exec;
     bp.kv_type = kv_type;
     REQUIRE(runner_create_ex(&r, m, &bp, &e) == WELD_OK);
     int32_t toks[40];
@@ -117,6 +118,7 @@ TEST(q8_0_kv_refused)
     struct weld_err e;
     struct backend_params bp;
     backend_params_init(&bp, 1, 0);
+    bp.tuning.executor = test_exec;
     bp.kv_type = DT_Q8_0;
     CHECK_EQ_INT(runner_create_ex(&r, m, &bp, &e), WELD_ERR_UNSUPPORTED);
     CHECK(strstr(e.msg, "head_dim is 8") != NULL);
@@ -135,6 +137,7 @@ TEST(batched_copies_match)
     float *lg = malloc(sizeof(float) * 2 * (size_t)V);
     struct backend_params bp; /* default f16 KV */
     backend_params_init(&bp, 4, 64);
+    bp.tuning.executor = test_exec;
     bp.n_splits = 3;
     bp.kv_block_size = 8;
     struct runner *r;
@@ -173,8 +176,9 @@ TEST(batched_copies_match)
     model_free(m);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_args(argc, argv);
     RUN(greedy_32_tokens_f16_kv);
     RUN(greedy_32_tokens_f32_kv);
     RUN(greedy_32_tokens_bf16_kv);

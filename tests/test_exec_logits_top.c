@@ -207,11 +207,10 @@ static void check_forward(const struct tspec *sp, int wtype, const struct cfg *x
     bp.n_threads = x->n_threads;
     bp.n_splits = x->n_splits;
     bp.oversubscribe = true;
-    setenv("WELD_EXEC", x->exec, 1);
+    bp.tuning.executor = x->exec;
     struct runner *r = NULL;
     struct weld_err e;
     int rc = runner_create_ex(&r, &tm->m, &bp, &e);
-    unsetenv("WELD_EXEC");
     REQUIRE(rc == WELD_OK);
     const int V = sp->vocab;
     int32_t prompt[3][9];

@@ -8,8 +8,8 @@
  *   a barrier executor has arrivals (workers x (stages - 1)); the bubble is a share;
  *   reset starts from zero; the ref executor reports "no stats".
  * - WELD_TRACE: the file parses as Chrome trace JSON with one instruction event per
- *   instruction of each of the WELD_TRACE_STEPS first steps, on workers [0, n), with
- *   start <= dependency met <= end; bad WELD_TRACE_STEPS and an unwritable file are
+ *   instruction of each of the trace_steps first steps, on workers [0, n), with
+ *   start <= dependency met <= end; a bad trace_steps and an unwritable file are
  *   refused when the executor is made.
  * - Pieces: instructions over long prompts run in token tiles; with the last worker slow
  *   after every piece, the others join its running instructions and the logits stay ref's.
@@ -43,19 +43,26 @@ static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 6, 3, 16, 96, 60, 16,
 
 static bool quiet; /* fault injection: failures are expected */
 
-static struct runner *make_runner(const struct model *m, const char *exec, int n_threads)
+/* A runner of executor exec; trace_steps: steps a WELD_TRACE trace covers (0: default). */
+static struct runner *make_runner_traced(const struct model *m, const char *exec, int n_threads,
+                                         int trace_steps)
 {
     struct backend_params bp;
     backend_params_init(&bp, 4, TM_CTX);
     bp.n_threads = n_threads;
     bp.oversubscribe = true;
-    setenv("WELD_EXEC", exec, 1);
+    bp.tuning.executor = exec;
+    bp.tuning.trace_steps = trace_steps;
     struct runner *r = NULL;
     struct weld_err e;
     if (runner_create_ex(&r, m, &bp, &e) && !quiet)
         fprintf(stderr, "runner_create_ex: %s\n", e.msg);
-    unsetenv("WELD_EXEC");
     return r;
+}
+
+static struct runner *make_runner(const struct model *m, const char *exec, int n_threads)
+{
+    return make_runner_traced(m, exec, n_threads, 0);
 }
 
 /* ---- head-grouped programs --------------------------------------------------------- */
@@ -123,7 +130,7 @@ static bool fixture_init(struct fixture *f, const struct tspec *sp, uint64_t see
     struct kv_config kc = {.n_layer = sp->n_layer, .kv_dim = sp->n_kv * sp->head_dim,
                            .head_dim = sp->head_dim, .max_seqs = 2, .max_ctx = 16,
                            .type = DT_F32};
-    if (exec_weights_create(&f->w, &f->tm->m, &e) || kv_create(&f->kv, &kc, &e) ||
+    if (exec_weights_create(&f->w, &f->tm->m, NULL, &e) || kv_create(&f->kv, &kc, &e) ||
         kv_seq_prepare(f->kv, 0, 0, 5, &e) || kv_seq_prepare(f->kv, 1, 0, 4, &e)) {
         fprintf(stderr, "fixture: %s\n", e.msg);
         return false;
@@ -149,6 +156,7 @@ static int run_on_ex(struct fixture *f, const struct executor_impl *x, int n, in
     struct weld_err e;
     void *state = NULL;
     struct exec_params xp = {.n_threads = n, .team_flags = TEAM_OVERSUBSCRIBE,
+                             .trace_steps = 3, /* with WELD_TRACE set */
                              .test_lazy_us = lazy_us > 0 ? lazy_us : 0,
                              .test_late_tail_us = lazy_us < 0 ? -lazy_us : 0};
     int rc = x->create(&state, &f->tm->m.cfg, &xp, &e);
@@ -260,11 +268,9 @@ TEST(the_last_stage_is_not_left_to_a_late_worker)
     char path[4200];
     snprintf(path, sizeof path, "%s/tail.json", test_tmpdir());
     setenv("WELD_TRACE", path, 1);
-    setenv("WELD_TRACE_STEPS", "3", 1);
     struct exec_stats st = {0};
     CHECK_EQ_INT(run_on_ex(&f, &exec_mega_impl, 2, -100000, p, got, &st), WELD_OK);
     unsetenv("WELD_TRACE");
-    unsetenv("WELD_TRACE_STEPS");
     CHECK(memcmp(got, want, nf * sizeof(float)) == 0);
     json_t *j = jload_file(path, &e);
     REQUIRE(j != NULL);
@@ -359,7 +365,7 @@ static void pieces_case(const struct tspec *sp, uint64_t seed, const struct batc
     struct kv_config kc = {.n_layer = sp->n_layer, .kv_dim = sp->n_kv * sp->head_dim,
                            .head_dim = sp->head_dim, .max_seqs = b->n_seqs, .max_ctx = TM_CTX,
                            .type = DT_F16};
-    bool ok = b->n_seqs <= 8 && exec_weights_create(&w, &tm->m, &e) == WELD_OK &&
+    bool ok = b->n_seqs <= 8 && exec_weights_create(&w, &tm->m, NULL, &e) == WELD_OK &&
               kv_create(&kv, &kc, &e) == WELD_OK;
     for (int s = 0; ok && s < b->n_seqs; s++) {
         ok = kv_seq_prepare(kv, s, 0, b->seqs[s].n_tokens, &e) == WELD_OK;
@@ -559,15 +565,11 @@ TEST(trace_file)
     char path[4200];
     snprintf(path, sizeof path, "%s/trace.json", test_tmpdir());
     setenv("WELD_TRACE", path, 1);
-    setenv("WELD_TRACE_STEPS", "3", 1);
-    setenv("WELD_K_PARTS", "1", 1); /* the programs below are built without K parts */
-    struct runner *r = make_runner(&tm->m, "mega", 3);
-    unsetenv("WELD_K_PARTS");
+    struct runner *r = make_runner_traced(&tm->m, "mega", 3, 3);
     unsetenv("WELD_TRACE");
     REQUIRE(r != NULL);
     REQUIRE(run_decodes(r, spec_gqa.vocab, 4)); /* 5 steps, the first 3 traced */
     runner_free(r);
-    unsetenv("WELD_TRACE_STEPS");
     /* instructions of the 3 traced steps: the prompt's program, then two decodes */
     int32_t t[6] = {0};
     struct batch_seq bs = {0, t, 6, 0, false, NULL, 0};
@@ -610,21 +612,19 @@ TEST(trace_file)
     json_decref(j);
     /* a bad step count is refused when the executor is made */
     setenv("WELD_TRACE", path, 1);
-    setenv("WELD_TRACE_STEPS", "0", 1);
     struct backend_params bp;
     backend_params_init(&bp, 1, TM_CTX);
     bp.n_threads = 2, bp.oversubscribe = true;
-    setenv("WELD_EXEC", "mega", 1);
+    bp.tuning.executor = "mega";
+    bp.tuning.trace_steps = -1;
     CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_INVALID_ARG);
-    CHECK(strstr(e.msg, "WELD_TRACE_STEPS=0") != NULL);
+    CHECK(strstr(e.msg, "trace_steps -1") != NULL);
     /* so is a file that cannot be written, before any step runs */
-    setenv("WELD_TRACE_STEPS", "2", 1);
+    bp.tuning.trace_steps = 2;
     setenv("WELD_TRACE", "/nonexistent-dir/trace.json", 1);
     CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_IO);
     CHECK(strstr(e.msg, "WELD_TRACE=/nonexistent-dir/trace.json: cannot open") != NULL);
-    unsetenv("WELD_EXEC");
     unsetenv("WELD_TRACE");
-    unsetenv("WELD_TRACE_STEPS");
     tm_free(tm);
 }
 

@@ -105,14 +105,17 @@ static const enum weld_dtype kv_types[4] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
 #define V 64
 #define BS 4
 
-static int n_splits; /* for make_runner: 0 (one slice) unless a test sets it */
+static int n_splits;  /* for make_runner: 0 (one slice) unless a test sets it */
+static int kv_groups; /* for make_runner: 0 (the backend's choice) unless a test sets it */
 
 static struct runner *make_runner(const struct model *m, int max_seqs, int kv_blocks,
                                   enum weld_dtype kv_type)
 {
     struct backend_params bp;
     backend_params_init(&bp, max_seqs, 64);
+    bp.tuning.executor = test_exec;
     bp.n_splits = n_splits;
+    bp.tuning.kv_groups = kv_groups;
     bp.kv_block_size = BS;
     bp.kv_blocks = kv_blocks;
     bp.kv_type = kv_type;
@@ -414,11 +417,11 @@ TEST(many_sequences_mixed)
     mixed_case(ARCH_LLAMA, DT_BF16, 13);
     mixed_case(ARCH_QWEN2, DT_F32, 14);
     /* the same in the two other layouts (exec/kv.h): one head group, one per head */
-    setenv("WELD_KV_GROUPS", "1", 1);
+    kv_groups = 1;
     mixed_case(ARCH_LLAMA, DT_F16, 15);
-    setenv("WELD_KV_GROUPS", "2", 1);
+    kv_groups = 2;
     mixed_case(ARCH_QWEN2, DT_Q8_0, 16);
-    unsetenv("WELD_KV_GROUPS");
+    kv_groups = 0;
 }
 
 /* ---- the KV layout changes no number ----------------------------------------------------- */
@@ -426,7 +429,7 @@ TEST(many_sequences_mixed)
 /* A prompt of 23 tokens (6 blocks of 4) in a cache of one head group (block-major), two
    (one per head here), more than the heads (clamped), and the backend's choice (the
    splits), with attention cut into 1 or 2 head ranges: the same logits to the bit. A bad
-   WELD_KV_GROUPS is refused by name. */
+   kv_groups is refused by name. */
 TEST(kv_layouts_agree)
 {
     enum { N = 23 };
@@ -434,21 +437,20 @@ TEST(kv_layouts_agree)
     int32_t toks[N];
     rand_tokens(32, toks, N);
     static float want[N * V], got[N * V];
-    static const char *groups[4] = {NULL, "1", "2", "9"};
+    static const int groups[4] = {0, 1, 2, 9};
     for (int ti = 0; ti < 4; ti++)
         for (int ns = 1; ns <= 2; ns++)
             for (int gi = 0; gi < 4; gi++) {
                 n_splits = ns;
-                if (groups[gi])
-                    setenv("WELD_KV_GROUPS", groups[gi], 1);
+                kv_groups = groups[gi];
                 run_alone(&tm->m, kv_types[ti], toks, N, gi ? got : want);
-                unsetenv("WELD_KV_GROUPS");
+                kv_groups = 0;
                 if (gi)
                     CHECK(memcmp(want, got, sizeof want) == 0);
             }
     n_splits = 0;
     for (int gi = 1; gi < 4; gi++) { /* the layout is what was asked for */
-        setenv("WELD_KV_GROUPS", groups[gi], 1);
+        kv_groups = groups[gi];
         struct runner *r = make_runner(&tm->m, 2, 0, DT_F16);
         REQUIRE(r != NULL);
         char in[40];
@@ -456,14 +458,15 @@ TEST(kv_layouts_agree)
         CHECK(strstr(runner_describe(r), in) != NULL);
         runner_free(r);
     }
-    setenv("WELD_KV_GROUPS", "two", 1);
+    kv_groups = 0;
     struct backend_params bp;
     backend_params_init(&bp, 1, 64);
+    bp.tuning.executor = test_exec;
     struct runner *r = NULL;
     struct weld_err e;
+    bp.tuning.kv_groups = -2;
     CHECK_EQ_INT(runner_create_ex(&r, &tm->m, &bp, &e), WELD_ERR_INVALID_ARG);
-    CHECK(r == NULL && strstr(e.msg, "WELD_KV_GROUPS='two'") != NULL);
-    unsetenv("WELD_KV_GROUPS");
+    CHECK(r == NULL && strstr(e.msg, "kv_groups -2") != NULL);
     tm_free(tm);
 }
 
@@ -684,8 +687,9 @@ TEST(block_bytes_and_pool_sizing)
     tm_free(tm);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_args(argc, argv);
     RUN(scrambled_tables_match_internal);
     RUN(shared_prefix_blocks);
     RUN(copy_on_write_fork);

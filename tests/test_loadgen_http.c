@@ -449,7 +449,7 @@ TEST(connection_refused)
 static int run_weld(const char *args, char *out, size_t cap)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "WELD_NO_PROGRESS=1 '%s' bench serve --base-url %s %s 2>/dev/null",
+    snprintf(cmd, sizeof cmd, "'%s' bench serve --base-url %s %s 2>/dev/null",
              getenv("WELD_BIN"), base_url, args);
     FILE *f = popen(cmd, "r");
     if (!f)

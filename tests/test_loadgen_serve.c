@@ -119,7 +119,7 @@ static json_t *bench(const char *args, int *exit_code)
 {
     char cmd[4096];
     static char out[1 << 20];
-    snprintf(cmd, sizeof cmd, "WELD_NO_PROGRESS=1 '%s' bench serve --base-url %s %s --json "
+    snprintf(cmd, sizeof cmd, "'%s' bench serve --base-url %s %s --json "
              "2>>%s/bench.log", getenv("WELD_BIN"), base_url, args, test_tmpdir());
     FILE *f = popen(cmd, "r");
     if (!f)

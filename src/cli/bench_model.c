@@ -51,6 +51,8 @@
 struct bm_opts {
     const char *model;
     const char *pair; /* --pair A,B: two executors interleaved (see the file comment) */
+    struct cli_exec_opts exec;
+    struct exec_tuning tuning; /* of --exec, --tune (with --pair: both sides' base) */
     int n_prompt, n_gen, reps, threads, depth, batch, block;
     uint64_t probe_size;
     bool json, bandwidth, handoff;
@@ -242,6 +244,7 @@ static int bm_open(struct bm_run *b, struct bm_opts *o, struct weld_err *e)
     b->batch = o->batch;
     backend_params_init(&p, o->batch, bm_ctx(o));
     p.n_threads = o->threads;
+    p.tuning = o->tuning;
     if (!o->pair && (rc = runner_create_ex(&b->r, b->m, &p, e)))
         return rc;
     size_t per_seq = (size_t)(o->n_prompt > o->depth ? o->n_prompt : o->depth);
@@ -421,7 +424,7 @@ static int bm_run_model(struct bm_opts *o, struct weld_err *e)
     if (rc == WELD_OK)
         rc = bm_open(&b, o, e);
     if (rc == WELD_OK) /* the runner's count: -t, or its default for this model */
-        threads = o->threads > 0 ? bm_threads(o) : backend_cpu_default_threads(b.m);
+        threads = o->threads > 0 ? bm_threads(o) : backend_cpu_default_threads(b.m, &o->tuning);
     if (rc == WELD_OK)
         rc = bw_session_open(&ses, (size_t)o->probe_size, threads, e);
     if (rc == WELD_OK)
@@ -459,116 +462,100 @@ static int bm_run_bandwidth(const struct bm_opts *o, struct weld_err *e)
 
 #define BM_PAIR_BLOCK_S 0.05 /* default block: about this long of side A's decode */
 
-#define BM_SIDE_ENV 4
-
 struct bm_side {
     char exec[16];
-    char spec[96];         /* as given, for the report */
-    char env[BM_SIDE_ENV][48]; /* NAME=VALUE set while the side's runner is made */
-    int n_env;
-    int threads;           /* 0: -t */
+    char spec[96];              /* as given, for the report */
+    struct exec_tuning tuning;  /* --tune's, then the side's executor and settings */
+    int threads;                /* 0: -t */
     struct runner *r;
-    double pp_s, tg_s;     /* timed seconds */
+    double pp_s, tg_s;          /* timed seconds */
     long long pp_tok, tg_tok;
-    struct exec_stats st;  /* summed over the timed decode blocks */
+    struct exec_stats st;       /* summed over the timed decode blocks */
     bool have_stats;
 };
 
-/* "EXEC[:THREADS][@WELD_NAME=VALUE]..." into sd; false when malformed or unknown. */
-static bool bm_side_parse(const char *s, size_t n, struct bm_side *sd)
+/* "EXEC[:THREADS][@KEY=VALUE]..." into sd: its tuning is base with that executor and
+   those settings (cli_tune_set's keys). */
+static int bm_side_parse(const char *s, size_t n, const struct exec_tuning *base,
+                         struct bm_side *sd, struct weld_err *e)
 {
     if (n == 0 || n >= sizeof sd->spec)
-        return false;
+        return err_set(e, WELD_ERR_INVALID_ARG, "--pair: a side is empty or longer than %zu "
+                       "characters", sizeof sd->spec - 1);
     memcpy(sd->spec, s, n);
     sd->spec[n] = '\0';
-    const char *at = memchr(s, '@', n);
-    sd->n_env = 0;
-    for (const char *p = at; p;) { /* each assignment runs to the next '@' or the end */
-        const char *q = memchr(p + 1, '@', n - (size_t)(p + 1 - s));
-        size_t l = (size_t)((q ? q : s + n) - (p + 1));
-        const char *eq = memchr(p + 1, '=', l);
-        if (sd->n_env == BM_SIDE_ENV || l >= sizeof sd->env[0] || !eq || eq == p + 1 ||
-            strncmp(p + 1, "WELD_", 5))
-            return false;
-        memcpy(sd->env[sd->n_env], p + 1, l);
-        sd->env[sd->n_env++][l] = '\0';
+    sd->tuning = *base;
+    sd->tuning.executor = sd->exec;
+    char *at = strchr(sd->spec, '@');
+    for (char *p = at; p;) { /* each setting runs to the next '@' or the end */
+        char *q = strchr(p + 1, '@');
+        if (q)
+            *q = '\0';
+        int rc = cli_tune_set(&sd->tuning, p + 1, e);
+        if (q)
+            *q = '@';
+        if (rc) {
+            err_prefix(e, "--pair side '%s'", sd->spec);
+            return rc;
+        }
         p = q;
     }
     if (at)
-        n = (size_t)(at - s);
+        n = (size_t)(at - sd->spec);
     const char *colon = memchr(s, ':', n);
     size_t nl = colon ? (size_t)(colon - s) : n;
     if (nl == 0 || nl >= sizeof sd->exec)
-        return false;
+        return err_set(e, WELD_ERR_INVALID_ARG, "--pair side '%s': no executor", sd->spec);
     memcpy(sd->exec, s, nl);
     sd->exec[nl] = '\0';
     const struct executor_impl *ex;
-    struct weld_err e;
-    if (executor_find(&ex, sd->exec, &e) != WELD_OK)
-        return false;
+    int rc = executor_find(&ex, sd->exec, e);
+    if (rc) {
+        err_prefix(e, "--pair side '%s'", sd->spec);
+        return rc;
+    }
     sd->threads = 0;
     if (colon) {
         char buf[8];
         size_t tl = n - nl - 1;
-        if (tl == 0 || tl >= sizeof buf)
-            return false;
-        memcpy(buf, colon + 1, tl);
-        buf[tl] = '\0';
-        char *end;
-        long t = strtol(buf, &end, 10);
-        if (*end || t < 1 || t > 256)
-            return false;
+        char *end = buf;
+        long t = 0;
+        if (tl > 0 && tl < sizeof buf) {
+            memcpy(buf, colon + 1, tl);
+            buf[tl] = '\0';
+            t = strtol(buf, &end, 10);
+        }
+        if (tl == 0 || tl >= sizeof buf || *end || t < 1 || t > 256)
+            return err_set(e, WELD_ERR_INVALID_ARG, "--pair side '%s': threads after ':' must "
+                           "be in [1, 256]", sd->spec);
         sd->threads = (int)t;
     }
-    return true;
+    return WELD_OK;
 }
 
-static bool bm_pair_parse(const char *s, struct bm_side sd[2])
+static int bm_pair_parse(const char *s, const struct exec_tuning *base, struct bm_side sd[2],
+                         struct weld_err *e)
 {
     const char *comma = strchr(s, ',');
-    return comma && !strchr(comma + 1, ',') && bm_side_parse(s, (size_t)(comma - s), &sd[0]) &&
-           bm_side_parse(comma + 1, strlen(comma + 1), &sd[1]);
+    if (!comma || strchr(comma + 1, ','))
+        return err_set(e, WELD_ERR_INVALID_ARG, "--pair '%s': want two sides "
+                       "EXEC[:THREADS][@KEY=VALUE]... separated by a comma, e.g. mega,ops or "
+                       "mega:2,ref:1 or mega,mega@decode_pairs=1 (executors: ref, ops, mega; "
+                       "keys: those of --tune)", s);
+    int rc = bm_side_parse(s, (size_t)(comma - s), base, &sd[0], e);
+    return rc ? rc : bm_side_parse(comma + 1, strlen(comma + 1), base, &sd[1], e);
 }
 
-/* A runner with sd's executor (WELD_EXEC is set for the creation only). */
+/* A runner with sd's executor and settings. */
 static int bm_side_open(const struct bm_run *b, const struct bm_opts *o, struct bm_side *sd,
                         struct weld_err *e)
 {
-    const char *old = getenv("WELD_EXEC");
-    char *saved = old ? wstrdup(old) : NULL;
-    if (old && !saved)
-        return err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
-    setenv("WELD_EXEC", sd->exec, 1);
-    char *env_saved[BM_SIDE_ENV] = {0};
-    char name[BM_SIDE_ENV][48];
-    int rc = WELD_OK;
-    for (int i = 0; i < sd->n_env; i++) {
-        size_t l = (size_t)(strchr(sd->env[i], '=') - sd->env[i]);
-        memcpy(name[i], sd->env[i], l);
-        name[i][l] = '\0';
-        const char *v = getenv(name[i]);
-        if (v && !(env_saved[i] = wstrdup(v)))
-            rc = err_set(e, WELD_ERR_NOMEM, "bench: out of memory");
-        setenv(name[i], sd->env[i] + l + 1, 1);
-    }
     struct backend_params p;
     backend_params_init(&p, o->batch, bm_ctx(o));
     p.n_threads = sd->threads ? sd->threads : o->threads;
-    if (rc == WELD_OK)
-        rc = runner_create_ex(&sd->r, b->m, &p, e);
-    for (int i = sd->n_env - 1; i >= 0; i--) { /* last first: a name given twice ends as it was */
-        if (env_saved[i])
-            setenv(name[i], env_saved[i], 1);
-        else
-            unsetenv(name[i]);
-        wfree(env_saved[i]);
-    }
-    if (saved)
-        setenv("WELD_EXEC", saved, 1);
-    else
-        unsetenv("WELD_EXEC");
-    wfree(saved);
-    return rc;
+    p.tuning = sd->tuning;
+    p.tuning.executor = sd->exec;
+    return runner_create_ex(&sd->r, b->m, &p, e);
 }
 
 /* Switch the benchmark to side sd (the other side's team is parked already). */
@@ -817,17 +804,16 @@ static int bm_run_pair(struct bm_opts *o, struct weld_err *e)
     struct bm_side sd[2];
     memset(sd, 0, sizeof sd);
     struct bm_ratios pp[2] = {{0}}, tg[2] = {{0}};
-    if (!bm_pair_parse(o->pair, sd))
-        return err_set(e, WELD_ERR_INVALID_ARG, "--pair '%s': want two executors "
-                       "EXEC[:THREADS][@WELD_NAME=VALUE] separated by a comma, e.g. mega,ops or "
-                       "mega:2,ref:1 or mega,mega@WELD_DECODE_PAIRS=1", o->pair);
+    int rc = bm_pair_parse(o->pair, &o->tuning, sd, e);
+    if (rc)
+        return rc;
     int block = 1;
-    int rc = isa_init(e);
+    rc = isa_init(e);
     if (rc == WELD_OK)
         rc = bm_open(&b, o, e);
     struct bm_opts od = *o; /* without -t, sides run the backend's default for the model */
     if (rc == WELD_OK && od.threads <= 0)
-        od.threads = backend_cpu_default_threads(b.m);
+        od.threads = backend_cpu_default_threads(b.m, &o->tuning);
     o = &od;
     for (int ord = 0; rc == WELD_OK && ord < 2; ord++) { /* A made first, then B */
         for (int i = 0; rc == WELD_OK && i < 2; i++)
@@ -901,6 +887,8 @@ static int bm_run_handoff(const struct bm_opts *o, struct weld_err *e)
 static int bm_check(const struct bm_opts *o)
 {
     const char *what = NULL;
+    struct weld_err e;
+    err_clear(&e);
     if (!o->bandwidth && !o->handoff && !o->model)
         what = "-m MODEL (or --bandwidth, or --handoff) is required";
     else if (o->handoff && (o->model || o->bandwidth || o->pair))
@@ -926,10 +914,10 @@ static int bm_check(const struct bm_opts *o)
         what = "--block must be in [1, 1048576]";
     else if (o->block && !o->pair)
         what = "--block only applies to --pair";
-    else if (o->pair && !bm_pair_parse(o->pair, (struct bm_side[2]){0}))
-        what = "--pair wants two executors EXEC[:THREADS][@WELD_NAME=VALUE] separated by a "
-               "comma, e.g. mega,ops or mega:2,ref:1 or mega,mega@WELD_DECODE_PAIRS=1 "
-               "(executors: ref, ops, mega)";
+    else if (o->pair && o->exec.exec)
+        what = "--exec does not go with --pair (each side names its executor)";
+    else if (o->pair && bm_pair_parse(o->pair, &o->tuning, (struct bm_side[2]){0}, &e))
+        what = e.msg;
     else if (o->pair && o->bandwidth)
         what = "--pair and --bandwidth do not go together";
     if (what)
@@ -941,7 +929,7 @@ int cmd_bench_model(int argc, char **argv)
 {
     struct bm_opts o = {.n_prompt = INT_MIN, .n_gen = INT_MIN, .reps = 5, .batch = 1,
                         .probe_size = (uint64_t)2 << 30}; /* INT_MIN: not given */
-    const struct cli_opt opts[] = {
+    const struct cli_opt base[] = {
         {"model", 'm', OPT_STR, &o.model, "MODEL", "GGUF file or HF directory to benchmark"},
         {"n-prompt", 'p', OPT_INT, &o.n_prompt, "P", "prefill tokens (default 512)"},
         {"n-gen", 'n', OPT_INT, &o.n_gen, "N", "decode steps (default 128)"},
@@ -952,10 +940,14 @@ int cmd_bench_model(int argc, char **argv)
         {"bandwidth", 0, OPT_FLAG, &o.bandwidth, NULL, "only run the read-bandwidth probe"},
         {"handoff", 0, OPT_FLAG, &o.handoff, NULL, "only measure how long two workers take to pass work back and forth (with 0-16 cache lines of data)"},
         {"probe-size", 0, OPT_SIZE, &o.probe_size, "S", "bytes the probe reads per pass (default 2G)"},
-        {"pair", 0, OPT_STR, &o.pair, "A,B", "two executors EXEC[:THREADS][@WELD_NAME=VALUE] (e.g. mega,ops) measured interleaved in one process, in both creation orders; ratios A / B"},
+        {"pair", 0, OPT_STR, &o.pair, "A,B", "two sides EXEC[:THREADS][@KEY=VALUE]... (e.g. mega,ops or mega,mega@repack=0; keys as --tune's) measured interleaved in one process, in both creation orders; ratios A / B"},
         {"block", 0, OPT_INT, &o.block, "N", "--pair: decode steps per block (default: ~50 ms of A)"},
         {"json", 0, OPT_FLAG, &o.json, NULL, "print one JSON object on stdout"},
     };
+    enum { N_BASE = sizeof base / sizeof base[0] };
+    struct cli_opt opts[N_BASE + CLI_EXEC_N_OPTS];
+    memcpy(opts, base, sizeof base);
+    int n_opts = N_BASE + cli_exec_opts_table(&o.exec, opts + N_BASE);
     const char *pos[1];
     int n_pos;
     int prc = cli_parse(argc, argv, "bench -m MODEL [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t N] [--json]\n"
@@ -965,7 +957,7 @@ int cmd_bench_model(int argc, char **argv)
                         "       weld bench throughput -m MODEL [options]  (see weld bench throughput --help)",
                         "Prefill (pp) and decode (tg) tokens/s of the CPU executor and kernels on\n"
                         "random token ids, and decode bandwidth against a read-bandwidth probe run\n"
-                        "in the same invocation. With a threaded executor (WELD_EXEC=mega, the\n"
+                        "in the same invocation. With a threaded executor (--exec mega, the\n"
                         "default, or ops) also its bubble (share of worker time spent waiting)\n"
                         "and synchronizations per token during decode. With --pair, two executors\n"
                         "(e.g. mega,ops or mega:2,ref:1) on the same model, interleaved in blocks\n"
@@ -973,17 +965,21 @@ int cmd_bench_model(int argc, char **argv)
                         "repetitions with A's runner made first and -r with B's (the order can\n"
                         "bias a few %); prints each one's tok/s and the median A / B ratio of\n"
                         "the block pairs, the two orders' medians combined so their bias cancels.",
-                        opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
+                        opts, n_opts, pos, 0, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;
+    struct weld_err e;
+    err_clear(&e);
+    if (cli_exec_tuning(&o.exec, &o.tuning, &e)) {
+        fprintf(stderr, "weld bench: %s\n", e.msg);
+        return 2;
+    }
     if ((o.p_default = o.n_prompt == INT_MIN))
         o.n_prompt = 512;
     if ((o.n_default = o.n_gen == INT_MIN))
         o.n_gen = 128;
     if (bm_check(&o))
         return 2;
-    struct weld_err e;
-    err_clear(&e);
     int rc = o.handoff                ? bm_run_handoff(&o, &e)
              : o.bandwidth && !o.model ? bm_run_bandwidth(&o, &e)
              : o.pair                ? bm_run_pair(&o, &e)

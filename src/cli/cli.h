@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum cli_opt_type { OPT_FLAG, OPT_INT, OPT_I64, OPT_U64, OPT_FLOAT, OPT_STR, OPT_SIZE,
                     OPT_STRS };
@@ -48,6 +49,24 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
 /* Parse "123", "512M", "4G", "1.5GiB" into bytes; 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
 
+/* The executor option group of every command that runs a model (tuning.c): --exec NAME,
+   --tune KEY=VALUE (repeatable), --accelerator NAME. Zero-initialise it. */
+struct exec_tuning;
+struct cli_exec_opts {
+    const char *exec, *accelerator;
+    struct cli_strs tune;
+};
+#define CLI_EXEC_N_OPTS 3
+/* Writes CLI_EXEC_N_OPTS entries to t; returns that count. */
+int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t);
+/* The tuning the options ask for (names checked; errors name the flag). */
+int cli_exec_tuning(const struct cli_exec_opts *o, struct exec_tuning *t, struct weld_err *e);
+/* Apply one KEY=VALUE setting (--tune, a `bench --pair` side's @KEY=VALUE); an unknown key
+   or bad value is an error listing the keys or the values. */
+int cli_tune_set(struct exec_tuning *t, const char *kv, struct weld_err *e);
+/* The keys, their values and defaults (for `weld --help`). */
+void cli_tune_help(FILE *f);
+
 /* Engine options shared by `weld batch` and `weld bench throughput` (cmd_batch.c). */
 struct cli_engine_opts {
     const char *model;
@@ -56,8 +75,9 @@ struct cli_engine_opts {
     uint64_t kv_cache_memory;
     const char *kv_dtype, *policy;
     bool no_prefix_caching;
+    struct cli_exec_opts exec;
 };
-#define CLI_ENGINE_N_OPTS 10
+#define CLI_ENGINE_N_OPTS (10 + CLI_EXEC_N_OPTS)
 struct engine;
 struct engine_params;
 void cli_engine_opts_init(struct cli_engine_opts *o);

@@ -62,8 +62,10 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
         {"policy", 0, OPT_STR, &o->policy, "P", "fcfs (default) or priority (lower runs first)"},
         {"threads", 't', OPT_INT, &o->threads, "N", "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
     };
+    enum { N = sizeof opts / sizeof opts[0] }; /* then --exec, --tune, --accelerator */
+    _Static_assert(N + CLI_EXEC_N_OPTS == CLI_ENGINE_N_OPTS, "CLI_ENGINE_N_OPTS");
     memcpy(t, opts, sizeof opts);
-    return (int)(sizeof opts / sizeof opts[0]);
+    return N + cli_exec_opts_table(&o->exec, t + N);
 }
 
 int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out,
@@ -79,7 +81,7 @@ int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out
     p.prefix_caching = !o->no_prefix_caching;
     p.n_threads = o->threads;
     int rc = engine_parse_kv_dtype(o->kv_dtype, &p.kv_dtype, e);
-    if (rc)
+    if (rc || (rc = cli_exec_tuning(&o->exec, &p.tuning, e)))
         return rc;
     if (!strcmp(o->policy, "fcfs"))
         p.policy = SCHED_POLICY_FCFS;

@@ -50,6 +50,7 @@ struct chat_opts {
     struct sampler_params sp;
     int64_t seed;
     bool ignore_eos, verbose, interactive;
+    struct cli_exec_opts exec;
 };
 
 struct chat {
@@ -467,7 +468,7 @@ int cmd_chat(int argc, char **argv)
     o.sp.top_k = 40;
     o.sp.top_p = 0.95f;
     o.sp.min_p = 0.05f;
-    const struct cli_opt opts[] = {
+    const struct cli_opt base[] = {
         {"model", 'm', OPT_STR, &o.model, "MODEL", "GGUF file or Hugging Face directory (or give it as the argument)"},
         {"system", 0, OPT_STR, &o.system, "TEXT", "system message, kept across /clear"},
         {"chat-template", 0, OPT_STR, &o.chat_template, "FILE|NAME", "Jinja chat template file or a builtin: chatml, llama2, llama3, mistral, qwen, gemma (default: the model's)"},
@@ -485,6 +486,10 @@ int cmd_chat(int argc, char **argv)
         {"verbose", 'v', OPT_FLAG, &o.verbose, NULL, "after each reply, print its statistics to stderr (prompt tokens, cached, speed)"},
         {"interactive", 'i', OPT_FLAG, &o.interactive, NULL, "accepted for `weld generate -i` (always on)"},
     };
+    enum { N_BASE = sizeof base / sizeof base[0] };
+    struct cli_opt opts[N_BASE + CLI_EXEC_N_OPTS];
+    memcpy(opts, base, sizeof base);
+    int n_opts = N_BASE + cli_exec_opts_table(&o.exec, opts + N_BASE);
     const char *cmd = argc > 0 && !strcmp(argv[0], "generate") ? "generate" : "chat";
     const char *pos[1];
     int n_pos;
@@ -494,7 +499,7 @@ int cmd_chat(int argc, char **argv)
                         "KV cache, so each turn computes only its new tokens. /clear starts over,\n"
                         "/exit or Ctrl-D quits, Ctrl-C stops a reply. When stdin is not a terminal,\n"
                         "each line is one message.",
-                        opts, (int)(sizeof opts / sizeof opts[0]), pos, 1, &n_pos);
+                        opts, n_opts, pos, 1, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;
     if (n_pos && o.model && strcmp(pos[0], o.model)) {
@@ -524,6 +529,9 @@ int cmd_chat(int argc, char **argv)
     if (rc == WELD_OK && o.chat_template &&
         (rc = chat_template_load(o.chat_template, &tmpl_src, &e)))
         err_prefix(&e, "--chat-template");
+    struct exec_tuning tuning;
+    if (rc == WELD_OK)
+        rc = cli_exec_tuning(&o.exec, &tuning, &e);
     if (rc == WELD_OK)
         rc = model_load(&m, o.model, &e);
     if (rc == WELD_OK) {
@@ -535,6 +543,7 @@ int cmd_chat(int argc, char **argv)
         ep.max_model_len = o.ctx;
         ep.quiet = true;
         ep.n_threads = o.threads;
+        ep.tuning = tuning;
         rc = engine_create(&c.eng, &ep, &e);
     }
     if (rc == WELD_OK) {

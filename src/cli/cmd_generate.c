@@ -47,6 +47,7 @@ struct gen_opts {
     struct sampler_params sp;
     int64_t seed;
     bool chat, no_echo, ignore_eos, no_special, show_ids, interactive;
+    struct cli_exec_opts exec;
 };
 
 struct gen_state {
@@ -268,7 +269,7 @@ int cmd_generate(int argc, char **argv)
     o.sp.top_k = 40;
     o.sp.top_p = 0.95f;
     o.sp.min_p = 0.05f;
-    const struct cli_opt opts[] = {
+    const struct cli_opt base[] = {
         {"model", 'm', OPT_STR, &o.model, "MODEL", "GGUF file or Hugging Face directory (required)"},
         {"prompt", 'p', OPT_STR, &o.prompt, "TEXT", "prompt text; '-': read it from standard input (default: stdin when it is not a terminal)"},
         {"file", 'f', OPT_STR, &o.file, "FILE", "read the prompt from FILE (one trailing newline dropped)"},
@@ -292,6 +293,10 @@ int cmd_generate(int argc, char **argv)
         {"no-special", 0, OPT_FLAG, &o.no_special, NULL, "do not add BOS/special tokens to the prompt"},
         {"show-ids", 0, OPT_FLAG, &o.show_ids, NULL, "also print the generated token ids to stderr"},
     };
+    enum { N_BASE = sizeof base / sizeof base[0] };
+    struct cli_opt opts[N_BASE + CLI_EXEC_N_OPTS];
+    memcpy(opts, base, sizeof base);
+    int n_opts = N_BASE + cli_exec_opts_table(&o.exec, opts + N_BASE);
     /* -i: the conversation of `weld chat` (cmd_chat.c), which takes its own options */
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
         if (!strcmp(argv[i], "-i") || !strcmp(argv[i], "--interactive"))
@@ -301,7 +306,7 @@ int cmd_generate(int argc, char **argv)
     int prc = cli_parse(argc, argv, "generate -m MODEL (-p PROMPT | -f FILE | -p - | < FILE) [options]",
                         "Generate text from a prompt. The prompt and then the continuation go to stdout\n"
                         "as they stream (ending with a newline); logs and the speed line go to stderr.",
-                        opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
+                        opts, n_opts, pos, 0, &n_pos);
     if (prc)
         return prc == 1 ? 0 : 2;
     if (!o.model) {
@@ -359,6 +364,9 @@ int cmd_generate(int argc, char **argv)
     if (rc == WELD_OK && implicit_stdin && !*o.prompt)
         rc = err_set(&e, WELD_ERR_INVALID_ARG, "no prompt: standard input is empty; give "
                      "-p TEXT or -f FILE (-p \"\" for an empty prompt)");
+    struct exec_tuning tuning;
+    if (rc == WELD_OK)
+        rc = cli_exec_tuning(&o.exec, &tuning, &e);
     if (rc == WELD_OK)
         rc = model_load(&m, o.model, &e);
     if (rc == WELD_OK) {
@@ -376,6 +384,7 @@ int cmd_generate(int argc, char **argv)
         ep.max_model_len = o.ctx;
         ep.quiet = true;
         ep.n_threads = o.threads;
+        ep.tuning = tuning;
         rc = engine_create(&eng, &ep, &e);
     }
     if (rc == WELD_OK && o.chat && !tmpl && !tokenizer_chat_template(engine_tokenizer(eng)))

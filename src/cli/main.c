@@ -34,8 +34,18 @@ static void usage(FILE *f)
             weld_version());
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\nRun 'weld <command> --help' for a command's options.\n"
-               "Environment: WELD_ACCELERATOR=cpu picks the backend; WELD_LOG=debug|info|warn|error.\n");
+    fprintf(f, "\nRun 'weld <command> --help' for a command's options.\n\n"
+               "The commands that run a model (generate, chat, batch, serve, bench) also take\n"
+               "--exec mega|ops|ref (the executor), --accelerator NAME (the backend: cpu) and\n");
+    cli_tune_help(f);
+    fprintf(f, "'weld bench -m MODEL --pair A,B' compares two of them in one process, each side\n"
+               "EXEC[:THREADS][@KEY=VALUE]..., e.g. --pair mega,ops or --pair mega,mega@repack=0.\n"
+               "\nEnvironment (debugging):\n"
+               "  WELD_LOG=error|warn|info|debug   log level (default info)\n"
+               "  WELD_ISA=scalar|avx2|avx512|amx  force the CPU kernels' instruction set\n"
+               "  WELD_TRACE=FILE                  Chrome trace of the mega executor's first steps\n"
+               "  WELD_REGEX_MATCH_LIMIT=N         the tokenizer's regex match limit (PCRE2's)\n"
+               "Flags, keys and when to change them: docs/TUNING.md.\n");
 }
 
 int main(int argc, char **argv)

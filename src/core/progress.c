@@ -1,6 +1,8 @@
 /* progress - see progress.h. */
 #include "core/progress.h"
 
+#include "core/log.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +22,8 @@ void progress_start(struct progress *p, const char *label, uint64_t total)
     p->label = label;
     p->total = total ? total : 1;
     p->t_start = time_now();
-    p->tty = isatty(2);
-    p->last_pct = -1;
-    const char *d = getenv("WELD_NO_PROGRESS");
-    p->disabled = d && *d && strcmp(d, "0") != 0;
+    /* a bar for a person watching: not in pipes, logs and files, nor under WELD_LOG=warn */
+    p->disabled = !isatty(2) || log_get_level() < LOG_INFO;
 }
 
 static void draw(struct progress *p, double now)
@@ -32,20 +32,13 @@ static void draw(struct progress *p, double now)
     if (pct > 100)
         pct = 100;
     double el = now - p->t_start;
-    if (p->tty) {
-        char bar[31];
-        int fill = pct * 30 / 100;
-        for (int i = 0; i < 30; i++)
-            bar[i] = i < fill ? '#' : '.';
-        bar[30] = '\0';
-        double eta = p->done ? el * (double)(p->total - p->done) / (double)p->done : 0;
-        fprintf(stderr, "\r%s [%s] %3d%% %5.1fs eta %5.1fs", p->label, bar, pct, el, eta);
-    } else if (pct / 25 != p->last_pct / 25) {
-        fprintf(stderr, "%s: %d%% (%.1fs)\n", p->label, pct, el);
-    } else {
-        return;
-    }
-    p->last_pct = pct;
+    char bar[31];
+    int fill = pct * 30 / 100;
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    double eta = p->done ? el * (double)(p->total - p->done) / (double)p->done : 0;
+    fprintf(stderr, "\r%s [%s] %3d%% %5.1fs eta %5.1fs", p->label, bar, pct, el, eta);
     p->drawn = 1;
     p->t_last_draw = now;
 }
@@ -71,11 +64,6 @@ void progress_end(struct progress *p)
     if (!p->drawn || p->disabled)
         return;
     p->done = p->total;
-    double now = time_now();
-    if (p->tty) {
-        draw(p, now);
-        fputc('\n', stderr);
-    } else {
-        fprintf(stderr, "%s: done (%.1fs)\n", p->label, now - p->t_start);
-    }
+    draw(p, time_now());
+    fputc('\n', stderr);
 }

@@ -1,10 +1,10 @@
 /*
  * progress - a progress bar on stderr for long operations (model loads, conversions).
  *
- * Nothing is drawn during the first second, so quick loads stay quiet; after that the bar
- * redraws at most 10 times a second, in place when stderr is a terminal and as a few
- * percentage lines otherwise. progress_end() finishes the line if anything was drawn.
- * WELD_NO_PROGRESS=1 disables it.
+ * Drawn only when stderr is a terminal and the log level shows info (so never into pipes,
+ * log files or tests; WELD_LOG=warn hides it). Nothing is drawn during the first second,
+ * so quick loads stay quiet; after that the bar redraws in place at most 10 times a
+ * second. progress_end() finishes the line if anything was drawn.
  */
 #ifndef WELD_CORE_PROGRESS_H
 #define WELD_CORE_PROGRESS_H
@@ -15,7 +15,7 @@ struct progress {
     const char *label;
     uint64_t total, done;
     double t_start, t_last_draw;
-    int drawn, tty, last_pct, disabled;
+    int drawn, disabled;
 };
 
 void progress_start(struct progress *p, const char *label, uint64_t total);

@@ -254,6 +254,7 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
     bp.kv_blocks = n_blocks;
     bp.kv_type = p->kv_dtype;
     bp.n_threads = p->n_threads;
+    bp.tuning = p->tuning;
     if ((rc = runner_create_ex(&eng->run, eng->m, &bp, e)))
         return rc;
     if (!p->quiet)

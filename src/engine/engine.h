@@ -11,7 +11,7 @@
  *     engine_free(eng);
  *
  * What it owns: the model (loaded from model_path, or borrowed), its tokenizer, a runner
- * (the backend WELD_ACCELERATOR picks, exec/runner.h) whose KV pool has exactly the
+ * (the backend engine_params.tuning names, exec/runner.h) whose KV pool has exactly the
  * scheduler's n_blocks blocks, and the scheduler (engine/sched.h) with its KV block
  * manager. The backend keeps no per-sequence state: every step's batch carries each
  * sequence's block table and the copy-on-write block copies the manager queued.
@@ -55,6 +55,7 @@
 #include "core/err.h"
 #include "engine/request.h"
 #include "engine/sched.h"
+#include "exec/tuning.h"
 #include "format/dtype.h"
 
 #include <stdbool.h>
@@ -81,6 +82,8 @@ struct engine_params {
     enum sched_policy policy;       /* default FCFS */
     uint64_t seed;                  /* mixed into the seed of requests without one */
     int n_threads;                  /* forward-pass workers; 0: backend_cpu_default_threads */
+    struct exec_tuning tuning;      /* backend, executor, kernel settings; zero: automatic
+                                       (exec/tuning.h) */
     bool quiet;                     /* do not log the pool size at start */
 };
 

@@ -6,10 +6,10 @@
  * ones may be NULL and callers check. The engine sees only batches in and logits out:
  * KV cache layout, programs and executors are the backend's business.
  *
- * Selection: WELD_ACCELERATOR names the backend ("cpu" when unset or empty). Names of
- * backends weld knows but this build lacks (e.g. "cuda" without nvcc) and unknown names
- * both give WELD_ERR_NOT_FOUND: "WELD_ACCELERATOR=cuda: backend not built in; available:
- * cpu".
+ * Selection: backend_params.tuning.accelerator names the backend ("cpu" when NULL or
+ * empty; `--accelerator` in the CLI). Names of backends weld knows but this build lacks
+ * (e.g. "cuda" without nvcc) and unknown names both give WELD_ERR_NOT_FOUND: "unknown
+ * accelerator 'cuda' (available: cpu)".
  *
  * KV placement: with engine block tables in the batch (batch.h) the engine's KV block
  * manager owns the pool of kv_blocks physical blocks and the backend only reads and writes
@@ -17,9 +17,10 @@
  * backend places each seq_id itself. The engine sizes the pool from a memory budget with
  * backend_kv_blocks_for_bytes().
  *
- * The cpu backend = program builder + executor (WELD_EXEC; default the megakernel executor
- * on a thread team when n_threads > 1, else the reference executor) + kernels + paged KV
- * cache (f16 / bf16 / f32 / q8_0).
+ * The cpu backend = program builder + executor (tuning.executor; default the megakernel
+ * executor on a thread team when n_threads > 1, else the reference executor) + kernels +
+ * paged KV cache (f16 / bf16 / f32 / q8_0), all tuned by backend_params.tuning
+ * (exec/tuning.h).
  */
 #ifndef WELD_EXEC_BACKEND_H
 #define WELD_EXEC_BACKEND_H
@@ -27,6 +28,7 @@
 #include "core/err.h"
 #include "exec/batch.h"
 #include "exec/logits_top.h"
+#include "exec/tuning.h"
 #include "model/model.h"
 
 #include <stdbool.h>
@@ -39,7 +41,7 @@ struct backend_params {
                            ops / mega a few per worker) */
     int n_threads;      /* executor workers; 0: backend_cpu_default_threads (one per
                            physical core, or one for models of tiny steps). With more than
-                           one and WELD_EXEC unset, the mega executor runs */
+                           one and no executor named, the mega executor runs */
     bool oversubscribe; /* tests only: allow more threads than physical cores */
     int kv_block_size;  /* 0: default (16) */
     int kv_blocks;      /* physical KV blocks in the pool (ids [0, kv_blocks) in engine
@@ -47,17 +49,19 @@ struct backend_params {
     enum weld_dtype kv_type; /* KV element type: DT_F16 (the default backend_params_init
                                 and runner_create pick), DT_BF16, DT_F32 or DT_Q8_0 (needs
                                 head_dim % 32 == 0). Zero-initialised params mean DT_F32. */
+    struct exec_tuning tuning; /* backend, executor and kernel settings; zero: automatic */
 };
 
 /* Defaults: kv_type f16, everything else 0 (one thread per physical core, n_splits as the
-   executor wants, block size 16, pool sized for max_seqs full sequences). */
+   executor wants, block size 16, pool sized for max_seqs full sequences, every tuning
+   choice automatic). */
 void backend_params_init(struct backend_params *p, int max_seqs, int max_ctx);
 
 /* The cpu backend's workers when n_threads is 0: one per physical core (core/team.h), or,
-   unless WELD_EXEC names an executor, one for a model whose decode step streams under
-   EXEC_SMALL_STAGE_BYTES of weights per stage (exec/weights.h: a second worker would cost
-   more than it saves). */
-int backend_cpu_default_threads(const struct model *m);
+   unless t (may be NULL) names an executor, one for a model whose decode step streams
+   under EXEC_SMALL_STAGE_BYTES of weights per stage (exec/weights.h: a second worker would
+   cost more than it saves). */
+int backend_cpu_default_threads(const struct model *m, const struct exec_tuning *t);
 
 /* Bytes one KV block of block_size tokens (0: default) takes for model config c and
    kv_type, K and V of every layer; 0 when the type cannot hold this model's heads. */
@@ -105,9 +109,8 @@ struct backend_iface {
 
 extern const struct backend_iface backend_cpu;
 
-/* Look up a backend by name; WELD_ERR_NOT_FOUND with the list of built-in ones. */
+/* Look up a backend by name (NULL or "": "cpu"); WELD_ERR_NOT_FOUND with the list of
+   built-in ones. */
 int backend_find(const struct backend_iface **out, const char *name, struct weld_err *e);
-/* The backend WELD_ACCELERATOR names ("cpu" when unset or empty). */
-int backend_from_env(const struct backend_iface **out, struct weld_err *e);
 
 #endif

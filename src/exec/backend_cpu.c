@@ -81,29 +81,10 @@ static void cpu_ctx_free(void *ctx)
     wfree(c);
 }
 
-/* The KV layout's head groups (exec/kv.h): the programs' attention head ranges, n_splits
-   of them, unless WELD_KV_GROUPS (1 = block-major .. n_kv_head = per-head) asks for
-   another, to compare layouts (`weld bench --pair mega,mega@WELD_KV_GROUPS=1`). */
-static int kv_groups(int n_splits, int *out, struct weld_err *e)
+int backend_cpu_default_threads(const struct model *m, const struct exec_tuning *t)
 {
-    const char *v = getenv("WELD_KV_GROUPS");
-    *out = n_splits;
-    if (!v || !*v)
-        return WELD_OK;
-    char *end;
-    long g = strtol(v, &end, 10);
-    if (*end || g < 1 || g > 4096)
-        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_KV_GROUPS='%s': give a number of KV "
-                       "head groups from 1 (block-major) to the model's KV heads (per-head), "
-                       "or unset it", v);
-    *out = (int)g;
-    return WELD_OK;
-}
-
-int backend_cpu_default_threads(const struct model *m)
-{
-    const char *ex = getenv("WELD_EXEC"); /* an executor asked for by name gets its team */
-    if ((ex && *ex) || exec_stage_bytes(m) >= EXEC_SMALL_STAGE_BYTES)
+    /* an executor asked for by name gets its team */
+    if ((t && t->executor && *t->executor) || exec_stage_bytes(m) >= EXEC_SMALL_STAGE_BYTES)
         return team_default_size();
     return 1;
 }
@@ -116,12 +97,19 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         return err_set(e, WELD_ERR_INVALID_ARG, "cpu backend: max_seqs %d, max_ctx %d must "
                        "be >= 1, n_splits %d and n_threads %d >= 0", p->max_seqs, p->max_ctx,
                        p->n_splits, p->n_threads);
+    const struct exec_tuning *t = &p->tuning;
+    if (t->kv_groups < 0 || t->k_parts < 0 || t->trace_steps < 0 ||
+        (unsigned)t->decode_pairs > PAIRS_LONG || (unsigned)t->l2_prefetch > TUNE_ON ||
+        (unsigned)t->repack > TUNE_ON)
+        return err_set(e, WELD_ERR_INVALID_ARG, "cpu backend: tuning out of range (kv_groups "
+                       "%d, k_parts %d, trace_steps %d must be >= 0)", t->kv_groups,
+                       t->k_parts, t->trace_steps);
     struct cpu_ctx *c = wcalloc(1, sizeof *c);
     if (!c)
         return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
     c->m = m;
     c->params = *p;
-    int rc = exec_weights_create(&c->w, m, e);
+    int rc = exec_weights_create(&c->w, m, &p->tuning, e);
     if (rc)
         goto fail;
     struct kv_config kc = {
@@ -130,21 +118,23 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         .block_size = p->kv_block_size, .n_blocks = p->kv_blocks, .type = p->kv_type,
     };
     struct exec_params xp = {
-        .n_threads = p->n_threads ? p->n_threads : backend_cpu_default_threads(m),
+        .n_threads = p->n_threads ? p->n_threads : backend_cpu_default_threads(m, &p->tuning),
         .team_flags = p->oversubscribe ? TEAM_OVERSUBSCRIBE : 0,
+        .trace_steps = p->tuning.trace_steps,
     };
     if (!p->n_threads && xp.n_threads == 1 && team_default_size() > 1)
         log_debug("cpu: 1 thread: a step of this model streams %zu KB of weights per stage, "
                  "too little for a second worker to pay for its synchronisation (-t to choose)",
                  exec_stage_bytes(m) >> 10);
-    if ((rc = executor_from_env(&c->ex, xp.n_threads, e)) ||
+    if ((rc = executor_choose(&c->ex, p->tuning.executor, xp.n_threads, e)) ||
         (rc = c->ex->create(&c->ex_state, &m->cfg, &xp, e)))
         goto fail;
     int n_workers = c->ex->n_workers(c->ex_state);
     if (!c->params.n_splits)
         c->params.n_splits = c->ex->n_splits(c->ex_state);
-    if ((rc = kv_groups(c->params.n_splits, &kc.n_groups, e)) ||
-        (rc = kv_create(&c->kv, &kc, e)))
+    /* the layout's head groups: the programs' attention head ranges unless asked */
+    kc.n_groups = p->tuning.kv_groups ? p->tuning.kv_groups : c->params.n_splits;
+    if ((rc = kv_create(&c->kv, &kc, e)))
         goto fail;
     if (!(c->tables = wcalloc((size_t)p->max_seqs, sizeof *c->tables))) {
         rc = err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
@@ -206,7 +196,7 @@ static int get_program(struct cpu_ctx *c, const struct batch *b, struct program 
     int rc = program_build_kp(&p, &c->m->cfg, b, c->params.n_splits, flags, &c->w->kp, e);
     if (rc)
         return rc;
-    if (getenv("WELD_DUMP_PROGRAM"))
+    if (c->params.tuning.dump_program)
         program_dump(p, stderr);
     program_free(c->progs[c->prog_next]);
     c->progs[c->prog_next] = p;

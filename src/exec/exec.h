@@ -14,7 +14,7 @@
  *         PROG_HEAD_DEPS programs (attention waits on its own heads' projections only).
  *         Spins then sleeps between steps (core/team.c): an idle engine uses ~0% CPU.
  *         Records stats (bubble, syncs) and, with WELD_TRACE=FILE, a Chrome trace of the
- *         first WELD_TRACE_STEPS (4) steps (trace.h).
+ *         first exec_params.trace_steps (default 4) steps (trace.h).
  *   ops   a persistent pinned thread team (core/team.h); every worker walks the stages
  *         in order, claims instructions of the current stage until none are left and
  *         meets the others at a barrier after every stage (llama.cpp's way of running a
@@ -23,9 +23,9 @@
  *         (the correctness oracle, and a check that the program's order is a valid
  *         schedule)
  *
- * Any executor runs any program (default or PROG_HEAD_DEPS). Chosen at run time by
- * WELD_EXEC; when unset or empty: "mega" when more than one thread is asked for, else
- * "ref". An unknown name is an error listing the available ones.
+ * Any executor runs any program (default or PROG_HEAD_DEPS). Chosen at run time by name
+ * (exec_tuning.executor, `--exec`); without one: "mega" when more than one thread is
+ * asked for, else "ref". An unknown name is an error listing the available ones.
  */
 #ifndef WELD_EXEC_EXEC_H
 #define WELD_EXEC_EXEC_H
@@ -42,6 +42,7 @@ struct exec_params {
                               the last stage (mega: the others must run that stage) */
     int test_slow_piece_us; /* tests: the last worker sleeps this long after each piece of
                                an instruction it runs in pieces (mega: others must join) */
+    int trace_steps;      /* mega with WELD_TRACE=FILE: steps traced; <= 0: 4 */
 };
 
 /* What an executor measured over the steps since its creation or the last reset. The
@@ -85,10 +86,11 @@ extern const struct executor_impl exec_ref_impl;
 extern const struct executor_impl exec_ops_impl;
 extern const struct executor_impl exec_mega_impl;
 
-/* Look up an executor by name; WELD_ERR_NOT_FOUND names the available ones. */
+/* Look up an executor by name (backend.c); WELD_ERR_NOT_FOUND names the available ones. */
 int executor_find(const struct executor_impl **out, const char *name, struct weld_err *e);
-/* The executor WELD_EXEC names; when unset or empty, "mega" if n_threads > 1 else "ref". */
-int executor_from_env(const struct executor_impl **out, int n_threads, struct weld_err *e);
+/* The executor called name; NULL or "": "mega" if n_threads > 1, else "ref". */
+int executor_choose(const struct executor_impl **out, const char *name, int n_threads,
+                    struct weld_err *e);
 
 /* The cpu backend context's executor stats (backend_cpu.c; WELD_ERR_UNSUPPORTED when its
    executor keeps none). ctx is a backend_cpu context. */

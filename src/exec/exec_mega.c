@@ -23,7 +23,8 @@
  * Bit-identical to ref: the same instructions through exec_op_run_tiles, whose per-(row,
  * token) arithmetic does not depend on the worker, split, piece or order (ops.h).
  * Stats: a clock is read only when a wait is not met at once, and once per step; every
- * counter check counts as a sync. WELD_TRACE=FILE records the first steps (trace.h).
+ * counter check counts as a sync. WELD_TRACE=FILE records the first steps (trace.h;
+ * how many: --tune trace_steps=N).
  *
  * Deliberately not here: general work stealing, pieces of QKV and FINAL at decode,
  * sleeping inside a step, fusion across layers, re-planning from measured times.
@@ -845,22 +846,13 @@ static void mega_free(void *state)
     wfree(s);
 }
 
-static int trace_from_env(struct mega_state *s, struct weld_err *e)
+/* WELD_TRACE=FILE (a debugging variable, docs/TUNING.md): trace the first steps. */
+static int trace_from_env(struct mega_state *s, int steps, struct weld_err *e)
 {
     const char *path = getenv("WELD_TRACE");
     if (!path || !*path)
         return WELD_OK;
-    int steps = MEGA_TRACE_STEPS;
-    const char *v = getenv("WELD_TRACE_STEPS");
-    if (v && *v) {
-        char *end;
-        long n = strtol(v, &end, 10);
-        if (*end || n < 1 || n > 1000000)
-            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_TRACE_STEPS=%s: not a step count "
-                           "in [1, 1000000]", v);
-        steps = (int)n;
-    }
-    return trace_create(&s->trace, path, s->n_workers, steps, e);
+    return trace_create(&s->trace, path, s->n_workers, steps > 0 ? steps : MEGA_TRACE_STEPS, e);
 }
 
 static int mega_create(void **out, const struct model_config *c, const struct exec_params *xp,
@@ -889,7 +881,7 @@ static int mega_create(void **out, const struct model_config *c, const struct ex
         goto fail;
     }
     s->workers = (struct mega_worker *)(((uintptr_t)s->workers_raw + 63) & ~(uintptr_t)63);
-    if ((rc = trace_from_env(s, e)))
+    if ((rc = trace_from_env(s, xp ? xp->trace_steps : 0, e)))
         goto fail;
     *out = s;
     return WELD_OK;

@@ -1,5 +1,5 @@
 /*
- * exec_ref - the single-threaded reference executor, and the executor registry.
+ * exec_ref - the single-threaded reference executor.
  *
  * Walks the instruction list in order. Before each instruction it checks that every counter
  * the instruction waits on has reached wait_count (a program whose list order is not a
@@ -87,32 +87,3 @@ const struct executor_impl exec_ref_impl = {
     .n_workers = ref_n_workers,
     .n_splits = ref_n_workers,
 };
-
-static const struct executor_impl *const executors[] = {&exec_ref_impl, &exec_ops_impl,
-                                                         &exec_mega_impl};
-#define N_EXECUTORS (sizeof executors / sizeof executors[0])
-
-int executor_find(const struct executor_impl **out, const char *name, struct weld_err *e)
-{
-    *out = NULL;
-    for (size_t i = 0; i < N_EXECUTORS; i++)
-        if (strcmp(executors[i]->name, name) == 0) {
-            *out = executors[i];
-            return WELD_OK;
-        }
-    char list[256] = "";
-    size_t n = 0;
-    for (size_t i = 0; i < N_EXECUTORS && n < sizeof list; i++)
-        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
-                              executors[i]->name);
-    return err_set(e, WELD_ERR_NOT_FOUND, "WELD_EXEC=%s: unknown executor; available: %s",
-                   name, list);
-}
-
-int executor_from_env(const struct executor_impl **out, int n_threads, struct weld_err *e)
-{
-    const char *name = getenv("WELD_EXEC");
-    if (!name || !*name)
-        name = n_threads > 1 ? "mega" : "ref";
-    return executor_find(out, name, e);
-}

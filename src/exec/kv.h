@@ -23,7 +23,7 @@
  *     context of 512, 0.86-0.88x of block-major).
  * G = 1 is block-major (layer, block, head, slot), G = n_kv_head per-head (layer, head,
  * block, slot). Measured with `weld bench --pair` in both orders, 110M Q8_0, 2 workers
- * (G = 2) against WELD_KV_GROUPS (exec/backend_cpu.c): one sequence at a context of 1536,
+ * (G = 2) against tuning kv_groups (exec/backend_cpu.c): one sequence at a context of 1536,
  * 1.17-1.24x block-major and equal to per-head (0.985x, 1.003x); 16 sequences at 512,
  * 0.96x block-major (0.955-0.989x over four runs) and 1.12-1.15x per-head. Before, a
  * cache of one sequence was per-head and one of several block-major, so a server (several

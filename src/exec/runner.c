@@ -1,5 +1,5 @@
 /*
- * runner - a model bound to the backend WELD_ACCELERATOR picks (see runner.h).
+ * runner - a model bound to the backend its parameters name (see runner.h).
  *
  * A thin layer: it chooses the backend, fills in defaults and forwards calls, so the CLI
  * and engine never see backend interfaces or contexts.
@@ -24,7 +24,7 @@ int runner_create_ex(struct runner **out, const struct model *m,
     if (!m)
         return err_set(e, WELD_ERR_INVALID_ARG, "runner: no model");
     const struct backend_iface *be;
-    int rc = backend_from_env(&be, e);
+    int rc = backend_find(&be, params->tuning.accelerator, e);
     if (rc)
         return rc;
     struct runner *r = wcalloc(1, sizeof *r);

@@ -2,9 +2,9 @@
  * runner - the small API the CLI and engine call to run forward steps on a model.
  *
  *     struct runner *r;
- *     runner_create(&r, model, max_seqs, max_ctx, &err);        // backend from
+ *     runner_create(&r, model, max_seqs, max_ctx, &err);        // cpu, automatic tuning
  *     struct batch_seq s = {.seq_id = 0, .tokens = ids, .n_tokens = n, .pos = 0};
- *     struct batch b = {&s, 1};                                 // WELD_ACCELERATOR
+ *     struct batch b = {&s, 1};
  *     runner_forward(r, &b, logits, &err);    // logits: (batch_n_logit_rows(&b), n_vocab)
  *     ... next step: pos = n, one token ...
  *     runner_drop_seq(r, 0);
@@ -27,8 +27,9 @@ struct runner;
    (backend_params_init: f16 KV cache, internal KV placement). */
 int runner_create(struct runner **out, const struct model *m, int max_seqs, int max_ctx,
                   struct weld_err *e);
-/* Same with every backend parameter (n_splits, KV block size, count and type); params as
-   given (a zero kv_type is f32: start from backend_params_init for the defaults). */
+/* Same with every backend parameter (n_splits, KV block size, count and type, tuning:
+   backend, executor, kernel settings); params as given (a zero kv_type is f32: start
+   from backend_params_init for the defaults). */
 int runner_create_ex(struct runner **out, const struct model *m,
                      const struct backend_params *params, struct weld_err *e);
 int runner_forward(struct runner *r, const struct batch *b, float *logits,

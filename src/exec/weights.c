@@ -390,21 +390,6 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
     return WELD_OK;
 }
 
-/* A 0 / 1 switch from the environment: *out keeps its default when `name` is unset or
-   empty; anything but "0" or "1" is an error that says what each means. */
-static int env_switch(const char *name, const char *means0, const char *means1, bool *out,
-                      struct weld_err *e)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return WELD_OK;
-    if (strcmp(v, "0") && strcmp(v, "1"))
-        return err_set(e, WELD_ERR_INVALID_ARG, "%s=%s: expected 0 (%s) or 1 (%s)", name, v,
-                       means0, means1);
-    *out = v[0] == '1';
-    return WELD_OK;
-}
-
 /* Bytes of the matrices a decode step reads (every layer's and the LM head). */
 static size_t matrix_bytes(const struct model *m)
 {
@@ -417,39 +402,25 @@ static size_t matrix_bytes(const struct model *m)
     return bytes;
 }
 
-/* gemm_decode_flags(), or what WELD_DECODE_PAIRS (0, 1 or long) and WELD_L2_PREFETCH (0
-   or 1) ask for, GEMM_RESIDENT for a model whose matrices fit in a few MiB of cache
-   (WELD_RESIDENT=0|1 overrides); and whether matrices go into their repacked forms where
-   those pay: WELD_REPACK (default 1; 0 keeps every matrix in its file's layout, same
-   numbers, for comparisons). */
-static int env_settings(struct exec_weights *w, struct weld_err *e)
+/* gemm_decode_flags() as tuning t asks: decode pairs and L2 prefetch where t sets them,
+   GEMM_RESIDENT for a model whose matrices fit in a few MiB of cache; and whether
+   matrices go into their repacked forms where those pay (t->repack: off keeps every
+   matrix in its file's layout, same numbers, for comparisons). */
+static void tuning_settings(struct exec_weights *w, const struct exec_tuning *t)
 {
-    const unsigned pair_bits = GEMM_DECODE_PAIRS | GEMM_DECODE_PAIRS_LONG;
+    static const unsigned pairs[] = {
+        [PAIRS_OFF] = 0, [PAIRS_ON] = GEMM_DECODE_PAIRS, [PAIRS_LONG] = GEMM_DECODE_PAIRS_LONG};
     w->gemm_flags = gemm_decode_flags();
-    bool l2 = w->gemm_flags & GEMM_L2_PREFETCH;
-    w->repack = true;
-    const char *v = getenv("WELD_DECODE_PAIRS");
-    if (v && *v) {
-        unsigned p = !strcmp(v, "0") ? 0u : !strcmp(v, "1") ? GEMM_DECODE_PAIRS
-                   : !strcmp(v, "long") ? GEMM_DECODE_PAIRS_LONG : ~0u;
-        if (p == ~0u)
-            return err_set(e, WELD_ERR_INVALID_ARG, "WELD_DECODE_PAIRS=%s: expected 0 (one "
-                           "weight stream per core), 1 (two) or long (two for long Q4_0 rows)", v);
-        w->gemm_flags = (w->gemm_flags & ~pair_bits) | p;
-    }
-    bool resident = matrix_bytes(w->m) <= GEMM_RESIDENT_BYTES;
-    int rc = env_switch("WELD_L2_PREFETCH", "prefetch weights into L1 only",
-                        "also into L2, further ahead", &l2, e);
-    if (rc || (rc = env_switch("WELD_REPACK", "keep the file's layout",
-                               "repack weights where that runs faster, the default",
-                               &w->repack, e)) ||
-        (rc = env_switch("WELD_RESIDENT", "one-token products walk one row at a time",
-                         "several rows side by side (default for models of at most 8 MiB "
-                         "of matrices)", &resident, e)))
-        return rc;
-    w->gemm_flags = (w->gemm_flags & ~(GEMM_L2_PREFETCH | GEMM_RESIDENT)) |
-                    (l2 ? GEMM_L2_PREFETCH : 0u) | (resident ? GEMM_RESIDENT : 0u);
-    return WELD_OK;
+    if (t->decode_pairs != PAIRS_AUTO)
+        w->gemm_flags = (w->gemm_flags & ~(GEMM_DECODE_PAIRS | GEMM_DECODE_PAIRS_LONG)) |
+                        pairs[t->decode_pairs];
+    if (t->l2_prefetch != TUNE_AUTO)
+        w->gemm_flags = (w->gemm_flags & ~GEMM_L2_PREFETCH) |
+                        (t->l2_prefetch == TUNE_ON ? GEMM_L2_PREFETCH : 0u);
+    w->gemm_flags &= ~GEMM_RESIDENT;
+    if (matrix_bytes(w->m) <= GEMM_RESIDENT_BYTES)
+        w->gemm_flags |= GEMM_RESIDENT;
+    w->repack = t->repack != TUNE_OFF;
 }
 
 /* Columns [k0, k1) of matrix x (not repacked; k0 a whole number of its blocks). */
@@ -520,45 +491,38 @@ static bool kparts_cut(const struct model *m, int n, struct prog_kparts *kp)
     return true;
 }
 
-/* The K parts of w's model: none unless WELD_K_PARTS (1 to PROG_KPARTS_MAX) asks, and an
-   error if the model cannot be cut so. Not the default: on the 2-vCPU hosts here two parts
-   made stories260K's decode at two threads 0-5% faster and its prefill 15-20% slower
+/* The K parts of w's model: none unless the tuning asks for n (1 to PROG_KPARTS_MAX), and
+   an error if the model cannot be cut so. Not the default: on the 2-vCPU hosts here two
+   parts made stories260K's decode at two threads 0-5% faster and its prefill 15-20% slower
    (docs/bench-log/2026-12-04-k-parts-tiny-models.md). */
-static int kparts_choose(struct exec_weights *w, struct weld_err *e)
+static int kparts_choose(struct exec_weights *w, int n, struct weld_err *e)
 {
     const struct model *m = w->m;
     const struct model_config *c = &m->cfg;
     w->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
-    const char *v = getenv("WELD_K_PARTS");
-    if (!v || !*v)
+    if (n <= 1)
         return WELD_OK;
-    char *end;
-    long n = strtol(v, &end, 10);
-    if (*end || n < 1 || n > PROG_KPARTS_MAX)
-        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: expected a number of K "
-                       "parts from 1 (none, the default) to %d", v, PROG_KPARTS_MAX);
     struct prog_kparts kp;
-    if (n > 1 && !kparts_cut(m, (int)n, &kp))
-        return err_set(e, WELD_ERR_INVALID_ARG, "WELD_K_PARTS=%s: %s cannot be cut in %ld K "
-                       "parts (needs that many KV heads, %d here, and cuts on its matrices' "
-                       "blocks); use 1", v, model_where(m), n, c->n_kv_head);
-    if (n > 1)
-        w->kp = kp;
+    if (n > PROG_KPARTS_MAX || !kparts_cut(m, n, &kp))
+        return err_set(e, WELD_ERR_INVALID_ARG, "k_parts=%d: %s cannot be cut in %d K parts "
+                       "(needs at most %d parts, that many KV heads, %d here, and cuts on its "
+                       "matrices' blocks); use 1", n, model_where(m), n, PROG_KPARTS_MAX,
+                       c->n_kv_head);
+    w->kp = kp;
     return WELD_OK;
 }
 
-static int mats_create(struct exec_weights *w, struct weld_err *e)
+static int mats_create(struct exec_weights *w, const struct exec_tuning *t, struct weld_err *e)
 {
     int rc = isa_init(e);
     if (rc)
         return rc;
     w->go = gemm_ops_get();
-    if ((rc = env_settings(w, e)))
-        return rc;
+    tuning_settings(w, t);
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
                        model_where(w->m));
-    if ((rc = kparts_choose(w, e)))
+    if ((rc = kparts_choose(w, t->k_parts, e)))
         return rc;
     rc = mats_fill(w, mats_plan(w), e);
     if (rc)
@@ -603,9 +567,13 @@ void exec_weights_free(struct exec_weights *w)
     wfree(w);
 }
 
-int exec_weights_create(struct exec_weights **out, const struct model *m, struct weld_err *e)
+int exec_weights_create(struct exec_weights **out, const struct model *m,
+                        const struct exec_tuning *t, struct weld_err *e)
 {
     *out = NULL;
+    const struct exec_tuning dflt = exec_tuning_default();
+    if (!t)
+        t = &dflt;
     size_t nf = 0;
     int rc = check_model(m, &nf, e);
     if (rc)
@@ -636,7 +604,7 @@ int exec_weights_create(struct exec_weights **out, const struct model *m, struct
         }
         v->ffn_norm = take_vec(&L->ffn_norm, c->dim, &cur);
     }
-    if ((rc = mats_create(w, e))) {
+    if ((rc = mats_create(w, t, e))) {
         exec_weights_free(w);
         return rc;
     }

@@ -13,7 +13,7 @@
  * advised): Q8_0 / Q4_0 / Q4_K / Q6_K matrices on ISAs where the
  * 16-row interleaved form runs faster (gemm_repack_pays), and F32 / F16 / BF16 matrices of
  * rows that cut into two or more equal segments of 128, 64 or 32 (gemm_fseg; AVX-512 and
- * AVX2), are repacked into it (WELD_REPACK=0 keeps every matrix as it is), the others
+ * AVX2), are repacked into it (tuning repack=0 keeps every matrix as it is), the others
  * copied as they are. Streaming weights out of the file's page-cache pages decodes slower
  * than out of anonymous memory: 1B F16, 2 threads, 63-67% of the read probe mapped, 84%
  * copied (docs/bench-log/2026-12-02-weight-pool-decode-pairs-attention.md). The source
@@ -37,7 +37,7 @@
  * for the row-split ops (program.c aligns splits to 16), and for Q/K/V only when head_dim
  * is a multiple of 16 (one gemm per head).
  *
- * K parts (struct prog_kparts, program.h), asked for with WELD_K_PARTS=N: the O and down
+ * K parts (struct prog_kparts, program.h), asked for with tuning k_parts=N: the O and down
  * products run in N parts along K, cut at KV-head boundaries and at 16-row (and block)
  * boundaries near equal shares of the ffn, so a layer needs two exchanges between workers
  * instead of four. wo and down then stay in the file's layout and each part is a view of
@@ -50,6 +50,7 @@
 
 #include "core/err.h"
 #include "exec/program.h"
+#include "exec/tuning.h"
 #include "kernels/cpu/gemm.h"
 #include "model/model.h"
 
@@ -97,13 +98,14 @@ struct exec_weights {
     float *mem;                      /* backing of every vector above */
     const struct gemm_ops *go;       /* kernels of the ISA picked at start */
     unsigned gemm_flags;             /* gemm_args.flags of every product: the CPU's
-                                        gemm_decode_flags, or WELD_DECODE_PAIRS and
-                                        WELD_L2_PREFETCH */
-    bool repack;                     /* repack where it pays (WELD_REPACK, default 1) */
+                                        gemm_decode_flags, or the tuning's
+                                        decode_pairs and l2_prefetch */
+    bool repack;                     /* repack where it pays (tuning repack, default on) */
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct prog_kparts kp;           /* the K parts programs of this model are built in
-                                        (kp.n == 1: none, the default; WELD_K_PARTS=2..4
-                                        asks for more where the model's cuts fit) */
+                                        (kp.n == 1: none, the default; tuning
+                                        k_parts=2..4 asks for more where the model's
+                                        cuts fit) */
     struct exec_mat output;          /* (n_vocab rows of dim) */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */
     size_t piece_bytes;              /* O / FFN / DOWN over one token tile run in row
@@ -129,8 +131,11 @@ struct exec_weights {
 #define EXEC_SMALL_STAGE_BYTES (64u << 10)
 size_t exec_stage_bytes(const struct model *m);
 
-/* Fails with isa_init's message if WELD_ISA asks for an instruction set the CPU lacks. */
-int exec_weights_create(struct exec_weights **out, const struct model *m, struct weld_err *e);
+/* Fails with isa_init's message if WELD_ISA asks for an instruction set the CPU lacks, and
+   when t (NULL: every automatic choice) asks for K parts the model cannot be cut in. Only
+   t's decode_pairs, l2_prefetch, repack and k_parts matter here. */
+int exec_weights_create(struct exec_weights **out, const struct model *m,
+                        const struct exec_tuning *t, struct weld_err *e);
 void exec_weights_free(struct exec_weights *w);
 
 #endif

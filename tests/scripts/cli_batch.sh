@@ -26,7 +26,6 @@ fi
 # jsonl FILE: the file's JSON lines as an array, for the node checks below
 jsonl='const rd = (f) => require("fs").readFileSync(f, "utf8").split("\n").filter((l) => l).map((l) => JSON.parse(l));'
 mkdir -p "$tmp"
-export WELD_NO_PROGRESS=1
 golden=", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
 golden_ids="432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 337 410 408 419 292 411 322 265 282 295 433 426 385 328 432 358 394"
 

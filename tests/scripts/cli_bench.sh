@@ -23,7 +23,6 @@ if ! command -v node >/dev/null; then
   echo "skipped: node not found (scripts/install-deps.sh installs it)"
   exit 77
 fi
-export WELD_NO_PROGRESS=1
 
 # The JSON report: one line, every field, sane values.
 out=$("$weld" bench -m "$model" -r 2 -p 16 -n 8 -t 1 --probe-size 64M --json 2>/dev/null)
@@ -119,18 +118,25 @@ msg=$(printf '%s' "$out" | node -e '
 [ "$msg" == "ok" ] && ok || bad "bench --pair --json: [$out]"
 out=$("$weld" bench -m "$model" --pair mega,ops -r 1 -p 4 -n 16 2>&1)
 expect_contains "$out" "tg mega / ops:" "bench --pair table"
-# A setting per side: the same executor, one or two weight streams per core.
-out=$("$weld" bench -m "$model" --pair mega,mega@WELD_DECODE_PAIRS=1 -r 1 -p 4 -n 16 --json 2>/dev/null)
+# Settings per side (--tune's keys): the same executor, one or two weight streams per core,
+# with --tune setting both sides' base.
+out=$("$weld" bench -m "$model" --pair mega,mega@decode_pairs=1@repack=0 --tune kv_groups=1 \
+      -r 1 -p 4 -n 16 --json 2>/dev/null)
 msg=$(printf '%s' "$out" | node -e '
   const j = JSON.parse(require("fs").readFileSync(0, "utf8"));
   const [a, b] = j.sides;
-  console.log(a.side === "mega" && b.side === "mega@WELD_DECODE_PAIRS=1" &&
+  console.log(a.side === "mega" && b.side === "mega@decode_pairs=1@repack=0" &&
     b.executor === "mega" && b.tg_tok_s > 0 ? "ok" : "bad");' 2>&1)
 [ "$msg" == "ok" ] && ok || bad "bench --pair with a setting: [$out]"
-out=$("$weld" bench -m "$model" --pair mega,mega@WELD_DECODE_PAIRS=7 -r 1 -p 4 -n 4 2>&1)
+out=$("$weld" bench -m "$model" --pair mega,mega@decode_pairs=7 -r 1 -p 4 -n 4 2>&1)
 rc=$?
-[ $rc -eq 1 ] && ok || bad "bench --pair WELD_DECODE_PAIRS=7: exit $rc, want 1 [$out]"
-expect_contains "$out" "WELD_DECODE_PAIRS=7: expected 0" "bench --pair bad setting message"
+[ $rc -eq 2 ] && ok || bad "bench --pair decode_pairs=7: exit $rc, want 2 [$out]"
+expect_contains "$out" "--pair side 'mega@decode_pairs=7': decode_pairs=7: decode_pairs takes 0, 1 or long" \
+  "bench --pair bad setting message"
+out=$("$weld" bench -m "$model" --pair mega,ops --exec ops -r 1 2>&1)
+expect_contains "$out" "--exec does not go with --pair" "bench --pair with --exec"
+out=$("$weld" bench -m "$model" --exec ops -r 1 -p 4 -n 4 -t 2 --probe-size 16M --json 2>/dev/null)
+expect_contains "$out" '"executor":"ops"' "bench --exec ops"
 
 # Dispatch and help.
 out=$("$weld" bench --help 2>&1)
@@ -142,7 +148,8 @@ expect_contains "$out" "--dataset" "bench throughput --help"
 # Bad usage: exit 2 with a message; a missing model: exit 1 naming it.
 for args in "-p 0 -m $model" "-r 0 -m $model" "-n -1 -m $model" "" "-m $model --probe-size 1K" \
             "-m $model --pair mega" "-m $model --pair mega,fast" "-m $model --pair mega:0,ops" \
-            "-m $model --pair mega,mega@PATH=1" "-m $model --pair mega@WELD_X,ops" \
+            "-m $model --pair mega,mega@PATH=1" "-m $model --pair mega@k_parts,ops" \
+            "-m $model --tune nope=1" "-m $model --exec fast" \
             "-m $model --block 4"; do
   # shellcheck disable=SC2086
   out=$("$weld" bench $args 2>&1)

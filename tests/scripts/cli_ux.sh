@@ -38,7 +38,6 @@ if [ ! -f "$model" ]; then
 fi
 rm -rf "$tmp"
 mkdir -p "$tmp"
-export WELD_NO_PROGRESS=1
 golden="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
 greedy=(-m "$model" -n 32 --temp 0)
 

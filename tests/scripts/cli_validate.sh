@@ -23,7 +23,6 @@ if [ ! -f "$model" ]; then
   exit 77
 fi
 mkdir -p "$tmp"
-export WELD_NO_PROGRESS=1
 
 # --- preemption: 64 sequences of one request in a 30-block pool preempt ~150 times ---
 echo '{"prompt": "Once upon a time", "n": 64, "max_tokens": 200, "temperature": 1, "ignore_eos": true, "seed": 1}' \

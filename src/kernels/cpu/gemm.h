@@ -150,7 +150,7 @@ enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c, GEMM
    products over 128 MiB, GB/s row order / S = 128: K = 768 F16 29-33 / 40-43, K = 2048
    F16 and BF16 30-34 / 38-42, K = 8192 and 14336 BF16 (S = 2048 before) 32-37 / 40-43,
    against a plain read of 42; in the engine (2 threads, `weld bench --pair
-   mega,mega@WELD_REPACK=0`) llama-110m F16 decode 1.06-1.12x, a Llama-3.2-1B-shaped BF16
+   mega,mega@repack=0`) llama-110m F16 decode 1.06-1.12x, a Llama-3.2-1B-shaped BF16
    1.14x. Longer segments (256-2048) stream slower (35-40). Prefill tiles of 4 of the
    16 rows read 256-byte pieces of each segment, too short for the hardware prefetchers:
    the AVX-512 tile prefetches its rows' next segment, which brings prefill to 0.96-0.98x
@@ -280,7 +280,7 @@ struct gemm_args {
    extra prefetch instructions cost instead: 110M shapes, 2 threads, weld_kernel_bench
    "of read" F16 100-105% -> 107-114%, Q8_0 repacked 121-125% -> 132-141%, Q4_0 repacked
    118-131% -> 144-154%; a one-thread F16 row loop 0.73-0.77 -> 0.93-0.98 of a plain
-   read; the engine 3-9% faster. WELD_DECODE_PAIRS=0|1|long and WELD_L2_PREFETCH=0|1
+   read; the engine 3-9% faster. The tuning's decode_pairs and l2_prefetch (exec/tuning.h)
    override them for the exec layer (exec_weights). */
 unsigned gemm_decode_flags(void);
 
