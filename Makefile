@@ -1,9 +1,9 @@
 # Thin wrapper over CMake for the commands in README.md. CMakeLists.txt is the build.
 #   make run        install what is missing, build, tell a story with stories260K
 #   make check      build, run the unit tests (ctest -L unit; ~20 s): the edit-compile-test loop
-#   make test       what CI runs (~12 min on 2 cores from scratch): test-fast, test-asan, test-fuzz
+#   make test       what CI runs (~13 min on 2 cores from scratch): test-fast, test-asan, test-fuzz
 #   make test-fast  release build, every test (ctest -j)
-#   make test-asan  ASan+UBSan build (-O1), the tests labelled asan
+#   make test-asan  ASan+UBSan build, the tests labelled asan
 #   make test-fuzz  fuzz build, each libFuzzer target for FUZZ_SECONDS (10), JOBS at a time
 #   make fuzz-long  the same for FUZZ_LONG_SECONDS (600) each
 #   make format-check  clang-format on the lines changed since FORMAT_BASE (HEAD~1), as CI does
