@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Install what weld needs to build and test on Debian 12, only what is missing:
+# Install what weld needs to build and test on Debian 12 (clang-format for the CI format
+# check of changed lines), only what is missing:
 # Debian packages with apt-get, and the npm packages the tests compare against with
 # `npm ci` from the committed lockfile (tests/node/package-lock.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev
+pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev clang-format
       libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev
       libmicrohttpd-dev libcurl4-openssl-dev tmux nodejs npm)
 missing=()
