@@ -2,7 +2,7 @@
 #   make model      fetch stories260K.gguf into $(SHARED)/models if it is not there
 #   make run        install what is missing, build, tell a story with stories260K
 #   make check      build, run the unit tests (ctest -L unit; ~20 s): the edit-compile-test loop
-#   make test       what CI runs (~13 min on 2 cores from scratch): test-fast, test-asan, test-fuzz
+#   make test       what CI runs (~14 min on 2 cores from scratch): test-fast, test-asan, test-fuzz
 #   make test-fast  release build, every test (ctest -j)
 #   make test-asan  ASan+UBSan build, the tests labelled asan
 #   make test-fuzz  fuzz build, each libFuzzer target for FUZZ_SECONDS (10), JOBS at a time
@@ -31,7 +31,7 @@ deps:
 	@scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DWELD_SHARED=$(SHARED) >/dev/null
 	@cmake --build build -j $(JOBS)
 
 model:
@@ -48,12 +48,12 @@ test-fast: build
 	cd build && ctest --output-on-failure -j $(JOBS)
 
 test-asan: deps
-	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DWELD_SANITIZE=ON >/dev/null
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DWELD_SANITIZE=ON -DWELD_SHARED=$(SHARED) >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS) -L asan
 
 fuzz-build: deps
-	@cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DWELD_FUZZ=ON >/dev/null
+	@cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DWELD_FUZZ=ON -DWELD_SHARED=$(SHARED) >/dev/null
 	@cmake --build build-fuzz -j $(JOBS) --target fuzz_all
 
 test-fuzz: fuzz-build
