@@ -8,17 +8,9 @@
 # usage: WELD_SHARED=DIR cli_bench.sh WELD_BIN   (exit 77: skipped)
 set -u
 weld=$1
-shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
-model="$shared/models/stories260K.gguf"
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
+. "$(dirname "$0")/lib.sh"
 
-if [ ! -f "$model" ]; then
-  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
-  exit 77
-fi
+require_stories
 if ! command -v node >/dev/null; then
   echo "skipped: node not found (scripts/install-deps.sh installs it)"
   exit 77

@@ -10,11 +10,7 @@ set -u
 weld=$1 tmp=$2 nodedir=${3:-}
 shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
 model="$shared/models/stories260K.gguf"
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; fi; }
-expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
+. "$(dirname "$0")/lib.sh"
 rm -rf "$tmp" && mkdir -p "$tmp" && tmp=$(cd "$tmp" && pwd)
 
 # help and usage errors

