@@ -23,10 +23,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <errno.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* TEST_SANITIZED: 1 in the AddressSanitizer/UBSan build (-O0, several times slower). Tests
+   that repeat one code path over many random cases or large vocabularies run a subset there
+   (the release build runs them all); the subset still reaches every code path. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_SANITIZED 1
+#endif
+#endif
+#ifndef TEST_SANITIZED
+#define TEST_SANITIZED 0
+#endif
 
 static int test_n_pass, test_n_fail, test_n_skip, test_cur_failed, test_cur_skipped;
 static const char *test_cur_name;
@@ -92,18 +107,31 @@ static const char *test_cur_name;
         }                                                                                   \
     } while (0)
 
-#define RUN(name)                                                                           \
-    do {                                                                                    \
-        test_cur_name = #name;                                                              \
-        test_cur_failed = 0;                                                                \
-        test_cur_skipped = 0;                                                               \
-        test_##name();                                                                      \
-        if (test_cur_failed)                                                                \
-            test_n_fail++;                                                                  \
-        else if (test_cur_skipped)                                                          \
-            test_n_skip++;                                                                  \
-        else                                                                                \
-            test_n_pass++;                                                                  \
+/* Milliseconds on a monotonic clock (RUN prints each case's time: what to trim when the
+   suite grows slow). */
+static inline double test_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+#define RUN(name)                                                                                  \
+    do {                                                                                           \
+        test_cur_name = #name;                                                                     \
+        test_cur_failed = 0;                                                                       \
+        test_cur_skipped = 0;                                                                      \
+        double t0_ = test_now_ms();                                                                \
+        test_##name();                                                                             \
+        const char *st_ = test_cur_skipped ? "  skipped" : "";                                     \
+        printf("%-40s %8.0f ms%s\n", #name, test_now_ms() - t0_,                                   \
+               test_cur_failed ? "  FAILED" : st_);                                                \
+        if (test_cur_failed)                                                                       \
+            test_n_fail++;                                                                         \
+        else if (test_cur_skipped)                                                                 \
+            test_n_skip++;                                                                         \
+        else                                                                                       \
+            test_n_pass++;                                                                         \
     } while (0)
 
 static inline int test_summary(void)

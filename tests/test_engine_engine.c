@@ -983,13 +983,6 @@ TEST(stress)
     engine_free(eng);
 }
 
-#define RUN_TIMED(name)                                                                     \
-    do {                                                                                    \
-        double t0_ = time_now();                                                            \
-        RUN(name);                                                                          \
-        fprintf(stderr, "  %-32s %.2f s\n", #name, time_now() - t0_);                       \
-    } while (0)
-
 int main(int argc, char **argv)
 {
     test_args(argc, argv);
@@ -1000,17 +993,17 @@ int main(int argc, char **argv)
         tokenizer_load_gguf(&g_tok, g_stories->gguf, &e) != WELD_OK)
         fprintf(stderr, "stories260K.gguf not available: its tests fail\n");
     (void)g_gguf;
-    RUN_TIMED(single_request_equals_runner);
-    RUN_TIMED(sampled_and_logprobs_equal_runner);
-    RUN_TIMED(batch64_stories);
-    RUN_TIMED(batch64_tiny_archs);
-    RUN_TIMED(prefix_cache_same_tokens);
-    RUN_TIMED(n_greater_than_one);
-    RUN_TIMED(abort_and_reject);
-    RUN_TIMED(pause_resume);
-    RUN_TIMED(priority_policy);
-    RUN_TIMED(alloc_failures);
-    RUN_TIMED(stress);
+    RUN(single_request_equals_runner);
+    RUN(sampled_and_logprobs_equal_runner);
+    RUN(batch64_stories);
+    RUN(batch64_tiny_archs);
+    RUN(prefix_cache_same_tokens);
+    RUN(n_greater_than_one);
+    RUN(abort_and_reject);
+    RUN(pause_resume);
+    RUN(priority_policy);
+    RUN(alloc_failures);
+    RUN(stress);
     tokenizer_free(g_tok);
     model_free(g_stories);
     return test_summary();

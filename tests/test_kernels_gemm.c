@@ -372,7 +372,7 @@ static void check_repacked_isas(const struct gcase *rc, int from, const float *y
         CHECK_EQ_INT(count_diff(ys, yo, rc), 0);
         /* decode: one stream or two (always, or for long rows: K = 32 * 150 here), L2
            prefetch or not */
-        for (unsigned f = 0; f < 8; f++) {
+        for (unsigned f = 0; f < 8; f += TEST_SANITIZED ? 3 : 1) { /* 0, 3, 6: each bit */
             g_flags = (f & 1 ? GEMM_DECODE_PAIRS : 0u) | (f & 2 ? GEMM_L2_PREFETCH : 0u) |
                       (f & 4 ? GEMM_DECODE_PAIRS_LONG : 0u);
             for (size_t i = 0; i < (size_t)rc->n_tok * rc->ldy; i++)
@@ -442,6 +442,8 @@ TEST(repacked)
         for (int ir = 0; ir < 6; ir++)
             for (int ik = 0; ik < 3; ik++)
                 for (int it = 0; it < 5; it++) {
+                    if (TEST_SANITIZED && ik == 2 && it >= 3)
+                        continue; /* the token tiles of 17 and 33 run on the short rows */
                     struct gcase c;
                     case_make(&c, &r, ti ? DT_Q4_0 : DT_Q8_0, rows_list[ir], ks[ik], tok_list[it],
                               (ir + it) % 2, (ir + ik) % 2);
