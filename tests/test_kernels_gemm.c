@@ -178,6 +178,13 @@ static void check_accuracy_as(const struct gcase *c, const float *y, const void 
                 mag += fabs((double)deq[j] * x[j]);
                 if (kind == GEMM_ACT_F32)
                     continue;
+                if (kind == GEMM_ACT_BF16) { /* x rounded to bf16: |x - xr| <= |x| 2^-8 */
+                    uint16_t h;
+                    memcpy(&h, at + 2 * j, 2);
+                    qref += (double)deq[j] * bf16_to_f32(h);
+                    qbound += fabs((double)deq[j] * x[j]) / 256.0;
+                    continue;
+                }
                 double d, amax = 0;
                 int q;
                 if (kind == GEMM_ACT_Q8_R) {
@@ -199,7 +206,9 @@ static void check_accuracy_as(const struct gcase *c, const float *y, const void 
                 qbound += fabs((double)deq[j]) * amax / 254.0;
             }
             const double v = y[(size_t)t * c->ldy + r];
-            const double tol = 2e-6 * sqrt((double)c->k) * mag + 1e-30;
+            /* BF16: one chain of k FMAs, not 16 lanes */
+            const double tol = (kind == GEMM_ACT_BF16 ? 8e-6 : 2e-6) * sqrt((double)c->k) * mag +
+                               1e-30;
             if (kind == GEMM_ACT_F32) {
                 if (!(fabs(v - ref) <= tol))
                     bad = 1;
@@ -543,6 +552,104 @@ TEST(repacked_floats)
                 }
 }
 
+/* gemm.h's BF16 contract at its edges, on every ISA against the scalar reference:
+   activations rounded as vcvtneps2bf16 (ties to even, denormals to zero, NaN quiet);
+   values whose products and partial sums pass through the denormal range (where daz()
+   and ftz() decide the bits); the repacked form over row ranges that start anywhere and
+   over column views (gemm_view_offset), each equal to the GGUF rows' chains. */
+TEST(bf16_contract)
+{
+    static const float xs[] = {1.0f,
+                               1.00390625f /* tie: stays */,
+                               1.01171875f /* tie: up */,
+                               -3.5e-39f /* denormal: -0 */,
+                               1e-45f,
+                               -0.0f,
+                               3.4e38f,
+                               INFINITY};
+    static const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0x8000, 0x0000, 0x8000, 0x7f80, 0x7f80};
+    for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++)
+        CHECK_EQ_INT(gemm_bf16_round(xs[i]), want[i]);
+    CHECK_EQ_INT(gemm_bf16_round(NAN) & 0x7fc0, 0x7fc0);
+    CHECK_EQ_INT(gemm_bf16_round(f32_from_bits(0x7f800001u)), 0x7fc0); /* signalling: quiet */
+    struct rng r;
+    rng_seed(&r, 21);
+    const int rows = 45, n_tok = 7;
+    const int64_t k = 96;
+    for (int tiny = 0; tiny < 2; tiny++) {
+        struct gcase c;
+        case_make(&c, &r, DT_BF16, rows, k, n_tok, 0, 1);
+        if (tiny) { /* magnitudes around 2^-63: products near and below FLT_MIN */
+            for (int i = 0; i < rows; i++)
+                for (int64_t j = 0; j < k; j++) {
+                    uint16_t h =
+                        (uint16_t)((rng_u64(&r) & 0x807f) |
+                                   (uint16_t)(rng_u64(&r) % 8 == 0 ? 0 : 60 + rng_u64(&r) % 10)
+                                       << 7);
+                    st16(c.w + (size_t)i * c.stride + 2 * j, h);
+                }
+            for (int t = 0; t < n_tok; t++)
+                for (int64_t j = 0; j < k; j++)
+                    c.x[(size_t)t * c.ldx + j] = ldexpf((float)(rng_normal(&r)),
+                                                        -60 - (int)(rng_u64(&r) % 10));
+        }
+        const size_t ny = (size_t)n_tok * c.ldy;
+        float *ys = malloc(ny * 4), *yo = malloc(ny * 4);
+        uint8_t *acts = calloc(1, act_bytes(&c)), *acto = calloc(1, act_bytes(&c));
+        for (size_t i = 0; i < ny; i++)
+            ys[i] = -7.0f;
+        run_ops(&gemm_ops_scalar, &c, 0, rows, 0, n_tok, acts, ys);
+        int n_tiny = 0;
+        for (size_t i = 0; i < ny; i++)
+            n_tiny += ys[i] != -7.0f && fabsf(ys[i]) < 1e-30f;
+        if (tiny)
+            CHECK(n_tiny > 0); /* the denormal range was reached */
+        uint8_t *rw;
+        struct gcase rc;
+        REQUIRE(repacked_case(&c, GEMM_BF16_R16, &rc, &rw));
+        for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
+            const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+            if (!o)
+                continue;
+            const struct gcase *forms[2] = {&c, &rc};
+            for (int f = 0; f < 2; f++) {
+                for (size_t i = 0; i < ny; i++)
+                    yo[i] = -7.0f;
+                /* rows in ranges of 5, 11, 29: none starts on a group */
+                const int64_t cuts[] = {0, 5, 16, 45};
+                for (int q = 0; q < 3; q++)
+                    run_ops(o, forms[f], cuts[q], cuts[q + 1], 0, n_tok, acto, yo);
+                CHECK(memcmp(acts, acto, (size_t)n_tok * c.arb) == 0);
+                const int nd = count_diff(ys, yo, &c);
+                if (nd)
+                    fprintf(stderr, "  bf16 isa %s form %d tiny %d: %d differences\n",
+                            isa_name(o->isa), f, tiny, nd);
+                CHECK_EQ_INT(nd, 0);
+            }
+            /* columns [32, 96) of the repacked form = those of the GGUF rows */
+            struct gcase v = c, rv = rc;
+            v.k = rv.k = 64;
+            v.w = c.w + 64;
+            rv.w = rw + gemm_view_offset(GEMM_BF16_R16, 32);
+            v.x = rv.x = c.x + 32;
+            v.arb = rv.arb = gemm_act_row_bytes(DT_BF16, 64);
+            for (size_t i = 0; i < ny; i++)
+                ys[i] = yo[i] = -7.0f;
+            run_ops(&gemm_ops_scalar, &v, 0, rows, 0, n_tok, acts, ys);
+            run_ops(o, &rv, 3, rows, 0, n_tok, acto, yo);
+            run_ops(o, &rv, 0, 3, 0, n_tok, acto, yo);
+            CHECK_EQ_INT(count_diff(ys, yo, &c), 0);
+            run_ops(&gemm_ops_scalar, &c, 0, rows, 0, n_tok, acts, ys); /* back to all of k */
+        }
+        free(rw);
+        free(ys);
+        free(yo);
+        free(acts);
+        free(acto);
+        case_free(&c);
+    }
+}
+
 /* Activations of constant, zero and extreme values quantize identically on every ISA, for
    the GGUF and the repacked layouts. */
 TEST(act_quant_edges)
@@ -752,7 +859,9 @@ TEST(check_shapes)
     CHECK_EQ_INT(gemm_act_row_bytes(DT_Q4_0, 64), sizeof(struct gemm_act_b64));
     CHECK_EQ_INT(gemm_act_row_bytes(DT_Q8_0, 96), 2 * sizeof(struct gemm_act_b64));
     CHECK_EQ_INT(gemm_act_row_bytes(DT_Q6_K, 512), 2 * sizeof(struct gemm_act_bk));
-    CHECK_EQ_INT(gemm_act_row_bytes(DT_BF16, 512), 0);
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_F16, 512), 0);
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_BF16, 512), 1024);
+    CHECK_EQ_INT(gemm_act_row_bytes(DT_BF16, 33), 128); /* zeros up to a multiple of 32 */
 }
 
 int main(void)
@@ -792,5 +901,6 @@ int main(void)
     RUN(repacked);
     RUN(repacked_kquants);
     RUN(repacked_floats);
+    RUN(bf16_contract);
     return test_summary();
 }

@@ -100,12 +100,12 @@ static int y_width(const struct model_config *c)
 }
 
 /* Quantized activation bytes per token that any gemm-capable matrix of config c needs
-   (every integer layout at the widest K, rounded up to a whole super-block). */
+   (every integer layout and BF16's at the widest K, rounded up to a whole super-block). */
 static size_t act_bound_bytes(const struct model_config *c)
 {
     int64_t k = ((int64_t)max_width(c) + 255) / 256 * 256;
-    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, GEMM_Q8_0_R16, GEMM_Q4_0_R16,
-                         GEMM_Q4_K_R16, GEMM_Q6_K_R16};
+    const int types[] = {DT_Q8_0,       DT_Q4_0,       DT_Q4_K,       DT_Q6_K,      DT_BF16,
+                         GEMM_Q8_0_R16, GEMM_Q4_0_R16, GEMM_Q4_K_R16, GEMM_Q6_K_R16};
     size_t best = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         size_t b = (gemm_act_row_bytes(types[i], k) + 63) / 64 * 64;

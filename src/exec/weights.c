@@ -427,7 +427,7 @@ static void tuning_settings(struct exec_weights *w, const struct exec_tuning *t)
 static struct exec_mat mat_view(const struct exec_mat *x, int64_t k0, int64_t k1)
 {
     struct exec_mat v = *x;
-    v.data = (const uint8_t *)x->data + dtype_row_bytes(x->wtype, k0);
+    v.data = (const uint8_t *)x->data + gemm_view_offset(x->wtype, k0);
     v.k = k1 - k0;
     v.act_row_bytes = v.gemm ? (gemm_act_row_bytes(v.wtype, v.k) + 63) / 64 * 64 : 0;
     return v;
@@ -543,7 +543,9 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
                                        &w->mats[l].wo, &w->mats[l].gate, &w->mats[l].up,
                                        &w->mats[l].down};
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
-            all_float = all_float && ms[i]->gemm && gemm_act_kind(ms[i]->wtype) == GEMM_ACT_F32;
+            all_float = all_float && ms[i]->gemm &&
+                        (gemm_act_kind(ms[i]->wtype) == GEMM_ACT_F32 ||
+                         gemm_act_kind(ms[i]->wtype) == GEMM_ACT_BF16);
     }
     w->tok_tile = all_float ? EXEC_TILE_FLOAT : EXEC_TILE;
     w->piece_bytes = EXEC_PIECE_BYTES;

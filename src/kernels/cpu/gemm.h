@@ -6,8 +6,9 @@
  * stored in GGUF block layout (row r at w + r*w_row_bytes, K elements) and tokens
  * t < n_tok. One entry point covers matrix-vector (n_tok = 1, decode) and matrix-matrix
  * (prefill, batched decode); workers splitting the rows of one matrix pass y + r0 of a
- * shared (n_tok, ldy) output, a caller wanting one head's rows passes a small buffer. Weight types: F32, F16, BF16
- * (float path) and Q8_0, Q4_0, Q4_K, Q6_K (integer path). Levels: scalar, AVX2, AVX-512 and AMX
+ * shared (n_tok, ldy) output, a caller wanting one head's rows passes a small buffer.
+ * Weight types: F32, F16 (float path), BF16 (bf16 activations, vdpbf16ps's arithmetic) and
+ * Q8_0, Q4_0, Q4_K, Q6_K (integer path). Levels: scalar, AVX2, AVX-512 and AMX
  * (gemm_amx.c: the repacked Q8_0 / Q4_0 products of 16 or more tokens on tile registers).
  *
  * Integer path: activations are quantized once per step (gemm_ops.act_quant) into int8
@@ -26,9 +27,11 @@
  * computed by the same sequence of f32 operations on every ISA, independently of n_tok,
  * of the tile the token falls in and of r0/r1, so results are bit-identical across ISAs
  * and deterministic under any batching or row split:
- *   F32/F16/BF16: 16 f32 lanes, element i accumulates into lane i % 16 with fmaf, in
- *       increasing i (F16/BF16 widen exactly first); then the lanes fold pairwise
+ *   F32/F16: 16 f32 lanes, element i accumulates into lane i % 16 with fmaf, in
+ *       increasing i (F16 widens exactly first); then the lanes fold pairwise
  *       (lane i += lane i + w for w = 8, 4, 2, 1).
+ *   BF16: activations rounded to bf16, one chain of fmaf per (row, token) over element
+ *       pairs, odd element first, denormals flushed (below, before GEMM_BF16_R16).
  *   Q8_0/Q4_0: 16 f32 lanes, 8 for even and 8 for odd blocks; for block b, with
  *       l_j = the exact integer sum of the products of elements 4j..4j+3 (weight value
  *       times activation q), lane L = 8 * (b % 2) + j gets
@@ -50,7 +53,7 @@
  * numeric contract). Measured on a Zen 5 core (AVX-512), 110M shapes, one thread: decode
  * Q4_0 20 -> 39 GB/s, Q8_0 29 -> 41 GB/s; prefill (64 tokens) 950 -> 2100-2400 tok/s. On a
  * Zen 3 core (AVX2), weld_kernel_bench pp64: Q8_0 184 -> 343 tok/s, Q4_0 122 -> 382.
- * F32 / F16 / BF16 matrices of long rows are repacked on AVX-512 and AVX2 into segments
+ * F32 / F16 matrices of long rows are repacked on AVX-512 and AVX2 into segments
  * (GEMM_F*_R16 below: the float contract, so the same bits) so that one-token products keep
  * their activations in L1.
  * Q4_K (AVX2 and AVX-512) and Q6_K (AVX-512 only) are repacked too (GEMM_Q4_K_R16,
@@ -85,6 +88,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Token tile of the register-blocked kernels (numbers do not depend on it). */
 #define GEMM_TILE_TOK 4
@@ -95,6 +99,7 @@ enum gemm_act_kind {
     GEMM_ACT_Q8_32,    /* Q8_0, Q4_0 */
     GEMM_ACT_Q8_K,     /* Q4_K, Q6_K */
     GEMM_ACT_Q8_R,     /* GEMM_Q8_0_R16, GEMM_Q4_0_R16 */
+    GEMM_ACT_BF16,     /* BF16, GEMM_BF16_R16: x rounded to bf16 (gemm_bf16_round) */
 };
 
 /* Repacked weight types (ids above every GGUF type): Q8_0 / Q4_0 rows interleaved in
@@ -136,7 +141,50 @@ enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c, GEMM
      u8 qh[16][16][4]           qh[k][i][x]: bits 2s..2s+1 = code(4(k + 16s) + x) >> 4 (1024)
    Numeric contract: exactly Q6_K's, so again the same bits as the GGUF layout. */
 
-/* Repacked float matrices (GEMM_F32_R16, GEMM_F16_R16, GEMM_BF16_R16): groups of 16 rows
+/* BF16 weights have a contract of their own, the one AVX512_BF16's vdpbf16ps computes, so
+   that instruction (32 products into 16 f32 lanes) can run it:
+     activations: each x rounded to bf16 by gemm_bf16_round (round to nearest even, a
+       denormal input to zero, NaN quieted; vcvtneps2bf16), stored as K bf16 values and
+       zeros up to a multiple of 32 (gemm_act_row_bytes: 64 bytes per 32 elements);
+     per (row, token), one f32 chain over the pairs p = 0 .. ceil(K/2) - 1 of elements
+       (2p, 2p+1) (an odd K's missing element is +0 in both operands), from acc = +0:
+         acc = ftz(fmaf(daz(w[2p+1]), daz(x[2p+1]), acc)),
+         acc = ftz(fmaf(daz(w[2p]),   daz(x[2p]),   acc)),
+       with daz() reading a denormal as a zero of its sign and ftz() flushing a denormal
+       result to a zero of its sign (MXCSR's DAZ and FTZ, which vdpbf16ps always applies).
+   llama.cpp does the same for BF16 weights on such CPUs (x rounded to bf16, then
+   vdpbf16ps: ggml_vec_dot_bf16 in two zmm of 16 lane chains, summed in double at the end;
+   tinyBLAS's prefill tiles likewise in lane chains); weld's one chain per output differs
+   from those sums by rounding order only (about sqrt(K) f32 ulps of the products' size),
+   far below the bf16 rounding of x (up to 2^-8 relative) that both share.
+   Repacked BF16 (GEMM_BF16_R16): 16 rows interleaved by element pairs, so one zmm holds
+   pair p of 16 rows and one vdpbf16ps advances 16 rows' chains by a pair:
+     pair p of row i of group g at w + 16 * g * w_row_bytes + 64 * p + 4 * i
+   (uint16 element 2p, then 2p + 1), K even, rows past the matrix zero, denormal weights
+   stored as zeros of their sign (what daz() reads anyway). Columns [k0, k1) with k0 even
+   are the same matrix at w + 32 * k0 with the same w_row_bytes (gemm_view_offset), and
+   row ranges may start anywhere. */
+enum { GEMM_BF16_R16 = 0x11e };
+
+/* x rounded to bf16 as vcvtneps2bf16 does: nearest even, denormal -> signed zero, NaN
+   quieted. (A normal x cannot round to a bf16 denormal: the exponents are f32's.) */
+static inline uint16_t gemm_bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    if ((u & 0x7f800000u) == 0)
+        u &= 0x80000000u;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Byte offset of column k0 in a row of weights of (possibly repacked) type t: where the
+   view of columns [k0, k1) starts, with the same w_row_bytes (k0 a whole block; even for
+   GEMM_BF16_R16). */
+size_t gemm_view_offset(int t, int64_t k0);
+
+/* Repacked float matrices (GEMM_F32_R16, GEMM_F16_R16): groups of 16 rows
    with each row cut in segments of S = gemm_fseg(K) elements, segment c of the group's 16
    rows one after the other, then segment c + 1. Same bytes as the original (rows rounded
    up to 16, the extra rows zero); segment c of row i of group g at
@@ -160,7 +208,7 @@ enum { GEMM_Q4_0_R16 = 0x102, GEMM_Q8_0_R16 = 0x108, GEMM_Q4_K_R16 = 0x10c, GEMM
    Numeric contract: the float path's (16 lanes per row, each in order of k; S is a
    multiple of 16, so element k stays in lane k % 16), so the same bits as the GGUF layout
    on every ISA. */
-enum { GEMM_F32_R16 = 0x100, GEMM_F16_R16 = 0x101, GEMM_BF16_R16 = 0x11e };
+enum { GEMM_F32_R16 = 0x100, GEMM_F16_R16 = 0x101 };
 #define GEMM_FSEG 128
 #define GEMM_FSEG_MIN 32
 
@@ -338,6 +386,7 @@ void gemm_scalar_r16(const struct gemm_args *a);
 void gemm_scalar_fr16(const struct gemm_args *a);
 void gemm_scalar_r16k(const struct gemm_args *a);
 void gemm_scalar_r16q6(const struct gemm_args *a);
+void gemm_scalar_bf16r(const struct gemm_args *a);
 #if defined(__x86_64__)
 extern const struct gemm_ops gemm_ops_avx2;
 extern const struct gemm_ops gemm_ops_avx512;

@@ -125,7 +125,8 @@ static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int32_t
     quant_b32(nblk == 2 ? x + 32 : NULL, p, 1, off);
 }
 
-static const struct gemm_act_quantizers avx2_quantizers = {quant_pair, quant_bk, quant_br};
+static const struct gemm_act_quantizers avx2_quantizers = {quant_pair, quant_bk, quant_br,
+                                                           gemm_bf16_act_avx2};
 
 static void avx2_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok, void *act,
                            size_t act_row_bytes)
@@ -1081,19 +1082,19 @@ static void avx2_gemm(const struct gemm_args *a)
         gemm_scalar_r16q6(a);
         return;
     }
+    if (gemm_act_kind(a->wtype) == GEMM_ACT_BF16) {
+        gemm_bf16_avx2(a);
+        return;
+    }
     if (gemm_base_type(a->wtype) != a->wtype) { /* the floats */
         const int bt = gemm_base_type(a->wtype);
         WELD_ASSERT((a->r0 % 16 == 0 || a->r0 == a->r1) && gemm_fseg(a->k) > 0);
         if (a->n_tok == 1 && bt == DT_F16)
             float_decode_r16(a, DT_F16);
-        else if (a->n_tok == 1 && bt == DT_BF16)
-            float_decode_r16(a, DT_BF16);
         else if (a->n_tok == 1)
             float_decode_r16(a, DT_F32);
         else if (bt == DT_F16)
             float_rows_r16(a, DT_F16);
-        else if (bt == DT_BF16)
-            float_rows_r16(a, DT_BF16);
         else
             float_rows_r16(a, DT_F32);
         return;

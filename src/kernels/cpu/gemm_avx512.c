@@ -26,8 +26,7 @@
  * convert / scale / FMA for 16 rows, instead of per-row lane sums and folds: 2x-2.5x the
  * prefill rate and 1.4x-2x the decode rate of the GGUF-layout kernels (numbers in gemm.h).
  *
- * BF16 weights are widened exactly (shift) and use FMA rather than vdpbf16ps, which would
- * need the activations rounded to bf16 and break the contract with the scalar path.
+ * BF16 weights have their own contract and kernels (gemm_bf16_avx512.c: vdpbf16ps).
  */
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_quant.h"
@@ -160,7 +159,8 @@ static void quant_bk(const float *x, struct gemm_act_bk *b)
     memset(b->pad, 0, sizeof b->pad);
 }
 
-static const struct gemm_act_quantizers avx512_quantizers = {quant_pair, quant_bk, quant_br};
+static const struct gemm_act_quantizers avx512_quantizers = {quant_pair, quant_bk, quant_br,
+                                                             gemm_bf16_act_avx512};
 
 static void avx512_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok,
                              void *act, size_t act_row_bytes)
@@ -1036,11 +1036,13 @@ static void avx512_gemm(const struct gemm_args *a)
         gemm_r16kq(a, a->wtype == GEMM_Q6_K_R16);
         return;
     }
+    if (gemm_act_kind(a->wtype) == GEMM_ACT_BF16) {
+        gemm_bf16_avx512(a);
+        return;
+    }
     if (a->n_tok == 1 && gemm_base_type(a->wtype) != a->wtype) {
         if (a->wtype == GEMM_F16_R16)
             float_decode_r16(a, DT_F16);
-        else if (a->wtype == GEMM_BF16_R16)
-            float_decode_r16(a, DT_BF16);
         else
             float_decode_r16(a, DT_F32);
         return;
@@ -1048,8 +1050,6 @@ static void avx512_gemm(const struct gemm_args *a)
     if (a->n_tok == 1 && gemm_act_kind(a->wtype) == GEMM_ACT_F32) {
         if (a->wtype == DT_F16)
             float_decode(a, DT_F16);
-        else if (a->wtype == DT_BF16)
-            float_decode(a, DT_BF16);
         else
             float_decode(a, DT_F32);
         return;

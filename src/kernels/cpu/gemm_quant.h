@@ -25,6 +25,8 @@ struct gemm_act_quantizers {
     void (*b32_pair)(const float *x, int nblk, struct gemm_act_b64 *p, int32_t off);
     void (*bk)(const float *x, struct gemm_act_bk *b);              /* 256 floats */
     void (*br)(const float *x, struct gemm_act_br *b, int32_t off); /* 32 floats */
+    /* k floats rounded by gemm_bf16_round into dst, then zeros up to a multiple of 32 */
+    void (*bf16)(const float *x, int64_t k, uint16_t *dst);
 };
 
 /* gemm_ops.act_quant with the block quantizers *q (a constant, for the calls to fold). */
@@ -50,6 +52,8 @@ gemm_act_quant_rows(const struct gemm_act_quantizers *q, int wtype, const float 
             struct gemm_act_br *b = (struct gemm_act_br *)row;
             for (int64_t i = 0; i < k / 32; i++)
                 q->br(xt + 32 * i, b + i, wtype == GEMM_Q8_0_R16 ? 128 : 8);
+        } else if (kind == GEMM_ACT_BF16) {
+            q->bf16(xt, k, (uint16_t *)row);
         }
     }
 }

@@ -16,6 +16,7 @@
 #include "core/fp16.h"
 #include "format/dtype.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -31,11 +32,10 @@ enum gemm_act_kind gemm_act_kind(int t)
     switch (t) {
     case DT_F32:
     case DT_F16:
-    case DT_BF16:
     case GEMM_F32_R16:
-    case GEMM_F16_R16:
-    case GEMM_BF16_R16:
-        return GEMM_ACT_F32;
+    case GEMM_F16_R16: return GEMM_ACT_F32;
+    case DT_BF16:
+    case GEMM_BF16_R16: return GEMM_ACT_BF16;
     case DT_Q8_0:
     case DT_Q4_0:
         return GEMM_ACT_Q8_32;
@@ -63,6 +63,7 @@ size_t gemm_act_row_bytes(int t, int64_t k)
         return (size_t)(k / 256) * sizeof(struct gemm_act_bk);
     case GEMM_ACT_Q8_R:
         return (size_t)(k / 32) * sizeof(struct gemm_act_br);
+    case GEMM_ACT_BF16: return (size_t)((k + 31) / 32) * 64;
     default:
         return 0;
     }
@@ -193,7 +194,16 @@ static void quant_pair(const float *x, int nblk, struct gemm_act_b64 *p, int32_t
     quant_b32(nblk == 2 ? x + 32 : NULL, p, 1, off);
 }
 
-static const struct gemm_act_quantizers scalar_quantizers = {quant_pair, quant_bk, quant_br};
+static void quant_bf16(const float *x, int64_t k, uint16_t *dst)
+{
+    for (int64_t i = 0; i < k; i++)
+        dst[i] = gemm_bf16_round(x[i]);
+    for (int64_t i = k; i % 32; i++)
+        dst[i] = 0;
+}
+
+static const struct gemm_act_quantizers scalar_quantizers = {quant_pair, quant_bk, quant_br,
+                                                             quant_bf16};
 
 static void scalar_act_quant(int wtype, const float *x, size_t ldx, int64_t k, int n_tok,
                              void *act, size_t act_row_bytes)
@@ -251,6 +261,62 @@ void gemm_scalar_fr16(const struct gemm_args *a)
                 s[i % 16] = fmaf(ld_float(bt, row + (size_t)(i / seg) * 16 * sb, i % seg), x[i],
                                  s[i % 16]);
             a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = fold(s, 16);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* BF16 (gemm.h's BF16 contract: one chain per (row, token) over element pairs)          */
+
+static uint16_t ld_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+/* daz(): a denormal bf16 reads as a zero of its sign. */
+static float bf16_daz(uint16_t h)
+{
+    return bf16_to_f32((h & 0x7f80u) ? h : (uint16_t)(h & 0x8000u));
+}
+
+/* ftz(): a denormal result becomes a zero of its sign. */
+static float bf16_ftz(float r)
+{
+    return fabsf(r) < FLT_MIN ? copysignf(0.0f, r) : r;
+}
+
+/* The chain's step for pair (w0, w1) . (x0, x1): the odd elements first. */
+static float bf16_step(float acc, uint16_t w0, uint16_t w1, uint16_t x0, uint16_t x1)
+{
+    acc = bf16_ftz(fmaf(bf16_daz(w1), bf16_daz(x1), acc));
+    return bf16_ftz(fmaf(bf16_daz(w0), bf16_daz(x0), acc));
+}
+
+/* Row (GGUF layout) dot the bf16 activations x, k elements. */
+static float bf16_dot_row(const uint8_t *w, const uint16_t *x, int64_t k)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < k; i += 2)
+        acc = bf16_step(acc, ld_u16(w + 2 * i), i + 1 < k ? ld_u16(w + 2 * i + 2) : 0, x[i],
+                        i + 1 < k ? x[i + 1] : 0);
+    return acc;
+}
+
+/* Rows [r0, r1) of a GEMM_BF16_R16 matrix (any r0: the layout is per row). */
+void gemm_scalar_bf16r(const struct gemm_args *a)
+{
+    WELD_ASSERT(a->k % 2 == 0 && a->r0 <= a->r1 && a->n_tok >= 1);
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const uint8_t *w = (const uint8_t *)a->w + (size_t)(r / 16) * 16 * a->w_row_bytes +
+                           4 * (size_t)(r % 16);
+        for (int t = 0; t < a->n_tok; t++) {
+            const uint16_t *x = (const uint16_t *)((const uint8_t *)a->act +
+                                                   (size_t)t * a->act_row_bytes);
+            float acc = 0.0f;
+            for (int64_t p = 0; p < a->k / 2; p++)
+                acc = bf16_step(acc, ld_u16(w + 64 * p), ld_u16(w + 64 * p + 2), x[2 * p],
+                                x[2 * p + 1]);
+            a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = acc;
         }
     }
 }
@@ -367,6 +433,10 @@ static void scalar_gemm(const struct gemm_args *a)
         gemm_scalar_r16q6(a);
         return;
     }
+    if (a->wtype == GEMM_BF16_R16) {
+        gemm_scalar_bf16r(a);
+        return;
+    }
     if (gemm_base_type(a->wtype) != a->wtype) { /* the floats: the only ones left */
         gemm_scalar_fr16(a);
         return;
@@ -381,6 +451,7 @@ static void scalar_gemm(const struct gemm_args *a)
             case DT_Q4_0: v = dot_b32(w, act, a->k / 32, 0); break;
             case DT_Q4_K: v = dot_q4_K(w, act, a->k / 256); break;
             case DT_Q6_K: v = dot_q6_K(w, act, a->k / 256); break;
+            case DT_BF16: v = bf16_dot_row(w, act, a->k); break;
             default: v = scalar_row_dot(a->wtype, w, a->x + (size_t)t * a->ldx, a->k);
             }
             a->y[(size_t)t * a->ldy + (size_t)(r - a->r0)] = v;
@@ -393,7 +464,10 @@ static void scalar_gemm(const struct gemm_args *a)
 
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k)
 {
-    if (t == DT_F32 || t == DT_F16 || t == DT_BF16)
+    if (t == DT_BF16)
+        return k >= 2 && k % 2 == 0 && rows >= 0 ? (size_t)((rows + 15) / 16 * 16) * 2 * (size_t)k
+                                                 : 0;
+    if (t == DT_F32 || t == DT_F16)
         return gemm_fseg(k) > 0 && rows >= 0
                    ? (size_t)((rows + 15) / 16 * 16) * dtype_row_bytes(t, k)
                    : 0;
@@ -504,7 +578,21 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
     if (total == 0)
         return -1;
     memset(dst, 0, total);
-    if (t == DT_F32 || t == DT_F16 || t == DT_BF16) {
+    if (t == DT_BF16) {
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *src = (const uint8_t *)w + (size_t)r * w_row_bytes;
+            uint8_t *o = (uint8_t *)dst + (size_t)(r / 16) * 32 * (size_t)k + 4 * (size_t)(r % 16);
+            for (int64_t i = 0; i < k; i++) {
+                uint16_t h = ld_u16(src + 2 * i);
+                if (!(h & 0x7f80u)) /* daz(), once here */
+                    h &= 0x8000u;
+                o[64 * (i / 2) + 2 * (i % 2)] = (uint8_t)h;
+                o[64 * (i / 2) + 2 * (i % 2) + 1] = (uint8_t)(h >> 8);
+            }
+        }
+        return GEMM_BF16_R16;
+    }
+    if (t == DT_F32 || t == DT_F16) {
         const int64_t seg = gemm_fseg(k);
         const size_t sb = (size_t)seg * dtype_row_bytes(t, 1);
         for (int64_t r = 0; r < rows; r++) {
@@ -551,6 +639,13 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
         }
     }
     return is_q8 ? GEMM_Q8_0_R16 : GEMM_Q4_0_R16;
+}
+
+size_t gemm_view_offset(int t, int64_t k0)
+{
+    if (t == GEMM_BF16_R16)
+        return 32 * (size_t)k0;
+    return dtype_row_bytes(gemm_base_type(t), k0);
 }
 
 bool gemm_repack_pays(const struct gemm_ops *o, int t)

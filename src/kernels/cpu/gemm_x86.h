@@ -12,6 +12,14 @@
 #include <string.h>
 
 /* The f16 at p (unaligned) as f32, exact. */
+struct gemm_args;
+/* BF16 products and activations (gemm.h's BF16 contract) of AVX-512 (gemm_bf16_avx512.c)
+   and AVX2 (gemm_bf16_avx2.c). */
+void gemm_bf16_avx512(const struct gemm_args *a);
+void gemm_bf16_act_avx512(const float *x, int64_t k, uint16_t *dst);
+void gemm_bf16_avx2(const struct gemm_args *a);
+void gemm_bf16_act_avx2(const float *x, int64_t k, uint16_t *dst);
+
 static inline float ld_h(const uint8_t *p)
 {
     uint16_t h;

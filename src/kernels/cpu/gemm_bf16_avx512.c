@@ -1,0 +1,248 @@
+/*
+ * gemm_bf16_avx512 - BF16 weight products with AVX512_BF16 (vdpbf16ps), under gemm.h's
+ * BF16 contract, which is that instruction's arithmetic: bit-identical to gemm_scalar.c.
+ *
+ * Repacked weights (GEMM_BF16_R16): one zmm holds an element pair of 16 rows, so one
+ * vdpbf16ps against a token's broadcast activation pair advances 16 rows' chains (32
+ * products). A register tile of BF16_TILE_G groups (16 rows each) x BF16_TILE_T tokens
+ * keeps its accumulators in 24 zmm; each weight vector serves BF16_TILE_T tokens and each
+ * broadcast pair (a memory operand) BF16_TILE_G groups. Rows go in blocks of about
+ * BF16_BLOCK_BYTES of weights so that a block stays in L2 while every token tile passes
+ * over it. One token (decode) runs two groups side by side, two chains to cover the
+ * instruction's latency, prefetching ahead in both streams.
+ *
+ * GGUF-layout weights (DT_BF16: repacking off, or rows the engine does not repack):
+ * pair p of 16 rows is gathered into one zmm (vpgatherdd at row stride), then the same
+ * tile; an odd K's last pair is built lane by lane. Slower than the repacked form (one
+ * gather per vdpbf16ps for one token) but the same bits.
+ *
+ * Activations: vcvtneps2bf16, which is gemm_bf16_round (round to nearest even, denormal
+ * inputs to zero, NaN quiet).
+ *
+ * Invariant: every (row, token) output is one chain of vdpbf16ps over its pairs in order,
+ * from +0, whatever the tile, row range or token count, so outputs never depend on them.
+ */
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_x86.h"
+
+#include "core/err.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* Register tile: BF16_TILE_G groups x BF16_TILE_T tokens = 24 accumulators, + 4 weight
+   vectors. */
+#ifndef BF16_TILE_G
+#define BF16_TILE_G 4
+#endif
+#ifndef BF16_TILE_T
+#define BF16_TILE_T 6
+#endif
+/* Rows per cache block: about this many bytes of weights. */
+#ifndef BF16_BLOCK_BYTES
+#define BF16_BLOCK_BYTES (256u << 10)
+#endif
+/* Software prefetch distance in each group's weight stream (bytes). */
+#ifndef BF16_PREFETCH
+#define BF16_PREFETCH 2048
+#endif
+
+/* ---- activations ---------------------------------------------------------------------- */
+
+void gemm_bf16_act_avx512(const float *x, int64_t k, uint16_t *dst)
+{
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+        _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)h);
+    }
+    const int64_t end = (k + 31) / 32 * 32;
+    for (; i < end; i += 16) {
+        const int64_t n = k - i > 0 ? k - i : 0;
+        const __mmask16 m = (__mmask16)((1u << n) - 1);
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+        _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)h); /* zeros past k */
+    }
+}
+
+/* ---- the tile ------------------------------------------------------------------------- */
+
+/* Where a tile's weights come from: group g (16 rows) at w + g * gs; repacked: pair p of
+   it at + 64 p; GGUF rows: row i of it at + i * rs (idx: lane i's i * rs), live: the rows
+   that exist (a partial last group). */
+struct bsrc {
+    const uint8_t *w;
+    size_t gs, rs;
+    __m512i idx;
+    __mmask16 live;
+    int64_t k;
+};
+
+/* Pair p of the tile's group g. */
+AI __m512i ld_pair(const struct bsrc *s, int g, int64_t p, const int rp)
+{
+    const uint8_t *base = s->w + (size_t)g * s->gs;
+    if (rp)
+        return _mm512_loadu_si512(base + 64 * (size_t)p);
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), s->live, s->idx,
+                                       base + 4 * (size_t)p, 1);
+}
+
+/* An odd K's last pair of GGUF rows: element K - 1 alone in each lane's low half. */
+static __m512i ld_last_odd(const struct bsrc *s, int g)
+{
+    uint32_t v[16] = {0};
+    for (int i = 0; i < 16; i++)
+        if (s->live >> i & 1) {
+            uint16_t h;
+            memcpy(&h, s->w + (size_t)g * s->gs + (size_t)i * s->rs + 2 * (size_t)(s->k - 1), 2);
+            v[i] = h;
+        }
+    return _mm512_loadu_si512(v);
+}
+
+AI __m512 dp(__m512 acc, __m512i w, const uint8_t *xp)
+{
+    int32_t x;
+    memcpy(&x, xp, 4);
+    return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(x));
+}
+
+/* ng groups x nt tokens over all pairs; acc[g][t]: 16 rows of token t. */
+AI void bf16_tile(const struct bsrc *s, const uint8_t *act, size_t as, const int ng, const int nt,
+                  const int rp, __m512 acc[BF16_TILE_G][BF16_TILE_T])
+{
+    for (int g = 0; g < ng; g++)
+        for (int t = 0; t < nt; t++)
+            acc[g][t] = _mm512_setzero_ps();
+    const int64_t np = s->k / 2; /* whole pairs */
+    for (int64_t p = 0; p < np; p++) {
+        __m512i wv[BF16_TILE_G];
+        for (int g = 0; g < ng; g++) {
+            if (rp && (p & 15) == 0)
+                _mm_prefetch((const char *)s->w + (size_t)g * s->gs + 64 * (size_t)p +
+                                 BF16_PREFETCH,
+                             _MM_HINT_T0);
+            wv[g] = ld_pair(s, g, p, rp);
+        }
+        for (int t = 0; t < nt; t++)
+            for (int g = 0; g < ng; g++)
+                acc[g][t] = dp(acc[g][t], wv[g], act + (size_t)t * as + 4 * (size_t)p);
+    }
+    if (s->k % 2) /* GGUF rows only (a repacked K is even) */
+        for (int g = 0; g < ng; g++) {
+            const __m512i w = ld_last_odd(s, g);
+            for (int t = 0; t < nt; t++)
+                acc[g][t] = dp(acc[g][t], w, act + (size_t)t * as + 4 * (size_t)np);
+        }
+}
+
+/* ---- the driver ----------------------------------------------------------------------- */
+
+/* Lanes [lo, hi) of v into y[0 .. hi - lo). */
+AI void store_lanes(float *y, __m512 v, int lo, int hi)
+{
+    if (lo == 0 && hi == 16) {
+        _mm512_storeu_ps(y, v);
+        return;
+    }
+    const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << (hi - lo)) - 1), _mm512_maskz_compress_ps(m, v));
+}
+
+/* The tile of ng groups whose first row is b x nt tokens from t0 (rp: repacked, b a
+   multiple of 16; GGUF rows: b >= r0). */
+AI void bf16_run(const struct gemm_args *a, int64_t b, int64_t t0, const int ng, const int nt,
+                 const int rp)
+{
+    struct bsrc s = {.k = a->k, .gs = 16 * a->w_row_bytes, .rs = a->w_row_bytes, .live = 0xffff};
+    if (rp) {
+        s.w = (const uint8_t *)a->w + (size_t)b * a->w_row_bytes;
+    } else {
+        s.w = (const uint8_t *)a->w + (size_t)b * a->w_row_bytes;
+        s.idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                     14, 15),
+                                   _mm512_set1_epi32((int)a->w_row_bytes));
+        if (a->r1 - b < 16) /* a partial group: ng == 1 */
+            s.live = (__mmask16)((1u << (a->r1 - b)) - 1);
+    }
+    __m512 acc[BF16_TILE_G][BF16_TILE_T];
+    bf16_tile(&s, (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes, a->act_row_bytes, ng, nt,
+              rp, acc);
+    for (int g = 0; g < ng; g++) {
+        const int64_t gb = b + 16 * g;
+        const int lo = a->r0 > gb ? (int)(a->r0 - gb) : 0;
+        const int hi = a->r1 - gb < 16 ? (int)(a->r1 - gb) : 16;
+        for (int t = 0; t < nt; t++)
+            store_lanes(a->y + (size_t)(t0 + t) * a->ldy + (size_t)(gb + lo - a->r0), acc[g][t], lo,
+                        hi);
+    }
+}
+
+/* Token tiles of every count 1 .. BF16_TILE_T (at most 6) of ng groups. */
+#define BF16_NT(nt, ng, rp)                                                                        \
+    switch (nt) {                                                                                  \
+    case 1: bf16_run(a, b, t0, ng, 1, rp); break;                                                  \
+    case 2: bf16_run(a, b, t0, ng, 2 < BF16_TILE_T ? 2 : BF16_TILE_T, rp); break;                  \
+    case 3: bf16_run(a, b, t0, ng, 3 < BF16_TILE_T ? 3 : BF16_TILE_T, rp); break;                  \
+    case 4: bf16_run(a, b, t0, ng, 4 < BF16_TILE_T ? 4 : BF16_TILE_T, rp); break;                  \
+    case 5: bf16_run(a, b, t0, ng, 5 < BF16_TILE_T ? 5 : BF16_TILE_T, rp); break;                  \
+    default: bf16_run(a, b, t0, ng, BF16_TILE_T, rp); break;                                       \
+    }
+
+/* Rows [r0, r1) x all tokens, for GEMM_BF16_R16 (rp) or DT_BF16 rows. */
+AI void bf16_gemm(const struct gemm_args *a, const int rp)
+{
+    const int64_t b0 = rp ? a->r0 / 16 * 16 : a->r0; /* first group's first row */
+    const int64_t n_full = (a->r1 - b0) / 16;        /* whole groups */
+    const int64_t n_grp = (a->r1 - b0 + 15) / 16;    /* and a partial one */
+    if (a->n_tok == 1) {                             /* decode: two groups' chains side by side */
+        int64_t g = 0;
+        const int64_t t0 = 0;
+        for (; g + 2 <= (rp ? n_grp : n_full); g += 2) {
+            const int64_t b = b0 + 16 * g;
+            bf16_run(a, b, t0, 2, 1, rp);
+        }
+        for (; g < n_grp; g++) {
+            const int64_t b = b0 + 16 * g;
+            bf16_run(a, b, t0, 1, 1, rp);
+        }
+        return;
+    }
+    int64_t blk = (int64_t)(BF16_BLOCK_BYTES / (16 * a->w_row_bytes)) / BF16_TILE_G * BF16_TILE_G;
+    if (blk < BF16_TILE_G)
+        blk = BF16_TILE_G;
+    for (int64_t g0 = 0; g0 < n_grp; g0 += blk) {
+        const int64_t g1 = g0 + blk < n_grp ? g0 + blk : n_grp;
+        const int64_t f1 = rp ? g1 : (g1 < n_full ? g1 : n_full); /* tiles of whole groups */
+        for (int64_t t0 = 0; t0 < a->n_tok; t0 += BF16_TILE_T) {
+            const int nt = a->n_tok - t0 < BF16_TILE_T ? (int)(a->n_tok - t0) : BF16_TILE_T;
+            int64_t g = g0;
+            for (; g + BF16_TILE_G <= f1; g += BF16_TILE_G) {
+                const int64_t b = b0 + 16 * g;
+                if (rp)
+                    BF16_NT(nt, BF16_TILE_G, 1)
+                else
+                    BF16_NT(nt, BF16_TILE_G, 0)
+            }
+            for (; g < g1; g++) {
+                const int64_t b = b0 + 16 * g;
+                if (rp)
+                    BF16_NT(nt, 1, 1)
+                else
+                    BF16_NT(nt, 1, 0)
+            }
+        }
+    }
+}
+
+void gemm_bf16_avx512(const struct gemm_args *a)
+{
+    WELD_ASSERT(a->n_tok >= 1 && a->r0 <= a->r1 && a->act_row_bytes % 4 == 0);
+    if (a->wtype == GEMM_BF16_R16)
+        bf16_gemm(a, 1);
+    else
+        bf16_gemm(a, 0);
+}
