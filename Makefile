@@ -2,7 +2,7 @@
 #   make model      fetch stories260K.gguf into $(SHARED)/models if it is not there
 #   make run        install what is missing, build, tell a story with stories260K
 #   make check      build, run the unit tests (ctest -L unit; ~20 s): the edit-compile-test loop
-#   make test       what CI runs (~14 min on 2 cores from scratch): test-fast, test-asan, test-fuzz
+#   make test       what CI runs (~12 min on 2 cores from scratch): test-fast, test-asan, test-fuzz
 #   make test-fast  release build, every test (ctest -j)
 #   make test-asan  ASan+UBSan build, the tests labelled asan
 #   make test-fuzz  fuzz build, each libFuzzer target for FUZZ_SECONDS (10), JOBS at a time
