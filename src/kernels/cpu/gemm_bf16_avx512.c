@@ -157,11 +157,12 @@ AI void store_lanes(float *y, __m512 v, int lo, int hi)
 AI void bf16_run(const struct gemm_args *a, int64_t b, int64_t t0, const int ng, const int nt,
                  const int rp)
 {
-    struct bsrc s = {.k = a->k, .gs = 16 * a->w_row_bytes, .rs = a->w_row_bytes, .live = 0xffff};
-    if (rp) {
-        s.w = (const uint8_t *)a->w + (size_t)b * a->w_row_bytes;
-    } else {
-        s.w = (const uint8_t *)a->w + (size_t)b * a->w_row_bytes;
+    struct bsrc s = {.w = (const uint8_t *)a->w + (size_t)b * a->w_row_bytes,
+                     .k = a->k,
+                     .gs = 16 * a->w_row_bytes,
+                     .rs = a->w_row_bytes,
+                     .live = 0xffff};
+    if (!rp) {
         s.idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                                      14, 15),
                                    _mm512_set1_epi32((int)a->w_row_bytes));
@@ -241,6 +242,7 @@ AI void bf16_gemm(const struct gemm_args *a, const int rp)
 void gemm_bf16_avx512(const struct gemm_args *a)
 {
     WELD_ASSERT(a->n_tok >= 1 && a->r0 <= a->r1 && a->act_row_bytes % 4 == 0);
+    WELD_ASSERT(a->wtype == GEMM_BF16_R16 || 15 * a->w_row_bytes < (size_t)1 << 31); /* idx */
     if (a->wtype == GEMM_BF16_R16)
         bf16_gemm(a, 1);
     else
