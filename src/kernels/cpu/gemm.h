@@ -233,8 +233,8 @@ struct gemm_act_br {
 };
 
 /* Bytes of the repacked form of a (rows, k) matrix of type t (Q8_0, Q4_0, Q4_K, Q6_K; F32,
-   F16, BF16 when gemm_fseg(k) > 0): rows rounded
-   up to 16; 0 if t has no repacked form or k is not a multiple of its block. */
+   F16 when gemm_fseg(k) > 0; BF16 when k is even): rows rounded up to 16; 0 if t has no
+   repacked form or k is not a multiple of its block. */
 size_t gemm_repack_bytes(int t, int64_t rows, int64_t k);
 
 /* Repack rows [0, rows) of w (type t, row r at w + r * w_row_bytes) into dst
