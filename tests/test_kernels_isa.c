@@ -2,11 +2,14 @@
  * isa (kernels/cpu/isa.h): detection against an independent reading of /proc/cpuinfo's
  * flags, WELD_ISA parsing and its errors, the cached once-per-process choice, and
  * gemm_ops_for() agreeing with detection. Also the bandwidth probe (bandwidth.h): its read
- * loops against a plain XOR of the buffer, argument errors, and a small real run.
+ * loops against a plain XOR of the buffer, argument errors, and a small real run; the
+ * compute probe (peak.h): its loops' exact sums, which prove every chain ran every round,
+ * the instruction per weight type, argument errors and a real run.
  */
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/peak.h"
 #include "test.h"
 
 /* Does /proc/cpuinfo's first "flags" line list every word of want? -1 if unreadable. */
@@ -181,6 +184,56 @@ TEST(bandwidth_session)
     bw_session_close(NULL);
 }
 
+/* After n rounds, chain i's lanes hold i + n * (products per lane per round) * 2^-20 (exact
+   while below 16); the loops return the sum of all of them (int8: a fold of XORs). */
+TEST(peak_loops)
+{
+    if (!isa_cpu_has(ISA_AVX2))
+        SKIP("no AVX2: the compute probe has no loop here");
+    const uint64_t n = 1u << 17; /* 2 * n * 2^-20 = 1/4: chain 15 stays below 16 */
+    const double d = (double)n / (1 << 20);
+    /* AVX2: 12 chains x 8 lanes, one product per round */
+    CHECK(peak_loop_avx2(PEAK_F32_FMA, n) == 8 * (66 + PEAK_ACC_AVX2 * d));
+    CHECK(peak_loop_avx2(PEAK_BF16_DOT, n) == 0);
+    CHECK_EQ_INT(peak_round_ops(PEAK_F32_FMA, ISA_AVX2), PEAK_ACC_AVX2 * 16);
+    if (!isa_cpu_has(ISA_AVX512))
+        return;
+    CHECK(peak_loop_avx512(PEAK_F32_FMA, n) == 16 * (120 + PEAK_ACC * d));
+    CHECK(peak_loop_avx512(PEAK_BF16_DOT, n) == 16 * (120 + PEAK_ACC * 2 * d));
+    uint32_t fold = 0; /* chain i: i - 60 n (4 products of 3 x -5 per lane per round) */
+    for (uint32_t i = 0; i < PEAK_ACC; i++)
+        fold ^= i - 60u * (uint32_t)n;
+    CHECK(peak_loop_avx512(PEAK_I8_DOT, n) == (double)(int32_t)(16u * fold));
+    CHECK_EQ_INT(peak_round_ops(PEAK_BF16_DOT, ISA_AVX512), PEAK_ACC * 64);
+    CHECK_EQ_INT(peak_round_ops(PEAK_I8_DOT, ISA_AVX512), PEAK_ACC * 128);
+}
+
+TEST(peak_probe)
+{
+    CHECK(peak_op_for(DT_BF16, ISA_AVX512) == PEAK_BF16_DOT);
+    CHECK(peak_op_for(DT_BF16, ISA_AVX2) == PEAK_F32_FMA);
+    CHECK(peak_op_for(DT_F16, ISA_AVX512) == PEAK_F32_FMA);
+    CHECK(peak_op_for(DT_Q8_0, ISA_AVX512) == PEAK_I8_DOT);
+    CHECK(peak_op_for(DT_Q8_0, ISA_AMX) == PEAK_NONE);
+    CHECK(peak_op_for(DT_F32, ISA_SCALAR) == PEAK_NONE);
+    struct peak_result r;
+    struct weld_err e = {0};
+    CHECK_EQ_INT(peak_probe(PEAK_F32_FMA, ISA_AVX2, 0, 1, &r, &e), WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "compute probe") != NULL);
+    CHECK_EQ_INT(peak_probe(PEAK_F32_FMA, ISA_AVX2, 1, 0, &r, &e), WELD_ERR_INVALID_ARG);
+    CHECK_EQ_INT(peak_probe(PEAK_F32_FMA, ISA_SCALAR, 1, 1, &r, &e), WELD_ERR_UNSUPPORTED);
+    CHECK(peak_instr(PEAK_NONE, ISA_AVX512) == NULL);
+    enum isa_level l = isa_cpu_has(ISA_AVX512) ? ISA_AVX512 : ISA_AVX2;
+    if (!isa_cpu_has(l))
+        SKIP("no AVX2: the compute probe has no loop here");
+    enum peak_op op = l == ISA_AVX512 ? PEAK_BF16_DOT : PEAK_F32_FMA;
+    REQUIRE(peak_probe(op, l, 2, 2, &r, &e) == WELD_OK);
+    CHECK(r.op == op && r.threads == 2 && r.passes == 2 && r.checksum > 0);
+    CHECK_EQ_STR(r.instr, peak_instr(op, l));
+    CHECK(r.gops_best > 1 && r.gops_best < 1e6 && r.gops_median <= r.gops_best);
+    printf("compute probe (%s, 2 threads): best %.1f GFLOP/s\n", r.instr, r.gops_best);
+}
+
 int main(void)
 {
     RUN(detection_matches_cpuinfo);
@@ -190,5 +243,7 @@ int main(void)
     RUN(bandwidth_read_loops);
     RUN(bandwidth_probe);
     RUN(bandwidth_session);
+    RUN(peak_loops);
+    RUN(peak_probe);
     return test_summary();
 }

@@ -24,6 +24,12 @@
  * cancels), and the repetitions run in both creation orders, whose geometric mean
  * cancels a creation-order bias.
  *
+ * Prefill compute: the operations one prefill of -p tokens does (2 per multiply-add of the
+ * matrix products, the last token's logits included, and of attention's QK and PV over the
+ * causal positions) x prefills/s, over the best pass of the compute probe
+ * (kernels/cpu/peak.h) of the instruction the FFN weights' products run on, with the
+ * same threads.
+ *
  * Not here: the engine's scheduling (see `weld bench throughput`).
  */
 #include "cli/cli.h"
@@ -36,6 +42,7 @@
 #include "exec/runner.h"
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/peak.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -356,10 +363,55 @@ static bool bm_exec_figures(const struct bm_run *b, double *bubble, double *sync
     return true;
 }
 
+/* Multiply-adds of a matrix product's weight, per token. */
+static double bm_mat(const struct tensor *t)
+{
+    return t->data ? (double)t->ne[0] * (double)t->ne[1] : 0;
+}
+
+/* Operations of one prefill of n tokens after `depth` (see the file comment); the matrix
+   products' share in *mat. */
+static double bm_prefill_ops(const struct model *m, int depth, int n, double *mat)
+{
+    double per_token = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        per_token += bm_mat(&w->wq) + bm_mat(&w->wk) + bm_mat(&w->wv) + bm_mat(&w->wo) +
+                     bm_mat(&w->w_gate) + bm_mat(&w->w_up) + bm_mat(&w->w_down);
+    }
+    *mat = 2 * (per_token * n + bm_mat(&m->output)); /* logits of the last token only */
+    /* token i attends depth + i + 1 positions: QK and PV, head_dim multiply-adds each */
+    double keys = (double)n * depth + (double)n * (n + 1) / 2;
+    double attn = 4.0 * m->cfg.n_layer * m->cfg.n_head * m->cfg.head_dim * keys;
+    return *mat + attn;
+}
+
+struct bm_compute {
+    struct peak_result peak; /* peak.op PEAK_NONE: no probe for the instruction */
+    const char *why;         /* why there is no peak figure */
+};
+
+/* The compute probe for the instruction the FFN weights' products run on. */
+static void bm_compute_probe(const struct bm_run *b, int threads, struct bm_compute *c)
+{
+    struct weld_err e;
+    enum isa_level l = isa_active();
+    enum peak_op op = b->m->cfg.n_layer > 0 ? peak_op_for(b->m->layers[0].w_up.type, l) : PEAK_NONE;
+    c->why = NULL;
+    memset(&c->peak, 0, sizeof c->peak);
+    if (op == PEAK_NONE)
+        c->why = l == ISA_SCALAR ? "scalar code" : "no probe for AMX tiles yet";
+    else if (peak_probe(op, l, threads, BM_PROBE_PASSES, &c->peak, &e) != WELD_OK)
+        c->why = "the probe failed", c->peak.op = PEAK_NONE;
+}
+
 static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threads,
                       const struct bm_stat *pp, const struct bm_stat *tg,
-                      const struct bw_result *bw, double paired)
+                      const struct bw_result *bw, double paired, const struct bm_compute *c)
 {
+    double mat = 0, ops = bm_prefill_ops(b->m, o->depth, o->n_prompt, &mat);
+    double gops = pp->median > 0 ? ops * pp->median / o->n_prompt / 1e9 : 0;
+    double pshare = c->peak.gops_best > 0 ? gops / c->peak.gops_best : 0;
     size_t bytes = bm_decode_bytes(b->m);
     double gb_s = (double)bytes * tg->median / o->batch / 1e9;
     double share = bw->gb_s_best > 0 ? gb_s / bw->gb_s_best : 0;
@@ -379,6 +431,12 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
                               "cache_resident", resident);
         if (j && o->batch > 1)
             json_object_set_new(j, "batch", json_integer(o->batch));
+        if (j)
+            json_object_set_new(j, "compute",
+                                json_pack("{s:f, s:f, s:f, s:s?, s:f, s:f, s:s?}", "prefill_gop",
+                                          ops / 1e9, "matmul_share", ops > 0 ? mat / ops : 0,
+                                          "gops", gops, "instr", c->peak.instr, "peak_gops",
+                                          c->peak.gops_best, "share", pshare, "no_peak", c->why));
         if (j && ex) {
             json_object_set_new(j, "executor", json_string(b->tg_stats.executor));
             json_object_set_new(j, "bubble", json_real(bubble));
@@ -409,6 +467,13 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
     if (ex)
         printf("executor %s: bubble %.1f%% (batch %d), %.1f syncs/token\n",
                b->tg_stats.executor, 100 * bubble, o->batch, syncs);
+    printf("prefill compute: %.1f GFLOP/s (%.2f GFLOP per prefill, %.0f%% in matrix products)",
+           gops, ops / 1e9, ops > 0 ? 100 * mat / ops : 0);
+    if (c->peak.op != PEAK_NONE)
+        printf(" = %.1f%% of the %s peak %.1f GFLOP/s (best of %d passes)\n", 100 * pshare,
+               c->peak.instr, c->peak.gops_best, c->peak.passes);
+    else
+        printf("; no peak figure (%s)\n", c->why);
 }
 
 static int bm_run_model(struct bm_opts *o, struct weld_err *e)
@@ -418,6 +483,7 @@ static int bm_run_model(struct bm_opts *o, struct weld_err *e)
     struct bm_stat pp = {0}, tg = {0};
     struct bw_result bw = {0};
     struct bw_session *ses = NULL;
+    struct bm_compute cp = {0};
     double paired = 0;
     int threads = 0;
     int rc = isa_init(e);
@@ -430,9 +496,11 @@ static int bm_run_model(struct bm_opts *o, struct weld_err *e)
     if (rc == WELD_OK)
         rc = bw_session_probe(ses, BM_PROBE_PASSES, &bw, e);
     if (rc == WELD_OK)
+        bm_compute_probe(&b, threads, &cp);
+    if (rc == WELD_OK)
         rc = bm_measure(&b, o, &pp, &tg, ses, bw.loop, &paired, e);
     if (rc == WELD_OK)
-        bm_report(o, &b, threads, &pp, &tg, &bw, paired);
+        bm_report(o, &b, threads, &pp, &tg, &bw, paired, &cp);
     bw_session_close(ses);
     bm_close(&b);
     return rc;
