@@ -556,7 +556,8 @@ TEST(repacked_floats)
    activations rounded as vcvtneps2bf16 (ties to even, denormals to zero, NaN quiet);
    values whose products and partial sums pass through the denormal range (where daz()
    and ftz() decide the bits); the repacked form over row ranges that start anywhere and
-   over column views (gemm_view_offset), each equal to the GGUF rows' chains. */
+   over column views (gemm_view_offset), each equal to the GGUF rows' chains; K long
+   enough for prefill's K blocks, whose partial sums wait in y. */
 TEST(bf16_contract)
 {
     static const float xs[] = {1.0f,
@@ -574,80 +575,93 @@ TEST(bf16_contract)
     CHECK_EQ_INT(gemm_bf16_round(f32_from_bits(0x7f800001u)), 0x7fc0); /* signalling: quiet */
     struct rng r;
     rng_seed(&r, 21);
-    const int rows = 45, n_tok = 7;
-    const int64_t k = 96;
-    for (int tiny = 0; tiny < 2; tiny++) {
-        struct gcase c;
-        case_make(&c, &r, DT_BF16, rows, k, n_tok, 0, 1);
-        if (tiny) { /* magnitudes around 2^-63: products near and below FLT_MIN */
-            for (int i = 0; i < rows; i++)
-                for (int64_t j = 0; j < k; j++) {
-                    uint16_t h =
-                        (uint16_t)((rng_u64(&r) & 0x807f) |
-                                   (uint16_t)(rng_u64(&r) % 8 == 0 ? 0 : 60 + rng_u64(&r) % 10)
-                                       << 7);
-                    st16(c.w + (size_t)i * c.stride + 2 * j, h);
-                }
-            for (int t = 0; t < n_tok; t++)
-                for (int64_t j = 0; j < k; j++)
-                    c.x[(size_t)t * c.ldx + j] = ldexpf((float)(rng_normal(&r)),
-                                                        -60 - (int)(rng_u64(&r) % 10));
-        }
-        const size_t ny = (size_t)n_tok * c.ldy;
-        float *ys = malloc(ny * 4), *yo = malloc(ny * 4);
-        uint8_t *acts = calloc(1, act_bytes(&c)), *acto = calloc(1, act_bytes(&c));
-        for (size_t i = 0; i < ny; i++)
-            ys[i] = -7.0f;
-        run_ops(&gemm_ops_scalar, &c, 0, rows, 0, n_tok, acts, ys);
-        int n_tiny = 0;
-        for (size_t i = 0; i < ny; i++)
-            n_tiny += ys[i] != -7.0f && fabsf(ys[i]) < 1e-30f;
-        if (tiny)
-            CHECK(n_tiny > 0); /* the denormal range was reached */
-        uint8_t *rw;
-        struct gcase rc;
-        REQUIRE(repacked_case(&c, GEMM_BF16_R16, &rc, &rw));
-        for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
-            const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
-            if (!o)
-                continue;
-            const struct gcase *forms[2] = {&c, &rc};
-            for (int f = 0; f < 2; f++) {
-                for (size_t i = 0; i < ny; i++)
-                    yo[i] = -7.0f;
-                /* rows in ranges of 5, 11, 29: none starts on a group */
-                const int64_t cuts[] = {0, 5, 16, 45};
-                for (int q = 0; q < 3; q++)
-                    run_ops(o, forms[f], cuts[q], cuts[q + 1], 0, n_tok, acto, yo);
-                CHECK(memcmp(acts, acto, (size_t)n_tok * c.arb) == 0);
-                const int nd = count_diff(ys, yo, &c);
-                if (nd)
-                    fprintf(stderr, "  bf16 isa %s form %d tiny %d: %d differences\n",
-                            isa_name(o->isa), f, tiny, nd);
-                CHECK_EQ_INT(nd, 0);
+    /* shapes: one K block; K blocks of prefill (256 pairs) with a 4-group tile and token
+       tiles of 6 and a remainder; an odd K (GGUF rows only) whose last element ends the
+       last block */
+    static const struct {
+        int rows, n_tok;
+        int64_t k, cuts[4]; /* row ranges; none but the first starts on a group */
+    } shapes[] = {{45, 7, 96, {0, 5, 16, 45}},
+                  {83, 13, 1026, {0, 5, 70, 83}},
+                  {70, 9, 1027, {0, 3, 68, 70}}};
+    for (int sh = 0; sh < 3; sh++)
+        for (int tiny = 0; tiny < 2; tiny++) {
+            const int rows = shapes[sh].rows, n_tok = shapes[sh].n_tok;
+            const int64_t k = shapes[sh].k;
+            const bool even = k % 2 == 0;
+            struct gcase c;
+            case_make(&c, &r, DT_BF16, rows, k, n_tok, 0, 1);
+            if (tiny) { /* magnitudes around 2^-63: products near and below FLT_MIN */
+                for (int i = 0; i < rows; i++)
+                    for (int64_t j = 0; j < k; j++) {
+                        uint16_t h =
+                            (uint16_t)((rng_u64(&r) & 0x807f) |
+                                       (uint16_t)(rng_u64(&r) % 8 == 0 ? 0 : 60 + rng_u64(&r) % 10)
+                                           << 7);
+                        st16(c.w + (size_t)i * c.stride + 2 * j, h);
+                    }
+                for (int t = 0; t < n_tok; t++)
+                    for (int64_t j = 0; j < k; j++)
+                        c.x[(size_t)t * c.ldx + j] = ldexpf((float)(rng_normal(&r)),
+                                                            -60 - (int)(rng_u64(&r) % 10));
             }
-            /* columns [32, 96) of the repacked form = those of the GGUF rows */
-            struct gcase v = c, rv = rc;
-            v.k = rv.k = 64;
-            v.w = c.w + 64;
-            rv.w = rw + gemm_view_offset(GEMM_BF16_R16, 32);
-            v.x = rv.x = c.x + 32;
-            v.arb = rv.arb = gemm_act_row_bytes(DT_BF16, 64);
+            const size_t ny = (size_t)n_tok * c.ldy;
+            float *ys = malloc(ny * 4), *yo = malloc(ny * 4);
+            uint8_t *acts = calloc(1, act_bytes(&c)), *acto = calloc(1, act_bytes(&c));
             for (size_t i = 0; i < ny; i++)
-                ys[i] = yo[i] = -7.0f;
-            run_ops(&gemm_ops_scalar, &v, 0, rows, 0, n_tok, acts, ys);
-            run_ops(o, &rv, 3, rows, 0, n_tok, acto, yo);
-            run_ops(o, &rv, 0, 3, 0, n_tok, acto, yo);
-            CHECK_EQ_INT(count_diff(ys, yo, &c), 0);
-            run_ops(&gemm_ops_scalar, &c, 0, rows, 0, n_tok, acts, ys); /* back to all of k */
+                ys[i] = -7.0f;
+            run_ops(&gemm_ops_scalar, &c, 0, rows, 0, n_tok, acts, ys);
+            int n_tiny = 0;
+            for (size_t i = 0; i < ny; i++)
+                n_tiny += ys[i] != -7.0f && fabsf(ys[i]) < 1e-30f;
+            if (tiny)
+                CHECK(n_tiny > 0); /* the denormal range was reached */
+            uint8_t *rw = NULL;
+            struct gcase rc = c;
+            if (even)
+                REQUIRE(repacked_case(&c, GEMM_BF16_R16, &rc, &rw));
+            for (int l = ISA_SCALAR; l < ISA_COUNT; l++) {
+                const struct gemm_ops *o = gemm_ops_for((enum isa_level)l);
+                if (!o)
+                    continue;
+                const struct gcase *forms[2] = {&c, &rc};
+                for (int f = 0; f < (even ? 2 : 1); f++) {
+                    for (size_t i = 0; i < ny; i++)
+                        yo[i] = -7.0f;
+                    const int64_t *cuts = shapes[sh].cuts;
+                    for (int q = 0; q < 3; q++)
+                        run_ops(o, forms[f], cuts[q], cuts[q + 1], 0, n_tok, acto, yo);
+                    CHECK(memcmp(acts, acto, (size_t)n_tok * c.arb) == 0);
+                    const int nd = count_diff(ys, yo, &c);
+                    if (nd)
+                        fprintf(stderr, "  bf16 isa %s shape %d form %d tiny %d: %d differences\n",
+                                isa_name(o->isa), sh, f, tiny, nd);
+                    CHECK_EQ_INT(nd, 0);
+                }
+                if (!even)
+                    continue;
+                /* columns [32, 96) of the repacked form = those of the GGUF rows */
+                struct gcase v = c, rv = rc;
+                v.k = rv.k = 64;
+                v.w = c.w + 64;
+                rv.w = rw + gemm_view_offset(GEMM_BF16_R16, 32);
+                v.x = rv.x = c.x + 32;
+                v.arb = rv.arb = gemm_act_row_bytes(DT_BF16, 64);
+                for (size_t i = 0; i < ny; i++)
+                    ys[i] = yo[i] = -7.0f;
+                run_ops(&gemm_ops_scalar, &v, 0, rows, 0, n_tok, acts, ys);
+                run_ops(o, &rv, 3, rows, 0, n_tok, acto, yo);
+                run_ops(o, &rv, 0, 3, 0, n_tok, acto, yo);
+                CHECK_EQ_INT(count_diff(ys, yo, &c), 0);
+                run_ops(&gemm_ops_scalar, &c, 0, rows, 0, n_tok, acts, ys); /* back to all of k */
+            }
+            free(rw);
+            free(ys);
+            free(yo);
+            free(acts);
+            free(acto);
+            case_free(&c);
         }
-        free(rw);
-        free(ys);
-        free(yo);
-        free(acts);
-        free(acto);
-        case_free(&c);
-    }
 }
 
 /* Activations of constant, zero and extreme values quantize identically on every ISA, for
