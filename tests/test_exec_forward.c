@@ -69,16 +69,20 @@ static void quant_act(int bs, const double *x, double *out, int64_t n)
 }
 
 /* With ref_quant_act, BF16 weights take their input rounded to bf16 (gemm.h's BF16
-   contract, as llama.cpp does for BF16 weights). */
+   contract, as llama.cpp does for BF16 weights), and F16 weights are computed as BF16
+   (exec/weights.h): each weight rounded to bf16 as well. */
 static void matvec(const struct tensor *t, const double *x, double *y)
 {
     double *w = deq(t), *xq = NULL;
     int bs = act_block(t->type);
+    if (ref_quant_act && t->type == DT_F16)
+        for (int64_t i = 0; i < t->ne[0] * t->ne[1]; i++)
+            w[i] = bf16_to_f32(gemm_bf16_round((float)w[i]));
     if (ref_quant_act && bs) {
         xq = malloc(sizeof(double) * (size_t)t->ne[0]);
         quant_act(bs, x, xq, t->ne[0]);
         x = xq;
-    } else if (ref_quant_act && t->type == DT_BF16) {
+    } else if (ref_quant_act && (t->type == DT_BF16 || t->type == DT_F16)) {
         xq = malloc(sizeof(double) * (size_t)t->ne[0]);
         for (int64_t i = 0; i < t->ne[0]; i++)
             xq[i] = bf16_to_f32(gemm_bf16_round((float)x[i]));
@@ -333,14 +337,7 @@ TEST(llama_gqa_llama3_tied_f32) { check_against_ref(&spec_llama, DT_F32, 11); }
 TEST(llama_neox_linear_partial_rope_f32) { check_against_ref(&spec_llama_neox, DT_F32, 12); }
 TEST(qwen2_bias_f32) { check_against_ref(&spec_qwen2, DT_F32, 13); }
 TEST(qwen3_qknorm_f32) { check_against_ref(&spec_qwen3, DT_F32, 14); }
-TEST(llama_f16)
-{
-    check_against_ref(&spec_llama, DT_F16, 15);
-}
-TEST(llama_f16_long_rows)
-{
-    check_against_ref(&spec_long, DT_F16, 28);
-}
+
 /* Integer-path weights (Q8_0, Q4_0, Q4_K, Q6_K): the gemm kernels quantize activations to
    int8 per block of 32 or 256 (d = max|x| / 127), as llama.cpp does, so the exact
    reference is not the right oracle by itself.
@@ -379,10 +376,25 @@ static void check_quantized(const struct tspec *s, int wtype, uint64_t seed)
    measured 0.3-0.6%. */
 #define TOL_BF16REF 1e-3
 #define TOL_BF16EXACT 2e-2
+static void check_bf16_as(const struct tspec *s, int wtype, uint64_t seed)
+{
+    check_against_ref_mode(s, wtype, seed, DT_F32, true, TOL_BF16REF);
+    check_against_ref_mode(s, wtype, seed, DT_F32, false, TOL_BF16EXACT);
+}
 static void check_bf16(const struct tspec *s, uint64_t seed)
 {
-    check_against_ref_mode(s, DT_BF16, seed, DT_F32, true, TOL_BF16REF);
-    check_against_ref_mode(s, DT_BF16, seed, DT_F32, false, TOL_BF16EXACT);
+    check_bf16_as(s, DT_BF16, seed);
+}
+
+/* F16 weights are computed as BF16 ones (exec/weights.h): rounded to bf16 in the
+   reference too, the same tolerances; and about as far from the exact products. */
+TEST(llama_f16)
+{
+    check_bf16_as(&spec_llama, DT_F16, 15);
+}
+TEST(llama_f16_long_rows)
+{
+    check_bf16_as(&spec_long, DT_F16, 28);
 }
 
 TEST(qwen3_bf16)
@@ -415,7 +427,7 @@ TEST(k_parts_against_ref)
     check_quantized(&spec_qwen2, DT_Q8_0, 17);
     check_against_ref(&spec_qwen2, DT_Q5_0, 24);
     k_parts = 4; /* 4 KV heads */
-    check_against_ref(&spec_llama_neox, DT_F16, 12);
+    check_bf16_as(&spec_llama_neox, DT_F16, 12);
     struct tmodel *tm = tm_build(&spec_llama, DT_F32, 11);
     struct exec_weights *w = NULL;
     struct weld_err e = {0};
@@ -472,9 +484,10 @@ static void check_plan(const struct tspec *s, int wtype, uint64_t seed)
     tm_free(tm);
 }
 
-/* F32 / F16: only rows of at least 2 * GEMM_FSEG (the down projection here; gemm_fseg);
-   BF16: every matrix (rows of any even length); only where the ISA has the kernels
-   (AVX-512, AVX2); repack off keeps them all as they are. */
+/* F32: only rows of at least 2 * GEMM_FSEG (the down projection here; gemm_fseg);
+   BF16, and F16 (computed as BF16, rounded into the pool either way): every matrix (rows
+   of any even length); only where the ISA has the kernels (AVX-512, AVX2); repack off
+   keeps them all in the file's layout. */
 static void check_plan_long(int wtype, uint64_t seed)
 {
     struct tmodel *tm = tm_build(&spec_long, wtype, seed);
@@ -483,12 +496,15 @@ static void check_plan_long(int wtype, uint64_t seed)
         struct weld_err e = {0};
         struct exec_tuning t = {.repack = off ? TUNE_OFF : TUNE_AUTO};
         REQUIRE(exec_weights_create(&w, &tm->m, &t, &e) == WELD_OK);
-        bool pays = !off && gemm_repack_pays(w->go, wtype);
+        const int ct = wtype == DT_F16 ? DT_BF16 : wtype;
+        CHECK_EQ_INT(exec_compute_type(wtype), ct);
+        bool pays = !off && gemm_repack_pays(w->go, ct);
         for (int l = 0; l < spec_long.n_layer; l++) {
             const struct exec_layer_mats *M = &w->mats[l];
-            const bool all = pays && wtype == DT_BF16;
+            const bool all = pays && ct == DT_BF16;
             CHECK(M->down.repacked == pays && M->up.repacked == all && M->wo.repacked == all);
-            CHECK_EQ_INT(M->down.wtype, pays ? wtype + 0x100 : wtype);
+            CHECK_EQ_INT(M->down.wtype, pays ? ct + 0x100 : ct);
+            CHECK(M->up.from_f16 == (wtype == DT_F16) && M->down.from_f16 == M->up.from_f16);
         }
         exec_weights_free(w);
     }
@@ -497,6 +513,7 @@ static void check_plan_long(int wtype, uint64_t seed)
 
 TEST(repack_plan)
 {
+    check_plan_long(DT_F32, 36);
     check_plan_long(DT_F16, 34);
     check_plan_long(DT_BF16, 35);
     check_plan(&spec_llama, DT_Q4_0, 31);

@@ -40,6 +40,7 @@
 #include "core/rng.h"
 #include "core/team.h"
 #include "exec/runner.h"
+#include "exec/weights.h"
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/peak.h"

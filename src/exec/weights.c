@@ -184,7 +184,7 @@ static size_t mat_pool_bytes(const struct exec_mat *x, const struct tensor *t)
 {
     if (!x->gemm)
         return 0;
-    size_t nb = x->repacked ? gemm_repack_bytes(t->type, x->rows, x->k)
+    size_t nb = x->repacked ? gemm_repack_bytes(x->from_f16 ? DT_BF16 : t->type, x->rows, x->k)
                             : x->row_bytes * (size_t)x->rows;
     return (nb + 63) / 64 * 64;
 }
@@ -200,18 +200,27 @@ static size_t mats_plan(struct exec_weights *w)
         bool per_head;
         struct exec_mat *x = mat_at(w, i, &t, &per_head);
         struct weld_err ignored;
-        *x = (struct exec_mat){.wtype = t->type, .data = t->data, .rows = t->ne[1],
-                               .k = t->ne[0], .row_bytes = dtype_row_bytes(t->type, t->ne[0])};
-        x->gemm = gemm_check(t->type, t->ne[0], NULL, &ignored) == WELD_OK;
-        if (!x->gemm)
+        /* F16 is computed as BF16 (weights.h): the same row bytes, rounded when pooled */
+        const int ct = exec_compute_type(t->type);
+        *x = (struct exec_mat){.wtype = ct,
+                               .data = t->data,
+                               .rows = t->ne[1],
+                               .k = t->ne[0],
+                               .row_bytes = dtype_row_bytes(t->type, t->ne[0]),
+                               .from_f16 = ct != (int)t->type};
+        x->gemm = gemm_check(ct, t->ne[0], NULL, &ignored) == WELD_OK;
+        if (!x->gemm) {
+            x->wtype = t->type;
+            x->from_f16 = false;
             continue;
+        }
         bool aligned = !per_head || c->head_dim % 16 == 0;
         /* K parts read wo and down (mat_at's 3 and 6) in column ranges: their views need
            the file's layout */
         bool viewed = w->kp.n > 1 && i < N_LAYER_MATS * c->n_layer &&
                       (i % N_LAYER_MATS == 3 || i % N_LAYER_MATS == 6);
-        x->repacked = w->repack && aligned && !viewed && gemm_repack_pays(w->go, t->type) &&
-                      gemm_repack_bytes(t->type, x->rows, x->k) > 0;
+        x->repacked = w->repack && aligned && !viewed && gemm_repack_pays(w->go, ct) &&
+                      gemm_repack_bytes(ct, x->rows, x->k) > 0;
         total += mat_pool_bytes(x, t);
     }
     return total;
@@ -226,7 +235,8 @@ struct weight_pool {
     size_t bytes;
     int n;                /* matrices (mat_at indices) */
     int *wtype;           /* (n) each matrix's type in the pool */
-    uint8_t *repacked;    /* (n) each matrix's plan, compared on lookup */
+    uint8_t *repacked;    /* (n) each matrix's plan (1: repacked, 2: from F16), compared
+                             on lookup */
     void *mem;
     int refs;
     struct weight_pool *next;
@@ -247,7 +257,8 @@ static struct weight_pool *pool_find(struct exec_weights *w, size_t total, int n
         for (int i = 0; i < n && same; i++) {
             const struct tensor *t;
             bool per_head;
-            same = p->repacked[i] == mat_at(w, i, &t, &per_head)->repacked;
+            const struct exec_mat *x = mat_at(w, i, &t, &per_head);
+            same = p->repacked[i] == (uint8_t)(x->repacked | x->from_f16 << 1);
         }
         if (same)
             break;
@@ -317,8 +328,28 @@ static void mats_share(struct exec_weights *w, const struct weight_pool *p)
     }
 }
 
-/* Fill a new pool: repack the planned matrices, copy the other gemm matrices' rows. */
-static void mats_fill_pool(struct exec_weights *w, struct weight_pool *p)
+/* rows x k F16 values at src as bf16 at dst (row-major, same row bytes): widened exactly,
+   then rounded as gemm_bf16_round (the BF16 activations' quantizer, vectorised). */
+static bool mat_f16_to_bf16(const struct gemm_ops *go, const void *src, void *dst, int64_t rows,
+                            int64_t k)
+{
+    const size_t rb = 2 * (size_t)k, arb = gemm_act_row_bytes(DT_BF16, k);
+    float *f = wmalloc((size_t)k * sizeof *f);
+    uint8_t *b = wmalloc(arb);
+    for (int64_t r = 0; f && b && r < rows; r++) {
+        go->to_f32(DT_F16, (const uint8_t *)src + (size_t)r * rb, f, k);
+        go->act_quant(DT_BF16, f, (size_t)k, k, 1, b, arb);
+        memcpy((uint8_t *)dst + (size_t)r * rb, b, rb);
+    }
+    bool ok = f && b;
+    wfree(f);
+    wfree(b);
+    return ok;
+}
+
+/* Fill a new pool: repack the planned matrices, copy the other gemm matrices' rows (F16
+   ones rounded to bf16). WELD_ERR_NOMEM when the rounding's scratch cannot be had. */
+static int mats_fill_pool(struct exec_weights *w, struct weight_pool *p, struct weld_err *e)
 {
     uint8_t *dst = p->mem;
     struct progress pr;
@@ -328,15 +359,31 @@ static void mats_fill_pool(struct exec_weights *w, struct weight_pool *p)
         bool per_head;
         struct exec_mat *x = mat_at(w, i, &t, &per_head);
         size_t nb = mat_pool_bytes(x, t);
-        p->repacked[i] = x->repacked;
+        p->repacked[i] = (uint8_t)(x->repacked | x->from_f16 << 1);
         if (!nb)
             continue;
+        const void *src = t->data;
+        uint8_t *conv = NULL;
+        if (x->from_f16) { /* rounded to bf16 rows: in place, or for the repacking */
+            conv = x->repacked ? wmalloc(x->row_bytes * (size_t)x->rows) : dst;
+            if (!conv || !mat_f16_to_bf16(w->go, t->data, conv, x->rows, x->k)) {
+                if (conv != dst)
+                    wfree(conv);
+                progress_end(&pr);
+                return err_set(e, WELD_ERR_NOMEM, "%s: out of memory rounding '%s' to bf16",
+                               model_where(w->m), t->name ? t->name : "a matrix");
+            }
+            src = conv;
+        }
         if (x->repacked) {
-            x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
+            x->wtype = gemm_repack(x->from_f16 ? DT_BF16 : t->type, src, x->row_bytes, x->rows,
+                                   x->k, dst);
             WELD_ASSERT(x->wtype >= 0);
-        } else {
+        } else if (!x->from_f16) {
             memcpy(dst, t->data, x->row_bytes * (size_t)x->rows);
         }
+        if (conv && conv != dst)
+            wfree(conv);
         /* the original stays mapped (a tied embedding still reads rows of it) but
            leaves the resident set: otherwise the model costs twice its size */
         model_release_pages(w->m, t->data, t->nbytes);
@@ -346,6 +393,7 @@ static void mats_fill_pool(struct exec_weights *w, struct weight_pool *p)
         progress_add(&pr, nb);
     }
     progress_end(&pr);
+    return WELD_OK;
 }
 
 /* Give the planned matrices their pool (shared with another exec_weights of the model
@@ -362,7 +410,10 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
             int rc = pool_new(&p, w, total, n, e);
             if (rc)
                 return rc;
-            mats_fill_pool(w, p);
+            if ((rc = mats_fill_pool(w, p, e))) {
+                pool_unref(p); /* not listed yet: just freed */
+                return rc;
+            }
             pthread_mutex_lock(&pools_lock);
             p->next = pools;
             pools = p;

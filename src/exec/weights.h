@@ -28,6 +28,16 @@
  * of one executor: 0.84-1.12x over five processes; one shared copy: 0.98-0.99x), which
  * no interleaving can cancel.
  *
+ * F16 matrices are computed as BF16 ones: each weight rounded to bf16 (round to nearest
+ * even; every f16 value is a normal f32, so nothing flushes) when the pool is filled, then
+ * gemm.h's BF16 contract (activations rounded to bf16, vdpbf16ps's chain), on every ISA,
+ * executor and layout alike. That is the instruction this CPU class has for float
+ * prefill (vdpbf16ps: twice the products of an f32 FMA); the cost is 3 of f16's 11
+ * significant bits (relative 2^-9 per weight, the size of the activations' own rounding),
+ * and nothing for an f16 file converted from a bf16 checkpoint, whose values are bf16
+ * values already. Measured against llama.cpp (f16 activations, exact f16 weights) in
+ * tests/test_exec_llamacpp_oracle.c.
+ *
  * Each matrix the ops multiply is described by a struct exec_mat: the gemm weight type
  * (possibly a repacked id), its rows, and whether the gemm kernels run it at all (types
  * without a gemm kernel, e.g. Q5_K, fall back to kern_row_dot in ops.c). The choice
@@ -54,6 +64,13 @@
 #include "kernels/cpu/gemm.h"
 #include "model/model.h"
 
+/* The type the products of a weight tensor of type t are computed in: F16 as BF16 (see
+   above), every other type as itself. */
+static inline int exec_compute_type(int t)
+{
+    return t == DT_F16 ? DT_BF16 : t;
+}
+
 /* Token tiles of the ops (exec_weights.tok_tile). */
 #define EXEC_TILE 16
 #define EXEC_TILE_FLOAT 32
@@ -67,6 +84,7 @@ struct exec_mat {
     bool gemm;            /* false: no gemm kernel for this type, ops use kern_row_dot */
     bool repacked;        /* data is the 16-row interleaved form (row ranges start at
                              multiples of 16) */
+    bool from_f16;        /* an F16 tensor computed as BF16 (rounded when pooled) */
     const void *data;     /* row r at data + r * row_bytes (repacked: see gemm.h) */
     size_t row_bytes;     /* dtype row bytes of k */
     size_t act_row_bytes; /* quantized activation bytes per token (multiple of 64; 0 for

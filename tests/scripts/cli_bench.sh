@@ -42,7 +42,17 @@ msg=$(printf '%s' "$out" | node -e '
   if (!(b.gb_s > 0 && b.probe_gb_s > 0 && b.share > 0 && b.paired_share > 0))
     errs.push("bandwidth not positive");
   if (Math.abs(b.share * b.probe_gb_s - b.gb_s) > 1e-6 * b.gb_s) errs.push("share != gb_s / probe_gb_s");
-  if (Object.keys(j).sort().join() !== "bandwidth,isa,model,pp,tg,threads") errs.push("top-level keys " + Object.keys(j));
+  const c = j.compute || {};
+  for (const f of ["prefill_gop", "matmul_share", "gops", "peak_gops", "share"]) num(c[f], "compute." + f);
+  if (!(c.prefill_gop > 0 && c.matmul_share > 0.5 && c.matmul_share <= 1 && c.gops > 0))
+    errs.push("compute figures out of range");
+  /* stories260K is F32: FMA under AVX-512 / AVX2, no probe for scalar code */
+  if (j.isa === "scalar" ? !(c.instr === null && c.peak_gops === 0 && typeof c.no_peak === "string")
+                         : !(/^vfmadd231ps/.test(c.instr) && c.peak_gops > 0 && c.no_peak === null))
+    errs.push("compute peak: " + JSON.stringify(c));
+  if (c.peak_gops > 0 && Math.abs(c.share * c.peak_gops - c.gops) > 1e-6 * c.gops)
+    errs.push("share != gops / peak_gops");
+  if (Object.keys(j).sort().join() !== "bandwidth,compute,isa,model,pp,tg,threads") errs.push("top-level keys " + Object.keys(j));
   console.log(errs.length ? errs.join("; ") : "ok");
 ' 2>&1)
 [ "$msg" == "ok" ] && ok || bad "bench --json schema: $msg [$out]"
@@ -70,6 +80,9 @@ expect_contains "$out" "pp             16" "table pp row"
 expect_contains "$out" "tg              8" "table tg row"
 expect_contains "$out" "decode bandwidth:" "table bandwidth line"
 expect_contains "$out" "run right after each repetition" "table paired bandwidth line"
+expect_contains "$out" "prefill compute:" "table compute line"
+out=$(WELD_ISA=scalar "$weld" bench -m "$model" -r 1 -p 4 -n 2 -t 1 --probe-size 16M 2>&1)
+expect_contains "$out" "no peak figure (scalar code)" "scalar: no compute peak"
 
 # The probe alone.
 out=$("$weld" bench --bandwidth -t 1 --probe-size 32M --json 2>/dev/null)
