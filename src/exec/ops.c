@@ -4,9 +4,10 @@
  *
  * Products go through the gemm kernels of the ISA picked at start (kernels/cpu/gemm.h),
  * one call per (token tile, row range): the normalised or source rows of a tile of up to
- * exec_weights.tok_tile tokens (16; 32 for all-float models, whose prefill is bound by
- * reading the weights once per tile: 1B F16 pp256 +6.5%; the quantized ones lost 5% at 32,
- * at 1B Q8_0) are quantized once (act_quant, integer paths) and each weight block is
+ * exec_weights.tok_tile tokens (16; 64 for all-float models, whose prefill is bound by
+ * reading the weights once per tile: 1B F16 pp256 +6.5% at 32 over 16, and 1B BF16 pp128
+ * about +13% at 64 over 32 with the BF16 kernel's 6-token register tiles, which 32 cut
+ * into 5 + a 2-token rest; the quantized ones lost 5% at 32, at 1B Q8_0) are quantized once (act_quant, integer paths) and each weight block is
  * read once per tile. Matrices of types without a gemm kernel fall back to
  * kern_row_dot-style loops (a row converted to f32 once per tile, kern_dot_f32). The gemm
  * contract makes every (row, token) result independent of the tile, of the row range and

@@ -73,7 +73,7 @@ static inline int exec_compute_type(int t)
 
 /* Token tiles of the ops (exec_weights.tok_tile). */
 #define EXEC_TILE 16
-#define EXEC_TILE_FLOAT 32
+#define EXEC_TILE_FLOAT 64
 /* Weight bytes of one row piece of a decode-shaped matrix op (exec_weights.piece_bytes). */
 #define EXEC_PIECE_BYTES (512u << 10)
 
