@@ -22,6 +22,7 @@
 #include "exec/exec.h"
 #include "exec/runner.h"
 #include "exec/weights.h"
+#include "kernels/cpu/kernels.h"
 #include "test.h"
 #include "test_models.h"
 
@@ -509,6 +510,47 @@ static void check_plan_long(int wtype, uint64_t seed)
         exec_weights_free(w);
     }
     tm_free(tm);
+}
+
+/* A tied embedding table is read from the pool's output matrix when that holds its values
+   (BF16, repacked or not; F32 rows as they are), from the file otherwise (F16: the pool's
+   rows are rounded to bf16); every row it serves equals the file's, and the forward pass
+   through it stays within the BF16 tolerances. */
+TEST(tied_embed_from_pool)
+{
+    check_bf16(&spec_llama, 37); /* spec_llama is tied */
+    static const int types[] = {DT_BF16, DT_F16, DT_F32};
+    for (int ti = 0; ti < 3; ti++)
+        for (int off = 0; off < 2; off++) {
+            struct tmodel *tm = tm_build(&spec_llama, types[ti], 38);
+            struct exec_weights *w = NULL;
+            struct weld_err e = {0};
+            struct exec_tuning t = {.repack = off ? TUNE_OFF : TUNE_AUTO};
+            REQUIRE(exec_weights_create(&w, &tm->m, &t, &e) == WELD_OK);
+            const struct exec_mat *pe = w->embed;
+            if (types[ti] == DT_F16)
+                CHECK(pe == NULL);
+            else if (types[ti] == DT_BF16)
+                CHECK(pe == &w->output && (pe->wtype == GEMM_BF16_R16) == (pe->repacked && !off));
+            else
+                CHECK(pe == (w->output.repacked ? NULL : &w->output));
+            const int64_t dim = spec_llama.dim;
+            float *a = malloc(sizeof(float) * (size_t)dim),
+                  *b = malloc(sizeof(float) * (size_t)dim);
+            const size_t rb = kern_row_bytes(&tm->m.tok_embd);
+            for (int64_t r = 0; pe && r < spec_llama.vocab; r++) {
+                kern_to_f32(tm->m.tok_embd.type, kern_tensor_row(&tm->m.tok_embd, rb, r), a, dim);
+                if (pe->wtype == GEMM_BF16_R16)
+                    gemm_bf16r_row_f32(pe->data, pe->row_bytes, r, dim, b);
+                else
+                    kern_to_f32(pe->wtype, (const uint8_t *)pe->data + (size_t)r * pe->row_bytes, b,
+                                dim);
+                CHECK(memcmp(a, b, sizeof(float) * (size_t)dim) == 0);
+            }
+            free(a), free(b);
+            exec_weights_free(w);
+            tm_free(tm);
+        }
 }
 
 TEST(repack_plan)
@@ -1073,6 +1115,7 @@ static void run_batch_tests(void)
 int main(void)
 {
     RUN(llama_gqa_llama3_tied_f32);
+    RUN(tied_embed_from_pool);
     RUN(llama_neox_linear_partial_rope_f32);
     RUN(qwen2_bias_f32);
     RUN(qwen3_qknorm_f32);

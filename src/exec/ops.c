@@ -222,15 +222,25 @@ static bool same_act(const struct exec_mat *a, const struct exec_mat *b)
    Row-range instructions of one stage write disjoint outputs; each recomputes the
    (cheap) rmsnorm of its input instead of sharing it. */
 
-/* EMBED: rows = tokens. x[t] = f32(tok_embd row token(t)). in -, out X. */
+/* EMBED: rows = tokens. x[t] = f32(tok_embd row token(t)). in -, out X. (A tied table
+   is read from the weight pool when that holds its values: exec_weights.embed.) */
 static void op_embed(const struct exec_step *st, const struct prog_instr *in)
 {
     const struct tensor *emb = &st->m->tok_embd;
+    const struct exec_mat *pe = st->w->embed;
     const int64_t dim = st->m->cfg.dim;
     size_t rb = kern_row_bytes(emb);
     float *x = buf_ptr(st, in->out);
-    for (int t = in->row0; t < in->row1; t++)
-        kern_to_f32(emb->type, kern_tensor_row(emb, rb, st->tokens[t]), x + t * dim, dim);
+    for (int t = in->row0; t < in->row1; t++) {
+        const int32_t tok = st->tokens[t];
+        if (pe && pe->wtype == GEMM_BF16_R16)
+            gemm_bf16r_row_f32(pe->data, pe->row_bytes, tok, dim, x + t * dim);
+        else if (pe)
+            kern_to_f32(pe->wtype, (const uint8_t *)pe->data + (size_t)tok * pe->row_bytes,
+                        x + t * dim, dim);
+        else
+            kern_to_f32(emb->type, kern_tensor_row(emb, rb, tok), x + t * dim, dim);
+    }
 }
 
 /* Where a head unit's output goes and what is applied to it (see op_qkv). */

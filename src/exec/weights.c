@@ -438,6 +438,12 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
        source, released above, and is left to fault (mapping it would keep two copies). */
     if (w->m->tok_embd.data && w->m->tok_embd.data != w->m->output.data)
         mfile_prefault(w->m->tok_embd.data, w->m->tok_embd.nbytes);
+    /* A tied table whose pooled copy holds its values (not rounded from F16, and rows as
+       they are or BF16's repacked form) serves the lookups from the pool instead. */
+    const struct exec_mat *o = &w->output;
+    if (w->m->tok_embd.data == w->m->output.data && o->gemm && !o->from_f16 &&
+        (!o->repacked || o->wtype == GEMM_BF16_R16))
+        w->embed = o;
     return WELD_OK;
 }
 

@@ -125,6 +125,11 @@ struct exec_weights {
                                         k_parts=2..4 asks for more where the model's
                                         cuts fit) */
     struct exec_mat output;          /* (n_vocab rows of dim) */
+    const struct exec_mat *embed;    /* a tied embedding table's rows read from the pool's
+                                        output matrix (the same values: rows copied, or
+                                        GEMM_BF16_R16), not from the file, whose pages were
+                                        released (a page fault per new token: 1B BF16,
+                                        6 ms of a 405 ms pp128); NULL: from the file */
     size_t max_act_row_bytes;        /* max act_row_bytes over every matrix */
     size_t piece_bytes;              /* O / FFN / DOWN over one token tile run in row
                                         pieces of about this many weight bytes (ops.c):

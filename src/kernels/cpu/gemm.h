@@ -184,6 +184,11 @@ static inline uint16_t gemm_bf16_round(float x)
    GEMM_BF16_R16). */
 size_t gemm_view_offset(int t, int64_t k0);
 
+/* Row r (k elements) of a GEMM_BF16_R16 matrix (w, w_row_bytes as its gemm_args) widened
+   to f32 into dst: the values the products read (a denormal weight is a zero of its
+   sign, as repacking stored it). For a tied embedding table served from the weight pool. */
+void gemm_bf16r_row_f32(const void *w, size_t w_row_bytes, int64_t r, int64_t k, float *dst);
+
 /* Repacked float matrices (GEMM_F32_R16, GEMM_F16_R16): groups of 16 rows
    with each row cut in segments of S = gemm_fseg(K) elements, segment c of the group's 16
    rows one after the other, then segment c + 1. Same bytes as the original (rows rounded

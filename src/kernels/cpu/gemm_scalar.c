@@ -641,6 +641,17 @@ int gemm_repack(int t, const void *w, size_t w_row_bytes, int64_t rows, int64_t 
     return is_q8 ? GEMM_Q8_0_R16 : GEMM_Q4_0_R16;
 }
 
+void gemm_bf16r_row_f32(const void *w, size_t w_row_bytes, int64_t r, int64_t k, float *dst)
+{
+    const uint8_t *g = (const uint8_t *)w + (size_t)(r / 16) * 16 * w_row_bytes +
+                       4 * (size_t)(r % 16);
+    for (int64_t i = 0; i < k; i++) {
+        uint16_t h;
+        memcpy(&h, g + 64 * (size_t)(i / 2) + 2 * (size_t)(i % 2), 2);
+        dst[i] = bf16_to_f32(h);
+    }
+}
+
 size_t gemm_view_offset(int t, int64_t k0)
 {
     if (t == GEMM_BF16_R16)
