@@ -1,20 +1,18 @@
 /*
- * bandwidth - the read-bandwidth probe (design in bandwidth.h): buffer, threads, barrier
- * timing, best and median of passes.
+ * bandwidth - the read-bandwidth probe (design in bandwidth.h): buffer, read loops, best and
+ * median of passes (the threads and their timed passes: probe_team.h).
  */
 #include "kernels/cpu/bandwidth.h"
 
 #include "core/alloc.h"
 #include "core/err.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/probe_team.h"
 
-#include <pthread.h>
-#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 size_t bw_llc_bytes(void)
@@ -118,100 +116,21 @@ struct bw_shared {
     size_t slice;
     int passes;         /* per loop */
     int loop0, n_loops; /* bw_loops[loop0 .. loop0 + n_loops) */
-    int go; /* 0 wait, 1 run, -1 quit: set under mu once every thread exists */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_barrier_t bar;
     uint64_t sums[256];
 };
 
-struct bw_worker {
-    struct bw_shared *sh;
-    int id;
-};
-
-static void bw_pin(int id)
+/* Pass i of thread id: read its own slice with loop loop0 + i / passes. */
+static void bw_body(void *ctx, int id, int pass)
 {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(id % CPU_SETSIZE, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* best effort */
-}
-
-/* Each pass: barrier, read own slice, barrier (the caller times between the two). */
-static void *bw_worker_main(void *arg)
-{
-    struct bw_worker *w = arg;
-    struct bw_shared *sh = w->sh;
-    bw_pin(w->id);
-    pthread_mutex_lock(&sh->mu);
-    while (sh->go == 0)
-        pthread_cond_wait(&sh->cv, &sh->mu);
-    int go = sh->go;
-    pthread_mutex_unlock(&sh->mu);
-    if (go < 0)
-        return NULL;
-    const uint8_t *p = sh->buf + (size_t)w->id * sh->slice;
-    for (int i = 0; i < sh->passes * sh->n_loops; i++) {
-        pthread_barrier_wait(&sh->bar);
-        sh->sums[w->id] = bw_read(&bw_loops[sh->loop0 + i / sh->passes], p, sh->slice);
-        pthread_barrier_wait(&sh->bar);
-    }
-    return NULL;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    struct bw_shared *sh = ctx;
+    sh->sums[id] = bw_read(&bw_loops[sh->loop0 + pass / sh->passes],
+                           sh->buf + (size_t)id * sh->slice, sh->slice);
 }
 
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-/* Run the passes on threads 1..n-1 plus the caller as thread 0; fills rate[loop * passes
-   + pass]. */
-static int bw_run(struct bw_shared *sh, int n, double *rate, struct weld_err *e)
-{
-    pthread_t th[256];
-    struct bw_worker wk[256];
-    int started = 0;
-    for (int i = 0; i < n; i++)
-        wk[i] = (struct bw_worker){sh, i};
-    for (int i = 1; i < n; i++, started++)
-        if (pthread_create(&th[i], NULL, bw_worker_main, &wk[i]) != 0)
-            break;
-    pthread_mutex_lock(&sh->mu);
-    sh->go = started == n - 1 ? 1 : -1;
-    pthread_cond_broadcast(&sh->cv);
-    pthread_mutex_unlock(&sh->mu);
-    if (started != n - 1) {
-        for (int i = 1; i <= started; i++)
-            pthread_join(th[i], NULL);
-        return err_set(e, WELD_ERR_INTERNAL, "bandwidth probe: could not start thread %d of %d",
-                       started + 1, n);
-    }
-    cpu_set_t old;
-    int have_old = pthread_getaffinity_np(pthread_self(), sizeof old, &old) == 0;
-    bw_pin(0);
-    const uint8_t *p = sh->buf;
-    for (int i = 0; i < sh->passes * sh->n_loops; i++) {
-        pthread_barrier_wait(&sh->bar);
-        double t0 = now_s();
-        sh->sums[0] = bw_read(&bw_loops[sh->loop0 + i / sh->passes], p, sh->slice);
-        pthread_barrier_wait(&sh->bar);
-        double dt = now_s() - t0;
-        rate[i] = (double)sh->slice * n / (dt > 0 ? dt : 1e-9) / 1e9;
-    }
-    for (int i = 1; i < n; i++)
-        pthread_join(th[i], NULL);
-    if (have_old) /* the caller's thread gets its affinity back */
-        pthread_setaffinity_np(pthread_self(), sizeof old, &old);
-    return WELD_OK;
 }
 
 struct bw_session {
@@ -267,20 +186,12 @@ void bw_session_close(struct bw_session *s)
 static int session_passes(struct bw_session *s, int loop0, int n_loops, int passes,
                           double *rate, uint64_t *checksum, struct weld_err *e)
 {
-    struct bw_shared sh = {0};
-    sh.buf = s->raw;
-    sh.slice = s->slice;
-    sh.passes = passes;
-    sh.loop0 = loop0;
-    sh.n_loops = n_loops;
-    if (pthread_barrier_init(&sh.bar, NULL, (unsigned)s->n_threads) != 0)
-        return err_set(e, WELD_ERR_INTERNAL, "bandwidth probe: pthread_barrier_init failed");
-    pthread_mutex_init(&sh.mu, NULL);
-    pthread_cond_init(&sh.cv, NULL);
-    int st = bw_run(&sh, s->n_threads, rate, e);
-    pthread_cond_destroy(&sh.cv);
-    pthread_mutex_destroy(&sh.mu);
-    pthread_barrier_destroy(&sh.bar);
+    struct bw_shared sh = {
+        .buf = s->raw, .slice = s->slice, .passes = passes, .loop0 = loop0, .n_loops = n_loops};
+    const int n = passes * n_loops;
+    int st = probe_team_run(s->n_threads, n, bw_body, &sh, rate, "bandwidth probe", e);
+    for (int i = 0; st == WELD_OK && i < n; i++) /* seconds -> GB/s */
+        rate[i] = (double)s->slice * s->n_threads / (rate[i] > 0 ? rate[i] : 1e-9) / 1e9;
     *checksum = 0;
     for (int i = 0; st == WELD_OK && i < s->n_threads; i++)
         *checksum ^= sh.sums[i];

@@ -195,31 +195,28 @@ AI void bf16_run(const struct gemm_args *a, int64_t b, int64_t t0, const int ng,
         if (a->r1 - b < 16) /* a partial group: ng == 1 */
             s.live = (__mmask16)((1u << (a->r1 - b)) - 1);
     }
+    /* group g's rows in the call: lanes [lo, hi), token t's outputs at y[g] + t * ldy */
+    int lo[BF16_TILE_G], hi[BF16_TILE_G];
+    float *y[BF16_TILE_G];
     __m512 acc[BF16_TILE_G][BF16_TILE_T];
 #pragma GCC unroll 4
     for (int g = 0; g < ng; g++) {
         const int64_t gb = b + 16 * g;
-        const int lo = a->r0 > gb ? (int)(a->r0 - gb) : 0;
-        const int hi = a->r1 - gb < 16 ? (int)(a->r1 - gb) : 16;
+        lo[g] = a->r0 > gb ? (int)(a->r0 - gb) : 0;
+        hi[g] = a->r1 - gb < 16 ? (int)(a->r1 - gb) : 16;
+        y[g] = a->y + (size_t)t0 * a->ldy + (size_t)(gb + lo[g] - a->r0);
 #pragma GCC unroll 24
         for (int t = 0; t < nt; t++)
             acc[g][t] = p0 == 0 ? _mm512_setzero_ps()
-                                : load_lanes(a->y + (size_t)(t0 + t) * a->ldy +
-                                                 (size_t)(gb + lo - a->r0),
-                                             lo, hi);
+                                : load_lanes(y[g] + (size_t)t * a->ldy, lo[g], hi[g]);
     }
     bf16_tile(&s, (const uint8_t *)a->act + (size_t)t0 * a->act_row_bytes, a->act_row_bytes, ng, nt,
               rp, p0, p1, acc);
 #pragma GCC unroll 4
-    for (int g = 0; g < ng; g++) {
-        const int64_t gb = b + 16 * g;
-        const int lo = a->r0 > gb ? (int)(a->r0 - gb) : 0;
-        const int hi = a->r1 - gb < 16 ? (int)(a->r1 - gb) : 16;
+    for (int g = 0; g < ng; g++)
 #pragma GCC unroll 24
         for (int t = 0; t < nt; t++)
-            store_lanes(a->y + (size_t)(t0 + t) * a->ldy + (size_t)(gb + lo - a->r0), acc[g][t], lo,
-                        hi);
-    }
+            store_lanes(y[g] + (size_t)t * a->ldy, acc[g][t], lo[g], hi[g]);
 }
 
 /* Token tiles of every count 1 .. BF16_TILE_T (at most 12) of ng groups. */
