@@ -19,7 +19,8 @@
  * copied (docs/bench-log/2026-12-02-weight-pool-decode-pairs-attention.md). The source
  * pages then leave the resident set, so resident
  * memory stays at about one copy of the weights; the file stays mapped for the embedding
- * lookup (and tied output heads' rows). The pool is shared: a second exec_weights of the
+ * lookup (a tied table whose pooled copy holds the same values is read from the pool:
+ * exec_weights.embed). The pool is shared: a second exec_weights of the
  * same model and plan (another backend in the process: `weld bench --pair`, tests, a
  * server's runners) references the first's instead of filling its own, so two runners
  * cost one copy, skip the repacking, and stream the very same bytes. That last point
