@@ -362,28 +362,36 @@ static int mats_fill_pool(struct exec_weights *w, struct weight_pool *p, struct 
         p->repacked[i] = (uint8_t)(x->repacked | x->from_f16 << 1);
         if (!nb)
             continue;
-        const void *src = t->data;
-        uint8_t *conv = NULL;
-        if (x->from_f16) { /* rounded to bf16 rows: in place, or for the repacking */
-            conv = x->repacked ? wmalloc(x->row_bytes * (size_t)x->rows) : dst;
-            if (!conv || !mat_f16_to_bf16(w->go, t->data, conv, x->rows, x->k)) {
-                if (conv != dst)
-                    wfree(conv);
-                progress_end(&pr);
-                return err_set(e, WELD_ERR_NOMEM, "%s: out of memory rounding '%s' to bf16",
-                               model_where(w->m), t->name ? t->name : "a matrix");
+        bool ok = true;
+        if (x->from_f16 && x->repacked) {
+            /* rounded 16 rows at a time, each group repacked on its own (a group's layout
+               does not depend on the others): scratch of one group, not of the matrix */
+            uint8_t *g16 = wmalloc(16 * x->row_bytes);
+            for (int64_t r = 0; g16 && ok && r < x->rows; r += 16) {
+                const int64_t n = x->rows - r < 16 ? x->rows - r : 16;
+                if (!(ok = mat_f16_to_bf16(w->go,
+                                           (const uint8_t *)t->data + (size_t)r * x->row_bytes, g16,
+                                           n, x->k)))
+                    break;
+                x->wtype = gemm_repack(DT_BF16, g16, x->row_bytes, n, x->k,
+                                       dst + (size_t)r * x->row_bytes);
+                WELD_ASSERT(x->wtype == GEMM_BF16_R16);
             }
-            src = conv;
-        }
-        if (x->repacked) {
-            x->wtype = gemm_repack(x->from_f16 ? DT_BF16 : t->type, src, x->row_bytes, x->rows,
-                                   x->k, dst);
+            ok = ok && g16;
+            wfree(g16);
+        } else if (x->from_f16) {
+            ok = mat_f16_to_bf16(w->go, t->data, dst, x->rows, x->k);
+        } else if (x->repacked) {
+            x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
             WELD_ASSERT(x->wtype >= 0);
-        } else if (!x->from_f16) {
+        } else {
             memcpy(dst, t->data, x->row_bytes * (size_t)x->rows);
         }
-        if (conv && conv != dst)
-            wfree(conv);
+        if (!ok) {
+            progress_end(&pr);
+            return err_set(e, WELD_ERR_NOMEM, "%s: out of memory rounding '%s' to bf16",
+                           model_where(w->m), t->name ? t->name : "a matrix");
+        }
         /* the original stays mapped (a tied embedding still reads rows of it) but
            leaves the resident set: otherwise the model costs twice its size */
         model_release_pages(w->m, t->data, t->nbytes);
