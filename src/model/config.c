@@ -36,9 +36,11 @@
 
 #define GGUF_LLAMA3_PREFIX "weld.rope.llama3."
 
-static const char *const arch_names[ARCH_COUNT] = {"llama", "qwen2", "qwen3"};
+static const char *const arch_names[ARCH_COUNT] = {"llama",    "qwen2",    "qwen3",
+                                                   "qwen3moe", "qwen2moe", "deepseek2"};
 static const char *const arch_hf_classes[ARCH_COUNT] = {
-    "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    "LlamaForCausalLM",    "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM"};
 #define SUPPORTED_ARCHS "llama, qwen2, qwen3"
 
 const char *model_arch_name(enum model_arch a)
@@ -582,6 +584,7 @@ static int check_rope(const struct model_config *c, const char *where, struct we
     case ROPE_SCALING_NONE:
         return WELD_OK;
     case ROPE_SCALING_LINEAR:
+    case ROPE_SCALING_YARN:
         if (!(isfinite(c->rope_factor) && c->rope_factor > 0.0f))
             return err_set(e, WELD_ERR_FORMAT, "%s: rope scaling factor = %g must be > 0",
                            where, (double)c->rope_factor);

@@ -33,12 +33,27 @@
 
 #include <stdbool.h>
 
-enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_COUNT };
+enum model_arch {
+    ARCH_LLAMA = 0, /* also Mixtral: llama with n_expert > 0 */
+    ARCH_QWEN2,
+    ARCH_QWEN3,
+    ARCH_QWEN3MOE,  /* qwen3 attention (qk-norm) + MoE FFN; HF "Qwen3MoeForCausalLM" */
+    ARCH_QWEN2MOE,  /* qwen2 attention (QKV bias) + MoE FFN + gated shared expert */
+    ARCH_DEEPSEEK2, /* MLA attention + MoE with shared experts (DeepSeek-V2/V3, Kimi K2) */
+    ARCH_COUNT
+};
+
+/* How router logits become expert weights (llama.cpp's expert_gating_func numbers). */
+enum moe_gating {
+    MOE_GATING_SOFTMAX = 1, /* softmax over all experts, top-k of the probabilities */
+    MOE_GATING_SIGMOID = 2, /* sigmoid per expert; top-k of sigmoid + exp_bias (DeepSeek-V3) */
+};
 
 enum rope_scaling_type {
     ROPE_SCALING_NONE = 0,
     ROPE_SCALING_LINEAR, /* positions divided by factor */
     ROPE_SCALING_LLAMA3, /* frequency-dependent divisors (Llama 3.1/3.2) */
+    ROPE_SCALING_YARN,   /* YaRN (DeepSeek-V2/V3, Kimi K2) */
 };
 
 struct model_config {
@@ -65,7 +80,49 @@ struct model_config {
     bool qkv_bias;         /* qwen2 */
     bool qk_norm;          /* qwen3 */
     int sliding_window;    /* 0: none (Mistral v0.1 used 4096); recorded, not yet applied */
+
+    /* Mixture of experts (n_expert > 0). Layers [0, n_dense_lead) have a dense FFN of
+       ffn_dim; the others route each token to n_expert_used of n_expert experts (each a
+       SwiGLU FFN of moe_ffn_dim) plus, when shared_ffn_dim > 0, one always-on shared
+       expert FFN of shared_ffn_dim (DeepSeek: n_shared_expert * moe_ffn_dim). Router:
+       gating (softmax or sigmoid) of ffn_gate_inp . h; with n_group > 1 only experts of
+       the topk_group best groups compete (a group scores the sum of its two best biased
+       sigmoid scores, or its best softmax probability); the top n_expert_used are taken,
+       their weights renormalised to sum 1 when expert_norm, then scaled by expert_scale. */
+    int n_expert;          /* routed experts per MoE layer; 0: a dense model */
+    int n_expert_used;     /* experts per token (top-k) */
+    int moe_ffn_dim;       /* intermediate size of each routed expert */
+    int n_shared_expert;   /* shared experts (DeepSeek); 0 or 1 for qwen2moe */
+    int shared_ffn_dim;    /* intermediate size of the shared expert FFN; 0: none */
+    bool shared_gate;      /* qwen2moe: shared output times sigmoid(ffn_gate_inp_shexp . h) */
+    int n_dense_lead;      /* leading layers with a dense FFN (first_k_dense_replace) */
+    enum moe_gating gating;
+    bool expert_norm;      /* renormalise the chosen weights (norm_topk_prob) */
+    float expert_scale;    /* routed_scaling_factor; 1: none */
+    int n_group, topk_group; /* group-limited routing; n_group <= 1: none */
+    bool expert_bias;      /* exp_probs_b (e_score_correction_bias) biases the choice */
+
+    /* Multi-head latent attention (arch DEEPSEEK2, kv_lora_rank > 0). Queries: plain
+       attn_q, or attn_q_a -> attn_q_a_norm -> attn_q_b when q_lora_rank > 0; each head
+       has qk_nope_dim + rope_dim dims (head_dim = their sum). attn_kv_a_mqa gives the
+       kv_lora_rank latent (normalised by attn_kv_a_norm) and one shared rope key of
+       rope_dim; attn_kv_b expands the latent to per-head keys (qk_nope_dim) and values
+       (v_head_dim). The cache holds only latent + rope key per position. */
+    int q_lora_rank;       /* 0: no query compression */
+    int kv_lora_rank;      /* 0: not MLA */
+    int qk_nope_dim;
+    int v_head_dim;        /* MLA value head size (== head_dim otherwise) */
+    /* YaRN rope (rope_scaling == ROPE_SCALING_YARN): rope_factor, rope_orig_ctx, and */
+    float yarn_beta_fast, yarn_beta_slow; /* 32, 1 */
+    float yarn_log_mul;    /* llama.cpp rope.scaling.yarn_log_multiplier = 0.1 * mscale_all_dim */
+    int n_nextn;           /* multi-token-prediction layers after n_layer (loaded, kept) */
 };
+
+/* True if layer l's FFN is a mixture of experts. */
+static inline bool model_layer_moe(const struct model_config *c, int l)
+{
+    return c->n_expert > 0 && l >= c->n_dense_lead;
+}
 
 const char *model_arch_name(enum model_arch a);  /* "llama", "qwen2", "qwen3" */
 int model_arch_from_name(const char *name);      /* -1 if unknown */

@@ -44,6 +44,24 @@ struct layer_weights {
     struct tensor ffn_norm;       /* (dim) */
     struct tensor w_gate, w_up;   /* {dim, ffn_dim} */
     struct tensor w_down;         /* {ffn_dim, dim} */
+    /* MoE layers (model_layer_moe): w_gate / w_up / w_down are absent (data NULL) */
+    struct tensor router;         /* ffn_gate_inp {dim, n_expert} */
+    struct tensor exp_bias;       /* exp_probs_b.bias (n_expert) when cfg.expert_bias */
+    struct tensor *exp_gate;      /* (n_expert) views {dim, moe_ffn_dim}: GGUF slices of */
+    struct tensor *exp_up;        /*   ffn_{gate,up,down}_exps, HF tensors of each expert */
+    struct tensor *exp_down;      /* (n_expert) {moe_ffn_dim, dim} */
+    struct tensor sh_gate, sh_up; /* ffn_{gate,up}_shexp {dim, shared_ffn_dim} or absent */
+    struct tensor sh_down;        /* ffn_down_shexp {shared_ffn_dim, dim} or absent */
+    struct tensor sh_gate_inp;    /* ffn_gate_inp_shexp (dim) when cfg.shared_gate */
+    /* MLA (cfg.kv_lora_rank > 0): wq is attn_q, or absent when q_lora_rank > 0; wk, wv
+       are absent */
+    struct tensor wq_a;           /* attn_q_a {dim, q_lora_rank} */
+    struct tensor q_a_norm;       /* attn_q_a_norm (q_lora_rank) */
+    struct tensor wq_b;           /* attn_q_b {q_lora_rank, n_head * head_dim} */
+    struct tensor wkv_a;          /* attn_kv_a_mqa {dim, kv_lora_rank + rope_dim} */
+    struct tensor kv_a_norm;      /* attn_kv_a_norm (kv_lora_rank) */
+    struct tensor wkv_b;          /* attn_kv_b {kv_lora_rank, n_head * (qk_nope_dim +
+                                     v_head_dim)} */
 };
 
 enum model_source { MODEL_SRC_GGUF = 0, MODEL_SRC_HF };
