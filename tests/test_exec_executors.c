@@ -7,7 +7,8 @@
  *
  * Models: tiny random ones built in memory for every architecture variant (llama with
  * GQA + llama3 factors + tied embeddings; llama neox + partial rope + linear scaling;
- * qwen2 with QKV biases; qwen3 with qk-norm), F32 / F16 / Q8_0 weights, f16 and f32 KV.
+ * qwen2 with QKV biases; qwen3 with qk-norm; mixtures of experts: Qwen3-MoE and DeepSeek-V3's
+ * router), F32 / F16 / Q8_0 weights, f16 and f32 KV.
  * Batches: one sequence (prefill then decodes), and mixed batches of several sequences
  * (decodes beside prefill chunks, some with every logit row), from a seeded random
  * schedule. Teams of 1, 2, 3 and 8 workers (above the core count with TEAM_OVERSUBSCRIBE),
@@ -37,14 +38,15 @@
 
 /* ---- tiny in-memory models (test_models.h) ------------------------------------------ */
 
-static const struct tspec spec_llama = {ARCH_LLAMA, 64, 3, 8, 2, 8, 96, 50, 8,
-                                        false, true, true, false, 10000.0f};
-static const struct tspec spec_llama_neox = {ARCH_LLAMA, 64, 2, 4, 4, 16, 64, 40, 8,
-                                             true, false, false, true, 10000.0f};
-static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64, 2, 4, 2, 16, 128, 45, 16,
-                                        true, false, false, false, 1000000.0f};
-static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 4, 2, 32, 96, 60, 32,
-                                        true, false, false, false, 1000000.0f};
+static const struct tspec spec_llama = {ARCH_LLAMA, 64,    3,    8,    2,     8,        96,  50,
+                                        8,          false, true, true, false, 10000.0f, NULL};
+static const struct tspec spec_llama_neox = {ARCH_LLAMA, 64,    2,    4,        4,
+                                             16,         64,    40,   8,        true,
+                                             false,      false, true, 10000.0f, NULL};
+static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64,   2,     4,     2,     16,         128, 45,
+                                        16,         true, false, false, false, 1000000.0f, NULL};
+static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,   2,     4,     2,     32,         96,  60,
+                                        32,         true, false, false, false, 1000000.0f, NULL};
 
 /* ---- runners and schedules ---------------------------------------------------------- */
 
@@ -195,6 +197,23 @@ TEST(llama_neox_linear_f16_kv_f16)
 TEST(qwen2_bias_q8_0) { check_equivalent(&spec_qwen2, DT_Q8_0, DT_F16, 103); }
 TEST(qwen3_qknorm_f32_kv_q8_0) { check_equivalent(&spec_qwen3, DT_F32, DT_Q8_0, 104); }
 
+/* Mixtures of experts (no K parts): Qwen3-MoE's shape at Q8_0, and DeepSeek-V3's router
+   (dense first layer, grouped sigmoid top-k with bias, shared expert) at F32. */
+static const struct tmoe moe_qwen3 = {8, 2, 64, 0, 0, 0, 0, false, true, false, false, 0};
+static const struct tmoe moe_ds = {16, 3, 32, 64, 1, 4, 2, true, true, true, false, 2.5f};
+static const struct tspec spec_qwen3moe = {
+    ARCH_QWEN3MOE, 64, 2, 4, 2, 32, 96, 60, 32, true, false, false, false, 1000000.0f, &moe_qwen3};
+static const struct tspec spec_dsmoe = {ARCH_LLAMA, 64,   3,     4,     2,     16,       128,    50,
+                                        16,         true, false, false, false, 10000.0f, &moe_ds};
+TEST(qwen3moe_q8_0)
+{
+    check_equivalent_kp(&spec_qwen3moe, DT_Q8_0, DT_F16, 106, 1);
+}
+TEST(deepseek_router_f32)
+{
+    check_equivalent_kp(&spec_dsmoe, DT_F32, DT_F32, 107, 1);
+}
+
 /* Batch of one: a 9-token prompt then 20 decode steps, ref vs ops and mega with 2 and 3
    workers. */
 TEST(batch_of_one)
@@ -288,10 +307,11 @@ TEST(stories260k_golden_ops_mega)
 
 /* Random shapes step after step on ref and ops or mega side by side: every step's logits
    equal. */
-static void lockstep(const char *exec, int n_threads, int steps, uint64_t seed)
+static void lockstep_with(const struct tspec *sp, const char *exec, int n_threads, int steps,
+                          uint64_t seed)
 {
-    struct tmodel *tm = tm_build(&spec_llama, DT_Q8_0, seed);
-    const int V = spec_llama.vocab;
+    struct tmodel *tm = tm_build(sp, DT_Q8_0, seed);
+    const int V = sp->vocab;
     struct exec_cfg xr = {"ref", 1, 0, -1}, xo = {exec, n_threads, 0, -1};
     struct runner *ref = make_runner(&tm->m, &xr), *ops = make_runner(&tm->m, &xo);
     REQUIRE(ref && ops);
@@ -321,8 +341,15 @@ static void lockstep(const char *exec, int n_threads, int steps, uint64_t seed)
     tm_free(tm);
 }
 
+static void lockstep(const char *exec, int n_threads, int steps, uint64_t seed)
+{
+    lockstep_with(&spec_llama, exec, n_threads, steps, seed);
+}
+
 TEST(thousands_of_random_steps)
 {
+    lockstep_with(&spec_qwen3moe, "mega", 2, 1000, 208);
+    lockstep_with(&spec_dsmoe, "ops", 3, 300, 209);
     lockstep("ops", 2, 2000, 201);
     lockstep("ops", 3, 500, 202);
     lockstep("mega", 2, 3000, 203);
@@ -408,6 +435,8 @@ int main(void)
     RUN(llama_neox_linear_f16_kv_f16);
     RUN(qwen2_bias_q8_0);
     RUN(qwen3_qknorm_f32_kv_q8_0);
+    RUN(qwen3moe_q8_0);
+    RUN(deepseek_router_f32);
     RUN(batch_of_one);
     RUN(stories260k_golden_ops_mega);
     RUN(thousands_of_random_steps);

@@ -34,12 +34,12 @@
 #include <stdint.h>
 #include <time.h>
 
-static const struct tspec spec_gqa = {ARCH_LLAMA, 64, 3, 8, 2, 8, 96, 50, 8,
-                                      false, true, true, false, 10000.0f};
-static const struct tspec spec_mqa = {ARCH_LLAMA, 64, 2, 4, 1, 16, 96, 40, 16,
-                                      false, false, false, false, 10000.0f};
-static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64, 2, 6, 3, 16, 96, 60, 16,
-                                        true, false, false, false, 1000000.0f};
+static const struct tspec spec_gqa = {ARCH_LLAMA, 64,    3,    8,    2,     8,        96,  50,
+                                      8,          false, true, true, false, 10000.0f, NULL};
+static const struct tspec spec_mqa = {ARCH_LLAMA, 64,    2,     4,     1,     16,       96,  40,
+                                      16,         false, false, false, false, 10000.0f, NULL};
+static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,   2,     6,     3,     16,         96,  60,
+                                        16,         true, false, false, false, 1000000.0f, NULL};
 
 static bool quiet; /* fault injection: failures are expected */
 
@@ -406,8 +406,8 @@ TEST(pieces_are_shared_with_a_slow_owner)
    O, FFN, DOWN): three sequences of one token each. */
 TEST(decode_row_pieces_are_shared)
 {
-    static const struct tspec sp = {ARCH_LLAMA, 96, 2, 6, 2, 16, 160, 70, 16,
-                                    false, false, false, false, 10000.0f};
+    static const struct tspec sp = {ARCH_LLAMA, 96,    2,     6,     2,     16,       160, 70,
+                                    16,         false, false, false, false, 10000.0f, NULL};
     int32_t toks[3] = {5, 17, 42};
     int pos[3] = {0, 0, 0};
     struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0},
@@ -415,6 +415,22 @@ TEST(decode_row_pieces_are_shared)
                                 {2, toks + 2, 1, 0, false, NULL, 0}};
     struct batch b = {.seqs = seqs, .n_seqs = 3};
     pieces_case(&sp, 23, &b, toks, pos, 1, 3 * sp.n_layer, 2000, 16, "decode");
+}
+
+/* The same with experts: each active expert's GATE_UP (128 rows) and DOWN (96) in 32-row
+   pieces, the ranks' experts found when they run. */
+TEST(moe_row_pieces_are_shared)
+{
+    static const struct tmoe moe = {8, 2, 128, 64, 0, 0, 0, false, true, false, false, 0};
+    static const struct tspec sp = {ARCH_QWEN3MOE, 96,    2,     6,     2,        16,  160, 70, 16,
+                                    true,          false, false, false, 10000.0f, &moe};
+    int32_t toks[3] = {5, 17, 42};
+    int pos[3] = {0, 0, 0};
+    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0},
+                                {1, toks + 1, 1, 0, false, NULL, 0},
+                                {2, toks + 2, 1, 0, false, NULL, 0}};
+    struct batch b = {.seqs = seqs, .n_seqs = 3};
+    pieces_case(&sp, 24, &b, toks, pos, 1, 6 * sp.n_layer, 2000, 16, "moe decode");
 }
 
 TEST(head_deps_programs_qwen3) { head_deps_with(&spec_qwen3, 12); }
@@ -717,6 +733,7 @@ int main(void)
     RUN(the_last_stage_is_not_left_to_a_late_worker);
     RUN(pieces_are_shared_with_a_slow_owner);
     RUN(decode_row_pieces_are_shared);
+    RUN(moe_row_pieces_are_shared);
     RUN(bad_program_refused);
     RUN(stats);
     RUN(oversubscribed_steals_stay_exact);

@@ -8,7 +8,10 @@
  * and biases F32 around 1 and 0. The draws come in a fixed order (tok_embd, output_norm,
  * output unless tied, then per layer attn_norm, wq, wk, wv, [bq, bk, bv], [q_norm,
  * k_norm], wo, ffn_norm, w_gate, w_up, w_down), so a seed names one model in every test.
- * qkv biases come with ARCH_QWEN2, qk-norm with ARCH_QWEN3; max_ctx is TM_CTX.
+ * qkv biases come with ARCH_QWEN2(MOE), qk-norm with ARCH_QWEN3(MOE); max_ctx is TM_CTX.
+ * With n_expert > 0 the layers from dense_lead on are mixtures of experts: the router
+ * (always F32, as GGUF files keep it), [exp_bias], each expert's gate, up, down, [the
+ * shared expert's gate, up, down], [sh_gate_inp] replace w_gate, w_up, w_down.
  * Every buffer is owned by the tmodel and released by tm_free. The specs themselves stay
  * in each test: they differ between tests.
  */
@@ -25,12 +28,13 @@
 
 #define TM_MAX_LAYERS 3
 #define TM_CTX 64
+#define TM_MAX_EXPERTS 32
 
 struct tmodel {
     struct model m;
     struct layer_weights layers[TM_MAX_LAYERS];
     float factors[64];
-    void *mem[64 * TM_MAX_LAYERS];
+    void *mem[64 * TM_MAX_LAYERS + 3 * TM_MAX_EXPERTS * TM_MAX_LAYERS];
     int n_mem;
 };
 
@@ -39,6 +43,14 @@ struct tspec {
     int dim, n_layer, n_head, n_kv, head_dim, ffn, vocab, rope_dim;
     bool neox, tied, llama3, linear;
     float theta;
+    const struct tmoe *moe; /* NULL: dense */
+};
+
+/* A mixture of experts (model_config's fields of the same meaning). */
+struct tmoe {
+    int n_expert, n_used, moe_ffn, shared_ffn, dense_lead, n_group, topk_group;
+    bool sigmoid, norm, bias, shared_gate;
+    float scale; /* 0: 1 */
 };
 
 static inline void *tm_alloc(struct tmodel *tm, size_t n)
@@ -72,9 +84,10 @@ static inline struct tensor make_tensor(struct tmodel *tm, struct rng *r, int t,
     return out;
 }
 
-static inline void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec *s, int wtype,
+static inline void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec *sp, int wtype,
                             int l)
 {
+    const struct tspec *s = sp;
     const struct model_config *c = &tm->m.cfg;
     int qd = s->n_head * s->head_dim, kd = s->n_kv * s->head_dim;
     double sd = 1.0 / sqrt(s->dim), sq = 1.0 / sqrt(qd), sf = 1.0 / sqrt(s->ffn);
@@ -94,6 +107,30 @@ static inline void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec
     }
     L->wo = make_tensor(tm, r, wtype, qd, s->dim, 0, sq);
     L->ffn_norm = make_tensor(tm, r, DT_F32, s->dim, 1, 1, 0.1);
+    if (model_layer_moe(c, l)) {
+        const struct tmoe *mo = s->moe;
+        int E = mo->n_expert;
+        double se = 1.0 / sqrt(mo->moe_ffn);
+        L->router = make_tensor(tm, r, DT_F32, s->dim, E, 0, sd * 4);
+        if (mo->bias)
+            L->exp_bias = make_tensor(tm, r, DT_F32, E, 1, 0, 0.2);
+        L->exp_gate = tm_alloc(tm, 3 * (size_t)E * sizeof(struct tensor));
+        L->exp_up = L->exp_gate + E, L->exp_down = L->exp_gate + 2 * E;
+        for (int x = 0; x < E; x++) {
+            L->exp_gate[x] = make_tensor(tm, r, wtype, s->dim, mo->moe_ffn, 0, sd);
+            L->exp_up[x] = make_tensor(tm, r, wtype, s->dim, mo->moe_ffn, 0, sd);
+            L->exp_down[x] = make_tensor(tm, r, wtype, mo->moe_ffn, s->dim, 0, se);
+        }
+        if (mo->shared_ffn > 0) {
+            double ss = 1.0 / sqrt(mo->shared_ffn);
+            L->sh_gate = make_tensor(tm, r, wtype, s->dim, mo->shared_ffn, 0, sd);
+            L->sh_up = make_tensor(tm, r, wtype, s->dim, mo->shared_ffn, 0, sd);
+            L->sh_down = make_tensor(tm, r, wtype, mo->shared_ffn, s->dim, 0, ss);
+        }
+        if (mo->shared_gate)
+            L->sh_gate_inp = make_tensor(tm, r, DT_F32, s->dim, 1, 0, sd);
+        return;
+    }
     L->w_gate = make_tensor(tm, r, wtype, s->dim, s->ffn, 0, sd);
     L->w_up = make_tensor(tm, r, wtype, s->dim, s->ffn, 0, sd);
     L->w_down = make_tensor(tm, r, wtype, s->ffn, s->dim, 0, sf);
@@ -110,7 +147,17 @@ static inline struct tmodel *tm_build(const struct tspec *s, int wtype, uint64_t
     c->n_kv_head = s->n_kv, c->head_dim = s->head_dim, c->ffn_dim = s->ffn;
     c->max_ctx = TM_CTX, c->rope_dim = s->rope_dim, c->norm_eps = 1e-5f;
     c->rope_theta = s->theta, c->rope_neox = s->neox, c->tied_embeddings = s->tied;
-    c->qkv_bias = s->arch == ARCH_QWEN2, c->qk_norm = s->arch == ARCH_QWEN3;
+    c->qkv_bias = s->arch == ARCH_QWEN2 || s->arch == ARCH_QWEN2MOE;
+    c->qk_norm = s->arch == ARCH_QWEN3 || s->arch == ARCH_QWEN3MOE;
+    if (s->moe) {
+        const struct tmoe *mo = s->moe;
+        c->n_expert = mo->n_expert, c->n_expert_used = mo->n_used, c->moe_ffn_dim = mo->moe_ffn;
+        c->shared_ffn_dim = mo->shared_ffn, c->n_shared_expert = mo->shared_ffn > 0;
+        c->shared_gate = mo->shared_gate, c->n_dense_lead = mo->dense_lead;
+        c->gating = mo->sigmoid ? MOE_GATING_SIGMOID : MOE_GATING_SOFTMAX;
+        c->expert_norm = mo->norm, c->expert_scale = mo->scale > 0 ? mo->scale : 1.0f;
+        c->n_group = mo->n_group, c->topk_group = mo->topk_group, c->expert_bias = mo->bias;
+    }
     if (s->linear)
         c->rope_scaling = ROPE_SCALING_LINEAR, c->rope_factor = 2.0f;
     if (s->llama3) {

@@ -205,6 +205,22 @@ static double instr_cost(const struct exec_step *st, const struct prog_instr *in
         bytes = mat_bytes(&st->w->output, (int)rows);
         flops = 2.0 * rows * c->dim * p->n_logit_rows;
         break;
+    case OP_MOE_ROUTE:
+        bytes = mat_bytes(&lm->router, (int)lm->router.rows) + rows * c->dim * 8.0;
+        flops = 2.0 * rows * c->dim * c->n_expert;
+        break;
+    case OP_MOE_GATE_UP:
+    case OP_MOE_DOWN: { /* an expert's share of the step's (token, slot) pairs */
+        const bool up = in->op == OP_MOE_GATE_UP, sh = in->part < 0;
+        const struct exec_mat *a = sh ? (up ? &lm->sh_gate : &lm->sh_down)
+                                      : (up ? &lm->egate[0] : &lm->edown[0]);
+        double ranks = nt * c->n_expert_used < c->n_expert ? nt * c->n_expert_used : c->n_expert;
+        double tok = sh ? nt : nt * c->n_expert_used / ranks;
+        bytes = mat_bytes(a, (int)rows) * (up ? 2.0 : 1.0);
+        flops = 2.0 * rows * (double)a->k * tok * (up ? 2.0 : 1.0);
+        break;
+    }
+    case OP_MOE_COMBINE: bytes = rows * nt * (c->n_expert_used + 2) * 4.0; break;
     default:
         break;
     }

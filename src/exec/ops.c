@@ -38,6 +38,7 @@
  *                                  KV head's query group
  *   mx, sum (OPS_ATT_TOK, n_head)  their running max and sum
  *   kc, vc (ATTN_CHUNK, head_dim)  a q8_0 cache's keys / values of a chunk, dequantized
+ *   g     (OPS_TILE, max width)    MoE: one expert's tokens' hidden rows, gathered
  *   act, act2 (OPS_TILE, act_bound) bytes, 64-byte aligned: quantized activations (act2:
  *                                  the up projection when its type differs from gate's)
  * act_bound covers every weight type and width the config allows (act_bound_bytes), so
@@ -49,6 +50,7 @@
  */
 #include "exec/ops.h"
 
+#include "kernels/cpu/attn.h"
 #include "kernels/cpu/kernels.h"
 
 #include <math.h>
@@ -78,7 +80,7 @@ struct span {
 #define OPS_PIECE_ALIGN 32
 
 struct scratch {
-    float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kc, *vc;
+    float *h, *row, *y, *cosv, *sinv, *acc, *mx, *sum, *kc, *vc, *g;
     void *act, *act2;
     size_t act_bytes; /* of each */
     uint64_t *memo;   /* (3) step serial, instruction, first token whose prepared input h /
@@ -92,12 +94,27 @@ static int max_width(const struct model_config *c)
         w = c->n_head * c->head_dim;
     if (c->ffn_dim > w)
         w = c->ffn_dim;
+    if (c->n_expert > 0) {
+        if (c->moe_ffn_dim > w)
+            w = c->moe_ffn_dim;
+        if (c->shared_ffn_dim > w)
+            w = c->shared_ffn_dim;
+        if (2 * c->n_expert > w)
+            w = 2 * c->n_expert;
+    }
     return w;
 }
 
 static int y_width(const struct model_config *c)
 {
-    return c->head_dim > 2 * OPS_CHUNK ? c->head_dim : 2 * OPS_CHUNK;
+    int w = c->head_dim > 2 * OPS_CHUNK ? c->head_dim : 2 * OPS_CHUNK;
+    return c->n_expert > w ? c->n_expert : w;
+}
+
+/* MoE: rows of gathered expert inputs (OPS_TILE, max_width) */
+static size_t gather_floats(const struct model_config *c)
+{
+    return c->n_expert > 0 ? (size_t)OPS_TILE * (size_t)max_width(c) : 0;
 }
 
 /* Quantized activation bytes per token that any gemm-capable matrix of config c needs
@@ -121,7 +138,7 @@ static size_t fixed_floats(const struct model_config *c)
     return (size_t)OPS_TILE * (size_t)c->dim + (size_t)max_width(c) +
            (size_t)OPS_TILE * (size_t)y_width(c) + (size_t)OPS_TILE * (size_t)c->rope_dim +
            (size_t)OPS_ATT_TOK * (size_t)c->n_head * ((size_t)c->head_dim + 2) +
-           2 * (size_t)ATTN_CHUNK * (size_t)c->head_dim;
+           2 * (size_t)ATTN_CHUNK * (size_t)c->head_dim + gather_floats(c);
 }
 
 size_t exec_scratch_floats(const struct model_config *c)
@@ -143,7 +160,8 @@ static struct scratch scratch_split(const struct model_config *c, float *base)
     s.sum = s.mx + (size_t)OPS_ATT_TOK * c->n_head;
     s.kc = s.sum + (size_t)OPS_ATT_TOK * c->n_head;
     s.vc = s.kc + (size_t)ATTN_CHUNK * c->head_dim;
-    uintptr_t a = (uintptr_t)(s.vc + (size_t)ATTN_CHUNK * c->head_dim);
+    s.g = s.vc + (size_t)ATTN_CHUNK * c->head_dim;
+    uintptr_t a = (uintptr_t)(s.g + gather_floats(c));
     s.act_bytes = (size_t)OPS_TILE * act_bound_bytes(c);
     s.act = (void *)((a + 63) / 64 * 64);
     s.act2 = (uint8_t *)s.act + s.act_bytes;
@@ -677,6 +695,294 @@ static void op_ffn_down_part(const struct exec_step *st, const struct prog_instr
               sc);
 }
 
+/* ---- mixture of experts ----------------------------------------------------------
+   A MoE layer's route row of token t (buffer ROUTE, 2K + 1 floats, K = n_expert_used):
+   the ids of its K experts (int32 bits, in the order chosen), their weights, and the
+   shared expert's gate (1 without shared_gate). An expert's (token, slot) pairs are
+   visited in token order; "rank" j of a step is its j-th lowest active expert id. */
+
+static int32_t route_id(const float *row, int k)
+{
+    int32_t id;
+    memcpy(&id, row + k, sizeof id);
+    return id;
+}
+
+/* sigmoid under attn_exp's contract (its argument never positive) */
+static float moe_sigmoid(float x)
+{
+    float e = attn_exp(-fabsf(x));
+    return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+
+/* The best (largest; ties: lowest id; NaN never) of v[0..n) not yet taken; -1 if none. */
+static int moe_argmax(const float *v, int n, const uint8_t *taken)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!taken[i] && v[i] == v[i] && (best < 0 || v[i] > v[best]))
+            best = i;
+    return best;
+}
+
+/* Token routing from its router logits l (n_expert): the K experts and weights into
+   ids / wts. score = softmax(l) or sigmoid(l); choice = score + exp_bias; with groups,
+   only experts of the topk_group groups with the best group scores (sum of a group's
+   two best choices under sigmoid gating, its best under softmax) stay; the K best
+   choices win (ties: lower id; a row without finite choices takes the lowest ids), each
+   weighted by its score, renormalised to sum 1 when expert_norm, times expert_scale.
+   tmp: 2 * n_expert floats. */
+static void moe_select(const struct model_config *c, const float *l, const float *bias, float *tmp,
+                       int32_t *ids, float *wts)
+{
+    const int n = c->n_expert, K = c->n_expert_used;
+    float *score = tmp, *choice = tmp + n;
+    uint8_t taken[EXEC_MAX_EXPERTS];
+    if (c->gating == MOE_GATING_SOFTMAX) {
+        float m = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < n; i++)
+            m = l[i] > m ? l[i] : m;
+        for (int i = 0; i < n; i++) {
+            score[i] = m == -INFINITY || !(l[i] == l[i]) ? 0.0f : attn_exp(l[i] - m);
+            sum += score[i];
+        }
+        for (int i = 0; i < n; i++)
+            score[i] = sum > 0.0f ? score[i] / sum : 0.0f;
+    } else {
+        for (int i = 0; i < n; i++)
+            score[i] = moe_sigmoid(l[i]);
+    }
+    for (int i = 0; i < n; i++)
+        choice[i] = bias ? score[i] + bias[i] : score[i];
+    if (c->n_group > 1) {
+        const int gs = n / c->n_group;
+        float gscore[EXEC_MAX_EXPERTS];
+        for (int g = 0; g < c->n_group; g++) {
+            memset(taken, 0, (size_t)gs);
+            int a = moe_argmax(choice + g * gs, gs, taken);
+            float v = a < 0 ? -INFINITY : choice[g * gs + a];
+            if (c->gating == MOE_GATING_SIGMOID && gs > 1 && a >= 0) {
+                taken[a] = 1;
+                int b = moe_argmax(choice + g * gs, gs, taken);
+                v = b < 0 ? v : v + choice[g * gs + b];
+            }
+            gscore[g] = v;
+        }
+        memset(taken, 0, (size_t)c->n_group);
+        for (int k = 0; k < c->topk_group; k++) {
+            int g = moe_argmax(gscore, c->n_group, taken);
+            if (g < 0)
+                break;
+            taken[g] = 1;
+        }
+        for (int g = 0; g < c->n_group; g++)
+            for (int i = 0; !taken[g] && i < gs; i++)
+                choice[g * gs + i] = -INFINITY;
+    }
+    memset(taken, 0, (size_t)n);
+    float total = 0.0f;
+    for (int k = 0; k < K; k++) {
+        int best = moe_argmax(choice, n, taken);
+        for (int i = 0; best < 0 && i < n; i++)
+            best = taken[i] ? -1 : i;
+        taken[best] = 1;
+        ids[k] = best;
+        wts[k] = score[best];
+        total += wts[k];
+    }
+    for (int k = 0; k < K; k++) {
+        if (c->expert_norm && total > 0.0f)
+            wts[k] /= total;
+        wts[k] *= c->expert_scale;
+    }
+}
+
+/* MOE_ROUTE: layer l; rows = tokens. h = rmsnorm(x[t]) * ffn_norm into MOE_H (aux);
+   router logits = Wrouter h (the router's own type: gemm or the fallback); the experts and
+   weights of moe_select, and the shared gate sigmoid(sh_gate_inp . h) (1 without one),
+   into ROUTE[t]. in X, aux MOE_H, out ROUTE. */
+static void op_moe_route(const struct exec_step *st, const struct prog_instr *in,
+                         const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
+    const struct exec_layer_vecs *v = &st->w->layers[in->layer];
+    const int K = c->n_expert_used, T = st->w->tok_tile;
+    const float *x = buf_ptr(st, in->in);
+    float *hn = buf_ptr(st, in->aux), *route = buf_ptr(st, in->out);
+    for (int t0 = in->row0 + sp.t0; t0 < in->row0 + sp.t1 && t0 < in->row1; t0 += T) {
+        int nt = in->row1 - t0 < T ? in->row1 - t0 : T;
+        (void)prep_memo(st, NULL, t0, sc);
+        norm_tile(st, in, x, v->ffn_norm, NULL, t0, nt, sc);
+        memcpy(hn + (size_t)t0 * c->dim, sc->h, sizeof(float) * (size_t)nt * c->dim);
+        mat_quant(st, &L->router, sc->h, (size_t)c->dim, nt, sc->act, sc);
+        mat_gemm(st, &L->router, 0, c->n_expert, nt, sc->h, (size_t)c->dim, sc->act, sc->y,
+                 (size_t)c->n_expert, sc->row);
+        for (int i = 0; i < nt; i++) {
+            float *r = route + (size_t)(t0 + i) * (size_t)(2 * K + 1);
+            int32_t ids[EXEC_MAX_EXPERTS];
+            moe_select(c, sc->y + (size_t)i * c->n_expert, v->exp_bias, sc->row, ids, r + K);
+            memcpy(r, ids, sizeof(int32_t) * (size_t)K);
+            r[2 * K] = v->sh_gate_inp
+                           ? moe_sigmoid(
+                                 kern_dot_f32(v->sh_gate_inp, sc->h + (size_t)i * c->dim, c->dim))
+                           : 1.0f;
+        }
+    }
+}
+
+/* The expert of rank `rank` in this step (the rank-th lowest id any token chose), or -1
+   when fewer are active. */
+static int moe_rank_expert(const struct exec_step *st, const struct prog_instr *in)
+{
+    const struct model_config *c = &st->m->cfg;
+    const int K = c->n_expert_used;
+    const float *route = buf_ptr(st, in->aux);
+    uint64_t bits[EXEC_MAX_EXPERTS / 64] = {0};
+    for (int t = 0; t < st->p->n_tokens; t++)
+        for (int k = 0; k < K; k++) {
+            int32_t id = route_id(route + (size_t)t * (size_t)(2 * K + 1), k);
+            WELD_ASSERT(id >= 0 && id < c->n_expert);
+            bits[id / 64] |= 1ull << (id % 64);
+        }
+    int left = in->part;
+    for (int w = 0; w < (c->n_expert + 63) / 64; w++) {
+        int n = __builtin_popcountll(bits[w]);
+        if (left >= n) {
+            left -= n;
+            continue;
+        }
+        uint64_t b = bits[w];
+        for (; left > 0; left--)
+            b &= b - 1;
+        return w * 64 + __builtin_ctzll(b);
+    }
+    return -1;
+}
+
+/* The next up to `max` (token, slot) pairs routed to expert e from pair index *cur on (a
+   pair index is t * K + k), into pr; returns how many. e < 0 (the shared expert): every
+   token, slot 0. */
+static int moe_next_pairs(const struct exec_step *st, const struct prog_instr *in, int e, int *cur,
+                          int *pr, int max)
+{
+    const int K = st->m->cfg.n_expert_used, total = st->p->n_tokens * K;
+    const float *route = buf_ptr(st, in->aux);
+    int n = 0;
+    for (; *cur < total && n < max; ++*cur)
+        if (e < 0 ? *cur % K == 0
+                  : route_id(route + (size_t)(*cur / K) * (size_t)(2 * K + 1), *cur % K) == e)
+            pr[n++] = *cur;
+    return n;
+}
+
+/* MOE_GATE_UP: layer l; the expert e of rank `part` (nothing when the step has fewer
+   active experts) or, part -1, the shared expert; rows = its ffn dims. For every (token
+   t, slot k) routed to e: hid[t * K + k][r] = silu(Wgate_e[r] . h[t]) * (Wup_e[r] . h[t]);
+   the shared expert: shid[t][r] for every token. h = MOE_H (in); out HID; aux ROUTE. */
+static void op_moe_gate_up(const struct exec_step *st, const struct prog_instr *in,
+                           const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
+    const int e = in->part < 0 ? -1 : moe_rank_expert(st, in);
+    if (in->part >= 0 && e < 0)
+        return;
+    const struct exec_mat *G = e < 0 ? &L->sh_gate : &L->egate[e];
+    const struct exec_mat *U = e < 0 ? &L->sh_up : &L->eup[e];
+    const int K = c->n_expert_used, width = (int)G->rows;
+    const size_t ld = (size_t)c->dim;
+    const float *hn = buf_ptr(st, in->in);
+    float *hid = buf_ptr(st, in->out);
+    float *g = sc->y, *u = sc->y + OPS_TILE * OPS_CHUNK;
+    const bool shared = same_act(G, U);
+    void *act_up = shared ? sc->act : sc->act2;
+    int pr[OPS_TILE], cur = 0, nt;
+    while ((nt = moe_next_pairs(st, in, e, &cur, pr, st->w->tok_tile)) > 0) {
+        if (!prep_memo(st, in, pr[0], sc)) {
+            for (int i = 0; i < nt; i++)
+                memcpy(sc->h + (size_t)i * ld, hn + (size_t)(pr[i] / K) * ld, sizeof(float) * ld);
+            mat_quant(st, G, sc->h, ld, nt, sc->act, sc);
+            if (!shared)
+                mat_quant(st, U, sc->h, ld, nt, act_up, sc);
+        }
+        const int ch = chunk_rows(nt, (size_t)OPS_TILE * OPS_CHUNK);
+        for (int r = sp.r0; r < sp.r1; r += ch) {
+            int cw = sp.r1 - r < ch ? sp.r1 - r : ch;
+            mat_gemm(st, G, r, r + cw, nt, sc->h, ld, sc->act, g, (size_t)ch, sc->row);
+            mat_gemm(st, U, r, r + cw, nt, sc->h, ld, act_up, u, (size_t)ch, sc->row);
+            for (int i = 0; i < nt; i++) {
+                size_t row = e < 0 ? (size_t)(pr[i] / K) : (size_t)pr[i];
+                st->w->go->silu_mul(g + (size_t)i * ch, u + (size_t)i * ch,
+                                    hid + row * (size_t)width + r, cw);
+            }
+        }
+    }
+}
+
+/* MOE_DOWN: layer l; the expert of MOE_GATE_UP's rank `part` (or the shared one); rows =
+   model dims. For its (t, k): out[t * K + k][r] = Wdown_e[r] . hid[t * K + k]; the shared
+   expert: sout[t][r] = Wsh_down[r] . shid[t]. in HID, out MOE_OUT, aux ROUTE. */
+static void op_moe_down(const struct exec_step *st, const struct prog_instr *in,
+                        const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
+    const int e = in->part < 0 ? -1 : moe_rank_expert(st, in);
+    if (in->part >= 0 && e < 0)
+        return;
+    const struct exec_mat *D = e < 0 ? &L->sh_down : &L->edown[e];
+    const int K = c->n_expert_used;
+    const size_t kw = (size_t)D->k, dim = (size_t)c->dim;
+    const float *hid = buf_ptr(st, in->in);
+    float *out = buf_ptr(st, in->out);
+    int pr[OPS_TILE], cur = 0, nt;
+    while ((nt = moe_next_pairs(st, in, e, &cur, pr, st->w->tok_tile)) > 0) {
+        if (!prep_memo(st, in, pr[0], sc)) {
+            for (int i = 0; i < nt; i++) {
+                size_t row = e < 0 ? (size_t)(pr[i] / K) : (size_t)pr[i];
+                memcpy(sc->g + (size_t)i * kw, hid + row * kw, sizeof(float) * kw);
+            }
+            mat_quant(st, D, sc->g, kw, nt, sc->act, sc);
+        }
+        const int ch = chunk_rows(nt, (size_t)OPS_TILE * (size_t)y_width(c));
+        for (int r = sp.r0; r < sp.r1; r += ch) {
+            int cw = sp.r1 - r < ch ? sp.r1 - r : ch;
+            mat_gemm(st, D, r, r + cw, nt, sc->g, kw, sc->act, sc->y, (size_t)ch, sc->row);
+            for (int i = 0; i < nt; i++) {
+                size_t row = e < 0 ? (size_t)(pr[i] / K) : (size_t)pr[i];
+                memcpy(out + row * dim + r, sc->y + (size_t)i * ch, sizeof(float) * (size_t)cw);
+            }
+        }
+    }
+}
+
+/* MOE_COMBINE: layer l; rows = model dims. For every token t with route row (ids, w,
+   sg): y = w[0] out[t * K] + w[1] out[t * K + 1] + .. (in slot order), then y += sg *
+   sout[t] when the model has a shared expert; x[t][r] += y[r]. in MOE_OUT, sums the
+   shared MOE_OUT (-1: none), aux ROUTE, out X. */
+static void op_moe_combine(const struct exec_step *st, const struct prog_instr *in, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const int K = c->n_expert_used;
+    const size_t dim = (size_t)c->dim;
+    const float *out = buf_ptr(st, in->in), *route = buf_ptr(st, in->aux);
+    const float *sout = in->sums >= 0 ? buf_ptr(st, in->sums) : NULL;
+    float *x = buf_ptr(st, in->out);
+    for (int t = sp.t0; t < sp.t1; t++) {
+        const float *rt = route + (size_t)t * (size_t)(2 * K + 1);
+        float *xr = x + (size_t)t * dim;
+        for (int r = sp.r0; r < sp.r1; r++) {
+            float y = rt[K] * out[(size_t)t * K * dim + r];
+            for (int k = 1; k < K; k++)
+                y += rt[K + k] * out[((size_t)t * K + (size_t)k) * dim + r];
+            if (sout)
+                y += rt[2 * K] * sout[(size_t)t * dim + r];
+            xr[r] += y;
+        }
+    }
+}
+
 int exec_final_slices(const struct program *p)
 {
     return p->n_instr - p->stage_first[p->n_stages - 1];
@@ -739,7 +1045,14 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
     case OP_FINAL_NORM_LOGITS:
         return st->p->n_logit_rows;
     case OP_EMBED:
+    case OP_MOE_ROUTE:
         *tile = 1 << 30; /* rows are tokens already; one piece */
+        return st->p->n_tokens;
+    case OP_MOE_GATE_UP:
+    case OP_MOE_DOWN: /* an expert's tokens are known only when it runs: one piece, or row
+                         pieces when every token fits one tile */
+        if (st->p->n_tokens > *tile)
+            *tile = 1 << 30;
         return st->p->n_tokens;
     default:
         return st->p->n_tokens;
@@ -758,6 +1071,11 @@ static int piece_rows(const struct exec_step *st, const struct prog_instr *in, i
     case OP_O_PROJ_RESIDUAL: rb = L->wo.row_bytes; break;
     case OP_FFN_NORM_GATE_UP_SILU: rb = L->gate.row_bytes + L->up.row_bytes; break;
     case OP_DOWN_PROJ_RESIDUAL: rb = L->down.row_bytes; break;
+    case OP_MOE_GATE_UP:
+        rb = in->part < 0 ? L->sh_gate.row_bytes + L->sh_up.row_bytes
+                          : L->egate[0].row_bytes + L->eup[0].row_bytes;
+        break;
+    case OP_MOE_DOWN: rb = in->part < 0 ? L->sh_down.row_bytes : L->edown[0].row_bytes; break;
     default: return 0;
     }
     size_t n = rb ? st->w->piece_bytes / rb / OPS_PIECE_ALIGN * OPS_PIECE_ALIGN : 0;
@@ -818,6 +1136,10 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     case OP_FFN_DOWN_PART:
         op_ffn_down_part(st, in, &sc, sp);
         break;
+    case OP_MOE_ROUTE: op_moe_route(st, in, &sc, sp); break;
+    case OP_MOE_GATE_UP: op_moe_gate_up(st, in, &sc, sp); break;
+    case OP_MOE_DOWN: op_moe_down(st, in, &sc, sp); break;
+    case OP_MOE_COMBINE: op_moe_combine(st, in, sp); break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }

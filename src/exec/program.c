@@ -45,9 +45,19 @@
 #define PROG_FINAL_MAX 64    /* and at most this many slices */
 
 static const char *const op_names[OP_COUNT] = {
-    "EMBED", "ATTN_NORM_QKV_ROPE", "ATTENTION", "O_PROJ_RESIDUAL",
-    "FFN_NORM_GATE_UP_SILU", "DOWN_PROJ_RESIDUAL", "FINAL_NORM_LOGITS", "O_PART",
+    "EMBED",
+    "ATTN_NORM_QKV_ROPE",
+    "ATTENTION",
+    "O_PROJ_RESIDUAL",
+    "FFN_NORM_GATE_UP_SILU",
+    "DOWN_PROJ_RESIDUAL",
+    "FINAL_NORM_LOGITS",
+    "O_PART",
     "FFN_DOWN_PART",
+    "MOE_ROUTE",
+    "MOE_GATE_UP",
+    "MOE_DOWN",
+    "MOE_COMBINE",
 };
 
 const char *prog_op_name(int op)
@@ -280,13 +290,91 @@ static int emit_qkv_groups(struct builder *bd, const struct model_config *c, int
     return qp + 2;
 }
 
+/* Active-expert ranks a step of n_tokens has instructions for: every expert, or one per
+   (token, slot) when there are fewer. */
+static int moe_ranks(const struct program *p, const struct model_config *c)
+{
+    long long pairs = (long long)p->n_tokens * c->n_expert_used;
+    return pairs < c->n_expert ? (int)pairs : c->n_expert;
+}
+
+/* One expert's instructions of a MoE stage (rank >= 0, or -1: the shared expert): its
+   `total` rows cut into `cuts` slices at multiples of 16. */
+static void emit_expert(struct builder *bd, int op, int l, int rank, int total, int cuts, int in,
+                        int out, int route)
+{
+    int groups = (total + PROG_ROW_ALIGN - 1) / PROG_ROW_ALIGN;
+    int n = cuts < groups ? cuts : groups;
+    for (int i = 0; i < n; i++) {
+        int r0 = (int)((long long)groups * i / n) * PROG_ROW_ALIGN;
+        int r1 = i + 1 == n ? total : (int)((long long)groups * (i + 1) / n) * PROG_ROW_ALIGN;
+        struct prog_instr *ins = emit(bd, op, l, -1, r0, r1, in, out);
+        ins->part = rank;
+        ins->aux = route;
+        note_buf_at(bd->p, route, bd->p->n_instr - 1);
+    }
+}
+
+/* A MoE layer's FFN in four stages: ROUTE (by tokens: the normalised input into MOE_H,
+   the choice into ROUTE); GATE_UP (per active-expert rank, then the shared expert);
+   DOWN (the same, into MOE_OUT buffers); COMBINE (by model dims, into X). The ranks'
+   experts are known only when the step runs (ops.c): a program has min(n_expert,
+   n_tokens * n_expert_used) ranks, each cut so the stage has about n_splits slices, and
+   a rank past the step's active experts does nothing. */
+static void emit_moe(struct builder *bd, const struct model_config *c, int l)
+{
+    struct program *p = bd->p;
+    const size_t nt = (size_t)p->n_tokens, K = (size_t)c->n_expert_used;
+    const int ranks = moe_ranks(p, c), sf = c->shared_ffn_dim;
+    const int cuts = p->n_splits > ranks ? (p->n_splits + ranks - 1) / ranks : 1;
+    int h = add_buf(p, PROG_BUF_MOE_H, l, nt, (size_t)c->dim);
+    int route = add_buf(p, PROG_BUF_ROUTE, l, nt, 2 * K + 1);
+    int hid = add_buf(p, PROG_BUF_HID, l, nt * K, (size_t)c->moe_ffn_dim);
+    int out = add_buf(p, PROG_BUF_MOE_OUT, l, nt * K, (size_t)c->dim);
+    int shid = sf > 0 ? add_buf(p, PROG_BUF_HID, l, nt, (size_t)sf) : -1;
+    int sout = sf > 0 ? add_buf(p, PROG_BUF_MOE_OUT, l, nt, (size_t)c->dim) : -1;
+    stage_begin(bd);
+    int n = p->n_splits < p->n_tokens ? p->n_splits : p->n_tokens;
+    for (int i = 0; i < n; i++) {
+        emit(bd, OP_MOE_ROUTE, l, -1, (int)((long long)p->n_tokens * i / n),
+             (int)((long long)p->n_tokens * (i + 1) / n), p->buf_x, route)
+            ->aux = h;
+        note_buf_at(p, h, p->n_instr - 1);
+    }
+    stage_end(bd);
+    stage_begin(bd);
+    for (int r = 0; r < ranks; r++)
+        emit_expert(bd, OP_MOE_GATE_UP, l, r, c->moe_ffn_dim, cuts, h, hid, route);
+    if (sf > 0)
+        emit_expert(bd, OP_MOE_GATE_UP, l, -1, sf, p->n_splits, h, shid, route);
+    stage_end(bd);
+    stage_begin(bd);
+    for (int r = 0; r < ranks; r++)
+        emit_expert(bd, OP_MOE_DOWN, l, r, c->dim, cuts, hid, out, route);
+    if (sf > 0)
+        emit_expert(bd, OP_MOE_DOWN, l, -1, c->dim, p->n_splits, shid, sout, route);
+    stage_end(bd);
+    stage_begin(bd);
+    int groups = (c->dim + PROG_ROW_ALIGN - 1) / PROG_ROW_ALIGN;
+    n = p->n_splits < groups ? p->n_splits : groups;
+    for (int i = 0; i < n; i++) {
+        int r0 = groups * i / n * PROG_ROW_ALIGN;
+        int r1 = i + 1 == n ? c->dim : groups * (i + 1) / n * PROG_ROW_ALIGN;
+        struct prog_instr *ins = emit(bd, OP_MOE_COMBINE, l, -1, r0, r1, out, p->buf_x);
+        ins->aux = route;
+        ins->sums = sout;
+        note_buf_at(p, route, p->n_instr - 1);
+        note_buf_at(p, sout, p->n_instr - 1);
+    }
+    stage_end(bd);
+}
+
 static void emit_layer(struct builder *bd, const struct model_config *c, int l)
 {
     struct program *p = bd->p;
     size_t nt = (size_t)p->n_tokens, qd = (size_t)c->n_head * (size_t)c->head_dim;
     int q = add_buf(p, PROG_BUF_Q, l, nt, qd);
     int att = add_buf(p, PROG_BUF_ATT, l, nt, qd);
-    int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
     bool heads = p->flags & PROG_HEAD_DEPS;
     int counter0 = 0, n_groups = 1, per_group = 0;
     if (heads)
@@ -309,6 +397,11 @@ static void emit_layer(struct builder *bd, const struct model_config *c, int l)
     }
     stage_end(bd);
     emit_split(bd, OP_O_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, att, p->buf_x);
+    if (model_layer_moe(c, l)) {
+        emit_moe(bd, c, l);
+        return;
+    }
+    int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
     emit_split(bd, OP_FFN_NORM_GATE_UP_SILU, l, c->ffn_dim, PROG_ROW_ALIGN, p->buf_x, hid);
     emit_split(bd, OP_DOWN_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, hid, p->buf_x);
 }
@@ -562,6 +655,16 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
        FFN_DOWN parts) */
     long long per_layer = 6LL * n_splits + 2LL * PROG_KPARTS_MAX +
                           (long long)p->n_seqs * c->n_kv_head;
+    if (c->n_expert > 0) {
+        if (c->n_expert_used < 1 || c->n_expert_used > c->n_expert || c->moe_ffn_dim < 1 ||
+            c->shared_ffn_dim < 0)
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "program: bad experts (%d, %d used, "
+                           "ffn %d, shared ffn %d)",
+                           c->n_expert, c->n_expert_used, c->moe_ffn_dim, c->shared_ffn_dim);
+        /* ROUTE, COMBINE n_splits; GATE_UP, DOWN: ranks (cut to about n_splits) + shared */
+        per_layer += 6LL * n_splits + 2LL * c->n_expert;
+    }
     *max_instr = n_splits + (n_splits > PROG_FINAL_MAX ? n_splits : PROG_FINAL_MAX) +
                  per_layer * c->n_layer; /* EMBED, FINAL (up to PROG_FINAL_MAX at decode) */
     if (*max_instr > INT_MAX / 2)
@@ -572,6 +675,9 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
         widest = (long long)c->n_head * c->head_dim;
     if (c->ffn_dim > widest)
         widest = c->ffn_dim;
+    if (c->n_expert > 0 &&
+        (long long)c->n_expert_used * (c->moe_ffn_dim > c->dim ? c->moe_ffn_dim : c->dim) > widest)
+        widest = (long long)c->n_expert_used * (c->moe_ffn_dim > c->dim ? c->moe_ffn_dim : c->dim);
     if ((double)widest * p->n_tokens * (3.0 * c->n_layer + 1) * sizeof(float) > (double)SIZE_MAX / 2)
         return err_set(e, WELD_ERR_LIMIT, "program: activation buffers overflow");
     return WELD_OK;
@@ -611,7 +717,9 @@ int program_build_kp(struct program **out, const struct model_config *c,
     p->flags = flags;
     p->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
     if (kp && kp->n > 1) {
-        if ((rc = check_kparts(c, kp, e))) {
+        if (c->n_expert > 0)
+            rc = err_set(e, WELD_ERR_INVALID_ARG, "program: a mixture of experts has no K parts");
+        if (rc || (rc = check_kparts(c, kp, e))) {
             program_free(p);
             return rc;
         }
@@ -619,7 +727,7 @@ int program_build_kp(struct program **out, const struct model_config *c,
     }
     p->id = atomic_fetch_add_explicit(&next_program_id, 1, memory_order_relaxed);
     p->instrs = wcalloc((size_t)max_instr, sizeof *p->instrs);
-    p->bufs = wcalloc(3 * (size_t)c->n_layer + 5, sizeof *p->bufs);
+    p->bufs = wcalloc(8 * (size_t)c->n_layer + 5, sizeof *p->bufs);
     if (!p->instrs || !p->bufs)
         goto nomem;
     struct builder bd = {.p = p, .cap = (int)max_instr};
@@ -670,7 +778,8 @@ nomem:
 
 static const char *buf_kind_name(enum prog_buf_kind k)
 {
-    static const char *const names[] = {"X", "Q", "ATT", "HID", "LOGITS", "XMID", "SUMS"};
+    static const char *const names[] = {"X",    "Q",    "ATT",   "HID",   "LOGITS",
+                                        "XMID", "SUMS", "MOE_H", "ROUTE", "MOE_OUT"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 

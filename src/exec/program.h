@@ -62,6 +62,12 @@ enum prog_op {
                                  sums_o[part] = Wo[:, part] att[:, part] */
     OP_FFN_DOWN_PART,         /* K parts: rows = the part's ffn dims: hid = silu(Wgate h) *
                                  (Wup h), sums_d[part] = Wdown[:, part] hid */
+    OP_MOE_ROUTE,             /* rows = tokens: h = rmsnorm(x), router logits, top-k
+                                 experts and their weights */
+    OP_MOE_GATE_UP,           /* one active expert (part = its rank) or the shared one
+                                 (part -1), rows = its ffn dims, over its tokens */
+    OP_MOE_DOWN,              /* the same expert, rows = model dims: its down product */
+    OP_MOE_COMBINE,           /* rows = model dims: x += weighted sum of expert outputs */
     OP_COUNT
 };
 
@@ -74,6 +80,11 @@ enum prog_buf_kind {
     PROG_BUF_LOGITS,  /* (n_logit_rows, n_vocab); external: the caller's buffer */
     PROG_BUF_XMID,    /* K parts: the residual stream after attention (n_tokens, dim) */
     PROG_BUF_SUMS,    /* K parts: one product's partial sums (k_parts, n_tokens, dim) */
+    PROG_BUF_MOE_H,   /* MoE layer: normalised FFN inputs (n_tokens, dim) */
+    PROG_BUF_ROUTE,   /* MoE layer: per token its experts, weights, shared gate
+                         (n_tokens, 2 * n_expert_used + 1), ids as int32 bits */
+    PROG_BUF_MOE_OUT, /* MoE layer: each (token, slot)'s expert output (n_tokens *
+                         n_expert_used, dim), or the shared expert's (n_tokens, dim) */
 };
 
 /* K parts (split-K, the tensor-parallel layout): the attention output projection and the
@@ -105,8 +116,11 @@ struct prog_instr {
     /* K parts (see program.c): the residual input is in[t] + sums[0][t] + .. (sums: -1
        none); its dims [x0, x1) are stored to buffer xout (-1: none). */
     int32_t sums, xout, x0, x1;
-    int32_t aux;        /* FFN_DOWN_PART: its HID buffer; else -1 */
-    int32_t part;       /* O_PART / FFN_DOWN_PART: the K part; else -1 */
+    int32_t aux;  /* FFN_DOWN_PART: its HID buffer; MoE ops: the ROUTE buffer;
+                           else -1 */
+    int32_t part; /* O_PART / FFN_DOWN_PART: the K part; MOE_GATE_UP / MOE_DOWN: the
+                           expert's rank among the step's active experts (-1: the shared
+                           expert); else -1 */
 };
 
 /* program_build_ex flags */

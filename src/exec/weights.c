@@ -56,6 +56,28 @@ static int check_config(const struct model *m, struct weld_err *e)
                        c->rope_factor);
     if ((long long)c->n_head * c->head_dim > INT_MAX / 4 || c->n_layer > INT16_MAX)
         return err_set(e, WELD_ERR_LIMIT, "%s: config: model too large", w);
+    if (c->kv_lora_rank > 0)
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: multi-head latent attention (kv_lora_rank "
+                       "%d) is not supported by the cpu backend yet",
+                       w, c->kv_lora_rank);
+    if (c->n_expert > 0) {
+        if (c->n_expert > EXEC_MAX_EXPERTS || c->n_expert_used < 1 ||
+            c->n_expert_used > c->n_expert || c->moe_ffn_dim < 1 || c->shared_ffn_dim < 0 ||
+            c->n_dense_lead < 0 || c->n_dense_lead > c->n_layer ||
+            (c->n_group > 1 &&
+             (c->n_expert % c->n_group || c->topk_group < 1 || c->topk_group > c->n_group ||
+              c->n_expert_used > c->topk_group * (c->n_expert / c->n_group))) ||
+            !(c->gating == MOE_GATING_SOFTMAX || c->gating == MOE_GATING_SIGMOID) ||
+            !(c->expert_scale > 0.0f))
+            return err_set(e, WELD_ERR_FORMAT,
+                           "%s: config: experts %d (at most %d), used %d, "
+                           "expert ffn %d, shared ffn %d, dense layers %d, groups %d (use %d), "
+                           "gating %d, scale %g do not make a mixture of experts",
+                           w, c->n_expert, EXEC_MAX_EXPERTS, c->n_expert_used, c->moe_ffn_dim,
+                           c->shared_ffn_dim, c->n_dense_lead, c->n_group, c->topk_group,
+                           (int)c->gating, (double)c->expert_scale);
+    }
     return WELD_OK;
 }
 
@@ -107,6 +129,45 @@ static float *take_vec(const struct tensor *t, int64_t n, float **cursor)
     return v;
 }
 
+/* A MoE layer's router, experts (each named by its expert: the GGUF slice or the HF
+   tensor), shared expert and vectors. */
+static int check_moe(const struct model *m, int l, size_t *nf, struct weld_err *e)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *L = &m->layers[l];
+    const int64_t ef = c->moe_ffn_dim, sf = c->shared_ffn_dim;
+    char nm[96];
+    int rc;
+#define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+#define NAME_E(s, x) (snprintf(nm, sizeof nm, "blk.%d." s " (expert %d)", l, x), nm)
+    if ((rc = check_tensor(m, &L->router, NAME("ffn_gate_inp.weight"), c->dim, c->n_expert, e)) ||
+        (rc = check_vec(m, &L->exp_bias, NAME("exp_probs_b.bias"), c->n_expert, c->expert_bias, nf,
+                        e)) ||
+        (rc = check_vec(m, &L->sh_gate_inp, NAME("ffn_gate_inp_shexp.weight"), c->dim,
+                        c->shared_gate, nf, e)))
+        return rc;
+    if (!L->exp_gate || !L->exp_up || !L->exp_down)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: tensor 'blk.%d.ffn_gate_exps.weight' is "
+                       "missing",
+                       model_where(m), l);
+    for (int x = 0; x < c->n_expert; x++)
+        if ((rc = check_tensor(m, &L->exp_gate[x], NAME_E("ffn_gate_exps.weight", x), c->dim, ef,
+                               e)) ||
+            (rc = check_tensor(m, &L->exp_up[x], NAME_E("ffn_up_exps.weight", x), c->dim, ef, e)) ||
+            (rc = check_tensor(m, &L->exp_down[x], NAME_E("ffn_down_exps.weight", x), ef, c->dim,
+                               e)))
+            return rc;
+    if (sf > 0 &&
+        ((rc = check_tensor(m, &L->sh_gate, NAME("ffn_gate_shexp.weight"), c->dim, sf, e)) ||
+         (rc = check_tensor(m, &L->sh_up, NAME("ffn_up_shexp.weight"), c->dim, sf, e)) ||
+         (rc = check_tensor(m, &L->sh_down, NAME("ffn_down_shexp.weight"), sf, c->dim, e))))
+        return rc;
+#undef NAME
+#undef NAME_E
+    return WELD_OK;
+}
+
 static int check_layer(const struct model *m, int l, size_t *nf, struct weld_err *e)
 {
     const struct model_config *c = &m->cfg;
@@ -122,13 +183,16 @@ static int check_layer(const struct model *m, int l, size_t *nf, struct weld_err
         (rc = check_vec(m, &L->bq, NAME("attn_q.bias"), qd, c->qkv_bias, nf, e)) ||
         (rc = check_vec(m, &L->bk, NAME("attn_k.bias"), kd, c->qkv_bias, nf, e)) ||
         (rc = check_vec(m, &L->bv, NAME("attn_v.bias"), kd, c->qkv_bias, nf, e)) ||
-        (rc = check_vec(m, &L->q_norm, NAME("attn_q_norm.weight"), c->head_dim, c->qk_norm,
-                        nf, e)) ||
-        (rc = check_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), c->head_dim, c->qk_norm,
-                        nf, e)) ||
+        (rc = check_vec(m, &L->q_norm, NAME("attn_q_norm.weight"), c->head_dim, c->qk_norm, nf,
+                        e)) ||
+        (rc = check_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), c->head_dim, c->qk_norm, nf,
+                        e)) ||
         (rc = check_tensor(m, &L->wo, NAME("attn_output.weight"), qd, c->dim, e)) ||
-        (rc = check_vec(m, &L->ffn_norm, NAME("ffn_norm.weight"), c->dim, true, nf, e)) ||
-        (rc = check_tensor(m, &L->w_gate, NAME("ffn_gate.weight"), c->dim, c->ffn_dim, e)) ||
+        (rc = check_vec(m, &L->ffn_norm, NAME("ffn_norm.weight"), c->dim, true, nf, e)))
+        return rc;
+    if (model_layer_moe(c, l))
+        return check_moe(m, l, nf, e);
+    if ((rc = check_tensor(m, &L->w_gate, NAME("ffn_gate.weight"), c->dim, c->ffn_dim, e)) ||
         (rc = check_tensor(m, &L->w_up, NAME("ffn_up.weight"), c->dim, c->ffn_dim, e)) ||
         (rc = check_tensor(m, &L->w_down, NAME("ffn_down.weight"), c->ffn_dim, c->dim, e)))
         return rc;
@@ -156,26 +220,64 @@ static int check_model(const struct model *m, size_t *nf, struct weld_err *e)
 
 /* ---- matrices ------------------------------------------------------------------------ */
 
-#define N_LAYER_MATS 7
+/* The list of every matrix (exec_weights.list): per layer wq, wk, wv, wo, then the dense
+   FFN's gate, up, down or the MoE layer's router, each expert's gate, up, down and the
+   shared expert's gate, up, down; then the output. Its order is the pool's. */
+static int list_add(struct exec_weights *w, int *n, struct exec_mat *x, const struct tensor *t,
+                    bool per_head, bool viewed)
+{
+    if (w->list)
+        w->list[*n] = (struct exec_mat_ref){x, t, per_head, viewed};
+    return ++*n;
+}
 
-/* Matrix i of the model: N_LAYER_MATS per layer in struct order, then the output. */
+static int list_fill(struct exec_weights *w)
+{
+    const struct model *m = w->m;
+    const struct model_config *c = &m->cfg;
+    const bool kp = w->kp.n > 1;
+    int n = 0;
+    struct exec_mat *em = w->expert_mats;
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct layer_weights *L = &m->layers[l];
+        struct exec_layer_mats *M = &w->mats[l];
+        list_add(w, &n, &M->wq, &L->wq, true, false);
+        list_add(w, &n, &M->wk, &L->wk, true, false);
+        list_add(w, &n, &M->wv, &L->wv, true, false);
+        list_add(w, &n, &M->wo, &L->wo, false, kp);
+        if (!model_layer_moe(c, l)) {
+            list_add(w, &n, &M->gate, &L->w_gate, false, false);
+            list_add(w, &n, &M->up, &L->w_up, false, false);
+            list_add(w, &n, &M->down, &L->w_down, false, kp);
+            continue;
+        }
+        list_add(w, &n, &M->router, &L->router, false, false);
+        if (em) {
+            M->egate = em, M->eup = em + c->n_expert, M->edown = em + 2 * c->n_expert;
+            em += 3 * c->n_expert;
+        }
+        for (int x = 0; x < c->n_expert; x++) {
+            list_add(w, &n, M->egate ? &M->egate[x] : NULL, &L->exp_gate[x], false, false);
+            list_add(w, &n, M->eup ? &M->eup[x] : NULL, &L->exp_up[x], false, false);
+            list_add(w, &n, M->edown ? &M->edown[x] : NULL, &L->exp_down[x], false, false);
+        }
+        if (c->shared_ffn_dim > 0) {
+            list_add(w, &n, &M->sh_gate, &L->sh_gate, false, false);
+            list_add(w, &n, &M->sh_up, &L->sh_up, false, false);
+            list_add(w, &n, &M->sh_down, &L->sh_down, false, false);
+        }
+    }
+    list_add(w, &n, &w->output, &m->output, false, false);
+    return n;
+}
+
+/* Matrix i of the list. */
 static struct exec_mat *mat_at(struct exec_weights *w, int i, const struct tensor **t,
                                bool *per_head)
 {
-    const struct model *m = w->m;
-    if (i == N_LAYER_MATS * m->cfg.n_layer) {
-        *t = &m->output, *per_head = false;
-        return &w->output;
-    }
-    const struct layer_weights *L = &m->layers[i / N_LAYER_MATS];
-    struct exec_layer_mats *M = &w->mats[i / N_LAYER_MATS];
-    const struct tensor *ts[N_LAYER_MATS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate,
-                                             &L->w_up, &L->w_down};
-    struct exec_mat *ms[N_LAYER_MATS] = {&M->wq, &M->wk, &M->wv, &M->wo, &M->gate, &M->up,
-                                         &M->down};
-    *t = ts[i % N_LAYER_MATS];
-    *per_head = i % N_LAYER_MATS < 3;
-    return ms[i % N_LAYER_MATS];
+    *t = w->list[i].t;
+    *per_head = w->list[i].per_head;
+    return w->list[i].x;
 }
 
 /* Bytes of the pool a gemm matrix takes (repacked form, or a copy of its rows), rounded
@@ -193,7 +295,7 @@ static size_t mat_pool_bytes(const struct exec_mat *x, const struct tensor *t)
 static size_t mats_plan(struct exec_weights *w)
 {
     const struct model_config *c = &w->m->cfg;
-    int n = N_LAYER_MATS * c->n_layer + 1;
+    int n = w->n_list;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const struct tensor *t;
@@ -215,10 +317,8 @@ static size_t mats_plan(struct exec_weights *w)
             continue;
         }
         bool aligned = !per_head || c->head_dim % 16 == 0;
-        /* K parts read wo and down (mat_at's 3 and 6) in column ranges: their views need
-           the file's layout */
-        bool viewed = w->kp.n > 1 && i < N_LAYER_MATS * c->n_layer &&
-                      (i % N_LAYER_MATS == 3 || i % N_LAYER_MATS == 6);
+        /* K parts read wo and down in column ranges: their views need the file's layout */
+        bool viewed = w->list[i].viewed;
         x->repacked = w->repack && aligned && !viewed && gemm_repack_pays(w->go, ct) &&
                       gemm_repack_bytes(ct, x->rows, x->k) > 0;
         total += mat_pool_bytes(x, t);
@@ -408,8 +508,7 @@ static int mats_fill_pool(struct exec_weights *w, struct weight_pool *p, struct 
    and plan if one is alive, else made and filled now) and set every act_row_bytes. */
 static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
 {
-    const struct model_config *c = &w->m->cfg;
-    int n = N_LAYER_MATS * c->n_layer + 1;
+    int n = w->n_list;
     if (total) {
         struct weight_pool *p = pool_find(w, total, n);
         if (p) {
@@ -455,14 +554,24 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
     return WELD_OK;
 }
 
-/* Bytes of the matrices a decode step reads (every layer's and the LM head). */
+/* Bytes of the matrices a decode step reads (every layer's and the LM head; of a MoE
+   layer the router, the shared expert and n_expert_used experts' worth). */
 static size_t matrix_bytes(const struct model *m)
 {
+    const struct model_config *c = &m->cfg;
     size_t bytes = m->output.nbytes;
-    for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
+    for (int l = 0; m->layers && l < c->n_layer; l++) {
         const struct layer_weights *L = &m->layers[l];
-        bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
-                 L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
+        bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes;
+        if (!model_layer_moe(c, l)) {
+            bytes += L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
+            continue;
+        }
+        size_t ex = 0;
+        for (int x = 0; L->exp_gate && L->exp_up && L->exp_down && x < c->n_expert; x++)
+            ex += L->exp_gate[x].nbytes + L->exp_up[x].nbytes + L->exp_down[x].nbytes;
+        bytes += L->router.nbytes + L->sh_gate.nbytes + L->sh_up.nbytes + L->sh_down.nbytes +
+                 ex / (size_t)c->n_expert * (size_t)c->n_expert_used;
     }
     return bytes;
 }
@@ -567,6 +676,11 @@ static int kparts_choose(struct exec_weights *w, int n, struct weld_err *e)
     w->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
     if (n <= 1)
         return WELD_OK;
+    if (c->n_expert > 0)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "k_parts=%d: %s is a mixture of experts, "
+                       "which runs without K parts; use 1",
+                       n, model_where(m));
     struct prog_kparts kp;
     if (n > PROG_KPARTS_MAX || !kparts_cut(m, n, &kp))
         return err_set(e, WELD_ERR_INVALID_ARG, "k_parts=%d: %s cannot be cut in %d K parts "
@@ -589,6 +703,18 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
                        model_where(w->m));
     if ((rc = kparts_choose(w, t->k_parts, e)))
         return rc;
+    const struct model_config *c = &w->m->cfg;
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        n_moe += model_layer_moe(c, l);
+    if (n_moe && !(w->expert_mats = wcalloc((size_t)n_moe * 3 * (size_t)c->n_expert,
+                                            sizeof *w->expert_mats)))
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for the expert matrix table",
+                       model_where(w->m));
+    w->n_list = list_fill(w);
+    if (!(w->list = wcalloc((size_t)w->n_list, sizeof *w->list)))
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table", model_where(w->m));
+    list_fill(w);
     rc = mats_fill(w, mats_plan(w), e);
     if (rc)
         return rc;
@@ -603,14 +729,13 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
         }
     }
     bool all_float = true;
-    for (int l = 0; l < w->m->cfg.n_layer; l++) {
-        const struct exec_mat *ms[] = {&w->mats[l].wq, &w->mats[l].wk, &w->mats[l].wv,
-                                       &w->mats[l].wo, &w->mats[l].gate, &w->mats[l].up,
-                                       &w->mats[l].down};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
-            all_float = all_float && ms[i]->gemm &&
-                        (gemm_act_kind(ms[i]->wtype) == GEMM_ACT_F32 ||
-                         gemm_act_kind(ms[i]->wtype) == GEMM_ACT_BF16);
+    for (int i = 0; i < w->n_list; i++) {
+        const struct exec_mat *x = w->list[i].x;
+        if (x == &w->output)
+            continue;
+        all_float = all_float && x->gemm &&
+                    (gemm_act_kind(x->wtype) == GEMM_ACT_F32 ||
+                     gemm_act_kind(x->wtype) == GEMM_ACT_BF16);
     }
     w->tok_tile = all_float ? EXEC_TILE_FLOAT : EXEC_TILE;
     w->piece_bytes = EXEC_PIECE_BYTES;
@@ -628,6 +753,8 @@ void exec_weights_free(struct exec_weights *w)
     if (!w)
         return;
     pool_unref(w->pool);
+    wfree(w->list);
+    wfree(w->expert_mats);
     wfree(w->mats);
     wfree(w->mem);
     wfree(w->layers);
@@ -670,6 +797,10 @@ int exec_weights_create(struct exec_weights **out, const struct model *m,
             v->k_norm = take_vec(&L->k_norm, c->head_dim, &cur);
         }
         v->ffn_norm = take_vec(&L->ffn_norm, c->dim, &cur);
+        if (model_layer_moe(c, l)) {
+            v->exp_bias = c->expert_bias ? take_vec(&L->exp_bias, c->n_expert, &cur) : NULL;
+            v->sh_gate_inp = c->shared_gate ? take_vec(&L->sh_gate_inp, c->dim, &cur) : NULL;
+        }
     }
     if ((rc = mats_create(w, t, e))) {
         exec_weights_free(w);

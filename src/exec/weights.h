@@ -72,6 +72,9 @@ static inline int exec_compute_type(int t)
     return t == DT_F16 ? DT_BF16 : t;
 }
 
+/* The most routed experts a MoE layer may have (the ops keep a bitmap of them). */
+#define EXEC_MAX_EXPERTS 1024
+
 /* Token tiles of the ops (exec_weights.tok_tile). */
 #define EXEC_TILE 16
 #define EXEC_TILE_FLOAT 64
@@ -94,7 +97,13 @@ struct exec_mat {
 };
 
 struct exec_layer_mats {
-    struct exec_mat wq, wk, wv, wo, gate, up, down;
+    struct exec_mat wq, wk, wv, wo, gate, up, down; /* gate/up/down: dense FFN layers */
+    /* mixture-of-experts layers (model_layer_moe): the router (n_expert rows of dim),
+       each routed expert's matrices (n_expert each, NULL on dense layers) and the shared
+       expert's (rows 0 when the model has none) */
+    struct exec_mat router;
+    struct exec_mat *egate, *eup, *edown;
+    struct exec_mat sh_gate, sh_up, sh_down;
     /* with K parts (exec_weights.kp): views of wo and down restricted to each part's
        columns (same rows and row stride, k = the part's width) */
     struct exec_mat wo_part[PROG_KPARTS_MAX], down_part[PROG_KPARTS_MAX];
@@ -105,6 +114,16 @@ struct exec_layer_vecs {
     float *bq;                   /* (n_head*head_dim) or NULL */
     float *bk, *bv;              /* (n_kv_head*head_dim) or NULL */
     float *q_norm, *k_norm;      /* (head_dim) or NULL */
+    float *exp_bias;             /* MoE: (n_expert) router choice bias, or NULL */
+    float *sh_gate_inp;          /* MoE: (dim) shared expert gate (qwen2moe), or NULL */
+};
+
+/* One pooled matrix and the tensor it comes from (weights.c's list of every matrix). */
+struct exec_mat_ref {
+    struct exec_mat *x;
+    const struct tensor *t;
+    bool per_head; /* Q/K/V: multiplied one head (head_dim rows) at a time */
+    bool viewed;   /* K parts read it in column views: keep the file's layout */
 };
 
 struct weight_pool;
@@ -121,6 +140,9 @@ struct exec_weights {
                                         decode_pairs and l2_prefetch */
     bool repack;                     /* repack where it pays (tuning repack, default on) */
     struct exec_layer_mats *mats;    /* (n_layer) */
+    struct exec_mat *expert_mats;    /* backing of every layer's egate / eup / edown */
+    struct exec_mat_ref *list;       /* (n_list) every matrix, in pool order */
+    int n_list;
     struct prog_kparts kp;           /* the K parts programs of this model are built in
                                         (kp.n == 1: none, the default; tuning
                                         k_parts=2..4 asks for more where the model's
