@@ -81,8 +81,11 @@ size_t backend_kv_block_bytes(const struct model_config *c, enum weld_dtype kv_t
 {
     if ((long long)c->n_kv_head * c->head_dim > INT_MAX)
         return 0;
-    return kv_block_bytes(c->n_layer, c->n_kv_head * c->head_dim, c->head_dim,
-                          block_size ? block_size : KV_DEFAULT_BLOCK_SIZE, kv_type);
+    int kv_dim, hd;
+    bool latent;
+    kv_shape_for(c, &kv_dim, &hd, &latent);
+    return kv_block_bytes(c->n_layer, kv_dim, hd, block_size ? block_size : KV_DEFAULT_BLOCK_SIZE,
+                          kv_type, latent);
 }
 
 int backend_kv_blocks_for_bytes(const struct model_config *c, enum weld_dtype kv_type,

@@ -29,13 +29,20 @@ bool kv_type_supported(enum weld_dtype type, int head_dim)
     }
 }
 
+void kv_shape_for(const struct model_config *c, int *kv_dim, int *head_dim, bool *latent)
+{
+    *latent = c->kv_lora_rank > 0;
+    *head_dim = *latent ? c->kv_lora_rank + c->rope_dim : c->head_dim;
+    *kv_dim = *latent ? *head_dim : c->n_kv_head * c->head_dim;
+}
+
 size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size,
-                      enum weld_dtype type)
+                      enum weld_dtype type, bool latent)
 {
     if (n_layer < 1 || kv_dim < 1 || block_size < 1 || head_dim < 1 || kv_dim % head_dim ||
         !kv_type_supported(type, head_dim))
         return 0;
-    size_t row = dtype_row_bytes(type, kv_dim), n = 2 * (size_t)n_layer;
+    size_t row = dtype_row_bytes(type, kv_dim), n = (latent ? 1 : 2) * (size_t)n_layer;
     if (!row || n > SIZE_MAX / (size_t)block_size || n * (size_t)block_size > SIZE_MAX / row)
         return 0;
     return n * (size_t)block_size * row;
@@ -151,8 +158,9 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
             kv->head_group_end[h] = h1;
         }
     }
+    kv->latent = cfg->latent;
     kv->k = wmap_huge(plane);
-    kv->v = wmap_huge(plane);
+    kv->v = kv->latent ? kv->k : wmap_huge(plane);
     kv->free_ids = wcalloc(nbs, sizeof(int32_t));
     kv->table_mem = wcalloc((size_t)cfg->max_seqs * (size_t)per_seq, sizeof(int32_t));
     kv->seqs = wcalloc((size_t)cfg->max_seqs, sizeof *kv->seqs);
@@ -166,11 +174,12 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     for (int i = 0; i < cfg->max_seqs; i++)
         kv->seqs[i].blocks = kv->table_mem + (size_t)i * (size_t)per_seq;
     size_t budget = cfg->prefault_bytes ? cfg->prefault_bytes : KV_PREFAULT_BYTES;
-    size_t per_block = 2 * plane / (size_t)nbs; /* k + v, all layers */
+    size_t per_block = (kv->latent ? 1 : 2) * plane / (size_t)nbs; /* k + v, all layers */
     int n_pre = per_block ? (int)(budget / per_block < (size_t)nb ? budget / per_block
                                                                   : (size_t)nb) : 0;
     prefault_blocks(kv, kv->k, n_pre);
-    prefault_blocks(kv, kv->v, n_pre);
+    if (!kv->latent)
+        prefault_blocks(kv, kv->v, n_pre);
     kv_reset(kv);
     *out = kv;
     return WELD_OK;
@@ -185,8 +194,9 @@ void kv_free(struct kv_cache *kv)
 {
     if (!kv)
         return;
+    if (kv->v != kv->k)
+        wunmap(kv->v, kv->plane_bytes);
     wunmap(kv->k, kv->plane_bytes);
-    wunmap(kv->v, kv->plane_bytes);
     wfree(kv->free_ids);
     wfree(kv->table_mem);
     wfree(kv->seqs);
@@ -291,8 +301,9 @@ void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
                                (size_t)kv->head_stride[h];
             memcpy(kv_slot_head(kv, kv->k, l, dst, 0, h), kv_slot_head(kv, kv->k, l, src, 0, h),
                    run);
-            memcpy(kv_slot_head(kv, kv->v, l, dst, 0, h), kv_slot_head(kv, kv->v, l, src, 0, h),
-                   run);
+            if (!kv->latent)
+                memcpy(kv_slot_head(kv, kv->v, l, dst, 0, h),
+                       kv_slot_head(kv, kv->v, l, src, 0, h), run);
         }
 }
 

@@ -36,6 +36,10 @@
  * by default, the whole pool when smaller), so a worst-case-sized pool starts in time and
  * resident memory proportional to that budget and grows with use beyond it.
  *
+ * Latent caches (kv_config.latent, multi-head latent attention): one plane of one "head"
+ * per position (the compressed KV row and the shared rope key), read as both key and
+ * value; v aliases k and copies move it once.
+ *
  * Element types (kv_config.type): f16 (the engine's default), bf16, f32, q8_0. Entries are
  * written one (position, head) at a time by kv_write_head() with the dtype
  * converters/quantizers (format/dtype.h, round to nearest even for f16/bf16, llama.cpp's
@@ -68,6 +72,7 @@
 #include "core/err.h"
 #include "exec/batch.h"
 #include "format/dtype.h"
+#include "model/config.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -90,6 +95,8 @@ struct kv_config {
     enum weld_dtype type; /* DT_F32, DT_F16, DT_BF16 or DT_Q8_0 */
     size_t prefault_bytes; /* pages touched at creation, lowest block ids first; 0:
                               KV_PREFAULT_BYTES. The rest fault in on first use. */
+    bool latent;        /* one plane: keys only, v aliases k (latent attention caches a
+                           compressed row per position that is its key and its value) */
 };
 
 struct kv_seq {
@@ -110,7 +117,8 @@ struct kv_cache {
     int *head_stride;   /* (n_kv_head) tiles from one block to the next: its group's size */
     int *head_group_end; /* (n_kv_head) first head past its group */
     uint8_t *k, *v;     /* per the layout (block_size, head_bytes innermost),
-                           wmap_huge mappings */
+                           wmap_huge mappings; latent: v == k */
+    bool latent;
     size_t plane_bytes; /* bytes of each */
     int32_t *free_ids;  /* (n_blocks) stack; first n_free are free */
     int n_free;
@@ -125,10 +133,15 @@ struct kv_cache {
 int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_err *e);
 void kv_free(struct kv_cache *kv);
 
-/* Bytes one block takes in the pool (K and V, every layer) for this shape and type; 0 if
-   the type is not a KV type or head_dim does not suit it, or on overflow. */
+/* Bytes one block takes in the pool (K and V, or K alone when latent, every layer) for
+   this shape and type; 0 if the type is not a KV type or head_dim does not suit it, or
+   on overflow. */
 size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size,
-                      enum weld_dtype type);
+                      enum weld_dtype type, bool latent);
+/* The cache shape model config c needs: kv_dim and head_dim of a position's row, and
+   whether it is latent (MLA: one head of kv_lora_rank + rope_dim, keys only). */
+void kv_shape_for(const struct model_config *c, int *kv_dim, int *head_dim, bool *latent);
+
 /* True if type can hold KV entries of heads of head_dim elements. */
 bool kv_type_supported(enum weld_dtype type, int head_dim);
 

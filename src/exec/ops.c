@@ -94,6 +94,12 @@ static int max_width(const struct model_config *c)
         w = c->n_head * c->head_dim;
     if (c->ffn_dim > w)
         w = c->ffn_dim;
+    if (c->kv_lora_rank > 0) {
+        const int ws[] = {c->q_lora_rank, c->kv_lora_rank + c->rope_dim,
+                          c->n_head * c->v_head_dim, c->qk_nope_dim};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            w = ws[i] > w ? ws[i] : w;
+    }
     if (c->n_expert > 0) {
         if (c->moe_ffn_dim > w)
             w = c->moe_ffn_dim;
@@ -105,9 +111,24 @@ static int max_width(const struct model_config *c)
     return w;
 }
 
+/* Width of a cached head and of the attention accumulators: latent attention reads one
+   row of kv_lora_rank + rope_dim per position. */
+static int att_hd(const struct model_config *c)
+{
+    return c->kv_lora_rank > 0 ? c->kv_lora_rank + c->rope_dim : c->head_dim;
+}
+
+/* Width of a normalised input row in h: dim, or a latent layer's q_lora_rank. */
+static int h_width(const struct model_config *c)
+{
+    return c->q_lora_rank > c->dim ? c->q_lora_rank : c->dim;
+}
+
 static int y_width(const struct model_config *c)
 {
     int w = c->head_dim > 2 * OPS_CHUNK ? c->head_dim : 2 * OPS_CHUNK;
+    if (att_hd(c) > w)
+        w = att_hd(c);
     return c->n_expert > w ? c->n_expert : w;
 }
 
@@ -135,10 +156,10 @@ static size_t act_bound_bytes(const struct model_config *c)
 
 static size_t fixed_floats(const struct model_config *c)
 {
-    return (size_t)OPS_TILE * (size_t)c->dim + (size_t)max_width(c) +
+    return (size_t)OPS_TILE * (size_t)h_width(c) + (size_t)max_width(c) +
            (size_t)OPS_TILE * (size_t)y_width(c) + (size_t)OPS_TILE * (size_t)c->rope_dim +
-           (size_t)OPS_ATT_TOK * (size_t)c->n_head * ((size_t)c->head_dim + 2) +
-           2 * (size_t)ATTN_CHUNK * (size_t)c->head_dim + gather_floats(c);
+           (size_t)OPS_ATT_TOK * (size_t)c->n_head * ((size_t)att_hd(c) + 2) +
+           2 * (size_t)ATTN_CHUNK * (size_t)att_hd(c) + gather_floats(c);
 }
 
 size_t exec_scratch_floats(const struct model_config *c)
@@ -151,15 +172,15 @@ static struct scratch scratch_split(const struct model_config *c, float *base)
 {
     struct scratch s;
     s.h = base;
-    s.row = s.h + (size_t)OPS_TILE * c->dim;
+    s.row = s.h + (size_t)OPS_TILE * h_width(c);
     s.y = s.row + max_width(c);
     s.cosv = s.y + (size_t)OPS_TILE * y_width(c);
     s.sinv = s.cosv + (size_t)OPS_TILE * (c->rope_dim / 2);
     s.acc = s.sinv + (size_t)OPS_TILE * (c->rope_dim / 2);
-    s.mx = s.acc + (size_t)OPS_ATT_TOK * c->n_head * c->head_dim;
+    s.mx = s.acc + (size_t)OPS_ATT_TOK * c->n_head * att_hd(c);
     s.sum = s.mx + (size_t)OPS_ATT_TOK * c->n_head;
     s.kc = s.sum + (size_t)OPS_ATT_TOK * c->n_head;
-    s.vc = s.kc + (size_t)ATTN_CHUNK * c->head_dim;
+    s.vc = s.kc + (size_t)ATTN_CHUNK * att_hd(c);
     s.g = s.vc + (size_t)ATTN_CHUNK * c->head_dim;
     uintptr_t a = (uintptr_t)(s.g + gather_floats(c));
     s.act_bytes = (size_t)OPS_TILE * act_bound_bytes(c);
@@ -477,13 +498,23 @@ static void attn_rows(const struct exec_step *st, int layer, const int32_t *tabl
    whole tile. A token at position p sees p + 1 keys; its numbers depend only on its
    query, p and the cache (the contract fixes the chunks by absolute position), so batch,
    prompt chunking, tiling and head ranges change nothing. */
+/* Where one attend_tile call reads its queries and puts its outputs: query head
+   (h, g) of KV head h is qh0 + h * group + g; its row of token t is at q + t * qd +
+   qhead * qhd, its output (the first ohd of the hd accumulators, normalised) at out +
+   t * od + qhead * ohd. */
+struct att_io {
+    int group, qh0;
+    const float *q;
+    size_t qd, qhd;
+    float *out;
+    size_t od, ohd;
+};
+
 static void attend_tile(const struct exec_step *st, int layer, const int32_t *table, int h0,
-                        int h1, int t0, int nt, const float *q, float *out,
+                        int h1, int t0, int nt, const struct att_io *io,
                         const struct scratch *sc)
 {
-    const struct model_config *c = &st->m->cfg;
-    const int hd = c->head_dim, group = c->n_head / c->n_kv_head;
-    const size_t qd = (size_t)c->n_head * hd;
+    const int hd = st->kv->head_dim, group = io->group;
     /* state rows head-major: row (h, i, g) at ((h - h0) * nt + i) * group + g, so one
        call covers every query row of head h in the tile */
     const int rows_h = nt * group;
@@ -497,7 +528,7 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
             n_max = st->pos[t0 + i] + 1;
     const float *qp[OPS_ATT_ROWS];
     int nvis[OPS_ATT_ROWS];
-    struct attn_chunk_args a = {.hd = hd, .q = qp, .n = nvis, .scale = 1.0f / sqrtf((float)hd)};
+    struct attn_chunk_args a = {.hd = hd, .q = qp, .n = nvis, .scale = st->w->attn_scale};
     /* the order that streams the cache's layout (exec/kv.h): head group after head group,
        each chunk by chunk across its heads (per-head: one head over all its chunks, then
        the next; block-major: chunk by chunk across all heads) */
@@ -514,7 +545,8 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
                     const int i = (r0 + k) / group, g = (r0 + k) % group;
                     const int n = st->pos[t0 + i] + 1 - c0;
                     nvis[k] = n <= 0 ? 0 : n < ATTN_CHUNK ? n : ATTN_CHUNK;
-                    qp[k] = q + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
+                    qp[k] = io->q + (size_t)(t0 + i) * io->qd +
+                            (size_t)(io->qh0 + h * group + g) * io->qhd;
                 }
                 const size_t base = (size_t)(h - h0) * rows_h + r0;
                 a.nq = nr;
@@ -527,10 +559,163 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
         for (int r = 0; r < rows_h; r++) {
             const size_t s = (size_t)(h - h0) * rows_h + r;
             const int i = r / group, g = r % group;
-            float *o = out + (size_t)(t0 + i) * qd + ((size_t)h * group + g) * hd;
-            for (int k = 0; k < hd; k++)
+            float *o = io->out + (size_t)(t0 + i) * io->od +
+                       (size_t)(io->qh0 + h * group + g) * io->ohd;
+            for (size_t k = 0; k < io->ohd; k++)
                 o[k] = sc->acc[s * hd + k] / sc->sum[s];
         }
+}
+
+/* ---- latent attention (multi-head latent attention, model/config.h) -------------------
+   hk = kv_lora_rank + rope_dim. The cache holds one row of hk per position: the
+   normalised latent c = rmsnorm(kv_a[:kvl]) * kv_a_norm, then the roped shared key
+   k_pe. A query head's row in Q is [kbt_h q_nope (kvl), roped q_pe (rope_dim)], so its
+   score against a position is q_nope . (Wk_h c) + q_pe . k_pe, the expanded form's, and
+   its softmax-weighted sum of cache rows gives, in the first kvl dims, the latent whose
+   value up-projection Wv_h is the head's output. */
+
+/* MLA_PROJ_A: layer l; rows = [0, q_lora_rank) of q_a then [q_lora_rank, + kv_lora_rank
+   + rope_dim) of kv_a (an instruction never spans both). h = rmsnorm(x[t]) * attn_norm;
+   qa[t][r] = Wq_a[r] . h, kva[t][r'] = Wkv_a[r'] . h. in X, out KVA (MLA_A), aux QA. */
+static void op_mla_proj_a(const struct exec_step *st, const struct prog_instr *in,
+                          const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
+    const int ql = c->q_lora_rank, kva = c->kv_lora_rank + c->rope_dim;
+    const bool is_q = in->row0 < ql;
+    const struct exec_mat *M = is_q ? &L->wq_a : &L->wkv_a;
+    const int base = is_q ? 0 : ql, ld = is_q ? ql : kva;
+    float *dst = buf_ptr(st, is_q ? in->aux : in->out);
+    const float *x = buf_ptr(st, in->in);
+    const int T = st->w->tok_tile;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
+        int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
+        (void)prep_memo(st, NULL, t0, sc);
+        norm_tile(st, in, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
+        mat_quant(st, M, sc->h, (size_t)c->dim, nt, sc->act, sc);
+        mat_gemm(st, M, in->row0 - base, in->row1 - base, nt, sc->h, (size_t)c->dim, sc->act,
+                 dst + (size_t)t0 * (size_t)ld + (in->row0 - base), (size_t)ld, sc->row);
+    }
+}
+
+/* MLA_Q_KV: layer l; rows = query heads [0, n_head), then unit n_head: the latent row.
+   Query head u of token t: cq = rmsnorm(qa[t]) * q_a_norm (without q_lora_rank: h =
+   rmsnorm(x[t]) * attn_norm), y = Wq[u*hd..+hd) cq, y[nope..] roped at pos(t) (rope_dim
+   dims); q[t][u*hk..] = [kbt_u . y[..nope] (kvl), y[nope..]]. Latent unit: r = kva[t];
+   row = [rmsnorm(r[..kvl]) * kv_a_norm, rope(r[kvl..])] into the cache (head 0 of the
+   position's slot, converted as kv_write_head). in X, aux QA (-1: none), in2 KVA, out Q. */
+static void op_mla_q_kv(const struct exec_step *st, const struct prog_instr *in,
+                        const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
+    const struct exec_layer_vecs *v = &st->w->layers[in->layer];
+    const int hd = c->head_dim, nope = c->qk_nope_dim, kvl = c->kv_lora_rank;
+    const int rope = c->rope_dim, half = rope / 2, hk = kvl + rope, ql = c->q_lora_rank;
+    const size_t qd = (size_t)c->n_head * (size_t)hk;
+    const struct exec_mat *Q = ql > 0 ? &L->wq_b : &L->wq;
+    const float *x = buf_ptr(st, in->in), *kva = buf_ptr(st, in->in2);
+    const float *qa = ql > 0 ? buf_ptr(st, in->aux) : NULL;
+    float *q = buf_ptr(st, in->out);
+    const int T = st->w->tok_tile, u1 = in->row1 < c->n_head ? in->row1 : c->n_head;
+    const int hw = ql > 0 ? ql : c->dim;
+    for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
+        int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
+        (void)prep_memo(st, NULL, t0, sc);
+        if (!st->rope)
+            for (int i = 0; i < nt; i++)
+                kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale,
+                                 c->rope_theta, rope, st->m->rope_freq_factors,
+                                 sc->cosv + (size_t)i * half, sc->sinv + (size_t)i * half);
+        if (in->row0 < u1) {
+            if (ql > 0)
+                for (int i = 0; i < nt; i++)
+                    st->w->go->rmsnorm(qa + (size_t)(t0 + i) * ql, v->q_a_norm, c->norm_eps,
+                                       sc->h + (size_t)i * ql, ql);
+            else
+                norm_tile(st, in, x, v->attn_norm, NULL, t0, nt, sc);
+            mat_quant(st, Q, sc->h, (size_t)hw, nt, sc->act, sc);
+        }
+        for (int u = in->row0; u < u1; u++) {
+            mat_gemm(st, Q, (int64_t)u * hd, (int64_t)(u + 1) * hd, nt, sc->h, (size_t)hw,
+                     sc->act, sc->y, (size_t)hd, sc->row);
+            for (int i = 0; i < nt; i++) {
+                const int pos = st->pos[t0 + i];
+                const float *cs = st->rope ? st->rope + (size_t)pos * rope
+                                           : sc->cosv + (size_t)i * half;
+                const float *sn = st->rope ? cs + half : sc->sinv + (size_t)i * half;
+                float *y = sc->y + (size_t)i * hd;
+                kern_rope_apply(y + nope, rope, c->rope_neox, cs, sn);
+                memcpy(q + (size_t)(t0 + i) * qd + (size_t)u * hk + kvl, y + nope,
+                       sizeof(float) * (size_t)rope);
+            }
+            /* into the latent space: kbt (f32 from wkv_b, or the file's attn_k_b) */
+            if (L->kbt.gemm && L->kbt.act_row_bytes) {
+                WELD_ASSERT((size_t)nt * L->kbt.act_row_bytes <= sc->act_bytes);
+                st->w->go->act_quant(L->kbt.wtype, sc->y, (size_t)hd, L->kbt.k, nt, sc->act2,
+                                     L->kbt.act_row_bytes);
+            }
+            mat_gemm(st, &L->kbt, (int64_t)u * kvl, (int64_t)(u + 1) * kvl, nt, sc->y,
+                     (size_t)hd, sc->act2, q + (size_t)t0 * qd + (size_t)u * hk, qd, sc->row);
+        }
+        if (in->row1 <= c->n_head)
+            continue;
+        for (int i = 0; i < nt; i++) {
+            const int t = t0 + i, pos = st->pos[t];
+            const float *r = kva + (size_t)t * (size_t)hk;
+            float *row = sc->y;
+            st->w->go->rmsnorm(r, v->kv_a_norm, c->norm_eps, row, kvl);
+            memcpy(row + kvl, r + kvl, sizeof(float) * (size_t)rope);
+            const float *cs = st->rope ? st->rope + (size_t)pos * rope
+                                       : sc->cosv + (size_t)i * half;
+            const float *sn = st->rope ? cs + half : sc->sinv + (size_t)i * half;
+            kern_rope_apply(row + kvl, rope, c->rope_neox, cs, sn);
+            uint8_t *dst = kv_pos_head(st->kv, st->kv->k, in->layer,
+                                       st->tables[st->p->tok_seq[t]], pos, 0);
+            if (st->kv->type == DT_F16)
+                st->w->go->to_f16(row, dst, hk);
+            else
+                kv_write_head(st->kv, dst, row);
+        }
+    }
+}
+
+/* Latent ATTENTION: one batch sequence s; rows = query heads. For every token t of s and
+   head h in rows: lat[t][h*kvl..] = the first kvl dims of the causal softmax(q.row *
+   attn_scale) weighted sum of the cache rows of positions 0..pos(t) (every head reads the
+   same rows: one KV head), then att[t][h*v..] = Wv_h lat[t][h*kvl..] (v_head_dim rows of
+   kvl: wkv_b's value rows of head h, or the file's attn_v_b). in Q, aux LAT, out ATT. */
+static void op_attention_latent(const struct exec_step *st, const struct prog_instr *in,
+                                const struct scratch *sc, struct span sp)
+{
+    const struct model_config *c = &st->m->cfg;
+    const struct program *p = st->p;
+    const struct exec_layer_mats *L = &st->w->mats[in->layer];
+    const int s = in->seq, kvl = c->kv_lora_rank, hk = kvl + c->rope_dim, vd = c->v_head_dim;
+    WELD_ASSERT(st->kv->n_kv_head == 1 && st->kv->head_dim == hk && st->kv->latent);
+    const size_t ld_lat = (size_t)c->n_head * (size_t)kvl, ld_att = (size_t)c->n_head * vd;
+    float *lat = buf_ptr(st, in->aux), *att = buf_ptr(st, in->out);
+    const struct att_io io = {in->row1 - in->row0, in->row0, buf_ptr(st, in->in),
+                              (size_t)c->n_head * (size_t)hk, (size_t)hk, lat, ld_lat,
+                              (size_t)kvl};
+    const int32_t *table = st->tables[s];
+    const int t_end = p->seq_tok0[s] + sp.t1, T = st->w->tok_tile;
+    for (int t0 = p->seq_tok0[s] + sp.t0; t0 < t_end; t0 += OPS_ATT_TOK) {
+        const int nt = t_end - t0 < OPS_ATT_TOK ? t_end - t0 : OPS_ATT_TOK;
+        attend_tile(st, in->layer, table, 0, 1, t0, nt, &io, sc);
+        for (int h = in->row0; h < in->row1; h++) {
+            const float *xs = lat + (size_t)h * kvl;
+            const int64_t r0 = (int64_t)h * L->vb_stride + L->vb_off;
+            for (int tt = t0; tt < t0 + nt; tt += T) {
+                const int n = t0 + nt - tt < T ? t0 + nt - tt : T;
+                (void)prep_memo(st, NULL, tt, sc);
+                mat_quant(st, &L->vb, xs + (size_t)tt * ld_lat, ld_lat, n, sc->act, sc);
+                mat_gemm(st, &L->vb, r0, r0 + vd, n, xs + (size_t)tt * ld_lat, ld_lat, sc->act,
+                         att + (size_t)tt * ld_att + (size_t)h * vd, ld_att, sc->row);
+            }
+        }
+    }
 }
 
 /* ATTENTION: layer l; seq s; rows = a range of KV heads (program.c attn_pieces). For every
@@ -548,14 +733,20 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
     const float *q = buf_ptr(st, in->in);
     float *att = buf_ptr(st, in->out);
     int s = in->seq;
+    const struct model_config *c = &st->m->cfg;
+    if (c->kv_lora_rank > 0) {
+        op_attention_latent(st, in, sc, sp);
+        return;
+    }
     /* the cache's heads are the model's (its layout's head groups index by them) */
-    WELD_ASSERT(st->kv->n_kv_head == st->m->cfg.n_kv_head &&
-                st->kv->head_dim == st->m->cfg.head_dim);
+    WELD_ASSERT(st->kv->n_kv_head == c->n_kv_head && st->kv->head_dim == c->head_dim);
     const int32_t *table = st->tables[s];
     const int t_end = p->seq_tok0[s] + sp.t1;
+    const size_t hd = (size_t)c->head_dim, qd = (size_t)c->n_head * hd;
+    const struct att_io io = {c->n_head / c->n_kv_head, 0, q, qd, hd, att, qd, hd};
     for (int t0 = p->seq_tok0[s] + sp.t0; t0 < t_end; t0 += OPS_ATT_TOK) {
         int nt = t_end - t0 < OPS_ATT_TOK ? t_end - t0 : OPS_ATT_TOK;
-        attend_tile(st, in->layer, table, in->row0, in->row1, t0, nt, q, att, sc);
+        attend_tile(st, in->layer, table, in->row0, in->row1, t0, nt, &io, sc);
     }
 }
 
@@ -967,7 +1158,7 @@ static void op_moe_combine(const struct exec_step *st, const struct prog_instr *
     const int K = c->n_expert_used;
     const size_t dim = (size_t)c->dim;
     const float *out = buf_ptr(st, in->in), *route = buf_ptr(st, in->aux);
-    const float *sout = in->sums >= 0 ? buf_ptr(st, in->sums) : NULL;
+    const float *sout = in->in2 >= 0 ? buf_ptr(st, in->in2) : NULL;
     float *x = buf_ptr(st, in->out);
     for (int t = sp.t0; t < sp.t1; t++) {
         const float *rt = route + (size_t)t * (size_t)(2 * K + 1);
@@ -1140,6 +1331,8 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     case OP_MOE_GATE_UP: op_moe_gate_up(st, in, &sc, sp); break;
     case OP_MOE_DOWN: op_moe_down(st, in, &sc, sp); break;
     case OP_MOE_COMBINE: op_moe_combine(st, in, sp); break;
+    case OP_MLA_PROJ_A: op_mla_proj_a(st, in, &sc, sp); break;
+    case OP_MLA_Q_KV: op_mla_q_kv(st, in, &sc, sp); break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }

@@ -57,7 +57,7 @@ static const char *const op_names[OP_COUNT] = {
     "MOE_ROUTE",
     "MOE_GATE_UP",
     "MOE_DOWN",
-    "MOE_COMBINE",
+    "MOE_COMBINE", "MLA_PROJ_A", "MLA_Q_KV",
 };
 
 const char *prog_op_name(int op)
@@ -180,7 +180,7 @@ static struct prog_instr *emit_to(struct builder *bd, int op, int layer, int seq
     ins->wait = bd->n_wait ? bd->wait : -1;
     ins->n_wait = bd->n_wait;
     ins->wait_count = bd->n_wait ? bd->wait_count : 0;
-    ins->sums = ins->xout = ins->aux = ins->part = -1;
+    ins->sums = ins->xout = ins->aux = ins->part = ins->in2 = -1;
     ins->x0 = ins->x1 = 0;
     note_buf(p, in);
     note_buf(p, out);
@@ -237,7 +237,8 @@ static int add_buf(struct program *p, enum prog_buf_kind kind, int layer, size_t
 static int attn_pieces(const struct program *p, const struct model_config *c, int s)
 {
     int per = p->seq_ntok[s] > 1 ? p->n_splits : (p->n_splits + p->n_seqs - 1) / p->n_seqs;
-    return per < 1 ? 1 : per > c->n_kv_head ? c->n_kv_head : per;
+    const int heads = c->kv_lora_rank > 0 ? c->n_head : c->n_kv_head; /* latent: query heads */
+    return per < 1 ? 1 : per > heads ? heads : per;
 }
 
 /* PROG_HEAD_DEPS: KV-head group g of G holds KV heads [g * n_kv / G, (g + 1) * n_kv / G). */
@@ -362,15 +363,80 @@ static void emit_moe(struct builder *bd, const struct model_config *c, int l)
         int r1 = i + 1 == n ? c->dim : groups * (i + 1) / n * PROG_ROW_ALIGN;
         struct prog_instr *ins = emit(bd, OP_MOE_COMBINE, l, -1, r0, r1, out, p->buf_x);
         ins->aux = route;
-        ins->sums = sout;
+        ins->in2 = sout;
         note_buf_at(p, route, p->n_instr - 1);
         note_buf_at(p, sout, p->n_instr - 1);
     }
     stage_end(bd);
 }
 
+/* A latent-attention layer's attention (model/config.h): PROJ_A (q_a and kv_a rows, each
+   matrix cut on its own at multiples of 16), Q_KV (query heads, then the latent unit that
+   writes the cache), ATTENTION per sequence and query-head range (every head reads the
+   one latent row per position), then the usual O projection. */
+static void emit_mla(struct builder *bd, const struct model_config *c, int l)
+{
+    struct program *p = bd->p;
+    const size_t nt = (size_t)p->n_tokens, hk = (size_t)(c->kv_lora_rank + c->rope_dim);
+    const int ql = c->q_lora_rank, kva = c->kv_lora_rank + c->rope_dim;
+    int qa = ql > 0 ? add_buf(p, PROG_BUF_MLA_A, l, nt, (size_t)ql) : -1;
+    int kv = add_buf(p, PROG_BUF_MLA_A, l, nt, hk);
+    int q = add_buf(p, PROG_BUF_Q, l, nt, (size_t)c->n_head * hk);
+    int lat = add_buf(p, PROG_BUF_LAT, l, nt, (size_t)c->n_head * (size_t)c->kv_lora_rank);
+    int att = add_buf(p, PROG_BUF_ATT, l, nt, (size_t)c->n_head * (size_t)c->v_head_dim);
+    stage_begin(bd);
+    for (int part = 0; part < 2; part++) {
+        const int base = part ? ql : 0, total = part ? kva : ql;
+        if (total <= 0)
+            continue;
+        int groups = (total + PROG_ROW_ALIGN - 1) / PROG_ROW_ALIGN;
+        int want = ql > 0 ? (int)((long long)p->n_splits * total / (ql + kva)) : p->n_splits;
+        int n = want < 1 ? 1 : want < groups ? want : groups;
+        for (int i = 0; i < n; i++) {
+            int r0 = (int)((long long)groups * i / n) * PROG_ROW_ALIGN;
+            int r1 = i + 1 == n ? total : (int)((long long)groups * (i + 1) / n) * PROG_ROW_ALIGN;
+            emit(bd, OP_MLA_PROJ_A, l, -1, base + r0, base + r1, p->buf_x, kv)->aux = qa;
+            note_buf_at(p, qa, p->n_instr - 1);
+        }
+    }
+    stage_end(bd);
+    stage_begin(bd);
+    int units = c->n_head + 1, n = p->n_splits < units ? p->n_splits : units;
+    for (int i = 0; i < n; i++) {
+        struct prog_instr *ins = emit(bd, OP_MLA_Q_KV, l, -1, (int)((long long)units * i / n),
+                                      (int)((long long)units * (i + 1) / n), p->buf_x, q);
+        ins->aux = qa;
+        ins->in2 = kv;
+        note_buf_at(p, qa, p->n_instr - 1);
+        note_buf_at(p, kv, p->n_instr - 1);
+    }
+    stage_end(bd);
+    stage_begin(bd);
+    for (int s = 0; s < p->n_seqs; s++) {
+        int per = attn_pieces(p, c, s);
+        for (int k = 0; k < per; k++) {
+            emit(bd, OP_ATTENTION, l, s, k * c->n_head / per, (k + 1) * c->n_head / per, q,
+                 att)->aux = lat;
+            note_buf_at(p, lat, p->n_instr - 1);
+        }
+    }
+    stage_end(bd);
+    emit_split(bd, OP_O_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, att, p->buf_x);
+}
+
 static void emit_layer(struct builder *bd, const struct model_config *c, int l)
 {
+    if (c->kv_lora_rank > 0) {
+        emit_mla(bd, c, l);
+        if (model_layer_moe(c, l)) {
+            emit_moe(bd, c, l);
+            return;
+        }
+        int hid = add_buf(bd->p, PROG_BUF_HID, l, (size_t)bd->p->n_tokens, (size_t)c->ffn_dim);
+        emit_split(bd, OP_FFN_NORM_GATE_UP_SILU, l, c->ffn_dim, PROG_ROW_ALIGN, bd->p->buf_x, hid);
+        emit_split(bd, OP_DOWN_PROJ_RESIDUAL, l, c->dim, PROG_ROW_ALIGN, hid, bd->p->buf_x);
+        return;
+    }
     struct program *p = bd->p;
     size_t nt = (size_t)p->n_tokens, qd = (size_t)c->n_head * (size_t)c->head_dim;
     int q = add_buf(p, PROG_BUF_Q, l, nt, qd);
@@ -669,6 +735,8 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
                  per_layer * c->n_layer; /* EMBED, FINAL (up to PROG_FINAL_MAX at decode) */
     if (*max_instr > INT_MAX / 2)
         return err_set(e, WELD_ERR_LIMIT, "program: %lld instructions is too many", *max_instr);
+    if (c->kv_lora_rank > 0)
+        per_layer += 3LL * n_splits + (long long)p->n_seqs * c->n_head + 2;
     /* largest buffer: n_tokens * max(dim, n_head*head_dim, ffn_dim) floats */
     long long widest = c->dim;
     if ((long long)c->n_head * c->head_dim > widest)
@@ -678,6 +746,8 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
     if (c->n_expert > 0 &&
         (long long)c->n_expert_used * (c->moe_ffn_dim > c->dim ? c->moe_ffn_dim : c->dim) > widest)
         widest = (long long)c->n_expert_used * (c->moe_ffn_dim > c->dim ? c->moe_ffn_dim : c->dim);
+    if (c->kv_lora_rank > 0 && (long long)c->n_head * (c->kv_lora_rank + c->rope_dim) > widest)
+        widest = (long long)c->n_head * (c->kv_lora_rank + c->rope_dim);
     if ((double)widest * p->n_tokens * (3.0 * c->n_layer + 1) * sizeof(float) > (double)SIZE_MAX / 2)
         return err_set(e, WELD_ERR_LIMIT, "program: activation buffers overflow");
     return WELD_OK;
@@ -727,7 +797,7 @@ int program_build_kp(struct program **out, const struct model_config *c,
     }
     p->id = atomic_fetch_add_explicit(&next_program_id, 1, memory_order_relaxed);
     p->instrs = wcalloc((size_t)max_instr, sizeof *p->instrs);
-    p->bufs = wcalloc(8 * (size_t)c->n_layer + 5, sizeof *p->bufs);
+    p->bufs = wcalloc(12 * (size_t)c->n_layer + 5, sizeof *p->bufs);
     if (!p->instrs || !p->bufs)
         goto nomem;
     struct builder bd = {.p = p, .cap = (int)max_instr};
@@ -778,8 +848,9 @@ nomem:
 
 static const char *buf_kind_name(enum prog_buf_kind k)
 {
-    static const char *const names[] = {"X",    "Q",    "ATT",   "HID",   "LOGITS",
-                                        "XMID", "SUMS", "MOE_H", "ROUTE", "MOE_OUT"};
+    static const char *const names[] = {"X",     "Q",     "ATT",     "HID",   "LOGITS",
+                                        "XMID",  "SUMS",  "MOE_H",   "ROUTE", "MOE_OUT",
+                                        "MLA_A", "LAT"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 

@@ -68,6 +68,10 @@ enum prog_op {
                                  (part -1), rows = its ffn dims, over its tokens */
     OP_MOE_DOWN,              /* the same expert, rows = model dims: its down product */
     OP_MOE_COMBINE,           /* rows = model dims: x += weighted sum of expert outputs */
+    OP_MLA_PROJ_A,            /* rows = q_a rows then kv_a rows: the latent projections
+                                 of h = rmsnorm(x) */
+    OP_MLA_Q_KV,              /* rows = query heads, then one unit for the latent KV row:
+                                 queries absorbed into the latent space; the cache row */
     OP_COUNT
 };
 
@@ -85,6 +89,10 @@ enum prog_buf_kind {
                          (n_tokens, 2 * n_expert_used + 1), ids as int32 bits */
     PROG_BUF_MOE_OUT, /* MoE layer: each (token, slot)'s expert output (n_tokens *
                          n_expert_used, dim), or the shared expert's (n_tokens, dim) */
+    PROG_BUF_MLA_A,   /* latent layer: q_a (n_tokens, q_lora_rank) or kv_a (n_tokens,
+                         kv_lora_rank + rope_dim) before their norms */
+    PROG_BUF_LAT,     /* latent layer: attention in latent space (n_tokens, n_head *
+                         kv_lora_rank) */
 };
 
 /* K parts (split-K, the tensor-parallel layout): the attention output projection and the
@@ -117,7 +125,10 @@ struct prog_instr {
        none); its dims [x0, x1) are stored to buffer xout (-1: none). */
     int32_t sums, xout, x0, x1;
     int32_t aux;  /* FFN_DOWN_PART: its HID buffer; MoE ops: the ROUTE buffer;
-                           else -1 */
+                     MLA_PROJ_A, MLA_Q_KV: the q_a buffer (-1 without q_lora_rank);
+                     latent ATTENTION: its LAT buffer; else -1 */
+    int32_t in2;  /* a second input: MOE_COMBINE the shared expert's output (-1: none),
+                     MLA_Q_KV the kv_a buffer; else -1 */
     int32_t part; /* O_PART / FFN_DOWN_PART: the K part; MOE_GATE_UP / MOE_DOWN: the
                            expert's rank among the step's active experts (-1: the shared
                            expert); else -1 */

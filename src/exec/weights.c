@@ -25,6 +25,7 @@
 #include "kernels/cpu/kernels.h"
 
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -56,11 +57,16 @@ static int check_config(const struct model *m, struct weld_err *e)
                        c->rope_factor);
     if ((long long)c->n_head * c->head_dim > INT_MAX / 4 || c->n_layer > INT16_MAX)
         return err_set(e, WELD_ERR_LIMIT, "%s: config: model too large", w);
-    if (c->kv_lora_rank > 0)
-        return err_set(e, WELD_ERR_UNSUPPORTED,
-                       "%s: multi-head latent attention (kv_lora_rank "
-                       "%d) is not supported by the cpu backend yet",
-                       w, c->kv_lora_rank);
+    if (c->kv_lora_rank > 0 &&
+        (c->kv_lora_rank > 65536 || c->q_lora_rank < 0 || c->q_lora_rank > 65536 ||
+         c->qk_nope_dim < 1 || c->v_head_dim < 1 || c->head_dim != c->qk_nope_dim + c->rope_dim))
+        return err_set(e, WELD_ERR_FORMAT, "%s: config: latent attention with kv_lora_rank %d, "
+                       "q_lora_rank %d, qk_nope_dim %d + rope_dim %d (head_dim %d), v_head_dim "
+                       "%d does not add up", w, c->kv_lora_rank, c->q_lora_rank, c->qk_nope_dim,
+                       c->rope_dim, c->head_dim, c->v_head_dim);
+    if (c->rope_scaling == ROPE_SCALING_YARN)
+        return err_set(e, WELD_ERR_UNSUPPORTED, "%s: YaRN rope scaling is not supported by the "
+                       "cpu backend yet", w);
     if (c->n_expert > 0) {
         if (c->n_expert > EXEC_MAX_EXPERTS || c->n_expert_used < 1 ||
             c->n_expert_used > c->n_expert || c->moe_ffn_dim < 1 || c->shared_ffn_dim < 0 ||
@@ -168,6 +174,36 @@ static int check_moe(const struct model *m, int l, size_t *nf, struct weld_err *
     return WELD_OK;
 }
 
+/* A latent-attention layer's projections and norms (model/config.h). */
+static int check_mla(const struct model *m, int l, size_t *nf, struct weld_err *e)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *L = &m->layers[l];
+    const int64_t qd = (int64_t)c->n_head * c->head_dim, ql = c->q_lora_rank;
+    const int64_t kvl = c->kv_lora_rank;
+    char nm[96];
+    int rc;
+#define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+    if (ql > 0) {
+        if ((rc = check_tensor(m, &L->wq_a, NAME("attn_q_a.weight"), c->dim, ql, e)) ||
+            (rc = check_vec(m, &L->q_a_norm, NAME("attn_q_a_norm.weight"), ql, true, nf, e)) ||
+            (rc = check_tensor(m, &L->wq_b, NAME("attn_q_b.weight"), ql, qd, e)))
+            return rc;
+    } else if ((rc = check_tensor(m, &L->wq, NAME("attn_q.weight"), c->dim, qd, e))) {
+        return rc;
+    }
+    if ((rc = check_tensor(m, &L->wkv_a, NAME("attn_kv_a_mqa.weight"), c->dim,
+                           kvl + c->rope_dim, e)) ||
+        (rc = check_vec(m, &L->kv_a_norm, NAME("attn_kv_a_norm.weight"), kvl, true, nf, e)) ||
+        (rc = check_tensor(m, &L->wkv_b, NAME("attn_kv_b.weight"), kvl,
+                           (int64_t)c->n_head * (c->qk_nope_dim + c->v_head_dim), e)) ||
+        (rc = check_tensor(m, &L->wo, NAME("attn_output.weight"),
+                           (int64_t)c->n_head * c->v_head_dim, c->dim, e)))
+        return rc;
+#undef NAME
+    return WELD_OK;
+}
+
 static int check_layer(const struct model *m, int l, size_t *nf, struct weld_err *e)
 {
     const struct model_config *c = &m->cfg;
@@ -177,7 +213,11 @@ static int check_layer(const struct model *m, int l, size_t *nf, struct weld_err
     int rc;
 #define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
     if ((rc = check_vec(m, &L->attn_norm, NAME("attn_norm.weight"), c->dim, true, nf, e)) ||
-        (rc = check_tensor(m, &L->wq, NAME("attn_q.weight"), c->dim, qd, e)) ||
+        (rc = check_vec(m, &L->ffn_norm, NAME("ffn_norm.weight"), c->dim, true, nf, e)))
+        return rc;
+    if (c->kv_lora_rank > 0)
+        rc = check_mla(m, l, nf, e);
+    else if ((rc = check_tensor(m, &L->wq, NAME("attn_q.weight"), c->dim, qd, e)) ||
         (rc = check_tensor(m, &L->wk, NAME("attn_k.weight"), c->dim, kd, e)) ||
         (rc = check_tensor(m, &L->wv, NAME("attn_v.weight"), c->dim, kd, e)) ||
         (rc = check_vec(m, &L->bq, NAME("attn_q.bias"), qd, c->qkv_bias, nf, e)) ||
@@ -187,8 +227,9 @@ static int check_layer(const struct model *m, int l, size_t *nf, struct weld_err
                         e)) ||
         (rc = check_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), c->head_dim, c->qk_norm, nf,
                         e)) ||
-        (rc = check_tensor(m, &L->wo, NAME("attn_output.weight"), qd, c->dim, e)) ||
-        (rc = check_vec(m, &L->ffn_norm, NAME("ffn_norm.weight"), c->dim, true, nf, e)))
+             (rc = check_tensor(m, &L->wo, NAME("attn_output.weight"), qd, c->dim, e)))
+        return rc;
+    if (rc)
         return rc;
     if (model_layer_moe(c, l))
         return check_moe(m, l, nf, e);
@@ -224,10 +265,10 @@ static int check_model(const struct model *m, size_t *nf, struct weld_err *e)
    FFN's gate, up, down or the MoE layer's router, each expert's gate, up, down and the
    shared expert's gate, up, down; then the output. Its order is the pool's. */
 static int list_add(struct exec_weights *w, int *n, struct exec_mat *x, const struct tensor *t,
-                    bool per_head, bool viewed)
+                    bool aligned, bool viewed)
 {
     if (w->list)
-        w->list[*n] = (struct exec_mat_ref){x, t, per_head, viewed};
+        w->list[*n] = (struct exec_mat_ref){x, t, aligned, viewed};
     return ++*n;
 }
 
@@ -241,33 +282,47 @@ static int list_fill(struct exec_weights *w)
     for (int l = 0; l < c->n_layer; l++) {
         const struct layer_weights *L = &m->layers[l];
         struct exec_layer_mats *M = &w->mats[l];
-        list_add(w, &n, &M->wq, &L->wq, true, false);
-        list_add(w, &n, &M->wk, &L->wk, true, false);
-        list_add(w, &n, &M->wv, &L->wv, true, false);
-        list_add(w, &n, &M->wo, &L->wo, false, kp);
+        const bool hd16 = c->head_dim % 16 == 0; /* Q/K/V products start on heads */
+        if (c->kv_lora_rank > 0) {
+            if (c->q_lora_rank > 0) {
+                list_add(w, &n, &M->wq_a, &L->wq_a, true, false);
+                list_add(w, &n, &M->wq_b, &L->wq_b, hd16, false);
+            } else {
+                list_add(w, &n, &M->wq, &L->wq, hd16, false);
+            }
+            list_add(w, &n, &M->wkv_a, &L->wkv_a, true, false);
+            /* value rows of head h start at h * (nope + v) + nope */
+            list_add(w, &n, &M->wkv_b, &L->wkv_b,
+                     c->qk_nope_dim % 16 == 0 && c->v_head_dim % 16 == 0, false);
+        } else {
+            list_add(w, &n, &M->wq, &L->wq, hd16, false);
+            list_add(w, &n, &M->wk, &L->wk, hd16, false);
+            list_add(w, &n, &M->wv, &L->wv, hd16, false);
+        }
+        list_add(w, &n, &M->wo, &L->wo, true, kp);
         if (!model_layer_moe(c, l)) {
-            list_add(w, &n, &M->gate, &L->w_gate, false, false);
-            list_add(w, &n, &M->up, &L->w_up, false, false);
-            list_add(w, &n, &M->down, &L->w_down, false, kp);
+            list_add(w, &n, &M->gate, &L->w_gate, true, false);
+            list_add(w, &n, &M->up, &L->w_up, true, false);
+            list_add(w, &n, &M->down, &L->w_down, true, kp);
             continue;
         }
-        list_add(w, &n, &M->router, &L->router, false, false);
+        list_add(w, &n, &M->router, &L->router, true, false);
         if (em) {
             M->egate = em, M->eup = em + c->n_expert, M->edown = em + 2 * c->n_expert;
             em += 3 * c->n_expert;
         }
         for (int x = 0; x < c->n_expert; x++) {
-            list_add(w, &n, M->egate ? &M->egate[x] : NULL, &L->exp_gate[x], false, false);
-            list_add(w, &n, M->eup ? &M->eup[x] : NULL, &L->exp_up[x], false, false);
-            list_add(w, &n, M->edown ? &M->edown[x] : NULL, &L->exp_down[x], false, false);
+            list_add(w, &n, M->egate ? &M->egate[x] : NULL, &L->exp_gate[x], true, false);
+            list_add(w, &n, M->eup ? &M->eup[x] : NULL, &L->exp_up[x], true, false);
+            list_add(w, &n, M->edown ? &M->edown[x] : NULL, &L->exp_down[x], true, false);
         }
         if (c->shared_ffn_dim > 0) {
-            list_add(w, &n, &M->sh_gate, &L->sh_gate, false, false);
-            list_add(w, &n, &M->sh_up, &L->sh_up, false, false);
-            list_add(w, &n, &M->sh_down, &L->sh_down, false, false);
+            list_add(w, &n, &M->sh_gate, &L->sh_gate, true, false);
+            list_add(w, &n, &M->sh_up, &L->sh_up, true, false);
+            list_add(w, &n, &M->sh_down, &L->sh_down, true, false);
         }
     }
-    list_add(w, &n, &w->output, &m->output, false, false);
+    list_add(w, &n, &w->output, &m->output, true, false);
     return n;
 }
 
@@ -276,7 +331,7 @@ static struct exec_mat *mat_at(struct exec_weights *w, int i, const struct tenso
                                bool *per_head)
 {
     *t = w->list[i].t;
-    *per_head = w->list[i].per_head;
+    *per_head = !w->list[i].aligned;
     return w->list[i].x;
 }
 
@@ -294,7 +349,6 @@ static size_t mat_pool_bytes(const struct exec_mat *x, const struct tensor *t)
 /* Describe every matrix; returns the bytes of the pool they need. */
 static size_t mats_plan(struct exec_weights *w)
 {
-    const struct model_config *c = &w->m->cfg;
     int n = w->n_list;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -316,7 +370,7 @@ static size_t mats_plan(struct exec_weights *w)
             x->from_f16 = false;
             continue;
         }
-        bool aligned = !per_head || c->head_dim % 16 == 0;
+        bool aligned = w->list[i].aligned;
         /* K parts read wo and down in column ranges: their views need the file's layout */
         bool viewed = w->list[i].viewed;
         x->repacked = w->repack && aligned && !viewed && gemm_repack_pays(w->go, ct) &&
@@ -691,6 +745,45 @@ static int kparts_choose(struct exec_weights *w, int n, struct weld_err *e)
     return WELD_OK;
 }
 
+/* Every latent layer's kbt (weights.h): row h * kvl + c holds wkv_b's element c of rows
+   h * (nope + v) + i, i < nope, as f32 (exact: dequantized), so the query's absorption
+   into the latent space is an ordinary product. */
+static int mla_build(struct exec_weights *w, struct weld_err *e)
+{
+    const struct model *m = w->m;
+    const struct model_config *c = &m->cfg;
+    if (c->kv_lora_rank <= 0)
+        return WELD_OK;
+    const int kvl = c->kv_lora_rank, nope = c->qk_nope_dim, per = nope + c->v_head_dim;
+    const size_t per_layer = (size_t)c->n_head * (size_t)kvl * (size_t)nope;
+    float *row = wmalloc(sizeof(float) * (size_t)kvl);
+    if (!row || !(w->mla_mem = wmalloc(per_layer * (size_t)c->n_layer * sizeof(float)))) {
+        wfree(row);
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for the latent key projections",
+                       model_where(m));
+    }
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct tensor *t = &m->layers[l].wkv_b;
+        const size_t rb = dtype_row_bytes(t->type, kvl);
+        float *kb = w->mla_mem + per_layer * (size_t)l;
+        for (int h = 0; h < c->n_head; h++)
+            for (int i = 0; i < nope; i++) {
+                dtype_dequantize_row(t->type, (const uint8_t *)t->data +
+                                     (size_t)(h * per + i) * rb, row, kvl);
+                for (int k = 0; k < kvl; k++)
+                    kb[((size_t)h * kvl + (size_t)k) * (size_t)nope + (size_t)i] = row[k];
+            }
+        struct exec_mat *x = &w->mats[l].kbt;
+        struct weld_err ignored;
+        *x = (struct exec_mat){.wtype = DT_F32, .data = kb, .rows = (int64_t)c->n_head * kvl,
+                               .k = nope, .row_bytes = sizeof(float) * (size_t)nope};
+        x->gemm = gemm_check(DT_F32, nope, NULL, &ignored) == WELD_OK;
+        x->act_row_bytes = x->gemm ? (gemm_act_row_bytes(DT_F32, nope) + 63) / 64 * 64 : 0;
+    }
+    wfree(row);
+    return WELD_OK;
+}
+
 static int mats_create(struct exec_weights *w, const struct exec_tuning *t, struct weld_err *e)
 {
     int rc = isa_init(e);
@@ -711,6 +804,8 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
                                             sizeof *w->expert_mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for the expert matrix table",
                        model_where(w->m));
+    if ((rc = mla_build(w, e)))
+        return rc;
     w->n_list = list_fill(w);
     if (!(w->list = wcalloc((size_t)w->n_list, sizeof *w->list)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table", model_where(w->m));
@@ -755,6 +850,7 @@ void exec_weights_free(struct exec_weights *w)
     pool_unref(w->pool);
     wfree(w->list);
     wfree(w->expert_mats);
+    wfree(w->mla_mem);
     wfree(w->mats);
     wfree(w->mem);
     wfree(w->layers);
@@ -782,6 +878,7 @@ int exec_weights_create(struct exec_weights **out, const struct model *m,
     }
     w->m = m;
     w->rope_pos_scale = c->rope_scaling == ROPE_SCALING_LINEAR ? 1.0f / c->rope_factor : 1.0f;
+    w->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     float *cur = w->mem;
     int64_t qd = (int64_t)c->n_head * c->head_dim, kd = (int64_t)c->n_kv_head * c->head_dim;
     w->output_norm = take_vec(&m->output_norm, c->dim, &cur);
@@ -789,6 +886,10 @@ int exec_weights_create(struct exec_weights **out, const struct model *m,
         const struct layer_weights *L = &m->layers[l];
         struct exec_layer_vecs *v = &w->layers[l];
         v->attn_norm = take_vec(&L->attn_norm, c->dim, &cur);
+        if (c->kv_lora_rank > 0) {
+            v->q_a_norm = c->q_lora_rank > 0 ? take_vec(&L->q_a_norm, c->q_lora_rank, &cur) : NULL;
+            v->kv_a_norm = take_vec(&L->kv_a_norm, c->kv_lora_rank, &cur);
+        }
         v->bq = take_vec(&L->bq, qd, &cur);
         v->bk = take_vec(&L->bk, kd, &cur);
         v->bv = take_vec(&L->bv, kd, &cur);

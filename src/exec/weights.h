@@ -104,6 +104,16 @@ struct exec_layer_mats {
     struct exec_mat router;
     struct exec_mat *egate, *eup, *edown;
     struct exec_mat sh_gate, sh_up, sh_down;
+    /* latent attention layers: wq (no q_lora_rank) or wq_a and wq_b, wkv_a, wkv_b, and
+       kbt: every head's key up-projection transposed (n_head * kv_lora_rank rows of
+       qk_nope_dim, F32 from wkv_b's values), which takes a query's nope part into the
+       latent space: q_lat = kbt_h q_nope (exec_weights.mla_mem) */
+    struct exec_mat wq_a, wq_b, wkv_a, wkv_b, kbt;
+    /* and the value up-projection: head h's v_head_dim rows of vb start at row h *
+       vb_stride + vb_off (wkv_b: stride qk_nope_dim + v_head_dim, offset qk_nope_dim; a
+       file's attn_v_b: stride v_head_dim, offset 0) */
+    struct exec_mat vb;
+    int vb_stride, vb_off;
     /* with K parts (exec_weights.kp): views of wo and down restricted to each part's
        columns (same rows and row stride, k = the part's width) */
     struct exec_mat wo_part[PROG_KPARTS_MAX], down_part[PROG_KPARTS_MAX];
@@ -116,13 +126,16 @@ struct exec_layer_vecs {
     float *q_norm, *k_norm;      /* (head_dim) or NULL */
     float *exp_bias;             /* MoE: (n_expert) router choice bias, or NULL */
     float *sh_gate_inp;          /* MoE: (dim) shared expert gate (qwen2moe), or NULL */
+    float *q_a_norm;             /* MLA: (q_lora_rank) or NULL */
+    float *kv_a_norm;            /* MLA: (kv_lora_rank) */
 };
 
 /* One pooled matrix and the tensor it comes from (weights.c's list of every matrix). */
 struct exec_mat_ref {
     struct exec_mat *x;
     const struct tensor *t;
-    bool per_head; /* Q/K/V: multiplied one head (head_dim rows) at a time */
+    bool aligned;  /* every row range the ops multiply starts at a multiple of 16 (Q/K/V:
+                      when head_dim is one), so it may be repacked */
     bool viewed;   /* K parts read it in column views: keep the file's layout */
 };
 
@@ -141,6 +154,9 @@ struct exec_weights {
     bool repack;                     /* repack where it pays (tuning repack, default on) */
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct exec_mat *expert_mats;    /* backing of every layer's egate / eup / edown */
+    float *mla_mem;                  /* backing of every latent layer's kbt */
+    float attn_scale;                /* softmax scale of attention scores: 1 / sqrt(head_dim)
+                                        (times YaRN's mscale squared) */
     struct exec_mat_ref *list;       /* (n_list) every matrix, in pool order */
     int n_list;
     struct prog_kparts kp;           /* the K parts programs of this model are built in
