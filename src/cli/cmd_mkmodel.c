@@ -70,16 +70,43 @@ static int apply_rope_scaling(const struct mk_args *a, struct model_config *c)
     return 0;
 }
 
+/* --arch: GGUF arch names plus the family names people type. */
+static int parse_arch(const char *name, bool *mixtral)
+{
+    static const struct {
+        const char *name;
+        enum model_arch arch;
+    } alias[] = {{"qwen3-moe", ARCH_QWEN3MOE},
+                 {"qwen2-moe", ARCH_QWEN2MOE},
+                 {"deepseek-v3", ARCH_DEEPSEEK2},
+                 {"deepseek", ARCH_DEEPSEEK2},
+                 {"mixtral", ARCH_LLAMA}};
+    *mixtral = !strcmp(name, "mixtral");
+    for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++)
+        if (!strcmp(name, alias[i].name))
+            return (int)alias[i].arch;
+    return model_arch_from_name(name);
+}
+
 static int build_config(const struct mk_args *a, struct model_config *c)
 {
-    int arch = model_arch_from_name(a->arch);
+    bool mixtral;
+    int arch = parse_arch(a->arch, &mixtral);
     struct weld_err e = {0};
     if (arch < 0) {
-        fprintf(stderr, "weld mkmodel: --arch '%s' is not one of llama, qwen2, qwen3\n", a->arch);
+        fprintf(stderr,
+                "weld mkmodel: --arch '%s' is not one of llama, qwen2, qwen3, "
+                "qwen3-moe, qwen2-moe, mixtral, deepseek-v3\n",
+                a->arch);
+        return 2;
+    }
+    if (mixtral && !a->preset) {
+        fprintf(stderr, "weld mkmodel: --arch mixtral needs --preset tiny\n");
         return 2;
     }
     if (a->preset) {
-        if (mkmodel_preset(a->preset, (enum model_arch)arch, c, &e)) {
+        const char *preset = mixtral && !strcmp(a->preset, "tiny") ? "mixtral-tiny" : a->preset;
+        if (mkmodel_preset(preset, (enum model_arch)arch, c, &e)) {
             fprintf(stderr, "weld mkmodel: %s\n", e.msg);
             return 2;
         }
@@ -108,9 +135,11 @@ int cmd_mkmodel(int argc, char **argv)
 {
     struct mk_args a = {.arch = "llama", .dtype = "f32"};
     const struct cli_opt opts[] = {
-        {"arch", 0, OPT_STR, &a.arch, "NAME", "llama, qwen2 or qwen3 (default llama)"},
+        {"arch", 0, OPT_STR, &a.arch, "NAME",
+         "llama, qwen2, qwen3, qwen3-moe, qwen2-moe, mixtral or deepseek-v3 (default llama)"},
         {"preset", 0, OPT_STR, &a.preset, "NAME",
-         "tiny, llama-110m, llama-3.2-1b, qwen3-0.6b, qwen2-0.5b"},
+         "tiny, llama-110m, llama-3.2-1b, qwen3-0.6b, qwen2-0.5b, qwen3-moe-1b, "
+         "deepseek-moe-1b"},
         {"dim", 0, OPT_INT, &a.dim, "N", "hidden size"},
         {"layers", 0, OPT_INT, &a.layers, "N", "number of layers"},
         {"heads", 0, OPT_INT, &a.heads, "N", "attention heads"},
@@ -131,7 +160,8 @@ int cmd_mkmodel(int argc, char **argv)
         {"tied", 0, OPT_FLAG, &a.tied, NULL, "tie output and embedding weights"},
         {"untied", 0, OPT_FLAG, &a.untied, NULL, "separate output weights"},
         {"tokenizer", 't', OPT_STR, &a.tokenizer, "PATH", "tokenizer.json or its directory"},
-        {"dtype", 0, OPT_STR, &a.dtype, "T", "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K (default f32)"},
+        {"dtype", 0, OPT_STR, &a.dtype, "T",
+         "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K (default f32)"},
         {"seed", 0, OPT_U64, &a.seed, "S", "random seed (default 0)"},
         {"name", 0, OPT_STR, &a.name, "NAME", "general.name / _name_or_path"},
         {"out", 'o', OPT_STR, &a.out, "PATH", "output: FILE.gguf or an HF directory"},
@@ -169,8 +199,10 @@ int cmd_mkmodel(int argc, char **argv)
         fprintf(stderr, "weld mkmodel: %s\n", msg);
         return 1;
     }
-    fprintf(stderr, "wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ffn %d)\n",
-            a.out, model_arch_name(c.arch), c.dim, c.n_layer, c.n_head, c.n_kv_head,
-            c.ffn_dim);
+    fprintf(stderr, "wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ffn %d", a.out,
+            model_arch_name(c.arch), c.dim, c.n_layer, c.n_head, c.n_kv_head, c.ffn_dim);
+    if (c.n_expert)
+        fprintf(stderr, ", %d experts (%d used) of %d", c.n_expert, c.n_expert_used, c.moe_ffn_dim);
+    fprintf(stderr, ")\n");
     return 0;
 }

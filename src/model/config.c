@@ -19,9 +19,17 @@
  * model loader reads the tensor. The writer never writes rope.scaling.type "llama3", which
  * llama.cpp would reject.
  *
- * Not handled (reported as WELD_ERR_UNSUPPORTED): yarn / longrope / dynamic rope scaling,
- * per-layer differing head counts, biases other than qwen2's QKV bias, MLP activations
- * other than SiLU, value heads of a different size than key heads.
+ * Experts and MLA: gguf_read_moe / gguf_read_mla and hf_read_experts; llama.cpp
+ * hard-codes the renormalisation of qwen3moe (on), qwen2moe (off) and Mixtral (on), so an
+ * HF config asking otherwise is refused rather than written to a GGUF that would run
+ * differently. DeepSeek groups with topk_group == n_group (no restriction) are written as
+ * no groups (llama.cpp asserts used < count).
+ *
+ * Not handled (reported as WELD_ERR_UNSUPPORTED): longrope / dynamic rope scaling, yarn
+ * outside deepseek2, per-layer differing head counts, biases other than qwen2's QKV bias,
+ * MLP activations other than SiLU, value heads of a different size than key heads (but
+ * MLA's), dense layers among sparse ones (decoder_sparse_step, mlp_only_layers,
+ * moe_layer_freq).
  */
 #include "model/config.h"
 
@@ -41,7 +49,20 @@ static const char *const arch_names[ARCH_COUNT] = {"llama",    "qwen2",    "qwen
 static const char *const arch_hf_classes[ARCH_COUNT] = {
     "LlamaForCausalLM",    "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM"};
-#define SUPPORTED_ARCHS "llama, qwen2, qwen3"
+/* HF model_type per arch (config.json spells them with underscores) */
+static const char *const arch_hf_types[ARCH_COUNT] = {"llama",     "qwen2",     "qwen3",
+                                                      "qwen3_moe", "qwen2_moe", "deepseek_v3"};
+/* Other HF names for the same archs: model_type or class -> arch */
+static const struct {
+    const char *name;
+    enum model_arch arch;
+} hf_aliases[] = {
+    {"mistral", ARCH_LLAMA},         {"MistralForCausalLM", ARCH_LLAMA},
+    {"mixtral", ARCH_LLAMA},         {"MixtralForCausalLM", ARCH_LLAMA},
+    {"deepseek_v2", ARCH_DEEPSEEK2}, {"DeepseekV2ForCausalLM", ARCH_DEEPSEEK2},
+    {"kimi_k2", ARCH_DEEPSEEK2},
+};
+#define SUPPORTED_ARCHS "llama, qwen2, qwen3, qwen3moe, qwen2moe, deepseek2"
 
 const char *model_arch_name(enum model_arch a)
 {
@@ -190,10 +211,11 @@ static int gguf_read_sizes(const struct gguf_file *f, const char *a, struct mode
     OPTIONAL(gkey_int(f, a, "attention.key_length", 0, &c->head_dim, e));
     int v_len = c->head_dim;
     OPTIONAL(gkey_int(f, a, "attention.value_length", 0, &v_len, e));
-    if (v_len != c->head_dim)
+    if (v_len != c->head_dim && c->arch != ARCH_DEEPSEEK2)
         return err_set(e, WELD_ERR_UNSUPPORTED,
                        "%s: key '%s.attention.value_length' = %d differs from key_length %d",
                        f->path, a, v_len, c->head_dim);
+    c->v_head_dim = v_len;
     c->rope_dim = c->head_dim;
     OPTIONAL(gkey_int(f, a, "rope.dimension_count", 0, &c->rope_dim, e));
     OPTIONAL(gkey_int(f, a, "attention.sliding_window", 0, &c->sliding_window, e));
@@ -201,6 +223,126 @@ static int gguf_read_sizes(const struct gguf_file *f, const char *a, struct mode
     OPTIONAL(gkey_f32(f, a, "attention.layer_norm_rms_epsilon", &c->norm_eps, e));
     c->rope_theta = 10000.0f;
     OPTIONAL(gkey_f32(f, a, "rope.freq_base", &c->rope_theta, e));
+    return WELD_OK;
+}
+
+static int gkey_bool(const struct gguf_file *f, const char *arch, const char *suffix, bool *out,
+                     struct weld_err *e)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_bool(f, key, out, e);
+}
+
+/* Experts (llama.cpp's load_hparams plus each arch's load_arch_hparams). */
+static int gguf_read_moe(const struct gguf_file *f, const char *a, struct model_config *c,
+                         struct weld_err *e)
+{
+    int rc;
+    OPTIONAL(gkey_int(f, a, "expert_count", 0, &c->n_expert, e));
+    OPTIONAL(gkey_int(f, a, "expert_used_count", 0, &c->n_expert_used, e));
+    c->expert_scale = 1.0f;
+    if (c->n_expert == 0 && c->arch != ARCH_QWEN3MOE && c->arch != ARCH_QWEN2MOE &&
+        c->arch != ARCH_DEEPSEEK2)
+        return WELD_OK;
+    OPTIONAL(gkey_int(f, a, "expert_group_count", 0, &c->n_group, e));
+    OPTIONAL(gkey_int(f, a, "expert_group_used_count", 0, &c->topk_group, e));
+    c->gating = MOE_GATING_SOFTMAX;
+    /* llama.cpp's fallback for a missing expert length: n_ff / n_expert_used (qwen), n_ff
+       (llama, whose experts are feed_forward_length wide) */
+    c->moe_ffn_dim = c->arch == ARCH_LLAMA || !c->n_expert_used ? c->ffn_dim
+                                                                : c->ffn_dim / c->n_expert_used;
+    if (c->arch == ARCH_DEEPSEEK2)
+        rc = required(gkey_int(f, a, "expert_feed_forward_length", 0, &c->moe_ffn_dim, e), f, a,
+                      "expert_feed_forward_length", e);
+    else
+        rc = gkey_int(f, a, "expert_feed_forward_length", 0, &c->moe_ffn_dim, e);
+    if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
+        return rc;
+    switch (c->arch) {
+    case ARCH_LLAMA: /* Mixtral */
+    case ARCH_QWEN3MOE:
+        c->expert_norm = true; /* llama.cpp passes norm_w = true for both */
+        break;
+    case ARCH_QWEN2MOE:
+        c->expert_norm = false;
+        c->n_shared_expert = 1;
+        c->shared_gate = true;
+        c->shared_ffn_dim = c->ffn_dim;
+        OPTIONAL(gkey_int(f, a, "expert_shared_feed_forward_length", 0, &c->shared_ffn_dim, e));
+        break;
+    default: { /* deepseek2 */
+        if ((rc = required(gkey_int(f, a, "expert_shared_count", 0, &c->n_shared_expert, e), f, a,
+                           "expert_shared_count", e)))
+            return rc;
+        c->shared_ffn_dim = c->n_shared_expert * c->moe_ffn_dim;
+        OPTIONAL(gkey_int(f, a, "leading_dense_block_count", 0, &c->n_dense_lead, e));
+        OPTIONAL(gkey_bool(f, a, "expert_weights_norm", &c->expert_norm, e));
+        float scale = 0.0f;
+        OPTIONAL(gkey_f32(f, a, "expert_weights_scale", &scale, e));
+        c->expert_scale = scale == 0.0f ? 1.0f : scale;
+        int g = 0;
+        OPTIONAL(gkey_int(f, a, "expert_gating_func", 0, &g, e));
+        if (g == 0)
+            g = MOE_GATING_SOFTMAX; /* llama.cpp: DeepSeek V2 GGUFs predate the key */
+        if (g != MOE_GATING_SOFTMAX && g != MOE_GATING_SIGMOID)
+            return err_set(e, WELD_ERR_UNSUPPORTED,
+                           "%s: key '%s.expert_gating_func' = %d is not supported (1 softmax, "
+                           "2 sigmoid)",
+                           f->path, a, g);
+        c->gating = (enum moe_gating)g;
+        /* exp_probs_b is optional in llama.cpp: its presence turns the bias on */
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.exp_probs_b.bias", c->n_dense_lead);
+        c->expert_bias = gguf_find_tensor(f, name) != NULL;
+    }
+    }
+    return WELD_OK;
+}
+
+/* Multi-head latent attention. llama.cpp's converter (81ff7abe) writes the MQA view:
+   head_count_kv 1, key_length kv_lora_rank + rope, value_length kv_lora_rank, and the
+   per-head sizes as key_length_mla / value_length_mla; older files have key_length /
+   value_length = the per-head sizes and no *_mla keys. */
+static int gguf_read_mla(const struct gguf_file *f, const char *a, struct model_config *c,
+                         struct weld_err *e)
+{
+    int rc;
+    OPTIONAL(gkey_int(f, a, "attention.q_lora_rank", 0, &c->q_lora_rank, e));
+    if ((rc = required(gkey_int(f, a, "attention.kv_lora_rank", 0, &c->kv_lora_rank, e), f, a,
+                       "attention.kv_lora_rank", e)))
+        return rc;
+    int k_mla = 0, v_mla = 0;
+    OPTIONAL(gkey_int(f, a, "attention.key_length_mla", 0, &k_mla, e));
+    OPTIONAL(gkey_int(f, a, "attention.value_length_mla", 0, &v_mla, e));
+    if (!!k_mla != !!v_mla)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: keys '%s.attention.key_length_mla' and 'value_length_mla' come "
+                       "together",
+                       f->path, a);
+    if (k_mla) {
+        if (c->head_dim != c->kv_lora_rank + c->rope_dim || c->v_head_dim != c->kv_lora_rank)
+            return err_set(e, WELD_ERR_FORMAT,
+                           "%s: key '%s.attention.key_length' = %d / value_length = %d: "
+                           "expected kv_lora_rank + rope dims = %d / kv_lora_rank = %d",
+                           f->path, a, c->head_dim, c->v_head_dim, c->kv_lora_rank + c->rope_dim,
+                           c->kv_lora_rank);
+        c->head_dim = k_mla;
+        c->v_head_dim = v_mla;
+    }
+    c->n_kv_head = c->n_head; /* the MQA view's single kv head is the latent */
+    c->qk_nope_dim = c->head_dim - c->rope_dim;
+    float log_mul = 0.0f;
+    OPTIONAL(gkey_f32(f, a, "rope.scaling.yarn_log_multiplier", &log_mul, e));
+    c->yarn_log_mul = log_mul;
+    /* block_count includes the multi-token-prediction layers when this key is present
+       (llama.cpp's own deepseek2 converter drops them and writes no key) */
+    OPTIONAL(gkey_int(f, a, "nextn_predict_layers", 0, &c->n_nextn, e));
+    if (c->n_nextn >= c->n_layer)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: key '%s.nextn_predict_layers' = %d leaves no layers of %d", f->path, a,
+                       c->n_nextn, c->n_layer);
+    c->n_layer -= c->n_nextn;
     return WELD_OK;
 }
 
@@ -271,10 +413,11 @@ static int gguf_read_rope_scaling(const struct gguf_file *f, const char *a,
     if (rc == WELD_OK && gstr_copy(s, type, sizeof type) != 0)
         return err_set(e, WELD_ERR_UNSUPPORTED, "%s: key '%s': unknown rope scaling type",
                        f->path, key);
-    if (strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
+    bool yarn = strcmp(type, "yarn") == 0 && c->arch == ARCH_DEEPSEEK2;
+    if (strcmp(type, "none") != 0 && strcmp(type, "linear") != 0 && !yarn)
         return err_set(e, WELD_ERR_UNSUPPORTED,
                        "%s: key '%s': rope scaling '%s' is not supported (supported: none, "
-                       "linear, llama3 via rope_freqs.weight)",
+                       "linear, llama3 via rope_freqs.weight, yarn for deepseek2)",
                        f->path, key, type);
     float factor = 0.0f;
     rc = gkey_f32(f, a, "rope.scaling.factor", &factor, e);
@@ -282,6 +425,17 @@ static int gguf_read_rope_scaling(const struct gguf_file *f, const char *a,
         rc = gkey_f32(f, a, "rope.scale_linear", &factor, e);
     if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
         return rc;
+    if (yarn) { /* defaults as llama.cpp's hparams */
+        c->rope_scaling = ROPE_SCALING_YARN;
+        c->rope_factor = factor == 0.0f ? 1.0f : factor;
+        c->rope_orig_ctx = c->max_ctx;
+        c->yarn_beta_fast = 32.0f;
+        c->yarn_beta_slow = 1.0f;
+        OPTIONAL(gkey_int(f, a, "rope.scaling.original_context_length", 0, &c->rope_orig_ctx, e));
+        OPTIONAL(gkey_f32(f, a, "rope.scaling.yarn_beta_fast", &c->yarn_beta_fast, e));
+        OPTIONAL(gkey_f32(f, a, "rope.scaling.yarn_beta_slow", &c->yarn_beta_slow, e));
+        return WELD_OK;
+    }
     if (strcmp(type, "linear") == 0 && factor != 0.0f && factor != 1.0f) {
         c->rope_scaling = ROPE_SCALING_LINEAR;
         c->rope_factor = factor;
@@ -300,13 +454,19 @@ int model_config_from_gguf(const struct gguf_file *f, struct model_config *c,
         rc = gguf_read_sizes(f, arch, c, e);
     if (rc == WELD_OK)
         rc = gguf_read_vocab(f, arch, c, e);
+    if (rc == WELD_OK && c->arch == ARCH_DEEPSEEK2)
+        rc = gguf_read_mla(f, arch, c, e);
+    if (rc == WELD_OK)
+        rc = gguf_read_moe(f, arch, c, e);
     if (rc == WELD_OK)
         rc = gguf_read_rope_scaling(f, arch, c, e);
     if (rc != WELD_OK)
         return rc;
-    c->rope_neox = c->arch != ARCH_LLAMA;
-    c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->qk_norm = c->arch == ARCH_QWEN3;
+    /* GGUF llama: Q/K rows permuted by the converter; deepseek2: never permuted, and both
+       HF and GGUF rotate adjacent pairs (see config.h) */
+    c->rope_neox = c->arch != ARCH_LLAMA && c->arch != ARCH_DEEPSEEK2;
+    c->qkv_bias = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN2MOE;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE;
     c->tied_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     return model_config_validate(c, f->path, e);
 }
@@ -359,6 +519,19 @@ static int hf_float(const json_t *o, const char *key, float *out, const char *wh
     return WELD_OK;
 }
 
+/* An HF model_type or class name -> arch, or -1. */
+static int hf_arch_lookup(const char *name)
+{
+    for (int i = 0; i < ARCH_COUNT; i++)
+        if (strcmp(name, arch_hf_types[i]) == 0 || strcmp(name, arch_hf_classes[i]) == 0)
+            return i;
+    for (size_t i = 0; i < sizeof hf_aliases / sizeof hf_aliases[0]; i++)
+        if (strcmp(name, hf_aliases[i].name) == 0)
+            return (int)hf_aliases[i].arch;
+    /* weld before MoE support wrote the GGUF arch names as model_type */
+    return model_arch_from_name(name);
+}
+
 /* model_type first, then architectures[0]. */
 static int hf_read_arch(const json_t *root, struct model_config *c, const char *where,
                         struct weld_err *e)
@@ -368,11 +541,12 @@ static int hf_read_arch(const json_t *root, struct model_config *c, const char *
     if (rc != WELD_OK && rc != WELD_ERR_NOT_FOUND)
         return rc;
     if (mt) {
-        int a = strcmp(mt, "mistral") == 0 ? ARCH_LLAMA : model_arch_from_name(mt);
+        int a = hf_arch_lookup(mt);
         if (a < 0)
             return err_set(e, WELD_ERR_UNSUPPORTED,
                            "%s: model_type '%s' is not supported (supported: llama, mistral, "
-                           "qwen2, qwen3)",
+                           "mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2, "
+                           "deepseek_v3, kimi_k2)",
                            where, mt);
         c->arch = (enum model_arch)a;
         return WELD_OK;
@@ -383,18 +557,16 @@ static int hf_read_arch(const json_t *root, struct model_config *c, const char *
         return err_set(e, WELD_ERR_FORMAT,
                        "%s: neither 'model_type' nor 'architectures' names the model", where);
     const char *cls = json_string_value(a0);
-    for (int i = 0; i < ARCH_COUNT; i++)
-        if (strcmp(cls, arch_hf_classes[i]) == 0) {
-            c->arch = (enum model_arch)i;
-            return WELD_OK;
-        }
-    if (strcmp(cls, "MistralForCausalLM") == 0) {
-        c->arch = ARCH_LLAMA;
+    int a = hf_arch_lookup(cls);
+    if (a >= 0 && strstr(cls, "ForCausalLM")) {
+        c->arch = (enum model_arch)a;
         return WELD_OK;
     }
     return err_set(e, WELD_ERR_UNSUPPORTED,
                    "%s: architecture '%s' is not supported (supported: LlamaForCausalLM, "
-                   "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                   "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
+                   "Qwen3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
+                   "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
                    where, cls);
 }
 
@@ -419,7 +591,8 @@ static int hf_read_sizes(const json_t *root, struct model_config *c, const char 
     /* transformers' defaults per config class */
     c->max_ctx = c->arch == ARCH_LLAMA ? 2048 : 32768;
     const char *mt = NULL;
-    if (jget_str(root, "model_type", &mt, where, NULL) == WELD_OK && strcmp(mt, "mistral") == 0)
+    if (jget_str(root, "model_type", &mt, where, NULL) == WELD_OK &&
+        (strcmp(mt, "mistral") == 0 || strcmp(mt, "mixtral") == 0))
         c->max_ctx = 4096 * 32;
     OPTIONAL(hf_int(root, "max_position_embeddings", &c->max_ctx, where, e));
     c->norm_eps = 1e-6f;
@@ -440,6 +613,35 @@ static int hf_read_llama3(const json_t *rs, struct model_config *c, const char *
     OPTIONAL(hf_float(rs, "high_freq_factor", &c->rope_high_freq_factor, where, e));
     OPTIONAL(hf_int(rs, "original_max_position_embeddings", &c->rope_orig_ctx, where, e));
     c->rope_scaling = ROPE_SCALING_LLAMA3;
+    return WELD_OK;
+}
+
+/* DeepSeek's YaRN: llama.cpp keeps only mscale_all_dim (as yarn_log_multiplier = 0.1 *
+   mscale_all_dim) and assumes mscale == mscale_all_dim (V2, V3 and Kimi K2 all have it). */
+static int hf_read_yarn(const json_t *rs, struct model_config *c, const char *field,
+                        const char *where, struct weld_err *e)
+{
+    c->rope_scaling = ROPE_SCALING_YARN;
+    c->rope_orig_ctx = c->max_ctx;
+    c->yarn_beta_fast = 32.0f;
+    c->yarn_beta_slow = 1.0f;
+    float mscale = 1.0f, mscale_all = 0.0f;
+    int rc = hf_float(rs, "factor", &c->rope_factor, where, e);
+    if (rc == WELD_ERR_NOT_FOUND)
+        return err_set(e, WELD_ERR_FORMAT, "%s: field '%s.factor' is missing", where, field);
+    if (rc != WELD_OK)
+        return rc;
+    OPTIONAL(hf_int(rs, "original_max_position_embeddings", &c->rope_orig_ctx, where, e));
+    OPTIONAL(hf_float(rs, "beta_fast", &c->yarn_beta_fast, where, e));
+    OPTIONAL(hf_float(rs, "beta_slow", &c->yarn_beta_slow, where, e));
+    OPTIONAL(hf_float(rs, "mscale", &mscale, where, e));
+    OPTIONAL(hf_float(rs, "mscale_all_dim", &mscale_all, where, e));
+    if (mscale_all != 0.0f && mscale != mscale_all)
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: field '%s': mscale %g differs from mscale_all_dim %g (llama.cpp "
+                       "and weld assume they are equal)",
+                       where, field, (double)mscale, (double)mscale_all);
+    c->yarn_log_mul = 0.1f * mscale_all;
     return WELD_OK;
 }
 
@@ -472,6 +674,8 @@ static int hf_read_rope(const json_t *root, struct model_config *c, const char *
         return WELD_OK;
     if (strcmp(type, "llama3") == 0)
         return hf_read_llama3(rs, c, where, e);
+    if (strcmp(type, "yarn") == 0 && c->arch == ARCH_DEEPSEEK2)
+        return hf_read_yarn(rs, c, field, where, e);
     if (strcmp(type, "linear") == 0) {
         int rc = hf_float(rs, "factor", &c->rope_factor, where, e);
         if (rc == WELD_ERR_NOT_FOUND)
@@ -484,7 +688,7 @@ static int hf_read_rope(const json_t *root, struct model_config *c, const char *
     }
     return err_set(e, WELD_ERR_UNSUPPORTED,
                    "%s: field '%s': rope type '%s' is not supported (supported: default, "
-                   "linear, llama3)",
+                   "linear, llama3, yarn for DeepSeek)",
                    where, field, type);
 }
 
@@ -495,7 +699,7 @@ static int hf_read_flags(const json_t *root, struct model_config *c, const char 
     OPTIONAL(jget_bool(root, "tie_word_embeddings", &c->tied_embeddings, where, e));
     b = false;
     OPTIONAL(jget_bool(root, "attention_bias", &b, where, e));
-    if (b && c->arch != ARCH_QWEN2)
+    if (b && c->arch != ARCH_QWEN2 && c->arch != ARCH_QWEN2MOE)
         return err_set(e, WELD_ERR_UNSUPPORTED,
                        "%s: field 'attention_bias': biased attention projections are not "
                        "supported for %s",
@@ -515,9 +719,146 @@ static int hf_read_flags(const json_t *root, struct model_config *c, const char 
     OPTIONAL(jget_bool(root, "use_sliding_window", &b, where, e));
     if (!b)
         c->sliding_window = 0;
-    c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->qk_norm = c->arch == ARCH_QWEN3;
-    c->rope_neox = true;
+    c->qkv_bias = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN2MOE;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE;
+    /* DeepSeek's modeling code de-interleaves q_pe / k_pe before rotate-half: its weights
+       rotate adjacent pairs, as llama.cpp's (unpermuted) deepseek2 GGUFs do */
+    c->rope_neox = c->arch != ARCH_DEEPSEEK2;
+    c->v_head_dim = c->head_dim; /* hf_read_deepseek sets MLA's own */
+    return WELD_OK;
+}
+
+/* An HF field that must keep its trivial value: an integer equal to want (absent is fine). */
+static int hf_want_int(const json_t *root, const char *key, int want, const char *what,
+                       const char *where, struct weld_err *e)
+{
+    int v = want;
+    OPTIONAL(hf_int(root, key, &v, where, e));
+    if (v != want)
+        return err_set(e, WELD_ERR_UNSUPPORTED, "%s: field '%s' = %d is not supported (%s)", where,
+                       key, v, what);
+    return WELD_OK;
+}
+
+/* Qwen2-MoE / Qwen3-MoE: every layer sparse; refuse the fields that make layers differ. */
+static int hf_read_qwen_moe(const json_t *root, struct model_config *c, const char *where,
+                            struct weld_err *e)
+{
+    int rc;
+    if ((rc = hf_req_int(root, "num_experts", &c->n_expert, where, e)) ||
+        (rc = hf_req_int(root, "num_experts_per_tok", &c->n_expert_used, where, e)) ||
+        (rc = hf_req_int(root, "moe_intermediate_size", &c->moe_ffn_dim, where, e)) ||
+        (rc = hf_want_int(root, "decoder_sparse_step", 1, "every layer must be sparse", where, e)))
+        return rc;
+    const json_t *mlp_only = json_object_get(root, "mlp_only_layers");
+    if (mlp_only && !json_is_null(mlp_only) &&
+        !(json_is_array(mlp_only) && json_array_size(mlp_only) == 0))
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: field 'mlp_only_layers': dense layers among sparse ones are not "
+                       "supported (must be [])",
+                       where);
+    bool norm = false; /* transformers' default for both */
+    OPTIONAL(jget_bool(root, "norm_topk_prob", &norm, where, e));
+    bool want = c->arch == ARCH_QWEN3MOE; /* what llama.cpp hard-codes per arch */
+    if (norm != want)
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: field 'norm_topk_prob' = %s is not supported for %s (llama.cpp "
+                       "and weld use %s)",
+                       where, norm ? "true" : "false", arch_hf_types[c->arch],
+                       want ? "true" : "false");
+    c->expert_norm = norm;
+    c->gating = MOE_GATING_SOFTMAX;
+    c->expert_scale = 1.0f;
+    if (c->arch == ARCH_QWEN2MOE) {
+        if ((rc = hf_req_int(root, "shared_expert_intermediate_size", &c->shared_ffn_dim, where,
+                             e)))
+            return rc;
+        c->n_shared_expert = 1;
+        c->shared_gate = true;
+    }
+    return WELD_OK;
+}
+
+/* Mixtral: llama with experts as wide as intermediate_size, softmax, renormalised. */
+static int hf_read_mixtral(const json_t *root, struct model_config *c, const char *where,
+                           struct weld_err *e)
+{
+    int rc;
+    if ((rc = hf_req_int(root, "num_local_experts", &c->n_expert, where, e)) ||
+        (rc = hf_req_int(root, "num_experts_per_tok", &c->n_expert_used, where, e)))
+        return rc;
+    c->moe_ffn_dim = c->ffn_dim;
+    c->gating = MOE_GATING_SOFTMAX;
+    c->expert_norm = true;
+    c->expert_scale = 1.0f;
+    return WELD_OK;
+}
+
+/* DeepSeek-V2/V3 (and Kimi K2): MLA sizes and the routed + shared experts. */
+static int hf_read_deepseek(const json_t *root, struct model_config *c, const char *where,
+                            struct weld_err *e)
+{
+    int rc, rope = 0;
+    c->q_lora_rank = 0; /* null: no query compression (V2-Lite) */
+    OPTIONAL(hf_int(root, "q_lora_rank", &c->q_lora_rank, where, e));
+    if ((rc = hf_req_int(root, "kv_lora_rank", &c->kv_lora_rank, where, e)) ||
+        (rc = hf_req_int(root, "qk_nope_head_dim", &c->qk_nope_dim, where, e)) ||
+        (rc = hf_req_int(root, "qk_rope_head_dim", &rope, where, e)) ||
+        (rc = hf_req_int(root, "v_head_dim", &c->v_head_dim, where, e)) ||
+        (rc = hf_req_int(root, "n_routed_experts", &c->n_expert, where, e)) ||
+        (rc = hf_req_int(root, "num_experts_per_tok", &c->n_expert_used, where, e)) ||
+        (rc = hf_req_int(root, "moe_intermediate_size", &c->moe_ffn_dim, where, e)) ||
+        (rc = hf_want_int(root, "moe_layer_freq", 1,
+                          "every layer after the dense ones must "
+                          "be sparse",
+                          where, e)))
+        return rc;
+    c->head_dim = c->qk_nope_dim + rope;
+    c->rope_dim = rope;
+    c->n_kv_head = c->n_head;
+    OPTIONAL(hf_int(root, "n_shared_experts", &c->n_shared_expert, where, e));
+    c->shared_ffn_dim = c->n_shared_expert * c->moe_ffn_dim;
+    OPTIONAL(hf_int(root, "first_k_dense_replace", &c->n_dense_lead, where, e));
+    c->expert_scale = 1.0f;
+    OPTIONAL(hf_float(root, "routed_scaling_factor", &c->expert_scale, where, e));
+    c->n_group = 1, c->topk_group = 1;
+    OPTIONAL(hf_int(root, "n_group", &c->n_group, where, e));
+    OPTIONAL(hf_int(root, "topk_group", &c->topk_group, where, e));
+    OPTIONAL(jget_bool(root, "norm_topk_prob", &c->expert_norm, where, e));
+    OPTIONAL(hf_int(root, "num_nextn_predict_layers", &c->n_nextn, where, e));
+    const char *score = "softmax", *method = "greedy";
+    OPTIONAL(jget_str(root, "scoring_func", &score, where, e));
+    OPTIONAL(jget_str(root, "topk_method", &method, where, e));
+    if (strcmp(score, "softmax") == 0)
+        c->gating = MOE_GATING_SOFTMAX;
+    else if (strcmp(score, "sigmoid") == 0)
+        c->gating = MOE_GATING_SIGMOID;
+    else
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: field 'scoring_func': '%s' is not supported (softmax, sigmoid)", where,
+                       score);
+    if (strcmp(method, "noaux_tc") == 0)
+        c->expert_bias = true;
+    else if (strcmp(method, "greedy") != 0 && strcmp(method, "group_limited_greedy") != 0)
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: field 'topk_method': '%s' is not supported (greedy, "
+                       "group_limited_greedy, noaux_tc)",
+                       where, method);
+    if (strcmp(method, "greedy") == 0)
+        c->n_group = 1, c->topk_group = 1; /* groups are ignored by plain greedy */
+    return WELD_OK;
+}
+
+static int hf_read_experts(const json_t *root, struct model_config *c, const char *where,
+                           struct weld_err *e)
+{
+    if (c->arch == ARCH_QWEN3MOE || c->arch == ARCH_QWEN2MOE)
+        return hf_read_qwen_moe(root, c, where, e);
+    if (c->arch == ARCH_DEEPSEEK2)
+        return hf_read_deepseek(root, c, where, e);
+    const json_t *n = json_object_get(root, "num_local_experts");
+    if (c->arch == ARCH_LLAMA && n && !json_is_null(n))
+        return hf_read_mixtral(root, c, where, e);
     return WELD_OK;
 }
 
@@ -534,7 +875,8 @@ int model_config_from_hf_json(const char *buf, size_t len, const char *where,
         goto out_root;
     }
     if ((rc = hf_read_arch(root, c, where, e)) || (rc = hf_read_sizes(root, c, where, e)) ||
-        (rc = hf_read_rope(root, c, where, e)) || (rc = hf_read_flags(root, c, where, e)))
+        (rc = hf_read_rope(root, c, where, e)) || (rc = hf_read_flags(root, c, where, e)) ||
+        (rc = hf_read_experts(root, c, where, e)))
         goto out_root;
     const char *name = NULL;
     if (jget_str(root, "_name_or_path", &name, where, NULL) == WELD_OK)
@@ -584,11 +926,23 @@ static int check_rope(const struct model_config *c, const char *where, struct we
     case ROPE_SCALING_NONE:
         return WELD_OK;
     case ROPE_SCALING_LINEAR:
-    case ROPE_SCALING_YARN:
         if (!(isfinite(c->rope_factor) && c->rope_factor > 0.0f))
             return err_set(e, WELD_ERR_FORMAT, "%s: rope scaling factor = %g must be > 0",
                            where, (double)c->rope_factor);
         return WELD_OK;
+    case ROPE_SCALING_YARN:
+        if (!(isfinite(c->rope_factor) && c->rope_factor > 0.0f))
+            return err_set(e, WELD_ERR_FORMAT, "%s: rope scaling factor = %g must be > 0", where,
+                           (double)c->rope_factor);
+        if (!(isfinite(c->yarn_beta_fast) && isfinite(c->yarn_beta_slow) &&
+              c->yarn_beta_fast > 0.0f && c->yarn_beta_slow > 0.0f && isfinite(c->yarn_log_mul) &&
+              c->yarn_log_mul >= 0.0f))
+            return err_set(e, WELD_ERR_FORMAT,
+                           "%s: yarn beta_fast = %g, beta_slow = %g, log multiplier = %g: need "
+                           "betas > 0 and multiplier >= 0",
+                           where, (double)c->yarn_beta_fast, (double)c->yarn_beta_slow,
+                           (double)c->yarn_log_mul);
+        return check_range(c->rope_orig_ctx, 1, 1 << 24, "rope original context", where, e);
     case ROPE_SCALING_LLAMA3:
         if (!(isfinite(c->rope_factor) && c->rope_factor > 0.0f))
             return err_set(e, WELD_ERR_FORMAT, "%s: rope scaling factor = %g must be > 0",
@@ -605,6 +959,98 @@ static int check_rope(const struct model_config *c, const char *where, struct we
     }
     return err_set(e, WELD_ERR_FORMAT, "%s: unknown rope scaling type %d", where,
                    (int)c->rope_scaling);
+}
+
+static int check_experts(const struct model_config *c, const char *where, struct weld_err *e)
+{
+    int rc;
+    bool moe_arch = c->arch == ARCH_QWEN3MOE || c->arch == ARCH_QWEN2MOE ||
+                    c->arch == ARCH_DEEPSEEK2;
+    if ((rc = check_range(c->n_expert, moe_arch ? 1 : 0, 1024, "expert count", where, e)))
+        return rc;
+    if (c->n_expert == 0) {
+        if (c->n_expert_used || c->n_shared_expert || c->shared_ffn_dim || c->n_dense_lead ||
+            c->n_group > 1 || c->expert_bias || c->shared_gate)
+            return err_set(e, WELD_ERR_FORMAT,
+                           "%s: expert settings (used %d, shared %d, dense leading layers %d, "
+                           "groups %d) without experts",
+                           where, c->n_expert_used, c->n_shared_expert, c->n_dense_lead,
+                           c->n_group);
+        return WELD_OK;
+    }
+    if ((rc = check_range(c->n_expert_used, 1, c->n_expert, "experts used per token", where, e)) ||
+        (rc = check_range(c->moe_ffn_dim, 1, 1 << 20, "expert ffn size", where, e)) ||
+        (rc = check_range(c->shared_ffn_dim, 0, 1 << 20, "shared expert ffn size", where, e)) ||
+        (rc = check_range(c->n_shared_expert, 0, 64, "shared expert count", where, e)) ||
+        (rc = check_range(c->n_dense_lead, 0, c->n_layer, "leading dense layers", where, e)) ||
+        (rc = check_range(c->n_group, 0, c->n_expert, "expert group count", where, e)))
+        return rc;
+    if (c->gating != MOE_GATING_SOFTMAX && c->gating != MOE_GATING_SIGMOID)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: expert gating %d is not softmax (1) or "
+                       "sigmoid (2)",
+                       where, (int)c->gating);
+    if (!(isfinite(c->expert_scale) && c->expert_scale > 0.0f))
+        return err_set(e, WELD_ERR_FORMAT, "%s: expert weights scale = %g must be > 0", where,
+                       (double)c->expert_scale);
+    if (c->shared_gate && c->shared_ffn_dim == 0)
+        return err_set(e, WELD_ERR_FORMAT, "%s: a shared expert gate without a shared expert",
+                       where);
+    if (c->arch == ARCH_LLAMA && (c->moe_ffn_dim != c->ffn_dim || c->shared_ffn_dim ||
+                                  c->n_dense_lead || c->n_group > 1 || c->expert_bias))
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: llama experts (Mixtral) must be ffn size wide (%d, not %d), with "
+                       "no shared experts, dense layers, groups or bias",
+                       where, c->ffn_dim, c->moe_ffn_dim);
+    if (c->n_group > 1) {
+        if (c->n_expert % c->n_group != 0)
+            return err_set(e, WELD_ERR_FORMAT,
+                           "%s: expert count %d is not a multiple of the group count %d", where,
+                           c->n_expert, c->n_group);
+        if ((rc = check_range(c->topk_group, 1, c->n_group, "expert groups used", where, e)))
+            return rc;
+        if ((long long)c->topk_group * (c->n_expert / c->n_group) < c->n_expert_used)
+            return err_set(e, WELD_ERR_FORMAT,
+                           "%s: %d groups of %d experts cannot supply %d experts per token", where,
+                           c->topk_group, c->n_expert / c->n_group, c->n_expert_used);
+    }
+    return WELD_OK;
+}
+
+static int check_mla(const struct model_config *c, const char *where, struct weld_err *e)
+{
+    int rc;
+    if (c->arch != ARCH_DEEPSEEK2) {
+        if (c->kv_lora_rank || c->q_lora_rank || c->n_nextn)
+            return err_set(e, WELD_ERR_FORMAT,
+                           "%s: latent attention / next-token layers are deepseek2 only", where);
+        if (c->v_head_dim && c->v_head_dim != c->head_dim)
+            return err_set(e, WELD_ERR_UNSUPPORTED,
+                           "%s: value head size %d differs from head_dim %d", where, c->v_head_dim,
+                           c->head_dim);
+        return WELD_OK;
+    }
+    if ((rc = check_range(c->kv_lora_rank, 1, 65536, "kv_lora_rank", where, e)) ||
+        (rc = check_range(c->q_lora_rank, 0, 65536, "q_lora_rank", where, e)) ||
+        (rc = check_range(c->qk_nope_dim, 1, 4096, "qk_nope_head_dim", where, e)) ||
+        (rc = check_range(c->v_head_dim, 1, 4096, "v_head_dim", where, e)) ||
+        (rc = check_range(c->n_nextn, 0, 16, "next-token prediction layers", where, e)))
+        return rc;
+    if (c->head_dim != c->qk_nope_dim + c->rope_dim)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: head_dim %d is not qk_nope_head_dim %d + rope dims %d", where,
+                       c->head_dim, c->qk_nope_dim, c->rope_dim);
+    if (c->n_kv_head != c->n_head)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: latent attention expands to every head: kv heads %d != heads %d", where,
+                       c->n_kv_head, c->n_head);
+    if ((long long)c->n_head * c->v_head_dim > 65536)
+        return err_set(e, WELD_ERR_FORMAT, "%s: head count %d x v_head_dim %d is too large", where,
+                       c->n_head, c->v_head_dim);
+    if (c->rope_neox)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: deepseek2 rotates adjacent pairs (rope_neox must be false)", where);
+    return WELD_OK;
 }
 
 int model_config_validate(const struct model_config *c, const char *where, struct weld_err *e)
@@ -636,6 +1082,8 @@ int model_config_validate(const struct model_config *c, const char *where, struc
     if (!(isfinite(c->norm_eps) && c->norm_eps > 0.0f && c->norm_eps < 1.0f))
         return err_set(e, WELD_ERR_FORMAT, "%s: norm epsilon = %g must be in (0, 1)", where,
                        (double)c->norm_eps);
+    if ((rc = check_experts(c, where, e)) || (rc = check_mla(c, where, e)))
+        return rc;
     return check_rope(c, where, e);
 }
 
@@ -677,6 +1125,18 @@ static int w_rope_scaling(const struct model_config *c, struct gguf_writer *w, c
             return rc;
         return w_f32(w, a, "rope.scaling.factor", c->rope_factor, e);
     }
+    if (c->rope_scaling == ROPE_SCALING_YARN) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        if ((rc = w_check(gguf_writer_set_str(w, key, "yarn"), key, e)) ||
+            (rc = w_f32(w, a, "rope.scaling.factor", c->rope_factor, e)) ||
+            (rc = w_u32(w, a, "rope.scaling.original_context_length", c->rope_orig_ctx, e)) ||
+            (rc = w_f32(w, a, "rope.scaling.yarn_beta_fast", c->yarn_beta_fast, e)) ||
+            (rc = w_f32(w, a, "rope.scaling.yarn_beta_slow", c->yarn_beta_slow, e)))
+            return rc;
+        if (c->yarn_log_mul != 0.0f)
+            return w_f32(w, a, "rope.scaling.yarn_log_multiplier", c->yarn_log_mul, e);
+        return WELD_OK;
+    }
     if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
         const char *p = "weld.rope.llama3";
         if ((rc = w_f32(w, p, "factor", c->rope_factor, e)) ||
@@ -685,6 +1145,52 @@ static int w_rope_scaling(const struct model_config *c, struct gguf_writer *w, c
             (rc = w_u32(w, p, "original_context_length", c->rope_orig_ctx, e)))
             return rc;
     }
+    return WELD_OK;
+}
+
+static int w_experts(const struct model_config *c, struct gguf_writer *w, const char *a,
+                     struct weld_err *e)
+{
+    int rc;
+    if (c->n_expert == 0)
+        return WELD_OK;
+    if ((rc = w_u32(w, a, "expert_count", c->n_expert, e)) ||
+        (rc = w_u32(w, a, "expert_used_count", c->n_expert_used, e)))
+        return rc;
+    if (c->arch != ARCH_LLAMA && /* Mixtral's experts are feed_forward_length wide */
+        (rc = w_u32(w, a, "expert_feed_forward_length", c->moe_ffn_dim, e)))
+        return rc;
+    if (c->arch == ARCH_QWEN2MOE)
+        return w_u32(w, a, "expert_shared_feed_forward_length", c->shared_ffn_dim, e);
+    if (c->arch != ARCH_DEEPSEEK2)
+        return WELD_OK;
+    char key[160];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+    if ((rc = w_u32(w, a, "leading_dense_block_count", c->n_dense_lead, e)) ||
+        (rc = w_u32(w, a, "expert_shared_count", c->n_shared_expert, e)) ||
+        (rc = w_u32(w, a, "expert_gating_func", (int)c->gating, e)) ||
+        (rc = w_check(gguf_writer_set_bool(w, key, c->expert_norm), key, e)) ||
+        (c->expert_scale != 1.0f && (rc = w_f32(w, a, "expert_weights_scale", c->expert_scale, e))))
+        return rc;
+    /* llama.cpp asserts used < count when count > 1; all groups used = no grouping */
+    if (c->n_group > 1 && c->topk_group < c->n_group &&
+        ((rc = w_u32(w, a, "expert_group_count", c->n_group, e)) ||
+         (rc = w_u32(w, a, "expert_group_used_count", c->topk_group, e))))
+        return rc;
+    return WELD_OK;
+}
+
+/* The MLA keys; nextn layers are not written (weld writes them to no GGUF, as llama.cpp's
+   converter drops them for deepseek2). */
+static int w_mla(const struct model_config *c, struct gguf_writer *w, const char *a,
+                 struct weld_err *e)
+{
+    int rc;
+    if ((rc = w_u32(w, a, "attention.q_lora_rank", c->q_lora_rank, e)) ||
+        (rc = w_u32(w, a, "attention.kv_lora_rank", c->kv_lora_rank, e)) ||
+        (rc = w_u32(w, a, "attention.key_length_mla", c->head_dim, e)) ||
+        (rc = w_u32(w, a, "attention.value_length_mla", c->v_head_dim, e)))
+        return rc;
     return WELD_OK;
 }
 
@@ -701,21 +1207,26 @@ int model_config_to_gguf(const struct model_config *c, struct gguf_writer *w,
     if (c->name[0] &&
         (rc = w_check(gguf_writer_set_str(w, "general.name", c->name), "general.name", e)))
         return rc;
+    /* deepseek2: the MQA view llama.cpp's converter writes (see gguf_read_mla) */
+    bool mla = c->arch == ARCH_DEEPSEEK2;
     if ((rc = w_u32(w, a, "vocab_size", c->n_vocab, e)) ||
         (rc = w_u32(w, a, "context_length", c->max_ctx, e)) ||
         (rc = w_u32(w, a, "embedding_length", c->dim, e)) ||
         (rc = w_u32(w, a, "block_count", c->n_layer, e)) ||
         (rc = w_u32(w, a, "feed_forward_length", c->ffn_dim, e)) ||
         (rc = w_u32(w, a, "attention.head_count", c->n_head, e)) ||
-        (rc = w_u32(w, a, "attention.head_count_kv", c->n_kv_head, e)) ||
-        (rc = w_u32(w, a, "attention.key_length", c->head_dim, e)) ||
-        (rc = w_u32(w, a, "attention.value_length", c->head_dim, e)) ||
+        (rc = w_u32(w, a, "attention.head_count_kv", mla ? 1 : c->n_kv_head, e)) ||
+        (rc = w_u32(w, a, "attention.key_length", mla ? c->kv_lora_rank + c->rope_dim : c->head_dim,
+                    e)) ||
+        (rc = w_u32(w, a, "attention.value_length", mla ? c->kv_lora_rank : c->head_dim, e)) ||
         (rc = w_u32(w, a, "rope.dimension_count", c->rope_dim, e)) ||
         (rc = w_f32(w, a, "rope.freq_base", c->rope_theta, e)) ||
         (rc = w_f32(w, a, "attention.layer_norm_rms_epsilon", c->norm_eps, e)))
         return rc;
     if (c->sliding_window > 0 &&
         (rc = w_u32(w, a, "attention.sliding_window", c->sliding_window, e)))
+        return rc;
+    if ((rc = w_experts(c, w, a, e)) || (mla && (rc = w_mla(c, w, a, e))))
         return rc;
     return w_rope_scaling(c, w, a, e);
 }
@@ -751,6 +1262,17 @@ static json_t *hf_rope_scaling_json(const struct model_config *c)
     if (c->rope_scaling == ROPE_SCALING_LINEAR) {
         jset(o, "rope_type", json_string("linear"), &ok);
         jset(o, "factor", json_float(c->rope_factor), &ok);
+    } else if (c->rope_scaling == ROPE_SCALING_YARN) {
+        float mscale = c->yarn_log_mul / 0.1f;
+        jset(o, "type", json_string("yarn"), &ok);
+        jset(o, "factor", json_float(c->rope_factor), &ok);
+        jset(o, "original_max_position_embeddings", json_integer(c->rope_orig_ctx), &ok);
+        jset(o, "beta_fast", json_float(c->yarn_beta_fast), &ok);
+        jset(o, "beta_slow", json_float(c->yarn_beta_slow), &ok);
+        if (mscale != 0.0f) {
+            jset(o, "mscale", json_float(mscale), &ok);
+            jset(o, "mscale_all_dim", json_float(mscale), &ok);
+        }
     } else {
         jset(o, "rope_type", json_string("llama3"), &ok);
         jset(o, "factor", json_float(c->rope_factor), &ok);
@@ -765,20 +1287,69 @@ static json_t *hf_rope_scaling_json(const struct model_config *c)
     return o;
 }
 
+/* The MoE / MLA fields of each HF config class. */
+static void hf_experts_json(const struct model_config *c, json_t *o, int *ok)
+{
+    if (c->n_expert == 0)
+        return;
+    jset(o, "num_experts_per_tok", json_integer(c->n_expert_used), ok);
+    if (c->arch == ARCH_LLAMA) {
+        jset(o, "num_local_experts", json_integer(c->n_expert), ok);
+        return;
+    }
+    jset(o, "moe_intermediate_size", json_integer(c->moe_ffn_dim), ok);
+    jset(o, "norm_topk_prob", json_boolean(c->expert_norm), ok);
+    if (c->arch != ARCH_DEEPSEEK2) {
+        jset(o, "num_experts", json_integer(c->n_expert), ok);
+        jset(o, "decoder_sparse_step", json_integer(1), ok);
+        jset(o, "mlp_only_layers", json_array(), ok);
+        if (c->arch == ARCH_QWEN2MOE)
+            jset(o, "shared_expert_intermediate_size", json_integer(c->shared_ffn_dim), ok);
+        return;
+    }
+    bool grouped = c->n_group > 1 && c->topk_group < c->n_group;
+    jset(o, "n_routed_experts", json_integer(c->n_expert), ok);
+    jset(o, "n_shared_experts", json_integer(c->n_shared_expert), ok);
+    jset(o, "first_k_dense_replace", json_integer(c->n_dense_lead), ok);
+    jset(o, "moe_layer_freq", json_integer(1), ok);
+    jset(o, "routed_scaling_factor", json_float(c->expert_scale), ok);
+    jset(o, "n_group", json_integer(grouped ? c->n_group : 1), ok);
+    jset(o, "topk_group", json_integer(grouped ? c->topk_group : 1), ok);
+    jset(o, "scoring_func", json_string(c->gating == MOE_GATING_SIGMOID ? "sigmoid" : "softmax"),
+         ok);
+    jset(o, "topk_method",
+         json_string(c->expert_bias ? "noaux_tc"
+                     : grouped      ? "group_limited_greedy"
+                                    : "greedy"),
+         ok);
+    jset(o, "q_lora_rank", c->q_lora_rank ? json_integer(c->q_lora_rank) : json_null(), ok);
+    jset(o, "kv_lora_rank", json_integer(c->kv_lora_rank), ok);
+    jset(o, "qk_nope_head_dim", json_integer(c->qk_nope_dim), ok);
+    jset(o, "qk_rope_head_dim", json_integer(c->rope_dim), ok);
+    jset(o, "v_head_dim", json_integer(c->v_head_dim), ok);
+    jset(o, "num_nextn_predict_layers", json_integer(c->n_nextn), ok);
+    jset(o, "attention_bias", json_false(), ok);
+    json_object_del(o, "head_dim"); /* DeepSeek's is qk_nope + qk_rope */
+}
+
 json_t *model_config_to_hf_json(const struct model_config *c, const char *torch_dtype)
 {
     if ((unsigned)c->arch >= ARCH_COUNT)
         return NULL;
+    const char *cls = arch_hf_classes[c->arch], *hf_type = arch_hf_types[c->arch];
+    if (c->arch == ARCH_LLAMA && c->n_expert > 0)
+        cls = "MixtralForCausalLM", hf_type = "mixtral";
+    if (c->arch == ARCH_DEEPSEEK2 && c->gating == MOE_GATING_SOFTMAX && !c->expert_bias)
+        cls = "DeepseekV2ForCausalLM", hf_type = "deepseek_v2";
     json_t *o = json_object(), *archs = json_array();
-    int ok = o && archs && json_array_append_new(archs, json_string(arch_hf_classes[c->arch]))
-                               == 0;
+    int ok = o && archs && json_array_append_new(archs, json_string(cls)) == 0;
     if (!ok) {
         json_decref(o);
         json_decref(archs);
         return NULL;
     }
     jset(o, "architectures", archs, &ok);
-    jset(o, "model_type", json_string(model_arch_name(c->arch)), &ok);
+    jset(o, "model_type", json_string(hf_type), &ok);
     if (c->name[0])
         jset(o, "_name_or_path", json_string(c->name), &ok);
     jset(o, "hidden_size", json_integer(c->dim), &ok);
@@ -802,6 +1373,7 @@ json_t *model_config_to_hf_json(const struct model_config *c, const char *torch_
         jset(o, "use_sliding_window", json_boolean(c->sliding_window > 0), &ok);
     jset(o, "sliding_window", c->sliding_window > 0 ? json_integer(c->sliding_window)
                                                     : json_null(), &ok);
+    hf_experts_json(c, o, &ok);
     if (torch_dtype)
         jset(o, "torch_dtype", json_string(torch_dtype), &ok);
     if (!ok) {

@@ -23,6 +23,27 @@
  * low_freq_factor, high_freq_factor, original_context_length} (ignored by llama.cpp), and
  * model_config_from_gguf reports ROPE_SCALING_LLAMA3 only when those keys are present.
  * Tied embeddings in GGUF = no output.weight tensor.
+ *
+ * Sparse archs (GGUF name / HF class): qwen3moe / Qwen3MoeForCausalLM, qwen2moe /
+ * Qwen2MoeForCausalLM, llama with A.expert_count > 0 / MixtralForCausalLM, deepseek2 /
+ * DeepseekV2ForCausalLM, DeepseekV3ForCausalLM (Kimi K2). Expert keys: A.expert_count,
+ * expert_used_count, expert_feed_forward_length (Mixtral: feed_forward_length),
+ * expert_shared_feed_forward_length (qwen2moe), expert_shared_count,
+ * leading_dense_block_count, expert_weights_scale/norm, expert_gating_func,
+ * expert_group_count/used_count (deepseek2). Routing defaults follow llama.cpp 81ff7abe:
+ * qwen3moe and Mixtral softmax + renormalise; qwen2moe softmax, no renormalisation, sigmoid
+ * shared gate; deepseek2 as its keys say (no gating key = softmax, as V2), the bias on when
+ * blk.L.exp_probs_b.bias exists (HF: topk_method "noaux_tc").
+ *
+ * deepseek2 GGUF is llama.cpp's MQA view of MLA: head_count_kv 1, key_length = kv_lora_rank
+ * + rope_dim, value_length = kv_lora_rank, key/value_length_mla the per-head sizes (older
+ * files: key/value_length are the per-head sizes). In this struct n_kv_head = n_head,
+ * head_dim = qk_nope_dim + rope_dim. Rope rotates adjacent pairs (rope_neox = false) from
+ * both sources: DeepSeek's HF code de-interleaves before rotate-half, and llama.cpp copies
+ * the rows unpermuted (names.h). YaRN keys: rope.scaling.{type "yarn", factor,
+ * original_context_length, yarn_beta_fast, yarn_beta_slow, yarn_log_multiplier}. MTP
+ * (nextn) layers: HF's model.layers.{n_layer..}; a GGUF with A.nextn_predict_layers counts
+ * them in block_count; weld, like llama.cpp's converter, writes none to GGUF.
  */
 #ifndef WELD_MODEL_CONFIG_H
 #define WELD_MODEL_CONFIG_H
@@ -111,7 +132,8 @@ struct model_config {
     int q_lora_rank;       /* 0: no query compression */
     int kv_lora_rank;      /* 0: not MLA */
     int qk_nope_dim;
-    int v_head_dim;        /* MLA value head size (== head_dim otherwise) */
+    int v_head_dim; /* MLA value head size (== head_dim otherwise; 0 in a hand-made
+                              config means head_dim) */
     /* YaRN rope (rope_scaling == ROPE_SCALING_YARN): rope_factor, rope_orig_ctx, and */
     float yarn_beta_fast, yarn_beta_slow; /* 32, 1 */
     float yarn_log_mul;    /* llama.cpp rope.scaling.yarn_log_multiplier = 0.1 * mscale_all_dim */
@@ -124,7 +146,7 @@ static inline bool model_layer_moe(const struct model_config *c, int l)
     return c->n_expert > 0 && l >= c->n_dense_lead;
 }
 
-const char *model_arch_name(enum model_arch a);  /* "llama", "qwen2", "qwen3" */
+const char *model_arch_name(enum model_arch a);  /* GGUF names: "llama", "qwen3moe", ... */
 int model_arch_from_name(const char *name);      /* -1 if unknown */
 
 /* Fill c from GGUF metadata (does not look at tensors except to count the vocabulary). */

@@ -35,9 +35,15 @@ struct mk_tensor {
     char hf[96];
     char gguf[64];
     int n_dims;
-    int64_t shape[2]; /* HF order: [rows, cols] or [n] */
+    int64_t shape[2]; /* HF order: [rows, cols] or [n]; of one expert when stacked */
     enum mk_kind kind;
     int permute_heads; /* > 0: permute rows for GGUF llama with this many heads */
+    /* GGUF only: */
+    int stack_layer; /* >= 0: the stacked experts of this layer and projection... */
+    enum expert_proj stack_proj;
+    int kv_b_part; /* 1: attn_k_b, 2: attn_v_b, drawn as kv_b_proj (hf) and split */
+    int gguf_dims; /* GGUF n_dims and ne (innermost first) */
+    int64_t ne[3];
 };
 
 struct mk_fill {
@@ -63,7 +69,7 @@ uint64_t mkmodel_tensor_seed(uint64_t seed, const char *hf_name)
 
 void mkmodel_config_defaults(struct model_config *c)
 {
-    int qwen = c->arch != ARCH_LLAMA;
+    int qwen = c->arch != ARCH_LLAMA && c->arch != ARCH_DEEPSEEK2;
     if (!c->n_kv_head)
         c->n_kv_head = c->n_head;
     if (!c->head_dim && c->n_head)
@@ -79,8 +85,70 @@ void mkmodel_config_defaults(struct model_config *c)
     if (!(c->rope_theta > 0))
         c->rope_theta = qwen ? 1000000.0f : 10000.0f;
     c->rope_neox = qwen;
-    c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->qk_norm = c->arch == ARCH_QWEN3;
+    c->qkv_bias = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN2MOE;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3MOE;
+    if (c->arch == ARCH_DEEPSEEK2) {
+        c->n_kv_head = c->n_head;
+        c->head_dim = c->qk_nope_dim + c->rope_dim;
+    }
+    if (c->arch != ARCH_DEEPSEEK2)
+        c->v_head_dim = c->head_dim;
+    if (c->n_expert > 0) {
+        if (!c->gating)
+            c->gating = MOE_GATING_SOFTMAX;
+        if (!(c->expert_scale > 0))
+            c->expert_scale = 1.0f;
+        if (!c->moe_ffn_dim)
+            c->moe_ffn_dim = c->arch == ARCH_LLAMA ? c->ffn_dim : c->ffn_dim / 4;
+        if (c->arch == ARCH_LLAMA)
+            c->moe_ffn_dim = c->ffn_dim;
+        if (c->arch == ARCH_DEEPSEEK2)
+            c->shared_ffn_dim = c->n_shared_expert * c->moe_ffn_dim;
+    }
+}
+
+/* The sparse presets: "tiny" (unit tests: a few hundred KB at f32) and ~1.4 B parameter
+   models at real layer shapes (Qwen3-30B-A3B's heads and expert width, DeepSeek-V3's MLA
+   ranks scaled down). */
+static void preset_tiny_moe(struct model_config *c)
+{
+    c->dim = 64, c->n_layer = 2, c->n_head = 4, c->n_kv_head = 2, c->ffn_dim = 128;
+    c->max_ctx = 256;
+    c->n_expert = 8, c->n_expert_used = 2, c->moe_ffn_dim = 32;
+    c->gating = MOE_GATING_SOFTMAX, c->expert_scale = 1.0f;
+    switch (c->arch) {
+    case ARCH_QWEN3MOE: c->head_dim = 16, c->expert_norm = true, c->tied_embeddings = true; break;
+    case ARCH_QWEN2MOE: /* llama.cpp's qwen2moe requires output.weight */
+        c->n_shared_expert = 1, c->shared_ffn_dim = 64, c->shared_gate = true;
+        break;
+    case ARCH_LLAMA: /* Mixtral */
+        c->ffn_dim = 64, c->moe_ffn_dim = 64, c->expert_norm = true;
+        break;
+    default: /* deepseek2, V3-style */
+        c->n_layer = 3, c->n_dense_lead = 1, c->n_kv_head = 4;
+        c->q_lora_rank = 32, c->kv_lora_rank = 32, c->qk_nope_dim = 32, c->rope_dim = 16;
+        c->v_head_dim = 32;
+        c->n_shared_expert = 1, c->n_group = 4, c->topk_group = 2;
+        c->gating = MOE_GATING_SIGMOID, c->expert_bias = true, c->expert_norm = true;
+        c->expert_scale = 2.5f, c->rope_theta = 10000.0f;
+        c->rope_scaling = ROPE_SCALING_YARN, c->rope_factor = 4.0f, c->rope_orig_ctx = 64;
+        c->yarn_beta_fast = 32.0f, c->yarn_beta_slow = 1.0f, c->yarn_log_mul = 0.1f;
+    }
+}
+
+static void preset_deepseek_1b(struct model_config *c)
+{
+    c->arch = ARCH_DEEPSEEK2;
+    c->dim = 1024, c->n_layer = 12, c->n_head = 16, c->n_kv_head = 16, c->ffn_dim = 2816;
+    c->n_vocab = 129280, c->max_ctx = 163840, c->norm_eps = 1e-6f, c->rope_theta = 10000.0f;
+    c->q_lora_rank = 384, c->kv_lora_rank = 256, c->qk_nope_dim = 64, c->rope_dim = 32;
+    c->v_head_dim = 64;
+    c->n_expert = 64, c->n_expert_used = 6, c->moe_ffn_dim = 512, c->n_shared_expert = 2;
+    c->n_dense_lead = 1, c->n_group = 8, c->topk_group = 4;
+    c->gating = MOE_GATING_SIGMOID, c->expert_bias = true, c->expert_norm = true;
+    c->expert_scale = 2.5f;
+    c->rope_scaling = ROPE_SCALING_YARN, c->rope_factor = 40.0f, c->rope_orig_ctx = 4096;
+    c->yarn_beta_fast = 32.0f, c->yarn_beta_slow = 1.0f, c->yarn_log_mul = 0.1f;
 }
 
 int mkmodel_preset(const char *name, enum model_arch arch, struct model_config *c,
@@ -88,10 +156,24 @@ int mkmodel_preset(const char *name, enum model_arch arch, struct model_config *
 {
     memset(c, 0, sizeof *c);
     c->arch = arch;
-    if (!strcmp(name, "tiny")) {
+    if (!strcmp(name, "tiny") &&
+        (arch == ARCH_QWEN3MOE || arch == ARCH_QWEN2MOE || arch == ARCH_DEEPSEEK2)) {
+        preset_tiny_moe(c);
+    } else if (!strcmp(name, "mixtral-tiny")) {
+        c->arch = ARCH_LLAMA;
+        preset_tiny_moe(c);
+    } else if (!strcmp(name, "tiny")) {
         c->dim = 64, c->n_layer = 2, c->n_head = 4, c->n_kv_head = 2, c->ffn_dim = 128;
         c->max_ctx = 256;
         c->tied_embeddings = arch != ARCH_LLAMA;
+    } else if (!strcmp(name, "qwen3-moe-1b")) {
+        c->arch = ARCH_QWEN3MOE;
+        c->dim = 1024, c->n_layer = 12, c->n_head = 16, c->n_kv_head = 4, c->head_dim = 128;
+        c->ffn_dim = 3072, c->n_vocab = 151936, c->tied_embeddings = true;
+        c->rope_theta = 1000000.0f, c->norm_eps = 1e-6f, c->max_ctx = 40960;
+        c->n_expert = 64, c->n_expert_used = 8, c->moe_ffn_dim = 512, c->expert_norm = true;
+    } else if (!strcmp(name, "deepseek-moe-1b")) {
+        preset_deepseek_1b(c);
     } else if (!strcmp(name, "llama-110m")) {
         c->arch = ARCH_LLAMA;
         c->dim = 768, c->n_layer = 12, c->n_head = 12, c->n_kv_head = 12, c->ffn_dim = 2048;
@@ -115,8 +197,11 @@ int mkmodel_preset(const char *name, enum model_arch arch, struct model_config *
         c->n_vocab = 151936, c->tied_embeddings = true;
         c->rope_theta = 1000000.0f, c->norm_eps = 1e-6f, c->max_ctx = 32768;
     } else {
-        return err_set(e, WELD_ERR_INVALID_ARG, "unknown preset '%s' (tiny, llama-110m, "
-                       "llama-3.2-1b, qwen3-0.6b, qwen2-0.5b)", name);
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "unknown preset '%s' (tiny, mixtral-tiny, "
+                       "llama-110m, llama-3.2-1b, qwen3-0.6b, qwen2-0.5b, qwen3-moe-1b, "
+                       "deepseek-moe-1b)",
+                       name);
     }
     mkmodel_config_defaults(c);
     snprintf(c->name, sizeof c->name, "weld-mkmodel-%s", name);
@@ -138,12 +223,103 @@ static void plan_add(struct mk_tensor *p, int *n, const char *hf, int n_dims, in
     t->shape[1] = n_dims == 2 ? d1 : 1;
     t->kind = kind;
     t->permute_heads = permute;
+    t->stack_layer = -1;
+    t->gguf_dims = n_dims;
+    t->ne[0] = n_dims == 2 ? d1 : d0;
+    t->ne[1] = n_dims == 2 ? d0 : 1;
+    t->ne[2] = 1;
 }
 
-/* Tensors of c in HF order; *out has room for 3 + 14 * n_layer entries. */
+static enum hf_style mk_style(const struct model_config *c)
+{
+    if (c->arch == ARCH_LLAMA && c->n_expert > 0)
+        return HF_STYLE_MIXTRAL;
+    return c->arch == ARCH_DEEPSEEK2 ? HF_STYLE_DEEPSEEK : HF_STYLE_DEFAULT;
+}
+
+/* A layer tensor by its GGUF suffix, named in HF by the arch's style. */
+static void plan_layer(struct mk_tensor *p, int *n, const struct model_config *c, int l,
+                       const char *gguf_suffix, int n_dims, int64_t d0, int64_t d1,
+                       enum mk_kind kind)
+{
+    char g[96], hf[96];
+    snprintf(g, sizeof g, "blk.%d.%s", l, gguf_suffix);
+    WELD_ASSERT(tensor_name_gguf_to_hf_style(g, mk_style(c), hf, sizeof hf) == 0);
+    plan_add(p, n, hf, n_dims, d0, d1, kind, 0);
+}
+
+static void plan_mla(struct mk_tensor *p, int *n, const struct model_config *c, int l, int gguf)
+{
+    int64_t nh = c->n_head, lora = c->kv_lora_rank, ql = c->q_lora_rank;
+    if (ql > 0) {
+        plan_layer(p, n, c, l, "attn_q_a.weight", 2, ql, c->dim, MK_WEIGHT);
+        plan_layer(p, n, c, l, "attn_q_a_norm.weight", 1, ql, 0, MK_NORM);
+        plan_layer(p, n, c, l, "attn_q_b.weight", 2, nh * c->head_dim, ql, MK_WEIGHT);
+    } else {
+        plan_layer(p, n, c, l, "attn_q.weight", 2, nh * c->head_dim, c->dim, MK_WEIGHT);
+    }
+    plan_layer(p, n, c, l, "attn_kv_a_mqa.weight", 2, lora + c->rope_dim, c->dim, MK_WEIGHT);
+    plan_layer(p, n, c, l, "attn_kv_a_norm.weight", 1, lora, 0, MK_NORM);
+    plan_layer(p, n, c, l, "attn_kv_b.weight", 2, nh * (c->qk_nope_dim + c->v_head_dim), lora,
+               MK_WEIGHT);
+    if (gguf) { /* llama.cpp's form: k_b and v_b, both drawn as kv_b_proj */
+        struct mk_tensor kv = p[--*n];
+        for (int part = 1; part <= 2; part++) {
+            struct mk_tensor *t = &p[(*n)++];
+            *t = kv;
+            t->kv_b_part = part;
+            t->gguf_dims = 3;
+            snprintf(t->gguf, sizeof t->gguf, "blk.%d.%s", l,
+                     part == 1 ? "attn_k_b.weight" : "attn_v_b.weight");
+            t->ne[0] = part == 1 ? c->qk_nope_dim : lora;
+            t->ne[1] = part == 1 ? lora : c->v_head_dim;
+            t->ne[2] = nh;
+        }
+    }
+    plan_layer(p, n, c, l, "attn_output.weight", 2, c->dim, nh * c->v_head_dim, MK_WEIGHT);
+}
+
+static void plan_moe(struct mk_tensor *p, int *n, const struct model_config *c, int l, int gguf)
+{
+    char nm[96];
+    plan_layer(p, n, c, l, "ffn_gate_inp.weight", 2, c->n_expert, c->dim, MK_WEIGHT);
+    if (c->expert_bias)
+        plan_layer(p, n, c, l, "exp_probs_b.bias", 1, c->n_expert, 0, MK_BIAS);
+    static const enum expert_proj order[3] = {EXP_GATE, EXP_UP, EXP_DOWN};
+    for (int i = 0; i < 3; i++) {
+        enum expert_proj pr = order[i];
+        int64_t rows = pr == EXP_DOWN ? c->dim : c->moe_ffn_dim;
+        int64_t cols = pr == EXP_DOWN ? c->moe_ffn_dim : c->dim;
+        for (int x = 0; x < (gguf ? 1 : c->n_expert); x++) {
+            tensor_name_expert_hf(l, x, pr, mk_style(c), nm, sizeof nm);
+            plan_add(p, n, nm, 2, rows, cols, MK_WEIGHT, 0);
+            if (gguf) {
+                struct mk_tensor *t = &p[*n - 1];
+                t->stack_layer = l;
+                t->stack_proj = pr;
+                tensor_name_expert_gguf(l, pr, t->gguf, sizeof t->gguf);
+                t->gguf_dims = 3;
+                t->ne[2] = c->n_expert;
+            }
+        }
+    }
+    if (c->shared_ffn_dim > 0) {
+        int64_t sh = c->shared_ffn_dim;
+        plan_layer(p, n, c, l, "ffn_gate_shexp.weight", 2, sh, c->dim, MK_WEIGHT);
+        plan_layer(p, n, c, l, "ffn_up_shexp.weight", 2, sh, c->dim, MK_WEIGHT);
+        plan_layer(p, n, c, l, "ffn_down_shexp.weight", 2, c->dim, sh, MK_WEIGHT);
+    }
+    if (c->shared_gate) { /* HF Linear(dim, 1); llama.cpp wants it 1-D */
+        plan_layer(p, n, c, l, "ffn_gate_inp_shexp.weight", 2, 1, c->dim, MK_WEIGHT);
+        p[*n - 1].gguf_dims = 1;
+    }
+}
+
+/* Tensors of c in HF order (GGUF: stacked experts, split kv_b; no MTP layers). */
 static int plan_build(const struct model_config *c, int gguf, struct mk_tensor **out, int *n)
 {
-    int cap = 3 + 14 * c->n_layer;
+    int n_all = c->n_layer + (gguf ? 0 : c->n_nextn);
+    int cap = 3 + (40 + 3 * c->n_expert) * n_all;
     struct mk_tensor *p = wcalloc((size_t)cap, sizeof *p);
     if (!p)
         return WELD_ERR_NOMEM;
@@ -152,34 +328,49 @@ static int plan_build(const struct model_config *c, int gguf, struct mk_tensor *
     char nm[96];
     *n = 0;
     plan_add(p, n, "model.embed_tokens.weight", 2, c->n_vocab, c->dim, MK_WEIGHT, 0);
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < n_all; l++) {
 #define L(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
         plan_add(p, n, L("input_layernorm.weight"), 1, c->dim, 0, MK_NORM, 0);
-        plan_add(p, n, L("self_attn.q_proj.weight"), 2, q, c->dim, MK_WEIGHT,
-                 perm ? c->n_head : 0);
-        if (c->qkv_bias)
-            plan_add(p, n, L("self_attn.q_proj.bias"), 1, q, 0, MK_BIAS, 0);
-        plan_add(p, n, L("self_attn.k_proj.weight"), 2, kv, c->dim, MK_WEIGHT,
-                 perm ? c->n_kv_head : 0);
-        if (c->qkv_bias)
-            plan_add(p, n, L("self_attn.k_proj.bias"), 1, kv, 0, MK_BIAS, 0);
-        plan_add(p, n, L("self_attn.v_proj.weight"), 2, kv, c->dim, MK_WEIGHT, 0);
-        if (c->qkv_bias)
-            plan_add(p, n, L("self_attn.v_proj.bias"), 1, kv, 0, MK_BIAS, 0);
-        plan_add(p, n, L("self_attn.o_proj.weight"), 2, c->dim, q, MK_WEIGHT, 0);
-        if (c->qk_norm) {
-            plan_add(p, n, L("self_attn.q_norm.weight"), 1, c->head_dim, 0, MK_NORM, 0);
-            plan_add(p, n, L("self_attn.k_norm.weight"), 1, c->head_dim, 0, MK_NORM, 0);
+        if (c->kv_lora_rank > 0) {
+            plan_mla(p, n, c, l, gguf);
+        } else {
+            plan_add(p, n, L("self_attn.q_proj.weight"), 2, q, c->dim, MK_WEIGHT,
+                     perm ? c->n_head : 0);
+            if (c->qkv_bias)
+                plan_add(p, n, L("self_attn.q_proj.bias"), 1, q, 0, MK_BIAS, 0);
+            plan_add(p, n, L("self_attn.k_proj.weight"), 2, kv, c->dim, MK_WEIGHT,
+                     perm ? c->n_kv_head : 0);
+            if (c->qkv_bias)
+                plan_add(p, n, L("self_attn.k_proj.bias"), 1, kv, 0, MK_BIAS, 0);
+            plan_add(p, n, L("self_attn.v_proj.weight"), 2, kv, c->dim, MK_WEIGHT, 0);
+            if (c->qkv_bias)
+                plan_add(p, n, L("self_attn.v_proj.bias"), 1, kv, 0, MK_BIAS, 0);
+            plan_add(p, n, L("self_attn.o_proj.weight"), 2, c->dim, q, MK_WEIGHT, 0);
+            if (c->qk_norm) {
+                plan_add(p, n, L("self_attn.q_norm.weight"), 1, c->head_dim, 0, MK_NORM, 0);
+                plan_add(p, n, L("self_attn.k_norm.weight"), 1, c->head_dim, 0, MK_NORM, 0);
+            }
         }
         plan_add(p, n, L("post_attention_layernorm.weight"), 1, c->dim, 0, MK_NORM, 0);
-        plan_add(p, n, L("mlp.gate_proj.weight"), 2, c->ffn_dim, c->dim, MK_WEIGHT, 0);
-        plan_add(p, n, L("mlp.up_proj.weight"), 2, c->ffn_dim, c->dim, MK_WEIGHT, 0);
-        plan_add(p, n, L("mlp.down_proj.weight"), 2, c->dim, c->ffn_dim, MK_WEIGHT, 0);
+        if (model_layer_moe(c, l)) {
+            plan_moe(p, n, c, l, gguf);
+        } else {
+            plan_add(p, n, L("mlp.gate_proj.weight"), 2, c->ffn_dim, c->dim, MK_WEIGHT, 0);
+            plan_add(p, n, L("mlp.up_proj.weight"), 2, c->ffn_dim, c->dim, MK_WEIGHT, 0);
+            plan_add(p, n, L("mlp.down_proj.weight"), 2, c->dim, c->ffn_dim, MK_WEIGHT, 0);
+        }
+        if (l >= c->n_layer) { /* DeepSeek MTP */
+            plan_add(p, n, L("enorm.weight"), 1, c->dim, 0, MK_NORM, 0);
+            plan_add(p, n, L("hnorm.weight"), 1, c->dim, 0, MK_NORM, 0);
+            plan_add(p, n, L("eh_proj.weight"), 2, c->dim, 2 * (int64_t)c->dim, MK_WEIGHT, 0);
+            plan_add(p, n, L("shared_head.norm.weight"), 1, c->dim, 0, MK_NORM, 0);
+        }
 #undef L
     }
     plan_add(p, n, "model.norm.weight", 1, c->dim, 0, MK_NORM, 0);
     if (!c->tied_embeddings)
         plan_add(p, n, "lm_head.weight", 2, c->n_vocab, c->dim, MK_WEIGHT, 0);
+    WELD_ASSERT(*n <= cap);
     *out = p;
     return WELD_OK;
 }
@@ -209,10 +400,70 @@ static void draw_row(struct rng *r, enum mk_kind kind, float *row, int64_t n)
         row[i] = kind == MK_NORM ? 1.0f : (float)(MK_STD * rng_normal(r));
 }
 
+/* GGUF attn_k_b / attn_v_b: draw kv_b_proj (HF rows), split, encode GGUF rows. */
+static int mk_fill_kv_b(const struct mk_fill *f, uint8_t *out, size_t size, struct weld_err *e)
+{
+    const struct mk_tensor *t = f->t;
+    const struct model_config *c = f->c;
+    size_t n = (size_t)t->shape[0] * (size_t)t->shape[1];
+    size_t nk = (size_t)c->n_head * (size_t)c->kv_lora_rank * (size_t)c->qk_nope_dim;
+    float *kv = wmalloc(n * sizeof *kv), *k = wmalloc(nk * sizeof *k);
+    float *v = wmalloc((n - nk + 1) * sizeof *v);
+    if (!kv || !k || !v) {
+        wfree(kv), wfree(k), wfree(v);
+        return err_set(e, WELD_ERR_NOMEM, "mkmodel: out of memory for '%s'", t->gguf);
+    }
+    struct rng r;
+    rng_seed(&r, mkmodel_tensor_seed(f->seed, t->hf));
+    draw_row(&r, t->kind, kv, (int64_t)n);
+    kv_b_split(kv, k, v, c->n_head, c->qk_nope_dim, c->v_head_dim, c->kv_lora_rank, sizeof(float));
+    const float *src = t->kv_b_part == 1 ? k : v;
+    int64_t cols = t->ne[0], rows = t->ne[1] * t->ne[2];
+    size_t row_bytes = dtype_row_bytes(f->dtype, cols);
+    int rc = WELD_OK;
+    if ((size_t)rows * row_bytes != size)
+        rc = err_set(e, WELD_ERR_INTERNAL, "mkmodel: tensor '%s': %zu bytes asked", t->gguf, size);
+    for (int64_t i = 0; rc == WELD_OK && i < rows; i++)
+        convert_row(src + i * cols, out + (size_t)i * row_bytes, f->dtype, cols);
+    wfree(kv), wfree(k), wfree(v);
+    return rc;
+}
+
+/* GGUF ffn_*_exps: each expert drawn from its own HF name's stream, one after another. */
+static int mk_fill_stacked(const struct mk_fill *f, uint8_t *out, size_t size, struct weld_err *e)
+{
+    const struct mk_tensor *t = f->t;
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    size_t row_bytes = dtype_row_bytes(f->dtype, cols);
+    if ((size_t)rows * row_bytes * (size_t)f->c->n_expert != size)
+        return err_set(e, WELD_ERR_INTERNAL, "mkmodel: tensor '%s': %zu bytes asked", t->gguf,
+                       size);
+    float *row = wmalloc((size_t)cols * sizeof *row);
+    if (!row)
+        return err_set(e, WELD_ERR_NOMEM, "mkmodel: out of memory for '%s'", t->gguf);
+    for (int x = 0; x < f->c->n_expert; x++) {
+        char hf[96];
+        tensor_name_expert_hf(t->stack_layer, x, t->stack_proj, mk_style(f->c), hf, sizeof hf);
+        struct rng r;
+        rng_seed(&r, mkmodel_tensor_seed(f->seed, hf));
+        for (int64_t i = 0; i < rows; i++) {
+            draw_row(&r, t->kind, row, cols);
+            convert_row(row, out, f->dtype, cols);
+            out += row_bytes;
+        }
+    }
+    wfree(row);
+    return WELD_OK;
+}
+
 static int mk_fill_fn(void *ctx, void *dst, size_t size, struct weld_err *e)
 {
     const struct mk_fill *f = ctx;
     const struct mk_tensor *t = f->t;
+    if (f->gguf && t->kv_b_part)
+        return mk_fill_kv_b(f, dst, size, e);
+    if (f->gguf && t->stack_layer >= 0)
+        return mk_fill_stacked(f, dst, size, e);
     int64_t rows = t->n_dims == 2 ? t->shape[0] : 1;
     int64_t cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
     size_t row_bytes = dtype_row_bytes(f->dtype, cols);
@@ -273,10 +524,12 @@ static uint32_t file_type_of(int dtype)
 
 static int gguf_tensor_type(const struct mk_tensor *t, int dtype)
 {
-    if (t->n_dims == 1)
+    if (t->gguf_dims == 1)
         return DT_F32;
     const struct dtype_info *di = dtype_get(dtype);
-    if (di && di->quantized && t->shape[1] % di->block_size != 0)
+    if (di && di->quantized && strstr(t->gguf, ".ffn_gate_inp.")) /* as llama.cpp keeps it */
+        return DT_F32;
+    if (di && di->quantized && t->ne[0] % di->block_size != 0)
         return DT_F16;
     return dtype;
 }
@@ -328,9 +581,8 @@ static int write_gguf(const struct model_config *c, const struct mkmodel_opts *o
     }
     for (int i = 0; i < n; i++) {
         struct mk_tensor *t = &plan[i];
-        int64_t ne[2] = {t->n_dims == 2 ? t->shape[1] : t->shape[0], t->shape[0]};
         fills[i] = (struct mk_fill){t, c, o->seed, gguf_tensor_type(t, o->dtype), 1};
-        if ((rc = gguf_writer_add_tensor_fn(w, t->gguf, fills[i].dtype, t->n_dims, ne,
+        if ((rc = gguf_writer_add_tensor_fn(w, t->gguf, fills[i].dtype, t->gguf_dims, t->ne,
                                             mk_fill_fn, &fills[i]))) {
             rc = err_set(e, rc, "mkmodel: adding tensor '%s' failed", t->gguf);
             goto out;

@@ -25,9 +25,10 @@
 
 #include <stdint.h>
 
-/* Fill c with a named shape ("tiny", "llama-110m", "llama-3.2-1b", "qwen3-0.6b",
-   "qwen2-0.5b") for arch (the preset's own arch wins for the named real models; "tiny"
-   takes the given arch). */
+/* Fill c with a named shape ("tiny", "mixtral-tiny", "llama-110m", "llama-3.2-1b",
+   "qwen3-0.6b", "qwen2-0.5b", "qwen3-moe-1b", "deepseek-moe-1b") for arch (the preset's
+   own arch wins for the named real models; "tiny" takes the given arch, sparse for
+   qwen3moe, qwen2moe and deepseek2). */
 int mkmodel_preset(const char *name, enum model_arch arch, struct model_config *c,
                    struct weld_err *e);
 

@@ -11,6 +11,8 @@
  * The loader checks every tensor the config needs: present, the expected shape, a type the
  * kernels can read; errors name the file and the tensor. HF llama checkpoints keep their
  * rotate-half rope (cfg.rope_neox = true); GGUF llama ones use adjacent pairs.
+ * Mixture-of-experts layers expose each expert as its own 2-D view (a slice of GGUF's
+ * stacked 3-D tensor, or HF's per-expert tensor), so callers never see the stacking.
  * Tokenizers are loaded separately (tokenizer/), from model->gguf or model->dir.
  */
 #ifndef WELD_MODEL_MODEL_H
@@ -61,7 +63,20 @@ struct layer_weights {
     struct tensor wkv_a;          /* attn_kv_a_mqa {dim, kv_lora_rank + rope_dim} */
     struct tensor kv_a_norm;      /* attn_kv_a_norm (kv_lora_rank) */
     struct tensor wkv_b;          /* attn_kv_b {kv_lora_rank, n_head * (qk_nope_dim +
-                                     v_head_dim)} */
+                                     v_head_dim)}: HF files and older GGUFs; absent when
+                                     wk_b / wv_b are bound (llama.cpp 81ff7abe's GGUFs) */
+    struct tensor wk_b;           /* attn_k_b {qk_nope_dim, kv_lora_rank, n_head} or absent */
+    struct tensor wv_b;           /* attn_v_b {kv_lora_rank, v_head_dim, n_head} or absent */
+};
+
+/* A multi-token-prediction (nextn) layer's own tensors; its decoder layer is
+   layers[n_layer + i]. Loaded and checked, not run. */
+struct nextn_weights {
+    struct tensor eh_proj;          /* {2 * dim, dim} */
+    struct tensor enorm, hnorm;     /* (dim) */
+    struct tensor shared_head_norm; /* (dim) */
+    struct tensor shared_head_head; /* {dim, n_vocab} or absent (shares output) */
+    struct tensor embed_tokens;     /* {dim, n_vocab} or absent (shares tok_embd) */
 };
 
 enum model_source { MODEL_SRC_GGUF = 0, MODEL_SRC_HF };
@@ -77,13 +92,15 @@ struct model {
     struct tensor output_norm;    /* (dim) */
     struct tensor output;         /* {dim, n_vocab}; a copy of tok_embd's view when tied */
     float *rope_freq_factors;     /* (rope_dim/2) divisors, or NULL (no llama3 scaling) */
-    struct layer_weights *layers; /* (n_layer) */
+    struct layer_weights *layers; /* (n_layer + cfg.n_nextn): the MTP layers come last */
+    struct nextn_weights *nextn;  /* (cfg.n_nextn) or NULL */
 };
 
 /* Load a GGUF file or an HF directory; shows a progress bar if it takes over a second. */
 int model_load(struct model **out, const char *path, struct weld_err *e);
 void model_free(struct model *m);
-/* Bytes of all weight tensors (what decoding one token reads). */
+/* Bytes of the weight tensors the forward pass uses, every expert included (MTP layers
+   excluded). */
 size_t model_weight_bytes(const struct model *m);
 /* Drop the mmapped pages of [p, p + n) (a tensor's bytes) from the resident set: for a
    tensor the executor copied (repacked) and will not read in place. They come back from

@@ -8,6 +8,11 @@
  * no leading zero (except "0" itself), no overflow, followed by exactly one '.', so that a
  * name maps to exactly one other name and back. Anything else is "not a known tensor".
  *
+ * Model-dependent HF spellings (Mixtral, DeepSeek) sit in a second, styled table: gguf -> hf
+ * picks the style's entry first, hf -> gguf accepts any. Stacked expert tensors are not a
+ * 1:1 mapping and have their own functions; kv_b_split / kv_b_join move elements (they work
+ * on float types only, as a transpose cannot cut through quantization blocks).
+ *
  * rope_permute_rows moves whole rows (row_bytes each) with memcpy; it is type-agnostic, so
  * it works for F32/F16/BF16 weights, biases (row_bytes = element size) and quantized rows.
  */
@@ -44,7 +49,37 @@ static const struct name_pair layer_names[] = {
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
     {"ffn_up.weight", "mlp.up_proj.weight"},
     {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"ffn_gate_inp.weight", "mlp.gate.weight"},
+    {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+    {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+    {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+    {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+    {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},
+    {"attn_q_a.weight", "self_attn.q_a_proj.weight"},
+    {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
+    {"attn_q_b.weight", "self_attn.q_b_proj.weight"},
+    {"attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+    {"attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"},
+    {"attn_kv_b.weight", "self_attn.kv_b_proj.weight"},
+    {"nextn.eh_proj.weight", "eh_proj.weight"},
+    {"nextn.enorm.weight", "enorm.weight"},
+    {"nextn.hnorm.weight", "hnorm.weight"},
+    {"nextn.embed_tokens.weight", "embed_tokens.weight"},
+    {"nextn.shared_head_head.weight", "shared_head.head.weight"},
+    {"nextn.shared_head_norm.weight", "shared_head.norm.weight"},
 };
+
+/* Per-style HF spellings, tried first (gguf -> hf) or in addition (hf -> gguf). */
+static const struct {
+    enum hf_style style;
+    struct name_pair p;
+} styled_names[] = {
+    {HF_STYLE_MIXTRAL, {"ffn_gate_inp.weight", "block_sparse_moe.gate.weight"}},
+    {HF_STYLE_DEEPSEEK, {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"}},
+    {HF_STYLE_DEEPSEEK, {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"}},
+    {HF_STYLE_DEEPSEEK, {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"}},
+};
+#define N_STYLED (sizeof styled_names / sizeof styled_names[0])
 
 #define N_GLOBAL (sizeof global_names / sizeof global_names[0])
 #define N_LAYER (sizeof layer_names / sizeof layer_names[0])
@@ -76,8 +111,8 @@ static int put(char *out, size_t out_len, const char *prefix, int layer, const c
     return n >= 0 && (size_t)n < out_len ? 0 : -1;
 }
 
-/* from_hf selects which column is the input. */
-static int translate(const char *name, char *out, size_t out_len, int from_hf)
+/* from_hf selects which column is the input; style picks the HF spelling (gguf -> hf). */
+static int translate(const char *name, char *out, size_t out_len, int from_hf, enum hf_style style)
 {
     if (!name || !out || out_len == 0)
         return -1;
@@ -96,6 +131,14 @@ static int translate(const char *name, char *out, size_t out_len, int from_hf)
     const char *suffix = parse_layer(name + pl, &layer);
     if (!suffix)
         return -1;
+    for (size_t i = 0; i < N_STYLED; i++) {
+        if (!from_hf && styled_names[i].style != style)
+            continue;
+        const char *src = from_hf ? styled_names[i].p.hf : styled_names[i].p.gguf;
+        const char *dst = from_hf ? styled_names[i].p.gguf : styled_names[i].p.hf;
+        if (strcmp(suffix, src) == 0)
+            return put(out, out_len, out_prefix, layer, dst);
+    }
     for (size_t i = 0; i < N_LAYER; i++) {
         const char *src = from_hf ? layer_names[i].hf : layer_names[i].gguf;
         const char *dst = from_hf ? layer_names[i].gguf : layer_names[i].hf;
@@ -107,12 +150,105 @@ static int translate(const char *name, char *out, size_t out_len, int from_hf)
 
 int tensor_name_hf_to_gguf(const char *hf, char *out, size_t out_len)
 {
-    return translate(hf, out, out_len, 1);
+    return translate(hf, out, out_len, 1, HF_STYLE_DEFAULT);
 }
 
 int tensor_name_gguf_to_hf(const char *gguf, char *out, size_t out_len)
 {
-    return translate(gguf, out, out_len, 0);
+    return translate(gguf, out, out_len, 0, HF_STYLE_DEFAULT);
+}
+
+int tensor_name_gguf_to_hf_style(const char *gguf, enum hf_style style, char *out, size_t out_len)
+{
+    return translate(gguf, out, out_len, 0, style);
+}
+
+static const char *const exp_gguf[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                        "ffn_down_exps.weight"};
+static const char *const exp_hf[3] = {"gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+static const char *const exp_mixtral[3] = {"w1.weight", "w3.weight", "w2.weight"};
+
+int tensor_name_expert_gguf(int layer, enum expert_proj p, char *out, size_t out_len)
+{
+    if (layer < 0 || (unsigned)p > EXP_DOWN)
+        return -1;
+    return put(out, out_len, "blk.", layer, exp_gguf[p]);
+}
+
+int tensor_name_expert_hf(int layer, int expert, enum expert_proj p, enum hf_style style, char *out,
+                          size_t out_len)
+{
+    if (layer < 0 || expert < 0 || (unsigned)p > EXP_DOWN)
+        return -1;
+    int n = style == HF_STYLE_MIXTRAL
+                ? snprintf(out, out_len, "model.layers.%d.block_sparse_moe.experts.%d.%s", layer,
+                           expert, exp_mixtral[p])
+                : snprintf(out, out_len, "model.layers.%d.mlp.experts.%d.%s", layer, expert,
+                           exp_hf[p]);
+    return n >= 0 && (size_t)n < out_len ? 0 : -1;
+}
+
+int tensor_name_expert_parse(const char *name, int *layer, int *expert, enum expert_proj *p)
+{
+    const char *s;
+    if (strncmp(name, "blk.", 4) == 0 && (s = parse_layer(name + 4, layer))) {
+        for (int i = 0; i < 3; i++)
+            if (strcmp(s, exp_gguf[i]) == 0) {
+                *expert = -1;
+                *p = (enum expert_proj)i;
+                return 0;
+            }
+        return -1;
+    }
+    if (strncmp(name, "model.layers.", 13) != 0 || !(s = parse_layer(name + 13, layer)))
+        return -1;
+    const char *const *tails;
+    if (strncmp(s, "mlp.experts.", 12) == 0)
+        s += 12, tails = exp_hf;
+    else if (strncmp(s, "block_sparse_moe.experts.", 25) == 0)
+        s += 25, tails = exp_mixtral;
+    else
+        return -1;
+    if (!(s = parse_layer(s, expert)))
+        return -1;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, tails[i]) == 0) {
+            *p = (enum expert_proj)i;
+            return 0;
+        }
+    return -1;
+}
+
+void kv_b_split(const void *kv_b, void *k_b, void *v_b, int n_head, int qk_nope, int v_dim,
+                int lora, size_t el)
+{
+    const unsigned char *src = kv_b;
+    unsigned char *k = k_b, *v = v_b;
+    size_t row = (size_t)lora * el, per_head = (size_t)(qk_nope + v_dim) * row;
+    for (size_t h = 0; h < (size_t)n_head; h++) {
+        const unsigned char *hs = src + h * per_head;
+        for (size_t d = 0; d < (size_t)qk_nope; d++) /* k_b[h][c][d] = kv_b[h][d][c] */
+            for (size_t c = 0; c < (size_t)lora; c++)
+                memcpy(k + ((h * (size_t)lora + c) * (size_t)qk_nope + d) * el,
+                       hs + d * row + c * el, el);
+        memcpy(v + h * (size_t)v_dim * row, hs + (size_t)qk_nope * row, (size_t)v_dim * row);
+    }
+}
+
+void kv_b_join(const void *k_b, const void *v_b, void *kv_b, int n_head, int qk_nope, int v_dim,
+               int lora, size_t el)
+{
+    const unsigned char *k = k_b, *v = v_b;
+    unsigned char *dst = kv_b;
+    size_t row = (size_t)lora * el, per_head = (size_t)(qk_nope + v_dim) * row;
+    for (size_t h = 0; h < (size_t)n_head; h++) {
+        unsigned char *hd = dst + h * per_head;
+        for (size_t d = 0; d < (size_t)qk_nope; d++)
+            for (size_t c = 0; c < (size_t)lora; c++)
+                memcpy(hd + d * row + c * el,
+                       k + ((h * (size_t)lora + c) * (size_t)qk_nope + d) * el, el);
+        memcpy(hd + (size_t)qk_nope * row, v + h * (size_t)v_dim * row, (size_t)v_dim * row);
+    }
 }
 
 void rope_permute_rows(const void *src, void *dst, int n_head, int head_dim,
