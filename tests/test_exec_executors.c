@@ -38,15 +38,17 @@
 
 /* ---- tiny in-memory models (test_models.h) ------------------------------------------ */
 
-static const struct tspec spec_llama = {ARCH_LLAMA, 64,    3,    8,    2,     8,        96,  50,
-                                        8,          false, true, true, false, 10000.0f, NULL};
-static const struct tspec spec_llama_neox = {ARCH_LLAMA, 64,    2,    4,        4,
-                                             16,         64,    40,   8,        true,
-                                             false,      false, true, 10000.0f, NULL};
-static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64,   2,     4,     2,     16,         128, 45,
-                                        16,         true, false, false, false, 1000000.0f, NULL};
-static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,   2,     4,     2,     32,         96,  60,
-                                        32,         true, false, false, false, 1000000.0f, NULL};
+static const struct tspec spec_llama = {ARCH_LLAMA, 64,    3,    8,    2,     8,        96,   50,
+                                        8,          false, true, true, false, 10000.0f, NULL, NULL};
+static const struct tspec spec_llama_neox = {ARCH_LLAMA, 64,       2,    4,    4,     16,
+                                             64,         40,       8,    true, false, false,
+                                             true,       10000.0f, NULL, NULL};
+static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64,         2,    4,    2,     16,
+                                        128,        45,         16,   true, false, false,
+                                        false,      1000000.0f, NULL, NULL};
+static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,         2,    4,    2,     32,
+                                        96,         60,         32,   true, false, false,
+                                        false,      1000000.0f, NULL, NULL};
 
 /* ---- runners and schedules ---------------------------------------------------------- */
 
@@ -202,9 +204,11 @@ TEST(qwen3_qknorm_f32_kv_q8_0) { check_equivalent(&spec_qwen3, DT_F32, DT_Q8_0, 
 static const struct tmoe moe_qwen3 = {8, 2, 64, 0, 0, 0, 0, false, true, false, false, 0};
 static const struct tmoe moe_ds = {16, 3, 32, 64, 1, 4, 2, true, true, true, false, 2.5f};
 static const struct tspec spec_qwen3moe = {
-    ARCH_QWEN3MOE, 64, 2, 4, 2, 32, 96, 60, 32, true, false, false, false, 1000000.0f, &moe_qwen3};
-static const struct tspec spec_dsmoe = {ARCH_LLAMA, 64,   3,     4,     2,     16,       128,    50,
-                                        16,         true, false, false, false, 10000.0f, &moe_ds};
+    ARCH_QWEN3MOE, 64,    2,     4,     2,          32,         96,  60, 32,
+    true,          false, false, false, 1000000.0f, &moe_qwen3, NULL};
+static const struct tspec spec_dsmoe = {ARCH_LLAMA, 64,       3,       4,    2,     16,
+                                        128,        50,       16,      true, false, false,
+                                        false,      10000.0f, &moe_ds, NULL};
 TEST(qwen3moe_q8_0)
 {
     check_equivalent_kp(&spec_qwen3moe, DT_Q8_0, DT_F16, 106, 1);
@@ -212,6 +216,25 @@ TEST(qwen3moe_q8_0)
 TEST(deepseek_router_f32)
 {
     check_equivalent_kp(&spec_dsmoe, DT_F32, DT_F32, 107, 1);
+}
+
+/* Latent attention (MLA): query compression, DeepSeek's router, Q8_0 weights and the
+   default f16 latent cache; and the split up-projections (attn_k_b / attn_v_b), F32. */
+static const struct tmla mla_q = {64, 32, 16, 24, false};
+static const struct tmla mla_split = {0, 32, 16, 16, true};
+static const struct tspec spec_mla_moe = {
+    ARCH_DEEPSEEK2, 64,    3,     4,     4,        24,      128,   50, 8,
+    false,          false, false, false, 10000.0f, &moe_ds, &mla_q};
+static const struct tspec spec_mla_split = {
+    ARCH_DEEPSEEK2, 64,    2,     4,     4,        24,   96,        50, 8,
+    false,          false, false, false, 10000.0f, NULL, &mla_split};
+TEST(mla_moe_q8_0)
+{
+    check_equivalent_kp(&spec_mla_moe, DT_Q8_0, DT_F16, 108, 1);
+}
+TEST(mla_split_f32)
+{
+    check_equivalent_kp(&spec_mla_split, DT_F32, DT_F32, 109, 1);
 }
 
 /* Batch of one: a 9-token prompt then 20 decode steps, ref vs ops and mega with 2 and 3
@@ -350,6 +373,7 @@ TEST(thousands_of_random_steps)
 {
     lockstep_with(&spec_qwen3moe, "mega", 2, 1000, 208);
     lockstep_with(&spec_dsmoe, "ops", 3, 300, 209);
+    lockstep_with(&spec_mla_moe, "mega", 3, 300, 210);
     lockstep("ops", 2, 2000, 201);
     lockstep("ops", 3, 500, 202);
     lockstep("mega", 2, 3000, 203);
@@ -437,6 +461,8 @@ int main(void)
     RUN(qwen3_qknorm_f32_kv_q8_0);
     RUN(qwen3moe_q8_0);
     RUN(deepseek_router_f32);
+    RUN(mla_moe_q8_0);
+    RUN(mla_split_f32);
     RUN(batch_of_one);
     RUN(stories260k_golden_ops_mega);
     RUN(thousands_of_random_steps);

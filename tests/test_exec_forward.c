@@ -201,7 +201,7 @@ static void ref_moe(const struct model *m, const struct layer_weights *L, const 
                     b2 = b1, b1 = ch[i];
                 else if (ch[i] > b2)
                     b2 = ch[i];
-            gsc[g] = c->gating == MOE_GATING_SIGMOID && gs > 1 ? b1 + b2 : b1;
+            gsc[g] = gs > 1 ? b1 + b2 : b1;
         }
         for (int k = 0; k < c->topk_group; k++) {
             int best = -1;
@@ -225,7 +225,7 @@ static void ref_moe(const struct model *m, const struct layer_weights *L, const 
     }
     memset(o, 0, sizeof(double) * (size_t)D);
     for (int k = 0; k < K; k++) {
-        double wk = (c->expert_norm ? w[k] / tot : w[k]) * c->expert_scale;
+        double wk = (c->expert_norm ? w[k] / fmax(tot, 6.103515625e-5) : w[k]) * c->expert_scale;
         ref_ffn(&L->exp_gate[ids[k]], &L->exp_up[ids[k]], &L->exp_down[ids[k]], c->moe_ffn_dim, h,
                 eo);
         for (int i = 0; i < D; i++)
@@ -247,10 +247,121 @@ static void ref_moe(const struct model *m, const struct layer_weights *L, const 
     free(lg), free(sc), free(ch), free(eo), free(bias);
 }
 
+/* Latent attention in its expanded form (model/config.h), no absorption: per token the
+   query heads from [wq_a, q_a_norm,] wq_b or wq, roped on their last rope_dim dims; the
+   latent c = rmsnorm(kv_a[..kvl]) and the shared roped key k_pe; per head keys [Wk_h c,
+   k_pe] and values Wv_h c from the up-projection (attn_kv_b, or attn_k_b / attn_v_b
+   transposed back); softmax(q.k / sqrt(head_dim)); x += Wo [heads' outputs]. */
+static void ref_mla_attention(const struct model *m, int l, double *x, int n)
+{
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *L = &m->layers[l];
+    const int D = c->dim, nh = c->n_head, hd = c->head_dim, nope = c->qk_nope_dim;
+    const int rd = c->rope_dim, kvl = c->kv_lora_rank, vd = c->v_head_dim, ql = c->q_lora_rank;
+    const int per = nope + vd;
+    double *ukv = malloc(sizeof(double) * (size_t)nh * per * kvl); /* [h*per + r][kvl] */
+    if (L->wkv_b.data) {
+        double *d = deq(&L->wkv_b);
+        memcpy(ukv, d, sizeof(double) * (size_t)nh * per * kvl);
+        free(d);
+    } else {
+        struct tensor kb = L->wk_b, vb = L->wv_b;
+        kb.ne[1] *= kb.ne[2], vb.ne[1] *= vb.ne[2];
+        double *dk = deq(&kb), *dv = deq(&vb);
+        for (int h = 0; h < nh; h++)
+            for (int cc = 0; cc < kvl; cc++) {
+                for (int i = 0; i < nope; i++)
+                    ukv[((size_t)h * per + i) * kvl + cc] = dk[((size_t)h * kvl + cc) * nope + i];
+                for (int j = 0; j < vd; j++)
+                    ukv[((size_t)h * per + nope + j) * kvl + cc] =
+                        dv[((size_t)h * vd + j) * kvl + cc];
+            }
+        free(dk), free(dv);
+    }
+    double *q = calloc((size_t)n * nh * hd, 8), *k = calloc((size_t)n * nh * hd, 8);
+    double *v = calloc((size_t)n * nh * vd, 8), *h = calloc((size_t)D, 8);
+    double *qa = calloc((size_t)(ql > 0 ? ql : 1), 8), *qn = calloc((size_t)(ql > 0 ? ql : 1), 8);
+    double *kva = calloc((size_t)(kvl + rd), 8), *lat = calloc((size_t)kvl, 8);
+    double *o = calloc((size_t)nh * vd, 8), *y = calloc((size_t)D, 8), *sc = calloc((size_t)n, 8);
+    for (int t = 0; t < n; t++) {
+        rmsnorm(x + (size_t)t * D, &L->attn_norm, c->norm_eps, h, D);
+        double *qt = q + (size_t)t * nh * hd;
+        if (ql > 0) {
+            matvec(&L->wq_a, h, qa);
+            rmsnorm(qa, &L->q_a_norm, c->norm_eps, qn, ql);
+            matvec(&L->wq_b, qn, qt);
+        } else {
+            matvec(&L->wq, h, qt);
+        }
+        for (int hh = 0; hh < nh; hh++)
+            rope(m, qt + (size_t)hh * hd + nope, t);
+        matvec(&L->wkv_a, h, kva);
+        rmsnorm(kva, &L->kv_a_norm, c->norm_eps, lat, kvl);
+        rope(m, kva + kvl, t);
+        for (int hh = 0; hh < nh; hh++) {
+            double *kt = k + ((size_t)t * nh + hh) * hd, *vt = v + ((size_t)t * nh + hh) * vd;
+            for (int i = 0; i < nope; i++) {
+                double a = 0;
+                for (int cc = 0; cc < kvl; cc++)
+                    a += ukv[((size_t)hh * per + i) * kvl + cc] * lat[cc];
+                kt[i] = a;
+            }
+            memcpy(kt + nope, kva + kvl, sizeof(double) * (size_t)rd);
+            for (int j = 0; j < vd; j++) {
+                double a = 0;
+                for (int cc = 0; cc < kvl; cc++)
+                    a += ukv[((size_t)hh * per + nope + j) * kvl + cc] * lat[cc];
+                vt[j] = a;
+            }
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        for (int hh = 0; hh < nh; hh++) {
+            double mx = -1e300, sum = 0;
+            for (int j = 0; j <= t; j++) {
+                double s2 = 0;
+                for (int i = 0; i < hd; i++)
+                    s2 += q[((size_t)t * nh + hh) * hd + i] * k[((size_t)j * nh + hh) * hd + i];
+                sc[j] = s2 / sqrt(hd);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j <= t; j++)
+                sum += (sc[j] = exp(sc[j] - mx));
+            for (int i = 0; i < vd; i++) {
+                double a = 0;
+                for (int j = 0; j <= t; j++)
+                    a += sc[j] / sum * v[((size_t)j * nh + hh) * vd + i];
+                o[(size_t)hh * vd + i] = a;
+            }
+        }
+        matvec(&L->wo, o, y);
+        for (int i = 0; i < D; i++)
+            x[(size_t)t * D + i] += y[i];
+    }
+    free(ukv), free(q), free(k), free(v), free(h), free(qa), free(qn), free(kva), free(lat);
+    free(o), free(y), free(sc);
+}
+
 static void ref_layer(const struct model *m, int l, double *x, int n)
 {
     const struct model_config *c = &m->cfg;
     const struct layer_weights *L = &m->layers[l];
+    if (c->kv_lora_rank > 0) {
+        int D = c->dim;
+        double *h = calloc((size_t)D, 8), *o = calloc((size_t)D, 8);
+        ref_mla_attention(m, l, x, n);
+        for (int t = 0; t < n; t++) {
+            rmsnorm(x + t * D, &L->ffn_norm, c->norm_eps, h, D);
+            if (model_layer_moe(c, l))
+                ref_moe(m, L, h, o);
+            else
+                ref_ffn(&L->w_gate, &L->w_up, &L->w_down, c->ffn_dim, h, o);
+            for (int i = 0; i < D; i++)
+                x[t * D + i] += o[i];
+        }
+        free(h), free(o);
+        return;
+    }
     int hd = c->head_dim, qd = c->n_head * hd, kd = c->n_kv_head * hd, D = c->dim;
     double *q = calloc((size_t)n * qd, 8), *k = calloc((size_t)n * kd, 8);
     double *v = calloc((size_t)n * kd, 8), *att = calloc((size_t)qd, 8);
@@ -335,24 +446,28 @@ static void ref_forward(const struct model *m, const int32_t *tokens, int n, dou
 
 /* ---- specs -------------------------------------------------------------------------- */
 
-static const struct tspec spec_llama = {ARCH_LLAMA, 64,    2,    8,    2,     8,        96,  50,
-                                        8,          false, true, true, false, 10000.0f, NULL};
-static const struct tspec spec_llama_neox = {ARCH_LLAMA, 64,    2,    4,        4,
-                                             16,         64,    40,   8,        true,
-                                             false,      false, true, 10000.0f, NULL};
-static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64,   2,     4,     2,     16,         128, 45,
-                                        16,         true, false, false, false, 1000000.0f, NULL};
-static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,   2,     4,     2,     32,         96,  60,
-                                        32,         true, false, false, false, 1000000.0f, NULL};
+static const struct tspec spec_llama = {ARCH_LLAMA, 64,    2,    8,    2,     8,        96,   50,
+                                        8,          false, true, true, false, 10000.0f, NULL, NULL};
+static const struct tspec spec_llama_neox = {ARCH_LLAMA, 64,       2,    4,    4,     16,
+                                             64,         40,       8,    true, false, false,
+                                             true,       10000.0f, NULL, NULL};
+static const struct tspec spec_qwen2 = {ARCH_QWEN2, 64,         2,    4,    2,     16,
+                                        128,        45,         16,   true, false, false,
+                                        false,      1000000.0f, NULL, NULL};
+static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,         2,    4,    2,     32,
+                                        96,         60,         32,   true, false, false,
+                                        false,      1000000.0f, NULL, NULL};
 
 /* Qwen2.5-0.5B's FFN width, 4864: the float down projection runs repacked (GEMM_F*_R16,
    four segments of 1216) on AVX-512 and AVX2, the other matrices (K = 64) as they are. */
-static const struct tspec spec_long = {ARCH_LLAMA, 64,    2,     4,     2,     16,       4864, 40,
-                                       16,         false, false, false, false, 10000.0f, NULL};
+static const struct tspec spec_long = {ARCH_LLAMA, 64,       2,    4,     2,     16,
+                                       4864,       40,       16,   false, false, false,
+                                       false,      10000.0f, NULL, NULL};
 
 /* Widths that are whole K-quant super-blocks (256), for Q4_K / Q6_K weights. */
-static const struct tspec spec_kquant = {ARCH_LLAMA, 256,   2,     4,     2,     64,       512, 40,
-                                         64,         false, false, false, false, 10000.0f, NULL};
+static const struct tspec spec_kquant = {ARCH_LLAMA, 256,      2,    4,     2,     64,
+                                         512,        40,       64,   false, false, false,
+                                         false,      10000.0f, NULL, NULL};
 
 /* Mixtures of experts (tspec's MoE fields): Qwen3-MoE (qk-norm, softmax, renormalised top
    2 of 8, every layer sparse); Mixtral (llama, softmax top 2 of 4, renormalised); Qwen2-MoE
@@ -365,15 +480,29 @@ static const struct tmoe moe_mixtral = {4, 2, 64, 0, 0, 0, 0, false, true, false
 static const struct tmoe moe_qwen2 = {8, 3, 32, 80, 0, 0, 0, false, false, false, true, 0};
 static const struct tmoe moe_ds = {16, 3, 32, 64, 1, 4, 2, true, true, true, false, 2.5f};
 static const struct tspec spec_qwen3moe = {
-    ARCH_QWEN3MOE, 64, 2, 4, 2, 32, 96, 60, 32, true, false, false, false, 1000000.0f, &moe_qwen3};
-static const struct tspec spec_mixtral = {ARCH_LLAMA, 64,    2,     4,        2,
-                                          16,         96,    50,    16,       false,
-                                          false,      false, false, 10000.0f, &moe_mixtral};
-static const struct tspec spec_qwen2moe = {ARCH_QWEN2MOE, 64,         2,         4,    2,     16,
-                                           128,           45,         16,        true, false, false,
-                                           false,         1000000.0f, &moe_qwen2};
-static const struct tspec spec_dsmoe = {ARCH_LLAMA, 64,   3,     4,     2,     16,       128,    50,
-                                        16,         true, false, false, false, 10000.0f, &moe_ds};
+    ARCH_QWEN3MOE, 64,    2,     4,     2,          32,         96,  60, 32,
+    true,          false, false, false, 1000000.0f, &moe_qwen3, NULL};
+static const struct tspec spec_mixtral = {ARCH_LLAMA,   64,  2,     4,     2,     16,    96,
+                                          50,           16,  false, false, false, false, 10000.0f,
+                                          &moe_mixtral, NULL};
+static const struct tspec spec_qwen2moe = {
+    ARCH_QWEN2MOE, 64,    2,     4,     2,          16,         128, 45, 16,
+    true,          false, false, false, 1000000.0f, &moe_qwen2, NULL};
+static const struct tspec spec_dsmoe = {ARCH_LLAMA, 64,       3,       4,    2,     16,
+                                        128,        50,       16,      true, false, false,
+                                        false,      10000.0f, &moe_ds, NULL};
+
+/* Latent attention (DeepSeek-V2/V3's MLA) on the DeepSeek router: q through q_lora 64,
+   kv_lora 32, nope 16 + rope 8, values of 24; and without q_lora, the up-projections as
+   the file's attn_k_b / attn_v_b, a dense model. */
+static const struct tmla mla_q = {64, 32, 16, 24, false};
+static const struct tmla mla_split = {0, 32, 16, 16, true};
+static const struct tspec spec_mla_moe = {
+    ARCH_DEEPSEEK2, 64,    3,     4,     4,        24,      128,   50, 8,
+    false,          false, false, false, 10000.0f, &moe_ds, &mla_q};
+static const struct tspec spec_mla_split = {
+    ARCH_DEEPSEEK2, 64,    2,     4,     4,        24,   96,        50, 8,
+    false,          false, false, false, 10000.0f, NULL, &mla_split};
 
 static void rand_tokens(uint64_t seed, int32_t *t, int n, int vocab)
 {
@@ -464,6 +593,14 @@ TEST(qwen2moe_shared_gate_f32)
 TEST(deepseek_router_f32)
 {
     check_against_ref(&spec_dsmoe, DT_F32, 44);
+}
+TEST(mla_moe_f32)
+{
+    check_against_ref(&spec_mla_moe, DT_F32, 49);
+}
+TEST(mla_split_f32)
+{
+    check_against_ref(&spec_mla_split, DT_F32, 50);
 }
 
 /* Integer-path weights (Q8_0, Q4_0, Q4_K, Q6_K): the gemm kernels quantize activations to
@@ -894,6 +1031,10 @@ TEST(batch_invariants_deepseek_router)
 {
     check_batch_invariants(&spec_dsmoe, DT_F32, 48);
 }
+TEST(batch_invariants_mla_q8_0)
+{
+    check_batch_invariants(&spec_mla_moe, DT_Q8_0, 51);
+}
 
 /* runner_forward_hidden: each logit row's final hidden state (embeddings' input) against
    the naive reference, every position (all_logits) and the last one alone (the same bits),
@@ -1250,6 +1391,7 @@ static void run_batch_tests(void)
     RUN(batch_invariants_kquant_q4_k);
     RUN(batch_invariants_qwen3moe_q8_0);
     RUN(batch_invariants_deepseek_router);
+    RUN(batch_invariants_mla_q8_0);
     RUN(last_logits_only);
     RUN(final_hidden_states);
     RUN(rewind_and_drop);
@@ -1273,6 +1415,8 @@ int main(void)
     RUN(mixtral_f32);
     RUN(qwen2moe_shared_gate_f32);
     RUN(deepseek_router_f32);
+    RUN(mla_moe_f32);
+    RUN(mla_split_f32);
     RUN(qwen3moe_q8_0);
     RUN(deepseek_router_q4_0);
     RUN(llama_f16);

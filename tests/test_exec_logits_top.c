@@ -187,12 +187,14 @@ TEST(every_isa_scans_like_the_reference)
 
 /* ---- end to end ---------------------------------------------------------------------- */
 
-static const struct tspec spec_wide = {ARCH_LLAMA, 64,    2,     4,     2,     16,       96,  700,
-                                       16,         false, false, false, false, 10000.0f, NULL};
-static const struct tspec spec_big = {ARCH_LLAMA, 64,    1,     4,     2,     16,       96,  4100,
-                                      16,         false, false, false, false, 10000.0f, NULL};
-static const struct tspec spec_narrow = {ARCH_QWEN3, 64,    2,    4,     2,     16,         96,  50,
-                                         16,         false, true, false, false, 1000000.0f, NULL};
+static const struct tspec spec_wide = {ARCH_LLAMA, 64,       2,    4,     2,     16,
+                                       96,         700,      16,   false, false, false,
+                                       false,      10000.0f, NULL, NULL};
+static const struct tspec spec_big = {ARCH_LLAMA, 64,    1,     4,     2,     16,       96,   4100,
+                                      16,         false, false, false, false, 10000.0f, NULL, NULL};
+static const struct tspec spec_narrow = {ARCH_QWEN3, 64,         2,    4,     2,    16,
+                                         96,         50,         16,   false, true, false,
+                                         false,      1000000.0f, NULL, NULL};
 
 struct cfg {
     const char *exec;

@@ -34,12 +34,13 @@
 #include <stdint.h>
 #include <time.h>
 
-static const struct tspec spec_gqa = {ARCH_LLAMA, 64,    3,    8,    2,     8,        96,  50,
-                                      8,          false, true, true, false, 10000.0f, NULL};
-static const struct tspec spec_mqa = {ARCH_LLAMA, 64,    2,     4,     1,     16,       96,  40,
-                                      16,         false, false, false, false, 10000.0f, NULL};
-static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,   2,     6,     3,     16,         96,  60,
-                                        16,         true, false, false, false, 1000000.0f, NULL};
+static const struct tspec spec_gqa = {ARCH_LLAMA, 64,    3,    8,    2,     8,        96,   50,
+                                      8,          false, true, true, false, 10000.0f, NULL, NULL};
+static const struct tspec spec_mqa = {ARCH_LLAMA, 64,    2,     4,     1,     16,       96,   40,
+                                      16,         false, false, false, false, 10000.0f, NULL, NULL};
+static const struct tspec spec_qwen3 = {ARCH_QWEN3, 64,         2,    6,    3,     16,
+                                        96,         60,         16,   true, false, false,
+                                        false,      1000000.0f, NULL, NULL};
 
 static bool quiet; /* fault injection: failures are expected */
 
@@ -406,8 +407,8 @@ TEST(pieces_are_shared_with_a_slow_owner)
    O, FFN, DOWN): three sequences of one token each. */
 TEST(decode_row_pieces_are_shared)
 {
-    static const struct tspec sp = {ARCH_LLAMA, 96,    2,     6,     2,     16,       160, 70,
-                                    16,         false, false, false, false, 10000.0f, NULL};
+    static const struct tspec sp = {ARCH_LLAMA, 96,    2,     6,     2,     16,       160,  70,
+                                    16,         false, false, false, false, 10000.0f, NULL, NULL};
     int32_t toks[3] = {5, 17, 42};
     int pos[3] = {0, 0, 0};
     struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0},
@@ -422,8 +423,8 @@ TEST(decode_row_pieces_are_shared)
 TEST(moe_row_pieces_are_shared)
 {
     static const struct tmoe moe = {8, 2, 128, 64, 0, 0, 0, false, true, false, false, 0};
-    static const struct tspec sp = {ARCH_QWEN3MOE, 96,    2,     6,     2,        16,  160, 70, 16,
-                                    true,          false, false, false, 10000.0f, &moe};
+    static const struct tspec sp = {ARCH_QWEN3MOE, 96,    2,     6,     2,        16,   160, 70, 16,
+                                    true,          false, false, false, 10000.0f, &moe, NULL};
     int32_t toks[3] = {5, 17, 42};
     int pos[3] = {0, 0, 0};
     struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0},

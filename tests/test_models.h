@@ -44,6 +44,15 @@ struct tspec {
     bool neox, tied, llama3, linear;
     float theta;
     const struct tmoe *moe; /* NULL: dense */
+    const struct tmla *mla; /* NULL: per-head attention */
+};
+
+/* Multi-head latent attention (model_config's fields; head_dim = nope + rope_dim, with
+   n_head, dim and rope_dim from the spec; split: the value/key up-projections as the
+   file's per-head attn_k_b / attn_v_b instead of attn_kv_b). */
+struct tmla {
+    int q_lora, kv_lora, nope, v_dim;
+    bool split;
 };
 
 /* A mixture of experts (model_config's fields of the same meaning). */
@@ -84,6 +93,56 @@ static inline struct tensor make_tensor(struct tmodel *tm, struct rng *r, int t,
     return out;
 }
 
+/* A latent-attention layer's projections (struct tmla): [wq_a, q_a_norm, wq_b | wq],
+   wkv_a, kv_a_norm, then the key/value up-projection drawn as one {kv_lora, n_head *
+   (nope + v)} matrix and stored as attn_kv_b or (split, F32 only) as attn_k_b and attn_v_b
+   (names.h's transposition), then wo. */
+static inline void tm_mla(struct tmodel *tm, struct rng *r, const struct tspec *s, int wtype,
+                          struct layer_weights *L)
+{
+    const struct tmla *a = s->mla;
+    const int nh = s->n_head, hd = a->nope + s->rope_dim, per = a->nope + a->v_dim;
+    double sd = 1.0 / sqrt(s->dim);
+    if (a->q_lora > 0) {
+        L->wq_a = make_tensor(tm, r, wtype, s->dim, a->q_lora, 0, sd * 2);
+        L->q_a_norm = make_tensor(tm, r, DT_F32, a->q_lora, 1, 1, 0.1);
+        L->wq_b = make_tensor(tm, r, wtype, a->q_lora, nh * hd, 0, 2.0 / sqrt(a->q_lora));
+    } else {
+        L->wq = make_tensor(tm, r, wtype, s->dim, nh * hd, 0, sd * 2);
+    }
+    L->wkv_a = make_tensor(tm, r, wtype, s->dim, a->kv_lora + s->rope_dim, 0, sd * 2);
+    L->kv_a_norm = make_tensor(tm, r, DT_F32, a->kv_lora, 1, 1, 0.1);
+    struct tensor kvb = make_tensor(tm, r, a->split ? DT_F32 : wtype, a->kv_lora, nh * per, 0,
+                                    1.5 / sqrt(a->kv_lora));
+    if (!a->split) {
+        L->wkv_b = kvb;
+    } else {
+        const float *src = kvb.data;
+        float *kb = tm_alloc(tm, sizeof(float) * (size_t)nh * a->kv_lora * a->nope);
+        float *vb = tm_alloc(tm, sizeof(float) * (size_t)nh * a->kv_lora * a->v_dim);
+        for (int h = 0; h < nh; h++)
+            for (int c = 0; c < a->kv_lora; c++) {
+                for (int i = 0; i < a->nope; i++)
+                    kb[((size_t)h * a->kv_lora + c) * a->nope + i] =
+                        src[((size_t)h * per + i) * a->kv_lora + c];
+                for (int j = 0; j < a->v_dim; j++)
+                    vb[((size_t)h * a->v_dim + j) * a->kv_lora + c] =
+                        src[((size_t)h * per + a->nope + j) * a->kv_lora + c];
+            }
+        L->wk_b = (struct tensor){.type = DT_F32,
+                                  .n_dims = 3,
+                                  .ne = {a->nope, a->kv_lora, nh, 1},
+                                  .data = kb,
+                                  .nbytes = sizeof(float) * (size_t)nh * a->kv_lora * a->nope};
+        L->wv_b = (struct tensor){.type = DT_F32,
+                                  .n_dims = 3,
+                                  .ne = {a->kv_lora, a->v_dim, nh, 1},
+                                  .data = vb,
+                                  .nbytes = sizeof(float) * (size_t)nh * a->kv_lora * a->v_dim};
+    }
+    L->wo = make_tensor(tm, r, wtype, nh * a->v_dim, s->dim, 0, 1.0 / sqrt(nh * a->v_dim));
+}
+
 static inline void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec *sp, int wtype,
                             int l)
 {
@@ -93,19 +152,23 @@ static inline void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec
     double sd = 1.0 / sqrt(s->dim), sq = 1.0 / sqrt(qd), sf = 1.0 / sqrt(s->ffn);
     struct layer_weights *L = &tm->layers[l];
     L->attn_norm = make_tensor(tm, r, DT_F32, s->dim, 1, 1, 0.1);
-    L->wq = make_tensor(tm, r, wtype, s->dim, qd, 0, sd * 2);
-    L->wk = make_tensor(tm, r, wtype, s->dim, kd, 0, sd * 2);
-    L->wv = make_tensor(tm, r, wtype, s->dim, kd, 0, sd);
-    if (c->qkv_bias) {
-        L->bq = make_tensor(tm, r, DT_F32, qd, 1, 0, 0.2);
-        L->bk = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
-        L->bv = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
+    if (s->mla) {
+        tm_mla(tm, r, s, wtype, L);
+    } else {
+        L->wq = make_tensor(tm, r, wtype, s->dim, qd, 0, sd * 2);
+        L->wk = make_tensor(tm, r, wtype, s->dim, kd, 0, sd * 2);
+        L->wv = make_tensor(tm, r, wtype, s->dim, kd, 0, sd);
+        if (c->qkv_bias) {
+            L->bq = make_tensor(tm, r, DT_F32, qd, 1, 0, 0.2);
+            L->bk = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
+            L->bv = make_tensor(tm, r, DT_F32, kd, 1, 0, 0.2);
+        }
+        if (c->qk_norm) {
+            L->q_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
+            L->k_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
+        }
+        L->wo = make_tensor(tm, r, wtype, qd, s->dim, 0, sq);
     }
-    if (c->qk_norm) {
-        L->q_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
-        L->k_norm = make_tensor(tm, r, DT_F32, s->head_dim, 1, 1, 0.2);
-    }
-    L->wo = make_tensor(tm, r, wtype, qd, s->dim, 0, sq);
     L->ffn_norm = make_tensor(tm, r, DT_F32, s->dim, 1, 1, 0.1);
     if (model_layer_moe(c, l)) {
         const struct tmoe *mo = s->moe;
@@ -157,6 +220,11 @@ static inline struct tmodel *tm_build(const struct tspec *s, int wtype, uint64_t
         c->gating = mo->sigmoid ? MOE_GATING_SIGMOID : MOE_GATING_SOFTMAX;
         c->expert_norm = mo->norm, c->expert_scale = mo->scale > 0 ? mo->scale : 1.0f;
         c->n_group = mo->n_group, c->topk_group = mo->topk_group, c->expert_bias = mo->bias;
+    }
+    if (s->mla) {
+        c->q_lora_rank = s->mla->q_lora, c->kv_lora_rank = s->mla->kv_lora;
+        c->qk_nope_dim = s->mla->nope, c->v_head_dim = s->mla->v_dim;
+        c->head_dim = s->mla->nope + s->rope_dim;
     }
     if (s->linear)
         c->rope_scaling = ROPE_SCALING_LINEAR, c->rope_factor = 2.0f;

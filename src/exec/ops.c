@@ -892,6 +892,8 @@ static void op_ffn_down_part(const struct exec_step *st, const struct prog_instr
    shared expert's gate (1 without shared_gate). An expert's (token, slot) pairs are
    visited in token order; "rank" j of a step is its j-th lowest active expert id. */
 
+#define MOE_NORM_MIN 6.103515625e-5f /* 2^-14 */
+
 static int32_t route_id(const float *row, int k)
 {
     int32_t id;
@@ -918,10 +920,11 @@ static int moe_argmax(const float *v, int n, const uint8_t *taken)
 
 /* Token routing from its router logits l (n_expert): the K experts and weights into
    ids / wts. score = softmax(l) or sigmoid(l); choice = score + exp_bias; with groups,
-   only experts of the topk_group groups with the best group scores (sum of a group's
-   two best choices under sigmoid gating, its best under softmax) stay; the K best
+   only experts of the topk_group groups with the best group scores (the sum of a group's
+   two best choices, as llama.cpp scores them under either gating) stay; the K best
    choices win (ties: lower id; a row without finite choices takes the lowest ids), each
-   weighted by its score, renormalised to sum 1 when expert_norm, times expert_scale.
+   weighted by its score, divided by their sum (at least MOE_NORM_MIN, llama.cpp's clamp)
+   when expert_norm, times expert_scale.
    tmp: 2 * n_expert floats. */
 static void moe_select(const struct model_config *c, const float *l, const float *bias, float *tmp,
                        int32_t *ids, float *wts)
@@ -952,7 +955,7 @@ static void moe_select(const struct model_config *c, const float *l, const float
             memset(taken, 0, (size_t)gs);
             int a = moe_argmax(choice + g * gs, gs, taken);
             float v = a < 0 ? -INFINITY : choice[g * gs + a];
-            if (c->gating == MOE_GATING_SIGMOID && gs > 1 && a >= 0) {
+            if (gs > 1 && a >= 0) {
                 taken[a] = 1;
                 int b = moe_argmax(choice + g * gs, gs, taken);
                 v = b < 0 ? v : v + choice[g * gs + b];
@@ -982,8 +985,8 @@ static void moe_select(const struct model_config *c, const float *l, const float
         total += wts[k];
     }
     for (int k = 0; k < K; k++) {
-        if (c->expert_norm && total > 0.0f)
-            wts[k] /= total;
+        if (c->expert_norm)
+            wts[k] /= total > MOE_NORM_MIN ? total : MOE_NORM_MIN;
         wts[k] *= c->expert_scale;
     }
 }

@@ -87,8 +87,18 @@ static int check_config(const struct model *m, struct weld_err *e)
     return WELD_OK;
 }
 
+static int check_tensor3(const struct model *m, const struct tensor *t, const char *name,
+                         int64_t ne0, int64_t ne1, int64_t ne2, struct weld_err *e);
+
 static int check_tensor(const struct model *m, const struct tensor *t, const char *name,
                         int64_t ne0, int64_t ne1, struct weld_err *e)
+{
+    return check_tensor3(m, t, name, ne0, ne1, 1, e);
+}
+
+/* Present, a type the kernels read, shape {ne0, ne1, ne2}, whole blocks, enough bytes. */
+static int check_tensor3(const struct model *m, const struct tensor *t, const char *name,
+                         int64_t ne0, int64_t ne1, int64_t ne2, struct weld_err *e)
 {
     const char *w = model_where(m);
     if (!t->data)
@@ -96,11 +106,13 @@ static int check_tensor(const struct model *m, const struct tensor *t, const cha
     if (!kern_type_supported(t->type))
         return err_set(e, WELD_ERR_UNSUPPORTED, "%s: tensor '%s': type %s (%d) cannot be "
                        "computed with", w, name, dtype_name(t->type), (int)t->type);
-    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return err_set(e, WELD_ERR_FORMAT, "%s: tensor '%s': shape {%lld, %lld, %lld, %lld}, "
-                       "expected {%lld, %lld}", w, name, (long long)t->ne[0],
-                       (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
-                       (long long)ne0, (long long)ne1);
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2 || t->ne[3] != 1)
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: tensor '%s': shape {%lld, %lld, %lld, %lld}, "
+                       "expected {%lld, %lld, %lld}",
+                       w, name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                       (long long)t->ne[3], (long long)ne0, (long long)ne1, (long long)ne2);
+    ne1 *= ne2;
     size_t rb = dtype_row_bytes(t->type, ne0);
     if (rb == 0)
         return err_set(e, WELD_ERR_FORMAT, "%s: tensor '%s': row of %lld elements is not a "
@@ -192,11 +204,16 @@ static int check_mla(const struct model *m, int l, size_t *nf, struct weld_err *
     } else if ((rc = check_tensor(m, &L->wq, NAME("attn_q.weight"), c->dim, qd, e))) {
         return rc;
     }
-    if ((rc = check_tensor(m, &L->wkv_a, NAME("attn_kv_a_mqa.weight"), c->dim,
-                           kvl + c->rope_dim, e)) ||
+    if ((rc = check_tensor(m, &L->wkv_a, NAME("attn_kv_a_mqa.weight"), c->dim, kvl + c->rope_dim,
+                           e)) ||
         (rc = check_vec(m, &L->kv_a_norm, NAME("attn_kv_a_norm.weight"), kvl, true, nf, e)) ||
-        (rc = check_tensor(m, &L->wkv_b, NAME("attn_kv_b.weight"), kvl,
-                           (int64_t)c->n_head * (c->qk_nope_dim + c->v_head_dim), e)) ||
+        (L->wkv_b.data
+             ? (rc = check_tensor(m, &L->wkv_b, NAME("attn_kv_b.weight"), kvl,
+                                  (int64_t)c->n_head * (c->qk_nope_dim + c->v_head_dim), e))
+             : ((rc = check_tensor3(m, &L->wk_b, NAME("attn_k_b.weight"), c->qk_nope_dim, kvl,
+                                    c->n_head, e)) ||
+                (rc = check_tensor3(m, &L->wv_b, NAME("attn_v_b.weight"), kvl, c->v_head_dim,
+                                    c->n_head, e)))) ||
         (rc = check_tensor(m, &L->wo, NAME("attn_output.weight"),
                            (int64_t)c->n_head * c->v_head_dim, c->dim, e)))
         return rc;
@@ -291,9 +308,15 @@ static int list_fill(struct exec_weights *w)
                 list_add(w, &n, &M->wq, &L->wq, hd16, false);
             }
             list_add(w, &n, &M->wkv_a, &L->wkv_a, true, false);
-            /* value rows of head h start at h * (nope + v) + nope */
-            list_add(w, &n, &M->wkv_b, &L->wkv_b,
-                     c->qk_nope_dim % 16 == 0 && c->v_head_dim % 16 == 0, false);
+            if (L->wkv_b.data) { /* value rows of head h start at h * (nope + v) + nope */
+                list_add(w, &n, &M->vb, &L->wkv_b,
+                         c->qk_nope_dim % 16 == 0 && c->v_head_dim % 16 == 0, false);
+                M->vb_stride = c->qk_nope_dim + c->v_head_dim, M->vb_off = c->qk_nope_dim;
+            } else { /* the file's per-head matrices, as 2-d views */
+                list_add(w, &n, &M->kbt, &w->mla_views[2 * l], c->kv_lora_rank % 16 == 0, false);
+                list_add(w, &n, &M->vb, &w->mla_views[2 * l + 1], c->v_head_dim % 16 == 0, false);
+                M->vb_stride = c->v_head_dim, M->vb_off = 0;
+            }
         } else {
             list_add(w, &n, &M->wq, &L->wq, hd16, false);
             list_add(w, &n, &M->wk, &L->wk, hd16, false);
@@ -616,7 +639,9 @@ static size_t matrix_bytes(const struct model *m)
     size_t bytes = m->output.nbytes;
     for (int l = 0; m->layers && l < c->n_layer; l++) {
         const struct layer_weights *L = &m->layers[l];
-        bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes;
+        bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes + L->wq_a.nbytes +
+                 L->wq_b.nbytes + L->wkv_a.nbytes + L->wkv_b.nbytes + L->wk_b.nbytes +
+                 L->wv_b.nbytes;
         if (!model_layer_moe(c, l)) {
             bytes += L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
             continue;
@@ -756,16 +781,33 @@ static int mla_build(struct exec_weights *w, struct weld_err *e)
         return WELD_OK;
     const int kvl = c->kv_lora_rank, nope = c->qk_nope_dim, per = nope + c->v_head_dim;
     const size_t per_layer = (size_t)c->n_head * (size_t)kvl * (size_t)nope;
+    size_t n_kvb = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        n_kvb += m->layers[l].wkv_b.data != NULL;
     float *row = wmalloc(sizeof(float) * (size_t)kvl);
-    if (!row || !(w->mla_mem = wmalloc(per_layer * (size_t)c->n_layer * sizeof(float)))) {
+    if (!row || (n_kvb && !(w->mla_mem = wmalloc(per_layer * n_kvb * sizeof(float))))) {
         wfree(row);
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for the latent key projections",
                        model_where(m));
     }
+    if (!(w->mla_views = wcalloc(2 * (size_t)c->n_layer, sizeof *w->mla_views))) {
+        wfree(row);
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory", model_where(m));
+    }
     for (int l = 0; l < c->n_layer; l++) {
         const struct tensor *t = &m->layers[l].wkv_b;
+        if (!t->data) {
+            for (int i = 0; i < 2; i++) {
+                struct tensor *v = &w->mla_views[2 * l + i];
+                *v = i ? m->layers[l].wv_b : m->layers[l].wk_b;
+                v->ne[1] *= v->ne[2];
+                v->ne[2] = 1;
+                v->n_dims = 2;
+            }
+            continue;
+        }
         const size_t rb = dtype_row_bytes(t->type, kvl);
-        float *kb = w->mla_mem + per_layer * (size_t)l;
+        float *kb = w->mla_mem + per_layer * --n_kvb;
         for (int h = 0; h < c->n_head; h++)
             for (int i = 0; i < nope; i++) {
                 dtype_dequantize_row(t->type, (const uint8_t *)t->data +
@@ -851,6 +893,7 @@ void exec_weights_free(struct exec_weights *w)
     wfree(w->list);
     wfree(w->expert_mats);
     wfree(w->mla_mem);
+    wfree(w->mla_views);
     wfree(w->mats);
     wfree(w->mem);
     wfree(w->layers);

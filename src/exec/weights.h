@@ -155,6 +155,7 @@ struct exec_weights {
     struct exec_layer_mats *mats;    /* (n_layer) */
     struct exec_mat *expert_mats;    /* backing of every layer's egate / eup / edown */
     float *mla_mem;                  /* backing of every latent layer's kbt */
+    struct tensor *mla_views;        /* (2 n_layer) attn_k_b / attn_v_b seen as 2-d */
     float attn_scale;                /* softmax scale of attention scores: 1 / sqrt(head_dim)
                                         (times YaRN's mscale squared) */
     struct exec_mat_ref *list;       /* (n_list) every matrix, in pool order */

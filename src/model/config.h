@@ -108,7 +108,7 @@ struct model_config {
        expert FFN of shared_ffn_dim (DeepSeek: n_shared_expert * moe_ffn_dim). Router:
        gating (softmax or sigmoid) of ffn_gate_inp . h; with n_group > 1 only experts of
        the topk_group best groups compete (a group scores the sum of its two best biased
-       sigmoid scores, or its best softmax probability); the top n_expert_used are taken,
+       scores, under either gating, as llama.cpp does); the top n_expert_used are taken,
        their weights renormalised to sum 1 when expert_norm, then scaled by expert_scale. */
     int n_expert;          /* routed experts per MoE layer; 0: a dense model */
     int n_expert_used;     /* experts per token (top-k) */
