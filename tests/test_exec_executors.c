@@ -220,8 +220,8 @@ TEST(deepseek_router_f32)
 
 /* Latent attention (MLA): query compression, DeepSeek's router, Q8_0 weights and the
    default f16 latent cache; and the split up-projections (attn_k_b / attn_v_b), F32. */
-static const struct tmla mla_q = {64, 32, 16, 24, false};
-static const struct tmla mla_split = {0, 32, 16, 16, true};
+static const struct tmla mla_q = {64, 32, 16, 24, false, 0};
+static const struct tmla mla_split = {0, 32, 16, 16, true, 0};
 static const struct tspec spec_mla_moe = {
     ARCH_DEEPSEEK2, 64,    3,     4,     4,        24,      128,   50, 8,
     false,          false, false, false, 10000.0f, &moe_ds, &mla_q};

@@ -117,6 +117,14 @@ static void rope(const struct model *m, double *v, int pos)
         double f = pow(c->rope_theta, -2.0 * i / c->rope_dim);
         if (m->rope_freq_factors)
             f /= m->rope_freq_factors[i];
+        if (c->rope_scaling == ROPE_SCALING_YARN) { /* HF DeepSeek's yarn_find_correction_range */
+            double d = c->rope_dim, lb = 2 * log(c->rope_theta);
+            double lo = floor(d * log(c->rope_orig_ctx / (c->yarn_beta_fast * 2 * M_PI)) / lb);
+            double hi = ceil(d * log(c->rope_orig_ctx / (c->yarn_beta_slow * 2 * M_PI)) / lb);
+            lo = fmax(lo, 0), hi = fmin(hi, d - 1);
+            double ramp = fmin(1, fmax(0, (i - lo) / fmax(hi - lo, 0.001)));
+            f = f / c->rope_factor * ramp + f * (1 - ramp);
+        }
         double a = p * f, cs = cos(a), sn = sin(a);
         int i0 = c->rope_neox ? i : 2 * i, i1 = c->rope_neox ? i + c->rope_dim / 2 : 2 * i + 1;
         double x0 = v[i0], x1 = v[i1];
@@ -322,7 +330,10 @@ static void ref_mla_attention(const struct model *m, int l, double *x, int n)
                 double s2 = 0;
                 for (int i = 0; i < hd; i++)
                     s2 += q[((size_t)t * nh + hh) * hd + i] * k[((size_t)j * nh + hh) * hd + i];
-                sc[j] = s2 / sqrt(hd);
+                double ms = c->rope_scaling == ROPE_SCALING_YARN
+                                ? 1 + c->yarn_log_mul * log(c->rope_factor)
+                                : 1;
+                sc[j] = s2 * ms * ms / sqrt(hd);
                 mx = fmax(mx, sc[j]);
             }
             for (int j = 0; j <= t; j++)
@@ -495,8 +506,12 @@ static const struct tspec spec_dsmoe = {ARCH_LLAMA, 64,       3,       4,    2, 
 /* Latent attention (DeepSeek-V2/V3's MLA) on the DeepSeek router: q through q_lora 64,
    kv_lora 32, nope 16 + rope 8, values of 24; and without q_lora, the up-projections as
    the file's attn_k_b / attn_v_b, a dense model. */
-static const struct tmla mla_q = {64, 32, 16, 24, false};
-static const struct tmla mla_split = {0, 32, 16, 16, true};
+static const struct tmla mla_q = {64, 32, 16, 24, false, 0};
+static const struct tmla mla_split = {0, 32, 16, 16, true, 0};
+static const struct tmla mla_yarn = {64, 32, 16, 24, false, 4.0f};
+static const struct tspec spec_mla_yarn = {
+    ARCH_DEEPSEEK2, 64,    2,     4,     4,        24,   96,       50, 8,
+    false,          false, false, false, 10000.0f, NULL, &mla_yarn};
 static const struct tspec spec_mla_moe = {
     ARCH_DEEPSEEK2, 64,    3,     4,     4,        24,      128,   50, 8,
     false,          false, false, false, 10000.0f, &moe_ds, &mla_q};
@@ -601,6 +616,10 @@ TEST(mla_moe_f32)
 TEST(mla_split_f32)
 {
     check_against_ref(&spec_mla_split, DT_F32, 50);
+}
+TEST(mla_yarn_f32)
+{
+    check_against_ref(&spec_mla_yarn, DT_F32, 52);
 }
 
 /* Integer-path weights (Q8_0, Q4_0, Q4_K, Q6_K): the gemm kernels quantize activations to
@@ -1417,6 +1436,7 @@ int main(void)
     RUN(deepseek_router_f32);
     RUN(mla_moe_f32);
     RUN(mla_split_f32);
+    RUN(mla_yarn_f32);
     RUN(qwen3moe_q8_0);
     RUN(deepseek_router_q4_0);
     RUN(llama_f16);

@@ -53,6 +53,8 @@ struct tspec {
 struct tmla {
     int q_lora, kv_lora, nope, v_dim;
     bool split;
+    float yarn; /* YaRN factor (original context 16, betas 32 / 1, log multiplier 0.1); 0:
+                   none */
 };
 
 /* A mixture of experts (model_config's fields of the same meaning). */
@@ -225,6 +227,11 @@ static inline struct tmodel *tm_build(const struct tspec *s, int wtype, uint64_t
         c->q_lora_rank = s->mla->q_lora, c->kv_lora_rank = s->mla->kv_lora;
         c->qk_nope_dim = s->mla->nope, c->v_head_dim = s->mla->v_dim;
         c->head_dim = s->mla->nope + s->rope_dim;
+        if (s->mla->yarn > 0) {
+            c->rope_scaling = ROPE_SCALING_YARN, c->rope_factor = s->mla->yarn;
+            c->rope_orig_ctx = 16, c->yarn_beta_fast = 32, c->yarn_beta_slow = 1;
+            c->yarn_log_mul = 0.1f;
+        }
     }
     if (s->linear)
         c->rope_scaling = ROPE_SCALING_LINEAR, c->rope_factor = 2.0f;

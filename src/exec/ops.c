@@ -399,8 +399,8 @@ static void norm_tile(const struct exec_step *st, const struct prog_instr *in, c
 void exec_rope_row(const struct model *m, const struct exec_weights *w, int pos, float *row)
 {
     const struct model_config *c = &m->cfg;
-    kern_rope_angles((double)pos * w->rope_pos_scale, c->rope_theta, c->rope_dim,
-                     m->rope_freq_factors, row, row + c->rope_dim / 2);
+    kern_rope_angles((double)pos * w->rope_pos_scale, c->rope_theta, c->rope_dim, w->rope_factors,
+                     row, row + c->rope_dim / 2);
 }
 
 /* ATTN_NORM_QKV_ROPE: layer l; rows = head units over the concatenation
@@ -426,9 +426,9 @@ static void op_qkv(const struct exec_step *st, const struct prog_instr *in,
         norm_tile(st, in, x, st->w->layers[in->layer].attn_norm, NULL, t0, nt, sc);
         if (!st->rope && in->row0 < c->n_head + c->n_kv_head)
             for (int i = 0; i < nt; i++)
-                kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale,
-                                 c->rope_theta, c->rope_dim, st->m->rope_freq_factors,
-                                 sc->cosv + (size_t)i * half, sc->sinv + (size_t)i * half);
+                kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale, c->rope_theta,
+                                 c->rope_dim, st->w->rope_factors, sc->cosv + (size_t)i * half,
+                                 sc->sinv + (size_t)i * half);
         const struct exec_mat *quant = NULL;
         /* runs of heads of one matrix, as many as sc->y holds for nt tokens */
         const int cap = (int)((size_t)OPS_TILE * (size_t)y_width(c) /
@@ -625,9 +625,9 @@ static void op_mla_q_kv(const struct exec_step *st, const struct prog_instr *in,
         (void)prep_memo(st, NULL, t0, sc);
         if (!st->rope)
             for (int i = 0; i < nt; i++)
-                kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale,
-                                 c->rope_theta, rope, st->m->rope_freq_factors,
-                                 sc->cosv + (size_t)i * half, sc->sinv + (size_t)i * half);
+                kern_rope_angles((double)st->pos[t0 + i] * st->w->rope_pos_scale, c->rope_theta,
+                                 rope, st->w->rope_factors, sc->cosv + (size_t)i * half,
+                                 sc->sinv + (size_t)i * half);
         if (in->row0 < u1) {
             if (ql > 0)
                 for (int i = 0; i < nt; i++)

@@ -64,9 +64,16 @@ static int check_config(const struct model *m, struct weld_err *e)
                        "q_lora_rank %d, qk_nope_dim %d + rope_dim %d (head_dim %d), v_head_dim "
                        "%d does not add up", w, c->kv_lora_rank, c->q_lora_rank, c->qk_nope_dim,
                        c->rope_dim, c->head_dim, c->v_head_dim);
-    if (c->rope_scaling == ROPE_SCALING_YARN)
-        return err_set(e, WELD_ERR_UNSUPPORTED, "%s: YaRN rope scaling is not supported by the "
-                       "cpu backend yet", w);
+    if (c->rope_scaling == ROPE_SCALING_YARN &&
+        (c->kv_lora_rank <= 0 || !(c->rope_factor >= 1.0f) || c->rope_orig_ctx < 1 ||
+         !(c->yarn_beta_fast > c->yarn_beta_slow) || !(c->yarn_beta_slow > 0.0f) ||
+         !(c->yarn_log_mul >= 0.0f)))
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "%s: YaRN rope scaling (factor %g, original "
+                       "context %d, beta %g / %g) is supported for latent-attention models "
+                       "with factor >= 1 and beta_fast > beta_slow > 0",
+                       w, (double)c->rope_factor, c->rope_orig_ctx, (double)c->yarn_beta_fast,
+                       (double)c->yarn_beta_slow);
     if (c->n_expert > 0) {
         if (c->n_expert > EXEC_MAX_EXPERTS || c->n_expert_used < 1 ||
             c->n_expert_used > c->n_expert || c->moe_ffn_dim < 1 || c->shared_ffn_dim < 0 ||
@@ -894,10 +901,42 @@ void exec_weights_free(struct exec_weights *w)
     wfree(w->expert_mats);
     wfree(w->mla_mem);
     wfree(w->mla_views);
+    wfree(w->yarn_factors);
     wfree(w->mats);
     wfree(w->mem);
     wfree(w->layers);
     wfree(w);
+}
+
+/* YaRN (DeepSeek-V2/V3; llama.cpp's ggml_rope_yarn_corr_dims and rope_yarn, HF's
+   yarn_find_correction_range): with d = rope_dim, pair i's frequency f_i = theta^(-2i/d)
+   becomes f_i / s (s = rope_factor) below the correction range and stays f_i above it,
+   mixed linearly inside: mix_i = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1) with
+   lo = max(0, floor(c(beta_fast))), hi = min(d - 1, ceil(c(beta_slow))), c(b) = d *
+   ln(orig_ctx / (2 pi b)) / (2 ln theta); f_i' = f_i ((1 - mix_i) / s + mix_i), kept as
+   the divisor f_i / f_i' (exec_weights.rope_factors). The magnitude factor of cos / sin
+   is mscale(s, m) / mscale(s, m_all), 1 for the DeepSeek configs weld reads (mscale ==
+   mscale_all_dim; model/config.c refuses others), and the attention scores take
+   mscale(s, m_all)^2 = (1 + yarn_log_mul ln s)^2. */
+static int yarn_setup(struct exec_weights *w, struct weld_err *e)
+{
+    const struct model_config *c = &w->m->cfg;
+    const int d = c->rope_dim, n = d / 2;
+    if (!(w->yarn_factors = wcalloc((size_t)n, sizeof(float))))
+        return err_set(e, WELD_ERR_NOMEM, "%s: out of memory", model_where(w->m));
+    const double s = c->rope_factor, lb = 2.0 * log((double)c->rope_theta);
+    const double cf = d * log(c->rope_orig_ctx / (c->yarn_beta_fast * 2.0 * M_PI)) / lb;
+    const double cs = d * log(c->rope_orig_ctx / (c->yarn_beta_slow * 2.0 * M_PI)) / lb;
+    const double lo = fmax(0.0, floor(cf)), hi = fmin(d - 1.0, ceil(cs));
+    for (int i = 0; i < n; i++) {
+        double y = (i - lo) / fmax(0.001, hi - lo);
+        double mix = 1.0 - fmin(1.0, fmax(0.0, y));
+        w->yarn_factors[i] = (float)(1.0 / ((1.0 - mix) / s + mix));
+    }
+    w->rope_factors = w->yarn_factors;
+    const double ms = s > 1.0 ? 1.0 + c->yarn_log_mul * log(s) : 1.0;
+    w->attn_scale = (float)(ms * ms / sqrt((double)c->head_dim));
+    return WELD_OK;
 }
 
 int exec_weights_create(struct exec_weights **out, const struct model *m,
@@ -922,6 +961,11 @@ int exec_weights_create(struct exec_weights **out, const struct model *m,
     w->m = m;
     w->rope_pos_scale = c->rope_scaling == ROPE_SCALING_LINEAR ? 1.0f / c->rope_factor : 1.0f;
     w->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    w->rope_factors = m->rope_freq_factors;
+    if (c->rope_scaling == ROPE_SCALING_YARN && (rc = yarn_setup(w, e))) {
+        exec_weights_free(w);
+        return rc;
+    }
     float *cur = w->mem;
     int64_t qd = (int64_t)c->n_head * c->head_dim, kd = (int64_t)c->n_kv_head * c->head_dim;
     w->output_norm = take_vec(&m->output_norm, c->dim, &cur);

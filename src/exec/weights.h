@@ -158,6 +158,9 @@ struct exec_weights {
     struct tensor *mla_views;        /* (2 n_layer) attn_k_b / attn_v_b seen as 2-d */
     float attn_scale;                /* softmax scale of attention scores: 1 / sqrt(head_dim)
                                         (times YaRN's mscale squared) */
+    const float *rope_factors;       /* (rope_dim / 2) divisors of the rope frequencies: the
+                                        model's llama3 ones, YaRN's (weights.c), or NULL */
+    float *yarn_factors;             /* backing of YaRN's */
     struct exec_mat_ref *list;       /* (n_list) every matrix, in pool order */
     int n_list;
     struct prog_kparts kp;           /* the K parts programs of this model are built in
