@@ -385,6 +385,219 @@ TEST(mkmodel_hf_to_gguf_matches)
     }
 }
 
+/* Tensor by tensor: same names, types, shapes and bytes; with round1d F16 or BF16, the
+   1-D F32 tensors of pb (from an HF file of that type) hold pa's values rounded to it (mkmodel
+   writes its GGUF's 1-D tensors from the unrounded draw). */
+static int same_1d_rounded(const struct gguf_tensor *x, const struct gguf_tensor *y, int round1d)
+{
+    if (x->n_dims != 1 || x->type != DT_F32 || y->type != DT_F32 || x->ne[0] != y->ne[0])
+        return 0;
+    for (int64_t i = 0; i < x->ne[0]; i++) {
+        float a = ((const float *)x->data)[i], b = ((const float *)y->data)[i];
+        float r = round1d == DT_F16 ? fp16_to_f32(fp16_from_f32(a)) : bf16_to_f32(bf16_from_f32(a));
+        if (memcmp(&r, &b, sizeof r))
+            return 0;
+    }
+    return 1;
+}
+
+static int gguf_same_tensors(const char *pa, const char *pb, const char *what, int round1d)
+{
+    struct weld_err e = {0};
+    struct gguf_file *a = NULL, *b = NULL;
+    if (gguf_open(&a, pa, &e) != WELD_OK || gguf_open(&b, pb, &e) != WELD_OK) {
+        fprintf(stderr, "  %s: %s\n", what, e.msg);
+        gguf_close(a);
+        return 0;
+    }
+    int ok = a->n_tensors == b->n_tensors;
+    if (!ok)
+        fprintf(stderr, "  %s: %llu vs %llu tensors\n", what, (unsigned long long)a->n_tensors,
+                (unsigned long long)b->n_tensors);
+    for (uint64_t i = 0; i < a->n_tensors; i++) {
+        const struct gguf_tensor *x = &a->tensors[i], *y = gguf_find_tensor(b, x->name);
+        int same = y && x->type == y->type && x->n_dims == y->n_dims &&
+                   !memcmp(x->ne, y->ne, sizeof x->ne) && x->nbytes == y->nbytes &&
+                   !memcmp(x->data, y->data, x->nbytes);
+        if (!same && y && round1d != DT_F32)
+            same = same_1d_rounded(x, y, round1d);
+        if (!same)
+            fprintf(stderr, "  %s: %s differs (%s)\n", what, x->name,
+                    y ? dtype_name(y->type) : "absent");
+        ok &= same;
+    }
+    gguf_close(a);
+    gguf_close(b);
+    return ok;
+}
+
+static int hf_same_tensors(const char *pa, const char *pb, const char *what)
+{
+    struct weld_err e = {0};
+    struct st_set *a = NULL, *b = NULL;
+    if (st_open_dir(&a, pa, &e) != WELD_OK || st_open_dir(&b, pb, &e) != WELD_OK) {
+        fprintf(stderr, "  %s: %s\n", what, e.msg);
+        st_close(a);
+        return 0;
+    }
+    int ok = a->n_tensors == b->n_tensors;
+    if (!ok)
+        fprintf(stderr, "  %s: %d vs %d tensors\n", what, a->n_tensors, b->n_tensors);
+    for (int i = 0; i < a->n_tensors; i++) {
+        const struct st_tensor *x = &a->tensors[i], *y = st_find(b, x->name);
+        int same = y && x->dtype == y->dtype && x->n_dims == y->n_dims &&
+                   !memcmp(x->shape, y->shape, sizeof x->shape) && x->nbytes == y->nbytes &&
+                   !memcmp(x->data, y->data, x->nbytes);
+        if (!same)
+            fprintf(stderr, "  %s: %s differs\n", what, x->name);
+        ok &= same;
+    }
+    st_close(a);
+    st_close(b);
+    return ok;
+}
+
+/* The sparse families: mkmodel HF -> GGUF equals mkmodel's GGUF (experts stacked, kv_b split
+   into attn_k_b / attn_v_b, router kept f32 under q8_0, MTP layers dropped), and GGUF -> HF
+   gives back the HF tensors byte for byte (experts split, kv_b joined) with a config.json
+   that reads back as the same model. */
+TEST(sparse_round_trips)
+{
+    static const struct {
+        const char *arch, *preset;
+        int dtype, nextn;
+    } cases[] = {
+        {"qwen3moe", "tiny", DT_F32, 0},   {"llama", "mixtral-tiny", DT_F16, 0},
+        {"deepseek2", "tiny", DT_BF16, 0}, {"deepseek2", "tiny", DT_F32, 1},
+        {"qwen2moe", "tiny", DT_F32, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct model_config c;
+        struct weld_err e = {0};
+        REQUIRE(mkmodel_preset(cases[k].preset,
+                               (enum model_arch)model_arch_from_name(cases[k].arch), &c,
+                               &e) == WELD_OK);
+        c.n_vocab = 96;
+        c.n_nextn = cases[k].nextn;
+        char hf[4096], direct[4096], via[4096], rt[4096], what[64];
+        snprintf(what, sizeof what, "%s/%s/%d", cases[k].arch, dtype_name(cases[k].dtype),
+                 cases[k].nextn);
+#define P(buf, fmt) snprintf(buf, sizeof buf, "%s/sp%zu" fmt, test_tmpdir(), k)
+        P(hf, "_hf"), P(direct, ".gguf"), P(via, "_via.gguf"), P(rt, "_rt");
+#undef P
+        struct mkmodel_opts o1 = {NULL, cases[k].dtype, 7, hf},
+                            o2 = {NULL, cases[k].dtype, 7, direct};
+        REQUIRE(mkmodel_write(&c, &o1, &e) == WELD_OK);
+        REQUIRE(mkmodel_write(&c, &o2, &e) == WELD_OK);
+        REQUIRE(convert(hf, via, -1) == WELD_OK);
+        CHECK(gguf_same_tensors(direct, via, what, cases[k].dtype));
+        struct gguf_file *g = NULL;
+        REQUIRE(gguf_open(&g, via, &e) == WELD_OK);
+        struct model_config cg, ch;
+        REQUIRE(model_config_from_gguf(g, &cg, &e) == WELD_OK);
+        CHECK_EQ_INT(cg.n_expert, c.n_expert);
+        CHECK_EQ_INT(cg.n_nextn, 0);
+        CHECK_EQ_INT(cg.n_layer, c.n_layer);
+        const struct gguf_tensor *x = gguf_find_tensor(g, "blk.1.ffn_down_exps.weight");
+        CHECK(x && x->n_dims == 3 && x->ne[0] == c.moe_ffn_dim && x->ne[1] == c.dim &&
+              x->ne[2] == c.n_expert);
+        CHECK_EQ_INT(gguf_find_tensor(g, "blk.1.attn_k_b.weight") != NULL, c.kv_lora_rank > 0);
+        CHECK(gguf_find_tensor(g, "blk.1.attn_kv_b.weight") == NULL);
+        gguf_close(g);
+        if (cases[k].nextn) { /* the MTP layer is gone: the round trip has one layer less */
+            REQUIRE(convert(via, rt, -1) == WELD_OK);
+            REQUIRE(model_config_from_hf(rt, &ch, &e) == WELD_OK);
+            CHECK_EQ_INT(ch.n_nextn, 0);
+            continue;
+        }
+        REQUIRE(convert(via, rt, -1) == WELD_OK);
+        CHECK(hf_same_tensors(hf, rt, what));
+        struct model_config ca;
+        REQUIRE(model_config_from_hf(hf, &ca, &e) == WELD_OK);
+        REQUIRE(model_config_from_hf(rt, &ch, &e) == WELD_OK);
+        check_config_equal(&ca, &ch);
+        CHECK_EQ_INT(ca.n_expert, ch.n_expert);
+        CHECK_EQ_INT(ca.n_expert_used, ch.n_expert_used);
+        CHECK_EQ_INT(ca.moe_ffn_dim, ch.moe_ffn_dim);
+        CHECK_EQ_INT(ca.shared_ffn_dim, ch.shared_ffn_dim);
+        CHECK_EQ_INT(ca.n_dense_lead, ch.n_dense_lead);
+        CHECK_EQ_INT(ca.gating, ch.gating);
+        CHECK_EQ_INT(ca.expert_norm, ch.expert_norm);
+        CHECK_EQ_INT(ca.expert_bias, ch.expert_bias);
+        CHECK(ca.expert_scale == ch.expert_scale);
+        CHECK_EQ_INT(ca.kv_lora_rank, ch.kv_lora_rank);
+        CHECK_EQ_INT(ca.q_lora_rank, ch.q_lora_rank);
+        CHECK_EQ_INT(ca.v_head_dim, ch.v_head_dim);
+        CHECK(ca.rope_factor == ch.rope_factor && ca.yarn_log_mul == ch.yarn_log_mul);
+    }
+}
+
+/* q8_0: HF -> GGUF quantizes as mkmodel does (router f32, attn_k_b / attn_v_b quantized);
+   the q8_0 GGUF -> HF dequantizes each expert's slice. */
+TEST(sparse_q8_0)
+{
+    struct model_config c;
+    struct weld_err e = {0};
+    REQUIRE(mkmodel_preset("tiny", ARCH_DEEPSEEK2, &c, &e) == WELD_OK);
+    c.n_vocab = 96;
+    const char *hf = tmp_path("dsq_hf"), *direct = tmp_path("dsq.gguf"),
+               *via = tmp_path("dsq_via.gguf");
+    struct mkmodel_opts o1 = {NULL, DT_F32, 3, hf}, o2 = {NULL, DT_Q8_0, 3, direct};
+    REQUIRE(mkmodel_write(&c, &o1, &e) == WELD_OK);
+    REQUIRE(mkmodel_write(&c, &o2, &e) == WELD_OK);
+    REQUIRE(convert(hf, via, DT_Q8_0) == WELD_OK);
+    CHECK(gguf_same_tensors(direct, via, "deepseek2 q8_0", DT_F32));
+    struct gguf_file *g = NULL;
+    REQUIRE(gguf_open(&g, via, &e) == WELD_OK);
+    CHECK_EQ_INT(gguf_find_tensor(g, "blk.1.ffn_gate_inp.weight")->type, DT_F32);
+    CHECK_EQ_INT(gguf_find_tensor(g, "blk.1.attn_k_b.weight")->type, DT_Q8_0);
+    CHECK_EQ_INT(gguf_find_tensor(g, "blk.1.ffn_up_exps.weight")->type, DT_Q8_0);
+    uint32_t ft = 0;
+    CHECK_EQ_INT(gguf_get_u32(g, "general.file_type", &ft, &e), WELD_OK);
+    CHECK_EQ_INT(ft, 7);
+    const char *back = tmp_path("dsq_back");
+    REQUIRE(convert(via, back, -1) == WELD_OK);
+    struct st_set *s = NULL;
+    REQUIRE(st_open_dir(&s, back, &e) == WELD_OK);
+    const struct gguf_tensor *x = gguf_find_tensor(g, "blk.2.ffn_up_exps.weight");
+    const struct st_tensor *y = st_find(s, "model.layers.2.mlp.experts.5.up_proj.weight");
+    REQUIRE(x && y && y->dtype == DT_F32 && y->shape[0] == x->ne[1] && y->shape[1] == x->ne[0]);
+    size_t part = x->nbytes / (size_t)x->ne[2];
+    float *want = to_f32(x->type, (const uint8_t *)x->data + 5 * part, x->ne[1], x->ne[0]);
+    CHECK(memcmp(want, y->data, y->nbytes) == 0);
+    free(want);
+    CHECK(st_find(s, "model.layers.1.self_attn.kv_b_proj.weight") != NULL);
+    st_close(s);
+    gguf_close(g);
+}
+
+/* An HF directory that lacks one expert's tensor: an error naming it. */
+TEST(sparse_missing_expert)
+{
+    struct model_config c;
+    struct weld_err e = {0};
+    REQUIRE(mkmodel_preset("tiny", ARCH_QWEN3MOE, &c, &e) == WELD_OK);
+    c.n_vocab = 96;
+    c.n_expert = 8;
+    const char *hf = tmp_path("miss_hf");
+    struct mkmodel_opts o = {NULL, DT_F32, 1, hf};
+    REQUIRE(mkmodel_write(&c, &o, &e) == WELD_OK);
+    /* claim more experts than the file holds */
+    char p[4200], *buf = NULL;
+    size_t len = 0;
+    snprintf(p, sizeof p, "%s/config.json", hf);
+    REQUIRE(file_read_all(p, &buf, &len, &e) == WELD_OK);
+    char *at = strstr(buf, "\"num_experts\": 8");
+    REQUIRE(at);
+    at[15] = '9';
+    REQUIRE(file_write_all(p, buf, len, &e) == WELD_OK);
+    wfree(buf);
+    struct convert_opts co = {-1, 0};
+    CHECK(convert_model(hf, tmp_path("miss.gguf"), &co, &e) == WELD_ERR_FORMAT);
+    CHECK(strstr(e.msg, "model.layers.0.mlp.experts.8.gate_proj.weight") != NULL);
+    CHECK(strstr(e.msg, "miss_hf") != NULL);
+}
+
 TEST(bad_inputs)
 {
     struct convert_opts o = {-1, 0};
@@ -501,6 +714,9 @@ int main(void)
     RUN(hf_to_hf_f16);
     RUN(mkmodel_hf_to_gguf_matches);
     RUN(many_tensors);
+    RUN(sparse_round_trips);
+    RUN(sparse_q8_0);
+    RUN(sparse_missing_expert);
     RUN(bad_inputs);
     RUN(alloc_failures);
     return test_summary();

@@ -1,7 +1,7 @@
 /*
  * cmd_convert - `weld convert IN OUT`: GGUF <-> Hugging Face directory, quantization and
- * dtype changes (model/convert.h does the work). OUT ending in .gguf makes a GGUF file,
- * anything else a directory.
+ * dtype changes (model/convert.h does the work, for every architecture weld loads, sparse
+ * ones included). OUT ending in .gguf makes a GGUF file, anything else a directory.
  */
 #include "cli/cli.h"
 #include "core/err.h"
@@ -26,9 +26,11 @@ int cmd_convert(int argc, char **argv)
     int n_pos = 0;
     int r = cli_parse(argc, argv, "convert IN OUT [--dtype T] [--shard-size BYTES]",
                       "Convert a model between GGUF (OUT ends in .gguf) and a Hugging Face "
-                      "directory,\nor quantize / change its type. Llama Q/K rows are permuted "
-                      "as llama.cpp does.", opts, (int)(sizeof opts / sizeof opts[0]), pos, 2,
-                      &n_pos);
+                      "directory,\nor quantize / change its type, as llama.cpp's converter "
+                      "writes GGUF: Llama Q/K rows permuted,\nexperts stacked per layer "
+                      "(Qwen MoE, Mixtral, DeepSeek), MLA kv_b_proj split into attn_k_b / "
+                      "attn_v_b,\nmulti-token-prediction layers dropped.",
+                      opts, (int)(sizeof opts / sizeof opts[0]), pos, 2, &n_pos);
     if (r)
         return r == 1 ? 0 : 2;
     if (n_pos != 2) {

@@ -8,12 +8,20 @@
  *                 shapes; llama attn_q/attn_k rows un-permuted; quantized tensors
  *                 dequantized to the target float type (default: F16 or BF16 when every
  *                 matrix already is, else F32); rope_freqs.weight dropped (config.json
- *                 carries the llama3 rope_scaling).
+ *                 carries the llama3 rope_scaling). Stacked experts split into one tensor
+ *                 per expert (Mixtral: block_sparse_moe.experts.E.w1/w2/w3, others
+ *                 mlp.experts.E.*_proj), attn_k_b + attn_v_b joined into kv_b_proj.
  *   HF -> GGUF    GGUF names and ne order, llama Q/K permuted, tokenizer keys via tokmeta,
  *                 llama3 rope scaling as rope_freqs.weight, tied embeddings -> no
  *                 output.weight; 1-D tensors F32, matrices in --dtype (default: as stored).
+ *                 Sparse models as llama.cpp 81ff7abe's converter writes them: each layer's
+ *                 per-expert tensors stacked into 3-D ffn_{gate,up,down}_exps, the router
+ *                 (ffn_gate_inp) kept F32 under quantization, qwen2moe's shared expert gate
+ *                 1-D, MLA kv_b_proj split into attn_k_b / attn_v_b (names.h), no rope
+ *                 permutation but for llama, MTP (nextn) layers dropped (noted on stderr).
  *   GGUF -> GGUF  metadata copied; matrices quantized to --dtype when their rows are a
- *                 multiple of the block size, else kept F16 (noted on stderr); 1-D F32.
+ *                 multiple of the block size, else kept F16 (noted on stderr), a float
+ *                 router F32; 1-D F32.
  *   HF -> HF      dtype change (f32/f16/bf16; default: keep each tensor's), resharding;
  *                 config.json copied with torch_dtype updated, tokenizer and generation
  *                 config files copied.

