@@ -17,6 +17,8 @@
  *   - pause and resume (from outside, from a callback, before a fork, in a pool so small
  *     that a newcomer takes the paused request's blocks, aborted while paused): a paused
  *     request makes no progress while others run, and ends with the reference's tokens;
+ *   - the sparse families (tiny Qwen3-MoE and DeepSeek-V3: experts, latent KV blocks):
+ *     batched, prefix-cached, forked and preempted, equal to the reference;
  *   - a stress run: 1,000 requests with random lengths, stop strings and aborts in a pool
  *     small enough to force preemption; it must end with every block free, every request
  *     finished or aborted as asked, and the greedy ones equal to the reference.
@@ -445,6 +447,64 @@ TEST(batch64_tiny_archs)
         batched_equals_alone(m, 300, 64, 40 + 13 * a, 16, 10 + (uint64_t)a);
         model_free(m);
     }
+}
+
+/* The sparse families through the engine: tiny Qwen3-MoE (experts) and DeepSeek-V3 (latent
+   attention, its one-row-per-position KV blocks, shared experts, YaRN): 64 batched
+   requests under a small budget (chunked prefill, mixed steps); shared prefixes from the
+   cache; n = 3 forks (copy-on-write of latent blocks); and a pool of 12 blocks for 8
+   sequences, which preempts and recomputes. Every greedy sequence equals the runner's. */
+static void sparse_family(enum model_arch arch, uint64_t seed)
+{
+    struct model *m = tiny_model(arch);
+    REQUIRE(m);
+    batched_equals_alone(m, 300, 64, 40, 16, seed);
+    struct weld_err e;
+    for (int pass = 0; pass < 2; pass++) { /* 0: caching and forks; 1: a tiny pool */
+        struct engine *eng = mk_engine(m, NULL, 8, 64, pass ? 12 : 0, true);
+        REQUIRE(eng);
+        const int n_req = 10, n_par = pass ? 1 : 3, len = 40, gen = 12;
+        struct col c;
+        REQUIRE(col_init(&c, n_req, n_par));
+        struct request_callbacks cb = {&c, on_delta, on_finish};
+        int32_t prompts[10][40];
+        for (int i = 0; i < n_req; i++) {
+            for (int k = 0; k < len; k++)
+                prompts[i][k] = (int32_t)(k < 32 ? (k * 37 + 11) % 300 : (k * 7 + i * 53) % 300);
+            struct request_params p = greedy_ids(prompts[i], len, gen);
+            p.n = n_par;
+            REQUIRE(engine_add_request(eng, &p, &cb, NULL, &e) == WELD_OK);
+            if (!pass && i == 0)
+                CHECK(run_all(eng, 10000) > 0); /* the others then find the prefix cached */
+        }
+        CHECK(run_all(eng, 100000) > 0);
+        struct engine_stats st;
+        engine_stats_get(eng, &st);
+        if (pass)
+            CHECK(st.preemptions > 0);
+        else
+            CHECK(st.cache_hit_tokens >= 9 * 32 && st.cow_copies > 0);
+        int bad = 0;
+        for (int i = 0; i < n_req; i++) {
+            int32_t want[MAXGEN];
+            REQUIRE(ref_greedy(m, DT_F16, prompts[i], len, gen, want) == gen);
+            for (int s2 = 0; s2 < n_par; s2++) {
+                struct out_seq *o = col_at(&c, (uint64_t)i + 1, s2);
+                bad += o->n_tokens != gen || memcmp(o->tokens, want, sizeof(int32_t) * gen);
+            }
+        }
+        CHECK_EQ_INT(bad, 0);
+        CHECK(all_blocks_free(eng));
+        wfree(c.seqs);
+        engine_free(eng);
+    }
+    model_free(m);
+}
+
+TEST(sparse_families)
+{
+    sparse_family(ARCH_QWEN3MOE, 31);
+    sparse_family(ARCH_DEEPSEEK2, 32);
 }
 
 TEST(prefix_cache_same_tokens)
@@ -998,6 +1058,7 @@ int main(int argc, char **argv)
     RUN(batch64_stories);
     RUN(batch64_tiny_archs);
     RUN(prefix_cache_same_tokens);
+    RUN(sparse_families);
     RUN(n_greater_than_one);
     RUN(abort_and_reject);
     RUN(pause_resume);
