@@ -4,6 +4,10 @@
  * model for inference: architecture and config, parameter count, tensors by type (every
  * tensor with --tensors), tokenizer, chat template (first lines; all with --template),
  * and memory: weight bytes plus the f16 KV cache per token and at the trained context.
+ * Sparse models add their expert and latent-attention settings, the parameters one token
+ * runs through (dense parts, n_expert_used of the routed experts, shared experts; not the
+ * MTP layers), and for MLA what per-head K and V would take beside the latent cache. The
+ * KV bytes come from exec (kv_shape_for, backend_kv_block_bytes): the engine's own rule.
  *
  * The tokenizer is also loaded as generate and serve load it (tokenizer/), so info says
  * what they will do: "usable yes", or "usable no" with their error and a warning; a
@@ -15,10 +19,13 @@
  */
 #include "cli/cli.h"
 #include "core/err.h"
+#include "exec/backend.h"
+#include "exec/kv.h"
 #include "format/dtype.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/names.h"
 #include "model/resolve.h"
 #include "model/tokmeta.h"
 #include "tokenizer/tokenizer.h"
@@ -129,6 +136,11 @@ static void print_config(const struct model_config *c)
         printf("  rope scaling       llama3, factor %g, low %g, high %g, original context %d\n",
                (double)c->rope_factor, (double)c->rope_low_freq_factor,
                (double)c->rope_high_freq_factor, c->rope_orig_ctx);
+    else if (c->rope_scaling == ROPE_SCALING_YARN)
+        printf("  rope scaling       yarn, factor %g, original context %d, mscale %g, beta fast "
+               "%g, beta slow %g\n",
+               (double)c->rope_factor, c->rope_orig_ctx, (double)(c->yarn_log_mul / 0.1f),
+               (double)c->yarn_beta_fast, (double)c->yarn_beta_slow);
     else
         printf("  rope scaling       none\n");
     printf("  tied embeddings    %s\n  qkv bias           %s\n  qk norm            %s\n",
@@ -136,6 +148,68 @@ static void print_config(const struct model_config *c)
            c->qk_norm ? "yes" : "no");
     if (c->sliding_window)
         printf("  sliding window     %d\n", c->sliding_window);
+    if (c->kv_lora_rank > 0) {
+        printf("  attention          multi-head latent (MLA)\n");
+        if (c->q_lora_rank > 0)
+            printf("  q lora rank        %d\n", c->q_lora_rank);
+        else
+            printf("  q lora rank        none (plain attn_q)\n");
+        printf("  kv lora rank       %d\n  qk nope dim        %d\n  qk rope dim        %d\n"
+               "  v head dim         %d\n",
+               c->kv_lora_rank, c->qk_nope_dim, c->rope_dim, c->v_head_dim);
+    }
+    if (c->n_expert > 0) {
+        printf("  experts            %d routed, %d used per token, ffn %d\n", c->n_expert,
+               c->n_expert_used, c->moe_ffn_dim);
+        if (c->shared_ffn_dim > 0)
+            printf("  shared experts     %d, ffn %d%s\n",
+                   c->n_shared_expert ? c->n_shared_expert : 1, c->shared_ffn_dim,
+                   c->shared_gate ? " (sigmoid-gated)" : "");
+        else
+            printf("  shared experts     none\n");
+        if (c->n_dense_lead > 0)
+            printf("  dense layers       %d leading (ffn %d)\n", c->n_dense_lead, c->ffn_dim);
+        else
+            printf("  dense layers       none (every layer routes)\n");
+        printf("  gating             %s", c->gating == MOE_GATING_SIGMOID ? "sigmoid" : "softmax");
+        if (c->n_group > 1 && c->topk_group < c->n_group)
+            printf(", %d groups (%d used)", c->n_group, c->topk_group);
+        printf(", bias %s, renormalise %s, scale %g\n", c->expert_bias ? "yes" : "no",
+               c->expert_norm ? "yes" : "no", (double)c->expert_scale);
+    }
+    if (c->n_nextn > 0)
+        printf("  mtp layers         %d (loaded, not run)\n", c->n_nextn);
+}
+
+/* Layer of a GGUF ("blk.N.") or HF ("model.layers.N.") tensor name, or -1. */
+static int tensor_layer(const char *name)
+{
+    int l = -1;
+    if (sscanf(name, "blk.%d.", &l) == 1 || sscanf(name, "model.layers.%d.", &l) == 1)
+        return l;
+    return -1;
+}
+
+/* Parameters one token runs through: every tensor but the MTP layers', and of the routed
+   experts only n_expert_used of n_expert (stacked GGUF tensors or HF per-expert ones). */
+static double active_params(const struct info *in)
+{
+    const struct model_config *c = &in->c;
+    double n = 0;
+    for (int i = 0; i < in->n_tensors; i++) {
+        const struct info_tensor *t = &in->t[i];
+        double k = 1;
+        for (int d = 0; d < t->n_dims; d++)
+            k *= (double)t->ne[d];
+        int layer, expert;
+        enum expert_proj p;
+        if (tensor_layer(t->name) >= c->n_layer)
+            continue;
+        if (tensor_name_expert_parse(t->name, &layer, &expert, &p) == 0)
+            k = k * c->n_expert_used / c->n_expert;
+        n += k;
+    }
+    return n;
 }
 
 static void print_tensors(const struct info *in, int all, uint64_t *weight_bytes)
@@ -155,6 +229,13 @@ static void print_tensors(const struct info *in, int all, uint64_t *weight_bytes
     char hb[32];
     human((double)bytes, hb, sizeof hb);
     printf("parameters: %" PRIu64 " (%.2fM)\n", n_params, (double)n_params / 1e6);
+    if (in->c.n_expert > 0) {
+        double act = active_params(in);
+        printf("  active per token   %.0f (%.2fM, %.1f%%): dense parts, %d of %d routed "
+               "experts%s\n",
+               act, act / 1e6, n_params ? 100.0 * act / (double)n_params : 0.0, in->c.n_expert_used,
+               in->c.n_expert, in->c.shared_ffn_dim > 0 ? ", shared experts" : "");
+    }
     printf("tensors: %d, %s\n", in->n_tensors, hb);
     for (int k = 0; k <= DT_COUNT; k++) {
         if (!count[k])
@@ -240,15 +321,34 @@ static void print_tokenizer(const struct info *in, int whole_template)
         printf("  (%d more lines; --template shows all)\n", lines - shown);
 }
 
+/* The KV cache per token as the engine sizes it (exec's kv_shape_for / block bytes, f16,
+   one-token blocks); MLA also shows what per-head K and V would take. */
 static void print_memory(const struct model_config *c, uint64_t weights)
 {
-    uint64_t kv = 2ull * (uint64_t)c->n_layer * (uint64_t)c->n_kv_head * (uint64_t)c->head_dim * 2;
+    uint64_t kv = backend_kv_block_bytes(c, DT_F16, 1);
     char a[32], b[32], d[32];
     human((double)weights, a, sizeof a);
     human((double)kv * (double)c->max_ctx, b, sizeof b);
     human((double)weights + (double)kv * (double)c->max_ctx, d, sizeof d);
     printf("memory:\n  weights            %s\n  kv cache (f16)     %" PRIu64 " bytes per token; "
-           "%s at context %d\n  total at context   %s\n", a, kv, b, c->max_ctx, d);
+           "%s at context %d\n",
+           a, kv, b, c->max_ctx);
+    int kv_dim, hd;
+    bool latent;
+    kv_shape_for(c, &kv_dim, &hd, &latent);
+    if (latent) {
+        uint64_t per_head = (uint64_t)c->n_layer * (uint64_t)c->n_head *
+                            (uint64_t)(c->head_dim + c->v_head_dim) * 2;
+        printf("  kv layout          latent: one row of %d (kv_lora_rank %d + rope %d) per layer, "
+               "keys only\n  per-head kv (f16)  %" PRIu64 " bytes per token (K %d + V %d for "
+               "each of %d heads): %.1fx the latent cache\n",
+               kv_dim, c->kv_lora_rank, c->rope_dim, per_head, c->head_dim, c->v_head_dim,
+               c->n_head, kv ? (double)per_head / (double)kv : 0.0);
+    } else {
+        printf("  kv layout          K and V, %d heads of %d per layer\n", c->n_kv_head,
+               c->head_dim);
+    }
+    printf("  total at context   %s\n", d);
 }
 
 int cmd_info(int argc, char **argv)

