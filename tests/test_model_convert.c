@@ -705,6 +705,42 @@ TEST(many_tensors)
     gguf_close(g);
 }
 
+/* Allocation failures in the sparse paths (expert stacks, kv_b split and join). */
+TEST(sparse_alloc_failures)
+{
+    struct model_config c;
+    struct weld_err e = {0};
+    REQUIRE(mkmodel_preset("tiny", ARCH_DEEPSEEK2, &c, &e) == WELD_OK);
+    c.n_vocab = 96;
+    char hf[4096], g[4096], out_g[4096], out_hf[4096]; /* tmp_path reuses its buffers */
+    snprintf(hf, sizeof hf, "%s", tmp_path("dsa_hf"));
+    snprintf(g, sizeof g, "%s", tmp_path("dsa.gguf"));
+    snprintf(out_g, sizeof out_g, "%s", tmp_path("dsa_out.gguf"));
+    snprintf(out_hf, sizeof out_hf, "%s", tmp_path("dsa_out_hf"));
+    struct mkmodel_opts o = {NULL, DT_F32, 4, hf}, og = {NULL, DT_F32, 4, g};
+    REQUIRE(mkmodel_write(&c, &o, &e) == WELD_OK && mkmodel_write(&c, &og, &e) == WELD_OK);
+    struct convert_opts oq = {DT_Q8_0, 0}, oh = {-1, 0};
+    int n_fail = 0, done_q = 0, done_h = 0;
+    for (long n = 1; n < 4000 && !(done_q && done_h); n += n < 200 ? 1 : 23) {
+        for (int k = 0; k < 2; k++) {
+            if (k ? done_h : done_q)
+                continue;
+            alloc_fail_at(n);
+            int rc = k ? convert_model(g, out_hf, &oh, &e) : convert_model(hf, out_g, &oq, &e);
+            long failed = alloc_failed_count();
+            alloc_fail_at(0);
+            if (rc == WELD_OK && failed == 0) {
+                *(k ? &done_h : &done_q) = 1;
+            } else if (rc != WELD_OK) {
+                n_fail++;
+                CHECK(e.msg[0] != 0);
+            }
+        }
+    }
+    CHECK(done_q && done_h);
+    CHECK(n_fail > 10);
+}
+
 int main(void)
 {
     RUN(stories_gguf_hf_gguf);
@@ -719,5 +755,6 @@ int main(void)
     RUN(sparse_missing_expert);
     RUN(bad_inputs);
     RUN(alloc_failures);
+    RUN(sparse_alloc_failures);
     return test_summary();
 }
