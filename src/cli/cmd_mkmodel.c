@@ -123,8 +123,9 @@ static int build_config(const struct mk_args *a, struct model_config *c)
     apply_dims(a, c);
     if (apply_rope_scaling(a, c))
         return 2;
-    if (a->preset && (a->dim || a->heads) && !a->head_dim)
-        c->head_dim = 0, c->rope_dim = 0; /* recomputed as dim / heads */
+    /* Recomputed as dim / heads; MLA's head and rope sizes do not follow dim. */
+    if (a->preset && (a->dim || a->heads) && !a->head_dim && c->arch != ARCH_DEEPSEEK2)
+        c->head_dim = 0, c->rope_dim = 0;
     if (a->preset && a->heads && !a->kv_heads)
         c->n_kv_head = 0;
     mkmodel_config_defaults(c);
