@@ -13,7 +13,11 @@
 # tests/node/node_modules (the tokenizers).
 #
 # Each case below is a file name and its `weld mkmodel` arguments (the --out is added);
-# the test reads the arguments back from the JSON, so a case is added here only.
+# the test reads the arguments back from the JSON, so a case is added here only. The
+# quantized sparse cases' seeds are ones at which weld and llama.cpp choose the same
+# experts at every position (their tiny routers have near-ties that activation rounding
+# flips; see the test's comment): if a re-record fails there, check each side against
+# `weld convert X.gguf X-f32.gguf --dtype f32` before suspecting the code.
 set -eu
 [ $# -ge 1 ] || { echo "usage: $0 LLAMA_CPP_DIR [WELD_BUILD_DIR]" >&2; exit 2; }
 llama=$(cd "$1" && pwd)
@@ -60,6 +64,7 @@ corpus nfc -nfc
 
 tok=tests/node/node_modules/@lenml
 small="--layers 2 --dim 256 --heads 4 --kv-heads 2 --ffn 512 --tied -t $tok/tokenizer-llama2/models"
+tiny="--preset tiny -t $tok/tokenizer-llama2/models"
 mkdir -p "$out"
 while IFS='|' read -r name corpus args; do
   [ -n "$name" ] || continue
@@ -89,4 +94,11 @@ llama_q5_1||--arch llama $small --dtype q5_1 --seed 16
 llama_q4_K||--arch llama $small --dtype q4_K --seed 17
 llama_q5_K||--arch llama $small --dtype q5_K --seed 18
 llama_q6_K||--arch llama $small --dtype q6_K --seed 19
+qwen3moe_f32||--arch qwen3-moe $tiny --dtype f32 --seed 20
+qwen3moe_q8_0||--arch qwen3-moe $tiny --dtype q8_0 --seed 21
+mixtral_f32||--arch mixtral $tiny --dtype f32 --seed 22
+qwen2moe_f32||--arch qwen2-moe $tiny --dtype f32 --seed 23
+deepseek3_f32||--arch deepseek-v3 $tiny --dtype f32 --seed 24
+deepseek3_q8_0||--arch deepseek-v3 $tiny --dim 256 --dtype q8_0 --seed 28
+deepseek3_q4_0||--arch deepseek-v3 $tiny --dim 256 --dtype q4_0 --seed 26
 EOF

@@ -6,8 +6,11 @@
  * numeric failure). scripts/record-llamacpp-oracle.sh re-records the data; the cases
  * cover Llama 2 (SentencePiece), a Mistral shape (GQA, head_dim != dim / heads, rope base
  * 1e6), Llama 3 (BPE, llama3 rope scaling via rope_freqs.weight), Qwen2 (QKV bias) and
- * Qwen3 (QK norm, head_dim != dim / heads) in f32, and every weight type weld loads on a
- * Llama shape whose rows are a multiple of 256.
+ * Qwen3 (QK norm, head_dim != dim / heads) in f32, every weight type weld loads on a
+ * Llama shape whose rows are a multiple of 256, and the sparse families at mkmodel's tiny
+ * preset: Qwen3-MoE (f32, q8_0), Mixtral and Qwen2-MoE (f32), DeepSeek-V3 (latent
+ * attention, shared expert, group-limited sigmoid routing with bias, YaRN; f32, and q8_0
+ * and q4_0 at dim 256, whose logits spread enough for the greedy check).
  *
  * Logits: llama.cpp decoded each prompt and then 16 greedy tokens (f32 K/V, no flash
  * attention); weld is fed the same tokens (teacher forcing, so one near-tie cannot make
@@ -32,6 +35,16 @@
  *                and q6_K only, in its own block order; the types without a weld gemm
  *                (q4_1, q5_0, q5_1, q5_K) are dotted in f32 after dequantization.
  *                A layout or scale bug moves logits by far more than this.
+ * The sparse cases use the same TOLs: f32 agrees to 2.4e-7 (2 layers of 8 experts, and
+ * DeepSeek's 3 with MLA, bias and YaRN), quantized DeepSeek to 1.5e-2, the noise of its
+ * longer chain of quantized products; each side is as far from the same model dequantized
+ * to f32 (`weld convert --dtype f32`), on which both agree to 5e-7. A quantized MoE case
+ * compares only where both sides pick the same experts: the tiny routers' scores lie
+ * about 0.01 apart, so the two sides' activation rounding flips a near-tie in a few
+ * percent of the choices, moving that position's logits by 0.05 to 0.5 on the flipping
+ * side alone. Its seed was picked so that weld and llama.cpp route alike throughout; after
+ * a re-record, a failure at one or two isolated positions by that much is such a flip
+ * (check each side against the dequantized model), not a bug.
  * Tokenizers: for the Llama 2, Llama 3 and Qwen cases, a corpus tokenized by llama.cpp
  * (llama_tokenize as llama-tokenize calls it, with and without special-token parsing;
  * NFC-normalized for Qwen, whose normalizer llama.cpp skips) must come out identical
@@ -40,7 +53,7 @@
  * Needs the weld binary ($WELD_BIN, set by ctest) and the tokenizers in
  * tests/node/node_modules; without the latter the test reports skipped (77).
  * $WELD_ORACLE_CASES (comma-separated names) runs only those cases: the sanitizer build
- * runs three (tests/llamacpp_oracle.cmake), as all fifteen take minutes there.
+ * runs a few (tests/llamacpp_oracle.cmake), as all twenty-two take minutes there.
  */
 #include "core/alloc.h"
 #include "core/mfile.h"
@@ -358,7 +371,7 @@ TEST(recorded_llama_cpp_outputs)
     }
     closedir(d);
     qsort(files, (size_t)n, sizeof *files, cmp_str);
-    CHECK(n >= 15);
+    CHECK(n >= 22);
     int n_selected = 0;
     for (int i = 0; i < n; i++) {
         if (selected(files[i])) {
