@@ -13,7 +13,11 @@
  * llama.cpp is in this repository: this file calls its public C API.
  *
  * llama.cpp runs as llama-bench runs it (tools/llama-bench at 81ff7abe): model with mmap
- * and default parameters, a context of P + N positions, n_batch 2048, n_ubatch 512, f16
+ * and default parameters but mlock (llama.cpp's --mlock: the hosts here run DAMON's
+ * "pageout" scheme, which drops file pages idle for a moment, so a mixture of experts'
+ * rarely chosen experts, read in place from the mapping, came back from disk: 4 tok/s
+ * instead of 53 in blocks of 8 steps; weld's weights are anonymous memory, never paged
+ * out without swap, so mlock puts both sides on the same footing), a context of P + N positions, n_batch 2048, n_ubatch 512, f16
  * K/V cache, flash attention "auto", a ggml threadpool of T threads with poll 50 attached;
  * pp = one llama_decode of P random ids (BOS first when the vocabulary adds one) on an
  * empty cache; tg = N one-token decodes from an empty cache, each synchronized. weld runs

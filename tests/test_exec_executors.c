@@ -201,8 +201,8 @@ TEST(qwen3_qknorm_f32_kv_q8_0) { check_equivalent(&spec_qwen3, DT_F32, DT_Q8_0, 
 
 /* Mixtures of experts (no K parts): Qwen3-MoE's shape at Q8_0, and DeepSeek-V3's router
    (dense first layer, grouped sigmoid top-k with bias, shared expert) at F32. */
-static const struct tmoe moe_qwen3 = {8, 2, 64, 0, 0, 0, 0, false, true, false, false, 0};
-static const struct tmoe moe_ds = {16, 3, 32, 64, 1, 4, 2, true, true, true, false, 2.5f};
+static const struct tmoe moe_qwen3 = {8, 2, 64, 0, 0, 0, 0, false, true, false, false, 0, 0};
+static const struct tmoe moe_ds = {16, 3, 32, 64, 1, 4, 2, true, true, true, false, 2.5f, 0};
 static const struct tspec spec_qwen3moe = {
     ARCH_QWEN3MOE, 64,    2,     4,     2,          32,         96,  60, 32,
     true,          false, false, false, 1000000.0f, &moe_qwen3, NULL};

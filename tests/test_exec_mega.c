@@ -422,7 +422,7 @@ TEST(decode_row_pieces_are_shared)
    pieces, the ranks' experts found when they run. */
 TEST(moe_row_pieces_are_shared)
 {
-    static const struct tmoe moe = {8, 2, 128, 64, 0, 0, 0, false, true, false, false, 0};
+    static const struct tmoe moe = {8, 2, 128, 64, 0, 0, 0, false, true, false, false, 0, 0};
     static const struct tspec sp = {ARCH_QWEN3MOE, 96,    2,     6,     2,        16,   160, 70, 16,
                                     true,          false, false, false, 10000.0f, &moe, NULL};
     int32_t toks[3] = {5, 17, 42};

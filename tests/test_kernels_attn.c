@@ -159,7 +159,7 @@ TEST(isa_bit_identical)
 {
     struct rng rg;
     rng_seed(&rg, 11);
-    const int hds[] = {16, 64, 128, 8, 40, 12, 100, 256, 264};
+    const int hds[] = {16, 64, 128, 8, 40, 12, 100, 256, 264, 288, 576}; /* MLA: 288, 576 */
     const int types[] = {DT_F32, DT_F16, DT_BF16};
     for (int lvl = ISA_SCALAR + 1; lvl < ISA_COUNT; lvl++) {
         const struct gemm_ops *o = gemm_ops_for((enum isa_level)lvl);

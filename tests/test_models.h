@@ -61,7 +61,9 @@ struct tmla {
 struct tmoe {
     int n_expert, n_used, moe_ffn, shared_ffn, dense_lead, n_group, topk_group;
     bool sigmoid, norm, bias, shared_gate;
-    float scale; /* 0: 1 */
+    float scale;   /* 0: 1 */
+    int down_type; /* the experts' down projections' type (a GGUF mix such as Q4_K_M's
+                      Q6_K downs); 0: the model's */
 };
 
 static inline void *tm_alloc(struct tmodel *tm, size_t n)
@@ -184,7 +186,8 @@ static inline void tm_layer(struct tmodel *tm, struct rng *r, const struct tspec
         for (int x = 0; x < E; x++) {
             L->exp_gate[x] = make_tensor(tm, r, wtype, s->dim, mo->moe_ffn, 0, sd);
             L->exp_up[x] = make_tensor(tm, r, wtype, s->dim, mo->moe_ffn, 0, sd);
-            L->exp_down[x] = make_tensor(tm, r, wtype, mo->moe_ffn, s->dim, 0, se);
+            L->exp_down[x] = make_tensor(tm, r, mo->down_type ? mo->down_type : wtype, mo->moe_ffn,
+                                         s->dim, 0, se);
         }
         if (mo->shared_ffn > 0) {
             double ss = 1.0 / sqrt(mo->shared_ffn);

@@ -194,11 +194,7 @@ static struct bm_stat bm_stats(double *v, int n, int tokens)
 /* Bytes one decode step reads (see the file comment). */
 static size_t bm_decode_bytes(const struct model *m)
 {
-    size_t n = model_weight_bytes(m);
-    bool untied = m->output.data && m->output.data != m->tok_embd.data;
-    if (untied && n >= m->tok_embd.nbytes)
-        n -= m->tok_embd.nbytes;
-    return n;
+    return exec_decode_bytes(m);
 }
 
 /* Positions a sequence of the benchmark reaches. */
@@ -378,12 +374,24 @@ static double bm_prefill_ops(const struct model *m, int depth, int n, double *ma
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const struct layer_weights *w = &m->layers[l];
         per_token += bm_mat(&w->wq) + bm_mat(&w->wk) + bm_mat(&w->wv) + bm_mat(&w->wo) +
-                     bm_mat(&w->w_gate) + bm_mat(&w->w_up) + bm_mat(&w->w_down);
+                     bm_mat(&w->w_gate) + bm_mat(&w->w_up) + bm_mat(&w->w_down) +
+                     bm_mat(&w->wq_a) + bm_mat(&w->wq_b) + bm_mat(&w->wkv_a) +
+                     bm_mat(&w->router) + bm_mat(&w->sh_gate) + bm_mat(&w->sh_up) +
+                     bm_mat(&w->sh_down);
+        if (model_layer_moe(&m->cfg, l) && w->exp_gate) /* the experts a token is routed to */
+            per_token += (double)m->cfg.n_expert_used *
+                         (bm_mat(&w->exp_gate[0]) + bm_mat(&w->exp_up[0]) +
+                          bm_mat(&w->exp_down[0]));
+        if (m->cfg.kv_lora_rank > 0) /* absorbed queries and value up-projections */
+            per_token += (double)m->cfg.n_head * m->cfg.kv_lora_rank *
+                         (m->cfg.qk_nope_dim + m->cfg.v_head_dim);
     }
     *mat = 2 * (per_token * n + bm_mat(&m->output)); /* logits of the last token only */
     /* token i attends depth + i + 1 positions: QK and PV, head_dim multiply-adds each */
     double keys = (double)n * depth + (double)n * (n + 1) / 2;
-    double attn = 4.0 * m->cfg.n_layer * m->cfg.n_head * m->cfg.head_dim * keys;
+    const int akd = m->cfg.kv_lora_rank > 0 ? m->cfg.kv_lora_rank + m->cfg.rope_dim
+                                            : m->cfg.head_dim; /* latent: one wide row */
+    double attn = 4.0 * m->cfg.n_layer * m->cfg.n_head * akd * keys;
     return *mat + attn;
 }
 
@@ -397,7 +405,11 @@ static void bm_compute_probe(const struct bm_run *b, int threads, struct bm_comp
 {
     struct weld_err e;
     enum isa_level l = isa_active();
-    enum peak_op op = b->m->cfg.n_layer > 0 ? peak_op_for(b->m->layers[0].w_up.type, l) : PEAK_NONE;
+    /* the FFN's type: layer 0's dense up projection, or its first expert's */
+    const struct layer_weights *L0 = b->m->cfg.n_layer > 0 ? &b->m->layers[0] : NULL;
+    const struct tensor *up = !L0 ? NULL : L0->w_up.data ? &L0->w_up
+                                         : L0->exp_up ? &L0->exp_up[0] : &L0->wo;
+    enum peak_op op = up ? peak_op_for(up->type, l) : PEAK_NONE;
     c->why = NULL;
     memset(&c->peak, 0, sizeof c->peak);
     if (op == PEAK_NONE)

@@ -886,6 +886,11 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
     return WELD_OK;
 }
 
+size_t exec_decode_bytes(const struct model *m)
+{
+    return matrix_bytes(m);
+}
+
 size_t exec_stage_bytes(const struct model *m)
 {
     const int n_layer = m->cfg.n_layer;

@@ -197,6 +197,10 @@ struct exec_weights {
 #define EXEC_SMALL_STAGE_BYTES (64u << 10)
 size_t exec_stage_bytes(const struct model *m);
 
+/* Weight bytes one decode token reads: every layer's matrices (of a mixture of experts the
+   router, the shared expert and n_expert_used experts' worth) and the LM head. */
+size_t exec_decode_bytes(const struct model *m);
+
 /* Fails with isa_init's message if WELD_ISA asks for an instruction set the CPU lacks, and
    when t (NULL: every automatic choice) asks for K parts the model cannot be cut in. Only
    t's decode_pairs, l2_prefetch, repack and k_parts matter here. */
