@@ -171,6 +171,13 @@ static double instr_cost(const struct exec_step *st, const struct prog_instr *in
         break;
     case OP_ATTENTION: {
         double ntok = in->seq >= 0 && in->seq < p->n_seqs ? p->seq_ntok[in->seq] : 1;
+        if (c->kv_lora_rank > 0) { /* rows = query heads over one latent row per position */
+            double ctx = MEGA_NOMINAL_CTX + ntok, hk = c->kv_lora_rank + c->rope_dim;
+            bytes = ctx * hk * 2.0 + mat_bytes(&lm->vb, (int)rows * c->v_head_dim);
+            flops = 4.0 * ntok * rows * ctx * hk +
+                    2.0 * ntok * rows * c->v_head_dim * c->kv_lora_rank;
+            break;
+        }
         double ctx = MEGA_NOMINAL_CTX + ntok, group = (double)c->n_head / c->n_kv_head;
         bytes = rows * ctx * c->head_dim * 2.0 * 2.0;
         flops = 4.0 * ntok * group * rows * ctx * c->head_dim;
@@ -221,6 +228,22 @@ static double instr_cost(const struct exec_step *st, const struct prog_instr *in
         break;
     }
     case OP_MOE_COMBINE: bytes = rows * nt * (c->n_expert_used + 2) * 4.0; break;
+    case OP_MLA_PROJ_A: {
+        const struct exec_mat *a = in->row0 < c->q_lora_rank ? &lm->wq_a : &lm->wkv_a;
+        bytes = mat_bytes(a, (int)rows);
+        flops = 2.0 * rows * c->dim * nt;
+        break;
+    }
+    case OP_MLA_Q_KV: { /* query heads: their q_b rows and the absorption; the latent unit */
+        const int heads = (in->row1 > c->n_head ? c->n_head : in->row1) - in->row0;
+        const struct exec_mat *q = c->q_lora_rank > 0 ? &lm->wq_b : &lm->wq;
+        bytes = heads > 0 ? mat_bytes(q, heads * c->head_dim) +
+                                mat_bytes(&lm->kbt, heads * c->kv_lora_rank)
+                          : 0;
+        flops = 2.0 * heads * nt *
+                ((double)c->head_dim * (double)q->k + (double)c->kv_lora_rank * c->qk_nope_dim);
+        break;
+    }
     default:
         break;
     }
