@@ -44,7 +44,8 @@ int lside_open(struct lside **out, const char *path, int threads, int n_ctx, cha
     }
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    mp.use_mlock = true; /* resident, as weld's pool is: this host's DAMON pages out idle file pages */
+    mp.use_mlock =
+        true; /* resident, as weld's pool is: this host's DAMON pages out idle file pages */
     if (!(l->model = llama_model_load_from_file(path, mp))) {
         snprintf(err, err_n, "llama.cpp could not load %s", path);
         return -1;

@@ -374,10 +374,9 @@ static double bm_prefill_ops(const struct model *m, int depth, int n, double *ma
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const struct layer_weights *w = &m->layers[l];
         per_token += bm_mat(&w->wq) + bm_mat(&w->wk) + bm_mat(&w->wv) + bm_mat(&w->wo) +
-                     bm_mat(&w->w_gate) + bm_mat(&w->w_up) + bm_mat(&w->w_down) +
-                     bm_mat(&w->wq_a) + bm_mat(&w->wq_b) + bm_mat(&w->wkv_a) +
-                     bm_mat(&w->router) + bm_mat(&w->sh_gate) + bm_mat(&w->sh_up) +
-                     bm_mat(&w->sh_down);
+                     bm_mat(&w->w_gate) + bm_mat(&w->w_up) + bm_mat(&w->w_down) + bm_mat(&w->wq_a) +
+                     bm_mat(&w->wq_b) + bm_mat(&w->wkv_a) + bm_mat(&w->router) +
+                     bm_mat(&w->sh_gate) + bm_mat(&w->sh_up) + bm_mat(&w->sh_down);
         if (model_layer_moe(&m->cfg, l) && w->exp_gate) /* the experts a token is routed to */
             per_token += (double)m->cfg.n_expert_used *
                          (bm_mat(&w->exp_gate[0]) + bm_mat(&w->exp_up[0]) +
@@ -407,8 +406,10 @@ static void bm_compute_probe(const struct bm_run *b, int threads, struct bm_comp
     enum isa_level l = isa_active();
     /* the FFN's type: layer 0's dense up projection, or its first expert's */
     const struct layer_weights *L0 = b->m->cfg.n_layer > 0 ? &b->m->layers[0] : NULL;
-    const struct tensor *up = !L0 ? NULL : L0->w_up.data ? &L0->w_up
-                                         : L0->exp_up ? &L0->exp_up[0] : &L0->wo;
+    const struct tensor *up = !L0             ? NULL
+                              : L0->w_up.data ? &L0->w_up
+                              : L0->exp_up    ? &L0->exp_up[0]
+                                              : &L0->wo;
     enum peak_op op = up ? peak_op_for(up->type, l) : PEAK_NONE;
     c->why = NULL;
     memset(&c->peak, 0, sizeof c->peak);

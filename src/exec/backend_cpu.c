@@ -113,8 +113,12 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
     if (rc)
         goto fail;
     struct kv_config kc = {
-        .n_layer = m->cfg.n_layer, .max_seqs = p->max_seqs, .max_ctx = p->max_ctx,
-        .block_size = p->kv_block_size, .n_blocks = p->kv_blocks, .type = p->kv_type,
+        .n_layer = m->cfg.n_layer,
+        .max_seqs = p->max_seqs,
+        .max_ctx = p->max_ctx,
+        .block_size = p->kv_block_size,
+        .n_blocks = p->kv_blocks,
+        .type = p->kv_type,
     };
     kv_shape_for(&m->cfg, &kc.kv_dim, &kc.head_dim, &kc.latent);
     struct exec_params xp = {

@@ -36,8 +36,8 @@ void kv_shape_for(const struct model_config *c, int *kv_dim, int *head_dim, bool
     *kv_dim = *latent ? *head_dim : c->n_kv_head * c->head_dim;
 }
 
-size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size,
-                      enum weld_dtype type, bool latent)
+size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size, enum weld_dtype type,
+                      bool latent)
 {
     if (n_layer < 1 || kv_dim < 1 || block_size < 1 || head_dim < 1 || kv_dim % head_dim ||
         !kv_type_supported(type, head_dim))
@@ -302,8 +302,8 @@ void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
             memcpy(kv_slot_head(kv, kv->k, l, dst, 0, h), kv_slot_head(kv, kv->k, l, src, 0, h),
                    run);
             if (!kv->latent)
-                memcpy(kv_slot_head(kv, kv->v, l, dst, 0, h),
-                       kv_slot_head(kv, kv->v, l, src, 0, h), run);
+                memcpy(kv_slot_head(kv, kv->v, l, dst, 0, h), kv_slot_head(kv, kv->v, l, src, 0, h),
+                       run);
         }
 }
 

@@ -95,7 +95,7 @@ struct kv_config {
     enum weld_dtype type; /* DT_F32, DT_F16, DT_BF16 or DT_Q8_0 */
     size_t prefault_bytes; /* pages touched at creation, lowest block ids first; 0:
                               KV_PREFAULT_BYTES. The rest fault in on first use. */
-    bool latent;        /* one plane: keys only, v aliases k (latent attention caches a
+    bool latent;           /* one plane: keys only, v aliases k (latent attention caches a
                            compressed row per position that is its key and its value) */
 };
 
@@ -116,7 +116,7 @@ struct kv_cache {
     size_t *head_run0;  /* (n_kv_head) per head: its tile's index in block 0 of layer 0 */
     int *head_stride;   /* (n_kv_head) tiles from one block to the next: its group's size */
     int *head_group_end; /* (n_kv_head) first head past its group */
-    uint8_t *k, *v;     /* per the layout (block_size, head_bytes innermost),
+    uint8_t *k, *v;      /* per the layout (block_size, head_bytes innermost),
                            wmap_huge mappings; latent: v == k */
     bool latent;
     size_t plane_bytes; /* bytes of each */
@@ -136,8 +136,8 @@ void kv_free(struct kv_cache *kv);
 /* Bytes one block takes in the pool (K and V, or K alone when latent, every layer) for
    this shape and type; 0 if the type is not a KV type or head_dim does not suit it, or
    on overflow. */
-size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size,
-                      enum weld_dtype type, bool latent);
+size_t kv_block_bytes(int n_layer, int kv_dim, int head_dim, int block_size, enum weld_dtype type,
+                      bool latent);
 /* The cache shape model config c needs: kv_dim and head_dim of a position's row, and
    whether it is latent (MLA: one head of kv_lora_rank + rope_dim, keys only). */
 void kv_shape_for(const struct model_config *c, int *kv_dim, int *head_dim, bool *latent);

@@ -95,8 +95,8 @@ static int max_width(const struct model_config *c)
     if (c->ffn_dim > w)
         w = c->ffn_dim;
     if (c->kv_lora_rank > 0) {
-        const int ws[] = {c->q_lora_rank, c->kv_lora_rank + c->rope_dim,
-                          c->n_head * c->v_head_dim, c->qk_nope_dim};
+        const int ws[] = {c->q_lora_rank, c->kv_lora_rank + c->rope_dim, c->n_head * c->v_head_dim,
+                          c->qk_nope_dim};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             w = ws[i] > w ? ws[i] : w;
     }
@@ -510,9 +510,8 @@ struct att_io {
     size_t od, ohd;
 };
 
-static void attend_tile(const struct exec_step *st, int layer, const int32_t *table, int h0,
-                        int h1, int t0, int nt, const struct att_io *io,
-                        const struct scratch *sc)
+static void attend_tile(const struct exec_step *st, int layer, const int32_t *table, int h0, int h1,
+                        int t0, int nt, const struct att_io *io, const struct scratch *sc)
 {
     const int hd = st->kv->head_dim, group = io->group;
     /* state rows head-major: row (h, i, g) at ((h - h0) * nt + i) * group + g, so one
@@ -638,8 +637,8 @@ static void op_mla_q_kv(const struct exec_step *st, const struct prog_instr *in,
             mat_quant(st, Q, sc->h, (size_t)hw, nt, sc->act, sc);
         }
         for (int u = in->row0; u < u1; u++) {
-            mat_gemm(st, Q, (int64_t)u * hd, (int64_t)(u + 1) * hd, nt, sc->h, (size_t)hw,
-                     sc->act, sc->y, (size_t)hd, sc->row);
+            mat_gemm(st, Q, (int64_t)u * hd, (int64_t)(u + 1) * hd, nt, sc->h, (size_t)hw, sc->act,
+                     sc->y, (size_t)hd, sc->row);
             for (int i = 0; i < nt; i++) {
                 const int pos = st->pos[t0 + i];
                 const float *cs = st->rope ? st->rope + (size_t)pos * rope
@@ -656,8 +655,8 @@ static void op_mla_q_kv(const struct exec_step *st, const struct prog_instr *in,
                 st->w->go->act_quant(L->kbt.wtype, sc->y, (size_t)hd, L->kbt.k, nt, sc->act2,
                                      L->kbt.act_row_bytes);
             }
-            mat_gemm(st, &L->kbt, (int64_t)u * kvl, (int64_t)(u + 1) * kvl, nt, sc->y,
-                     (size_t)hd, sc->act2, q + (size_t)t0 * qd + (size_t)u * hk, qd, sc->row);
+            mat_gemm(st, &L->kbt, (int64_t)u * kvl, (int64_t)(u + 1) * kvl, nt, sc->y, (size_t)hd,
+                     sc->act2, q + (size_t)t0 * qd + (size_t)u * hk, qd, sc->row);
         }
         if (in->row1 <= c->n_head)
             continue;
@@ -671,8 +670,8 @@ static void op_mla_q_kv(const struct exec_step *st, const struct prog_instr *in,
                                        : sc->cosv + (size_t)i * half;
             const float *sn = st->rope ? cs + half : sc->sinv + (size_t)i * half;
             kern_rope_apply(row + kvl, rope, c->rope_neox, cs, sn);
-            uint8_t *dst = kv_pos_head(st->kv, st->kv->k, in->layer,
-                                       st->tables[st->p->tok_seq[t]], pos, 0);
+            uint8_t *dst = kv_pos_head(st->kv, st->kv->k, in->layer, st->tables[st->p->tok_seq[t]],
+                                       pos, 0);
             if (st->kv->type == DT_F16)
                 st->w->go->to_f16(row, dst, hk);
             else
@@ -696,8 +695,13 @@ static void op_attention_latent(const struct exec_step *st, const struct prog_in
     WELD_ASSERT(st->kv->n_kv_head == 1 && st->kv->head_dim == hk && st->kv->latent);
     const size_t ld_lat = (size_t)c->n_head * (size_t)kvl, ld_att = (size_t)c->n_head * vd;
     float *lat = buf_ptr(st, in->aux), *att = buf_ptr(st, in->out);
-    const struct att_io io = {in->row1 - in->row0, in->row0, buf_ptr(st, in->in),
-                              (size_t)c->n_head * (size_t)hk, (size_t)hk, lat, ld_lat,
+    const struct att_io io = {in->row1 - in->row0,
+                              in->row0,
+                              buf_ptr(st, in->in),
+                              (size_t)c->n_head * (size_t)hk,
+                              (size_t)hk,
+                              lat,
+                              ld_lat,
                               (size_t)kvl};
     const int32_t *table = st->tables[s];
     const int t_end = p->seq_tok0[s] + sp.t1, T = st->w->tok_tile;

@@ -57,7 +57,9 @@ static const char *const op_names[OP_COUNT] = {
     "MOE_ROUTE",
     "MOE_GATE_UP",
     "MOE_DOWN",
-    "MOE_COMBINE", "MLA_PROJ_A", "MLA_Q_KV",
+    "MOE_COMBINE",
+    "MLA_PROJ_A",
+    "MLA_Q_KV",
 };
 
 const char *prog_op_name(int op)
@@ -415,8 +417,8 @@ static void emit_mla(struct builder *bd, const struct model_config *c, int l)
     for (int s = 0; s < p->n_seqs; s++) {
         int per = attn_pieces(p, c, s);
         for (int k = 0; k < per; k++) {
-            emit(bd, OP_ATTENTION, l, s, k * c->n_head / per, (k + 1) * c->n_head / per, q,
-                 att)->aux = lat;
+            emit(bd, OP_ATTENTION, l, s, k * c->n_head / per, (k + 1) * c->n_head / per, q, att)
+                ->aux = lat;
             note_buf_at(p, lat, p->n_instr - 1);
         }
     }
@@ -848,9 +850,8 @@ nomem:
 
 static const char *buf_kind_name(enum prog_buf_kind k)
 {
-    static const char *const names[] = {"X",     "Q",     "ATT",     "HID",   "LOGITS",
-                                        "XMID",  "SUMS",  "MOE_H",   "ROUTE", "MOE_OUT",
-                                        "MLA_A", "LAT"};
+    static const char *const names[] = {"X",    "Q",     "ATT",   "HID",     "LOGITS", "XMID",
+                                        "SUMS", "MOE_H", "ROUTE", "MOE_OUT", "MLA_A",  "LAT"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 

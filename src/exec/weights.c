@@ -60,10 +60,12 @@ static int check_config(const struct model *m, struct weld_err *e)
     if (c->kv_lora_rank > 0 &&
         (c->kv_lora_rank > 65536 || c->q_lora_rank < 0 || c->q_lora_rank > 65536 ||
          c->qk_nope_dim < 1 || c->v_head_dim < 1 || c->head_dim != c->qk_nope_dim + c->rope_dim))
-        return err_set(e, WELD_ERR_FORMAT, "%s: config: latent attention with kv_lora_rank %d, "
+        return err_set(e, WELD_ERR_FORMAT,
+                       "%s: config: latent attention with kv_lora_rank %d, "
                        "q_lora_rank %d, qk_nope_dim %d + rope_dim %d (head_dim %d), v_head_dim "
-                       "%d does not add up", w, c->kv_lora_rank, c->q_lora_rank, c->qk_nope_dim,
-                       c->rope_dim, c->head_dim, c->v_head_dim);
+                       "%d does not add up",
+                       w, c->kv_lora_rank, c->q_lora_rank, c->qk_nope_dim, c->rope_dim, c->head_dim,
+                       c->v_head_dim);
     if (c->rope_scaling == ROPE_SCALING_YARN &&
         (c->kv_lora_rank <= 0 || !(c->rope_factor >= 1.0f) || c->rope_orig_ctx < 1 ||
          !(c->yarn_beta_fast > c->yarn_beta_slow) || !(c->yarn_beta_slow > 0.0f) ||
@@ -242,15 +244,15 @@ static int check_layer(const struct model *m, int l, size_t *nf, struct weld_err
     if (c->kv_lora_rank > 0)
         rc = check_mla(m, l, nf, e);
     else if ((rc = check_tensor(m, &L->wq, NAME("attn_q.weight"), c->dim, qd, e)) ||
-        (rc = check_tensor(m, &L->wk, NAME("attn_k.weight"), c->dim, kd, e)) ||
-        (rc = check_tensor(m, &L->wv, NAME("attn_v.weight"), c->dim, kd, e)) ||
-        (rc = check_vec(m, &L->bq, NAME("attn_q.bias"), qd, c->qkv_bias, nf, e)) ||
-        (rc = check_vec(m, &L->bk, NAME("attn_k.bias"), kd, c->qkv_bias, nf, e)) ||
-        (rc = check_vec(m, &L->bv, NAME("attn_v.bias"), kd, c->qkv_bias, nf, e)) ||
-        (rc = check_vec(m, &L->q_norm, NAME("attn_q_norm.weight"), c->head_dim, c->qk_norm, nf,
-                        e)) ||
-        (rc = check_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), c->head_dim, c->qk_norm, nf,
-                        e)) ||
+             (rc = check_tensor(m, &L->wk, NAME("attn_k.weight"), c->dim, kd, e)) ||
+             (rc = check_tensor(m, &L->wv, NAME("attn_v.weight"), c->dim, kd, e)) ||
+             (rc = check_vec(m, &L->bq, NAME("attn_q.bias"), qd, c->qkv_bias, nf, e)) ||
+             (rc = check_vec(m, &L->bk, NAME("attn_k.bias"), kd, c->qkv_bias, nf, e)) ||
+             (rc = check_vec(m, &L->bv, NAME("attn_v.bias"), kd, c->qkv_bias, nf, e)) ||
+             (rc = check_vec(m, &L->q_norm, NAME("attn_q_norm.weight"), c->head_dim, c->qk_norm, nf,
+                             e)) ||
+             (rc = check_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), c->head_dim, c->qk_norm, nf,
+                             e)) ||
              (rc = check_tensor(m, &L->wo, NAME("attn_output.weight"), qd, c->dim, e)))
         return rc;
     if (rc)
@@ -817,15 +819,18 @@ static int mla_build(struct exec_weights *w, struct weld_err *e)
         float *kb = w->mla_mem + per_layer * --n_kvb;
         for (int h = 0; h < c->n_head; h++)
             for (int i = 0; i < nope; i++) {
-                dtype_dequantize_row(t->type, (const uint8_t *)t->data +
-                                     (size_t)(h * per + i) * rb, row, kvl);
+                dtype_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)(h * per + i) * rb,
+                                     row, kvl);
                 for (int k = 0; k < kvl; k++)
                     kb[((size_t)h * kvl + (size_t)k) * (size_t)nope + (size_t)i] = row[k];
             }
         struct exec_mat *x = &w->mats[l].kbt;
         struct weld_err ignored;
-        *x = (struct exec_mat){.wtype = DT_F32, .data = kb, .rows = (int64_t)c->n_head * kvl,
-                               .k = nope, .row_bytes = sizeof(float) * (size_t)nope};
+        *x = (struct exec_mat){.wtype = DT_F32,
+                               .data = kb,
+                               .rows = (int64_t)c->n_head * kvl,
+                               .k = nope,
+                               .row_bytes = sizeof(float) * (size_t)nope};
         x->gemm = gemm_check(DT_F32, nope, NULL, &ignored) == WELD_OK;
         x->act_row_bytes = x->gemm ? (gemm_act_row_bytes(DT_F32, nope) + 63) / 64 * 64 : 0;
     }

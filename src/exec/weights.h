@@ -134,9 +134,9 @@ struct exec_layer_vecs {
 struct exec_mat_ref {
     struct exec_mat *x;
     const struct tensor *t;
-    bool aligned;  /* every row range the ops multiply starts at a multiple of 16 (Q/K/V:
+    bool aligned; /* every row range the ops multiply starts at a multiple of 16 (Q/K/V:
                       when head_dim is one), so it may be repacked */
-    bool viewed;   /* K parts read it in column views: keep the file's layout */
+    bool viewed;  /* K parts read it in column views: keep the file's layout */
 };
 
 struct weight_pool;

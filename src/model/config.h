@@ -110,18 +110,18 @@ struct model_config {
        the topk_group best groups compete (a group scores the sum of its two best biased
        scores, under either gating, as llama.cpp does); the top n_expert_used are taken,
        their weights renormalised to sum 1 when expert_norm, then scaled by expert_scale. */
-    int n_expert;          /* routed experts per MoE layer; 0: a dense model */
-    int n_expert_used;     /* experts per token (top-k) */
-    int moe_ffn_dim;       /* intermediate size of each routed expert */
-    int n_shared_expert;   /* shared experts (DeepSeek); 0 or 1 for qwen2moe */
-    int shared_ffn_dim;    /* intermediate size of the shared expert FFN; 0: none */
-    bool shared_gate;      /* qwen2moe: shared output times sigmoid(ffn_gate_inp_shexp . h) */
-    int n_dense_lead;      /* leading layers with a dense FFN (first_k_dense_replace) */
+    int n_expert;        /* routed experts per MoE layer; 0: a dense model */
+    int n_expert_used;   /* experts per token (top-k) */
+    int moe_ffn_dim;     /* intermediate size of each routed expert */
+    int n_shared_expert; /* shared experts (DeepSeek); 0 or 1 for qwen2moe */
+    int shared_ffn_dim;  /* intermediate size of the shared expert FFN; 0: none */
+    bool shared_gate;    /* qwen2moe: shared output times sigmoid(ffn_gate_inp_shexp . h) */
+    int n_dense_lead;    /* leading layers with a dense FFN (first_k_dense_replace) */
     enum moe_gating gating;
-    bool expert_norm;      /* renormalise the chosen weights (norm_topk_prob) */
-    float expert_scale;    /* routed_scaling_factor; 1: none */
+    bool expert_norm;        /* renormalise the chosen weights (norm_topk_prob) */
+    float expert_scale;      /* routed_scaling_factor; 1: none */
     int n_group, topk_group; /* group-limited routing; n_group <= 1: none */
-    bool expert_bias;      /* exp_probs_b (e_score_correction_bias) biases the choice */
+    bool expert_bias;        /* exp_probs_b (e_score_correction_bias) biases the choice */
 
     /* Multi-head latent attention (arch DEEPSEEK2, kv_lora_rank > 0). Queries: plain
        attn_q, or attn_q_a -> attn_q_a_norm -> attn_q_b when q_lora_rank > 0; each head
@@ -129,15 +129,15 @@ struct model_config {
        kv_lora_rank latent (normalised by attn_kv_a_norm) and one shared rope key of
        rope_dim; attn_kv_b expands the latent to per-head keys (qk_nope_dim) and values
        (v_head_dim). The cache holds only latent + rope key per position. */
-    int q_lora_rank;       /* 0: no query compression */
-    int kv_lora_rank;      /* 0: not MLA */
+    int q_lora_rank;  /* 0: no query compression */
+    int kv_lora_rank; /* 0: not MLA */
     int qk_nope_dim;
     int v_head_dim; /* MLA value head size (== head_dim otherwise; 0 in a hand-made
                               config means head_dim) */
     /* YaRN rope (rope_scaling == ROPE_SCALING_YARN): rope_factor, rope_orig_ctx, and */
     float yarn_beta_fast, yarn_beta_slow; /* 32, 1 */
-    float yarn_log_mul;    /* llama.cpp rope.scaling.yarn_log_multiplier = 0.1 * mscale_all_dim */
-    int n_nextn;           /* multi-token-prediction layers after n_layer (loaded, kept) */
+    float yarn_log_mul; /* llama.cpp rope.scaling.yarn_log_multiplier = 0.1 * mscale_all_dim */
+    int n_nextn;        /* multi-token-prediction layers after n_layer (loaded, kept) */
 };
 
 /* True if layer l's FFN is a mixture of experts. */

@@ -57,16 +57,16 @@ struct layer_weights {
     struct tensor sh_gate_inp;    /* ffn_gate_inp_shexp (dim) when cfg.shared_gate */
     /* MLA (cfg.kv_lora_rank > 0): wq is attn_q, or absent when q_lora_rank > 0; wk, wv
        are absent */
-    struct tensor wq_a;           /* attn_q_a {dim, q_lora_rank} */
-    struct tensor q_a_norm;       /* attn_q_a_norm (q_lora_rank) */
-    struct tensor wq_b;           /* attn_q_b {q_lora_rank, n_head * head_dim} */
-    struct tensor wkv_a;          /* attn_kv_a_mqa {dim, kv_lora_rank + rope_dim} */
-    struct tensor kv_a_norm;      /* attn_kv_a_norm (kv_lora_rank) */
-    struct tensor wkv_b;          /* attn_kv_b {kv_lora_rank, n_head * (qk_nope_dim +
+    struct tensor wq_a;      /* attn_q_a {dim, q_lora_rank} */
+    struct tensor q_a_norm;  /* attn_q_a_norm (q_lora_rank) */
+    struct tensor wq_b;      /* attn_q_b {q_lora_rank, n_head * head_dim} */
+    struct tensor wkv_a;     /* attn_kv_a_mqa {dim, kv_lora_rank + rope_dim} */
+    struct tensor kv_a_norm; /* attn_kv_a_norm (kv_lora_rank) */
+    struct tensor wkv_b;     /* attn_kv_b {kv_lora_rank, n_head * (qk_nope_dim +
                                      v_head_dim)}: HF files and older GGUFs; absent when
                                      wk_b / wv_b are bound (llama.cpp 81ff7abe's GGUFs) */
-    struct tensor wk_b;           /* attn_k_b {qk_nope_dim, kv_lora_rank, n_head} or absent */
-    struct tensor wv_b;           /* attn_v_b {kv_lora_rank, v_head_dim, n_head} or absent */
+    struct tensor wk_b;      /* attn_k_b {qk_nope_dim, kv_lora_rank, n_head} or absent */
+    struct tensor wv_b;      /* attn_v_b {kv_lora_rank, v_head_dim, n_head} or absent */
 };
 
 /* A multi-token-prediction (nextn) layer's own tensors; its decoder layer is
