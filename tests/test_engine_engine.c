@@ -501,6 +501,149 @@ static void sparse_family(enum model_arch arch, uint64_t seed)
     model_free(m);
 }
 
+/* ---- speculative decoding ----------------------------------------------------------- */
+
+/* A proposer for tests: replays what a plain run generated (every guess right, the
+   ceiling), or the same with each guess replaced by a wrong token with probability
+   miss_pct (the acceptance-rate curve), keyed by the prompt's first token. */
+struct oracle_prop {
+    struct spec_proposer base;
+    const int32_t *const *conts; /* (n) continuation of prompt i: prompt then generated */
+    const int *lens;
+    int n, miss_pct;
+    struct rng r;
+};
+
+static int oracle_propose(struct spec_proposer *p, uint64_t key, const int32_t *tokens, int n,
+                          int max_k, int32_t *out)
+{
+    (void)key;
+    struct oracle_prop *o = (struct oracle_prop *)p;
+    for (int i = 0; i < o->n; i++) {
+        if (o->lens[i] < n || memcmp(o->conts[i], tokens, sizeof(int32_t) * (size_t)n))
+            continue;
+        int k = o->lens[i] - n < max_k ? o->lens[i] - n : max_k;
+        for (int j = 0; j < k; j++)
+            out[j] = (int)(rng_u64(&o->r) % 100) < o->miss_pct ? (o->conts[i][n + j] + 1) % 256
+                                                               : o->conts[i][n + j];
+        return k;
+    }
+    return 0;
+}
+
+/* Requests on model m with and without speculation (ngram, or the oracle): greedy ones,
+   seeded ones at temperature 0.9 with top-p and a repetition penalty, and n = 2 forks
+   with logprobs; every token, logprob and finish reason equal. Prompts repeat a span so
+   ngram has something to find. Returns the accepted drafts. */
+static void spec_equal(const struct model *m, int vocab, bool oracle, int miss_pct, int budget,
+                       uint64_t seed, uint64_t *accepted)
+{
+    enum { NR = 6, PL = 24, GEN = 24 };
+    int32_t prompts[NR][PL];
+    struct rng g;
+    rng_seed(&g, seed);
+    for (int i = 0; i < NR; i++)
+        for (int k = 0; k < PL; k++)
+            prompts[i][k] = k < 12 ? (int32_t)(rng_u64(&g) % (uint64_t)vocab) : prompts[i][k - 12];
+    struct col c[2];
+    *accepted = 0;
+    int32_t *conts[NR] = {NULL};
+    int lens[NR];
+    for (int pass = 0; pass < 2; pass++) {
+        struct engine_params p = engine_params_default();
+        p.tuning.executor = test_exec;
+        p.model = m;
+        p.max_num_seqs = 8;
+        p.max_num_batched_tokens = budget;
+        p.max_model_len = 128;
+        p.quiet = true;
+        struct oracle_prop op;
+        memset(&op, 0, sizeof op);
+        op.base.propose = oracle_propose;
+        op.conts = (const int32_t *const *)conts, op.lens = lens, op.n = NR;
+        op.miss_pct = miss_pct;
+        rng_seed(&op.r, seed + 1);
+        if (pass == 1 && oracle)
+            p.proposer = &op.base, p.spec.num_tokens = 4;
+        else if (pass == 1)
+            p.spec = (struct spec_config){SPEC_NGRAM, 4, 1, 4, ""};
+        struct engine *eng = NULL;
+        struct weld_err e;
+        REQUIRE(engine_create(&eng, &p, &e) == WELD_OK);
+        REQUIRE(col_init(&c[pass], NR, 2));
+        struct request_callbacks cb = {&c[pass], on_delta, on_finish};
+        for (int i = 0; i < NR; i++) {
+            struct request_params q = greedy_ids(prompts[i], PL, GEN);
+            if (i % 3 == 1) {
+                q.sampling.temperature = 0.9f, q.sampling.top_p = 0.95f;
+                q.sampling.repetition_penalty = 1.1f;
+                q.has_seed = true, q.sampling.seed = seed + (uint64_t)i;
+            } else if (i % 3 == 2) {
+                q.n = 2, q.logprobs = 1;
+                q.sampling.temperature = 0.7f;
+                q.has_seed = true, q.sampling.seed = seed * 3 + (uint64_t)i;
+            }
+            REQUIRE(engine_add_request(eng, &q, &cb, NULL, &e) == WELD_OK);
+        }
+        CHECK(run_all(eng, 100000) > 0);
+        struct engine_stats st;
+        engine_stats_get(eng, &st);
+        CHECK(all_blocks_free(eng));
+        if (pass == 1) {
+            *accepted = st.spec_accepted_tokens;
+            CHECK(st.spec_draft_tokens >= st.spec_accepted_tokens);
+        } else {
+            CHECK_EQ_INT(st.spec_draft_tokens, 0);
+            for (int i = 0; i < NR; i++) { /* the oracle replays seq 0 of each request */
+                struct out_seq *o = col_at(&c[0], (uint64_t)i + 1, 0);
+                conts[i] = malloc(sizeof(int32_t) * (PL + GEN + 1));
+                memcpy(conts[i], prompts[i], sizeof(int32_t) * PL);
+                memcpy(conts[i] + PL, o->tokens, sizeof(int32_t) * (size_t)o->n_tokens);
+                lens[i] = PL + o->n_tokens;
+            }
+        }
+        engine_free(eng);
+    }
+    int bad = 0;
+    for (int i = 0; i < NR * 2; i++) {
+        const struct out_seq *a = &c[0].seqs[i], *b = &c[1].seqs[i];
+        bad += a->n_tokens != b->n_tokens ||
+               memcmp(a->tokens, b->tokens, sizeof(int32_t) * (size_t)a->n_tokens) ||
+               a->n_lp != b->n_lp || memcmp(a->lp, b->lp, sizeof(float) * 3 * (size_t)a->n_lp) ||
+               a->n_finish != b->n_finish || a->res.finish != b->res.finish;
+    }
+    CHECK_EQ_INT(bad, 0);
+    for (int i = 0; i < NR; i++)
+        free(conts[i]);
+    wfree(c[0].seqs), wfree(c[1].seqs);
+}
+
+TEST(speculative_equals_plain)
+{
+    REQUIRE(g_stories);
+    uint64_t acc[4];
+    spec_equal(g_stories, 512, false, 0, 64, 41, &acc[0]); /* ngram */
+    spec_equal(g_stories, 512, true, 0, 64, 42, &acc[1]);  /* every guess right */
+    spec_equal(g_stories, 512, true, 50, 64, 43, &acc[2]); /* half of them wrong */
+    spec_equal(g_stories, 512, true, 0, 12, 44, &acc[3]);  /* a budget that cuts drafts */
+    fprintf(stderr,
+            "  accepted drafts: ngram %llu, oracle %llu, half wrong %llu, small budget "
+            "%llu\n",
+            (unsigned long long)acc[0], (unsigned long long)acc[1], (unsigned long long)acc[2],
+            (unsigned long long)acc[3]);
+    for (int i = 0; i < 4; i++)
+        CHECK(acc[i] > 0);
+    enum model_arch archs[] = {ARCH_QWEN3MOE, ARCH_DEEPSEEK2, ARCH_QWEN3};
+    for (int a = 0; a < 3; a++) {
+        struct model *m = tiny_model(archs[a]);
+        REQUIRE(m);
+        uint64_t n = 0;
+        spec_equal(m, 300, true, 30, 64, 45 + (uint64_t)a, &n);
+        CHECK(n > 0);
+        model_free(m);
+    }
+}
+
 TEST(sparse_families)
 {
     sparse_family(ARCH_QWEN3MOE, 31);
@@ -1059,6 +1202,7 @@ int main(int argc, char **argv)
     RUN(batch64_tiny_archs);
     RUN(prefix_cache_same_tokens);
     RUN(sparse_families);
+    RUN(speculative_equals_plain);
     RUN(n_greater_than_one);
     RUN(abort_and_reject);
     RUN(pause_resume);

@@ -78,6 +78,9 @@ struct engine {
     int cap_copies;
     size_t kv_bytes;
     struct engine_stats st;      /* counters kept here; the rest filled by stats_get */
+    struct spec_proposer *prop;  /* speculative decoding's proposer, or NULL: off */
+    bool own_prop;
+    int spec_k; /* guesses per sequence and step at most */
 };
 
 struct engine_params engine_params_default(void)
@@ -284,6 +287,17 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
         engine_free(eng);
         return rc;
     }
+    eng->spec_k = p->spec.num_tokens > 0 ? p->spec.num_tokens : 4;
+    eng->spec_k = eng->spec_k > SPEC_MAX_TOKENS ? SPEC_MAX_TOKENS : eng->spec_k;
+    if (p->proposer) {
+        eng->prop = p->proposer;
+    } else if (p->spec.method != SPEC_NONE) {
+        if ((rc = spec_proposer_create(&eng->prop, &p->spec, e))) {
+            engine_free(eng);
+            return rc;
+        }
+        eng->own_prop = true;
+    }
     *out = eng;
     return WELD_OK;
 }
@@ -318,6 +332,8 @@ void engine_free(struct engine *eng)
         req_unlink_free(eng, er);
     }
     sched_free(eng->s);
+    if (eng->own_prop)
+        spec_proposer_free(eng->prop);
     runner_free(eng->run);
     tokenizer_free(eng->own_tok);
     model_free(eng->own_model);
@@ -543,7 +559,7 @@ static bool step_buffers(struct engine *eng, int n, int n_rows, int n_copies)
 static bool entry_all_logits(const struct sched_entry *en)
 {
     const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
-    return req_every_row(rq) && en->n_tokens > 1 && en->first < rq->n_prompt;
+    return en->n_draft > 0 || (req_every_row(rq) && en->n_tokens > 1 && en->first < rq->n_prompt);
 }
 
 /* The step must return hidden states for this entry: an embedding's last step, or any
@@ -591,8 +607,9 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
         const int rows = all ? en->n_tokens : 1;
         for (int i = 0; i < rows; i++) {
             struct logits_top *t = &eng->tops[row + i];
-            t->inv_t = !en->sample || i < rows - 1 ? 0.0f : rq->p.logprobs >= 0 ? 1.0f
-                     : sampler_stats_inv_t(&rq->p.sampling, eng->n_vocab);
+            t->inv_t = !en->sample || (i < rows - 1 && !en->n_draft) ? 0.0f
+                       : rq->p.logprobs >= 0                         ? 1.0f
+                                             : sampler_stats_inv_t(&rq->p.sampling, eng->n_vocab);
             t->chunk_max = eng->chunk_stats + (size_t)(row + i) * 2 * nch;
             t->chunk_sum = t->chunk_max + nch;
         }
@@ -645,6 +662,90 @@ static void seq_sample(struct engine *eng, struct engine_req *er, int i, const f
     if (sched_append_token(eng->s, ss, request_seq_last_token(r, i), &e) != WELD_OK) {
         log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
         req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+    }
+}
+
+/* A speculative entry (sched.h): its rows sampled in order from row r0, each token taken as
+   a decode would take it (one sampler draw, the request's state advanced), then kept as
+   computed when it equals the next draft, else appended as the next token to compute (the
+   rest of the draft is dropped). So the tokens are those of decoding one at a time. */
+static void entry_verify(struct engine *eng, struct engine_seq *es, const struct sched_entry *en,
+                         int r0)
+{
+    struct engine_req *er = es->er;
+    struct request *r = er->r;
+    const uint64_t id = r->id;
+    const int i = es->index;
+    const size_t V = (size_t)eng->n_vocab;
+    eng->st.spec_drafts++;
+    eng->st.spec_draft_tokens += (uint64_t)en->n_draft;
+    for (int j = 0; j <= en->n_draft; j++) {
+        struct sched_seq *ss = er->seqs[i].ss;
+        struct weld_err e;
+        bool fin;
+        bool at_limit = ss->n_tokens + 1 >= eng->sc.max_model_len;
+        if (request_seq_step(r, i, eng->logits + (size_t)(r0 + j) * V, &eng->tops[r0 + j], at_limit,
+                             &fin, &e) != WELD_OK) {
+            log_warn("request %llu: %s", (unsigned long long)id, e.msg);
+            req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+            return;
+        }
+        eng->st.generated_tokens++;
+        if (fin) {
+            sched_finish(eng->s, ss);
+            er->seqs[i].ss = NULL;
+            if (request_done(r)) {
+                eng->st.requests_finished++;
+                req_unlink_free(eng, er);
+            }
+            return;
+        }
+        const int32_t tok = request_seq_last_token(r, i);
+        int rc;
+        if (j < en->n_draft && ss->n_draft > 0 && tok == ss->tokens[ss->n_tokens]) {
+            eng->st.spec_accepted_tokens++;
+            eng->st.spec_accepted_at[j]++;
+            rc = sched_accept_draft(eng->s, ss, 1, &e);
+            if (rc == WELD_OK)
+                continue;
+        } else {
+            rc = sched_append_token(eng->s, ss, tok, &e);
+        }
+        if (rc != WELD_OK) {
+            log_warn("request %llu: %s", (unsigned long long)id, e.msg);
+            req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+        }
+        return;
+    }
+}
+
+/* Before a step: each decoding sequence of a generate request gets the proposer's guesses
+   (at most spec_k, and no more than its max_tokens leaves room for after the token the
+   step samples anyway). Not for embeddings or prompt-logprob requests. */
+static void spec_propose(struct engine *eng)
+{
+    int32_t draft[SPEC_MAX_TOKENS];
+    for (struct engine_req *er = eng->head; er; er = er->next) {
+        const struct request *r = er->r;
+        if (r->p.kind == REQUEST_KIND_EMBED || r->p.prompt_logprobs >= 0 || er->paused ||
+            er->abort_pending)
+            continue;
+        for (int i = 0; i < r->n_seqs; i++) {
+            struct sched_seq *ss = er->seqs[i].ss;
+            if (!ss || ss->state != SCHED_RUNNING || ss->n_computed != ss->n_tokens - 1)
+                continue;
+            int k = eng->spec_k;
+            if (r->p.max_tokens > 0) {
+                int left = r->p.max_tokens - (ss->n_tokens - ss->n_prompt) - 1;
+                k = k < left ? k : left;
+            }
+            int n = k > 0
+                        ? eng->prop->propose(eng->prop, ss->id, ss->tokens, ss->n_tokens, k, draft)
+                        : 0;
+            struct weld_err e;
+            if (sched_set_draft(eng->s, ss, draft, n > k ? k : n, &e) != WELD_OK)
+                log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
+        }
     }
 }
 
@@ -785,7 +886,9 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
             req_end(eng, es->er, REQUEST_FINISH_ERROR, re.msg);
             continue;
         }
-        if (en->sample)
+        if (en->n_draft > 0)
+            entry_verify(eng, es, en, r0);
+        else if (en->sample)
             entry_sample(eng, es, eng->logits + (size_t)last * V, &eng->tops[last],
                          eng->hidden + (size_t)last * D);
     }
@@ -797,6 +900,8 @@ int engine_step(struct engine *eng, struct weld_err *e)
     if (!engine_has_work(eng))
         return WELD_OK;
     struct sched_plan pl;
+    if (eng->prop)
+        spec_propose(eng);
     int rc = sched_step(eng->s, &pl, e);
     if (rc)
         return rc;

@@ -55,6 +55,7 @@
 #include "core/err.h"
 #include "engine/request.h"
 #include "engine/sched.h"
+#include "spec/spec.h"
 #include "exec/tuning.h"
 #include "format/dtype.h"
 
@@ -85,6 +86,11 @@ struct engine_params {
     struct exec_tuning tuning;      /* backend, executor, kernel settings; zero: automatic
                                        (exec/tuning.h) */
     bool quiet;                     /* do not log the pool size at start */
+    struct spec_config spec;        /* speculative decoding (spec/spec.h); method SPEC_NONE:
+                                       off (the default) */
+    struct spec_proposer *proposer; /* borrowed: a proposer of the caller's instead of one
+                                       made from spec (tests, benchmarks); spec.num_tokens
+                                       still bounds its guesses */
 };
 
 struct engine_stats {
@@ -105,6 +111,11 @@ struct engine_stats {
     int running, waiting;           /* sequences (paused ones included) */
     int paused;                     /* requests paused (engine_pause) */
     double t_forward;               /* seconds inside forward passes */
+    /* speculative decoding (vLLM's spec_decode_* counters) */
+    uint64_t spec_drafts;                       /* speculative entries run */
+    uint64_t spec_draft_tokens;                 /* tokens proposed and verified */
+    uint64_t spec_accepted_tokens;              /* of them, accepted */
+    uint64_t spec_accepted_at[SPEC_MAX_TOKENS]; /* accepted at draft position i */
 };
 
 /* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what

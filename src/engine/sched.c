@@ -363,6 +363,48 @@ int sched_append_token(struct sched *s, struct sched_seq *seq, int32_t token,
         return err_set(e, WELD_ERR_NOMEM, "scheduler: out of memory growing request %llu",
                        (unsigned long long)seq->id);
     seq->tokens[seq->n_tokens++] = token;
+    seq->n_draft = seq->n_planned_draft = 0; /* what was drafted after it is stale */
+    return WELD_OK;
+}
+
+int sched_set_draft(struct sched *s, struct sched_seq *seq, const int32_t *draft, int k,
+                    struct weld_err *e)
+{
+    (void)s;
+    seq->n_draft = 0;
+    if (k <= 0)
+        return WELD_OK;
+    if (seq->state != SCHED_RUNNING || seq->n_computed != seq->n_tokens - 1)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "scheduler: draft for request %llu: it must "
+                       "be a running decode (%d of %d tokens computed)",
+                       (unsigned long long)seq->id, seq->n_computed, seq->n_tokens);
+    if (seq_tokens_reserve(seq, seq->n_tokens + k))
+        return err_set(e, WELD_ERR_NOMEM, "scheduler: out of memory for request %llu's draft",
+                       (unsigned long long)seq->id);
+    memcpy(seq->tokens + seq->n_tokens, draft, sizeof(int32_t) * (size_t)k);
+    seq->n_draft = k;
+    return WELD_OK;
+}
+
+int sched_accept_draft(struct sched *s, struct sched_seq *seq, int n, struct weld_err *e)
+{
+    if (n <= 0)
+        return WELD_OK;
+    if (seq->state != SCHED_RUNNING || seq->n_computed != seq->n_tokens ||
+        n > seq->n_planned_draft || s->plan_pending)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "scheduler: accept %d drafted tokens of "
+                       "request %llu: it holds %d from its last step",
+                       n, (unsigned long long)seq->id, seq->n_planned_draft);
+    int end = seq->n_tokens + n;
+    int rc = kvm_table_commit(s->kvm, &seq->table, seq->tokens, end, e);
+    if (rc)
+        return rc;
+    /* the drafts after the taken ones move up: a later call may take more of them */
+    seq->n_tokens = seq->n_computed = end;
+    seq->n_planned_draft -= n;
+    seq->n_draft = seq->n_draft > n ? seq->n_draft - n : 0;
     return WELD_OK;
 }
 
@@ -421,7 +463,9 @@ static void plan_add(struct sched *s, struct sched_plan *p, struct sched_seq *se
     en->seq = seq;
     en->first = seq->n_computed;
     en->n_tokens = n;
-    en->sample = seq->n_computed + n == seq->n_tokens;
+    en->n_draft = seq->n_computed + n > seq->n_tokens ? seq->n_computed + n - seq->n_tokens : 0;
+    seq->n_planned_draft = en->n_draft;
+    en->sample = seq->n_computed + n >= seq->n_tokens;
     en->blocks = seq->table.blocks;
     en->n_blocks = seq->table.n_blocks;
     p->n_tokens += n;
@@ -476,6 +520,7 @@ static int preempt(struct sched *s, struct sched_plan *p, struct sched_seq *seq)
     int n_blocks = seq->table.n_blocks;
     kvm_table_free(s->kvm, &seq->table);
     seq->n_computed = 0;
+    seq->n_draft = seq->n_planned_draft = 0;
     seq_move(s, seq, SCHED_WAITING);
     seq->n_preemptions++;
     s->n_preemptions++;
@@ -534,6 +579,20 @@ static int reserve_running(struct sched *s, struct sched_plan *p, struct sched_s
     }
 }
 
+/* How many of running decode seq's drafted tokens fit this step: the budget left after its
+   own token, max_model_len, and KV blocks that are free now (a draft never preempts). */
+static int draft_room(struct sched *s, struct sched_seq *seq, int budget)
+{
+    int k = seq->n_draft;
+    seq->n_planned_draft = 0;
+    k = k < budget ? k : budget;
+    k = k < s->cfg.max_model_len - seq->n_tokens ? k : s->cfg.max_model_len - seq->n_tokens;
+    while (k > 0 && kvm_table_blocks_needed(s->kvm, &seq->table, seq->n_tokens + k) >
+                        kvm_n_available(s->kvm))
+        k--;
+    return k > 0 ? k : 0;
+}
+
 /* Steps 1 and 2: decodes (one token left), then prefill continuations. */
 static int plan_running(struct sched *s, struct sched_plan *p, int *budget, struct weld_err *e)
 {
@@ -545,6 +604,8 @@ static int plan_running(struct sched *s, struct sched_plan *p, int *budget, stru
                 continue;
             int n = left < *budget ? left : *budget;
             n = n < seq->max_chunk ? n : seq->max_chunk;
+            if (left == 1)
+                n += draft_room(s, seq, *budget - 1);
             int rc = reserve_running(s, p, seq, n, budget, e);
             if (rc < 0)
                 return -rc;
@@ -682,7 +743,7 @@ int sched_step_done(struct sched *s, struct weld_err *e)
         struct sched_seq *seq = p->entries[i].seq;
         if (!seq)
             continue;
-        int end = p->entries[i].first + p->entries[i].n_tokens;
+        int end = p->entries[i].first + p->entries[i].n_tokens - p->entries[i].n_draft;
         int rc = kvm_table_commit(s->kvm, &seq->table, seq->tokens, end, e);
         if (rc) {
             err_prefix(e, "request %llu", (unsigned long long)seq->id);

@@ -61,8 +61,8 @@
  * Rejection. sched_add refuses (WELD_ERR_LIMIT, message naming the limit) a token list
  * longer than max_model_len or needing more blocks than the whole pool.
  *
- * Deliberately not done: swapping to host memory, preemption for admission, speculative
- * decoding slots, multi-step lookahead, fairness between sequences beyond the key order
+ * Deliberately not done: swapping to host memory, preemption for admission, multi-step
+ * lookahead, fairness between sequences beyond the key order
  * (if running decodes outnumber the token budget, the last ones in key order wait until
  * earlier ones finish: keep max_num_batched_tokens >= max_num_seqs, forks included).
  */
@@ -101,6 +101,9 @@ struct sched_seq {
     int n_computed;         /* == table.n_computed once stepped: tokens with KV */
     int n_cached;           /* tokens served from the prefix cache at the first admission */
     int n_preemptions;      /* times this sequence was preempted */
+    int n_draft;            /* drafted tokens after tokens[n_tokens] (sched_set_draft) */
+    int n_planned_draft;    /* of them, in the latest plan (sched_accept_draft may take
+                               that many) */
     bool paused;            /* sched_pause: left out of plans, blocks kept */
     struct kvm_table table; /* its physical blocks */
     /* private */
@@ -133,6 +136,9 @@ struct sched_entry {
     int first;              /* index of the first token == its position */
     int n_tokens;           /* >= 1 */
     bool sample;            /* first + n_tokens == seq->n_tokens: logits of the last token */
+    int n_draft;            /* > 0: a speculative decode: its last known token then n_draft
+                               drafted ones (seq->tokens[n_tokens ..], sched_set_draft),
+                               every row sampled in order; sample is set */
     const int32_t *blocks;  /* (n_blocks) seq->table.blocks: covers the chunk */
     int n_blocks;
 };
@@ -202,6 +208,23 @@ int sched_append_token(struct sched *s, struct sched_seq *seq, int32_t token,
    max_num_seqs. */
 int sched_fork(struct sched *s, struct sched_seq *parent, uint64_t id, void *user,
                struct sched_seq **child, struct weld_err *e);
+
+/* Speculative decoding. sched_set_draft gives a running sequence whose tokens are all
+   computed but the last (a decode) k drafted continuations, kept after its tokens (not
+   counted in n_tokens). The next sched_step plans it as one entry of 1 + k tokens (fewer
+   when the budget or max_model_len is short, none when their KV blocks are not free: a
+   draft never preempts anything) with n_draft set; sched_step_done commits only its known
+   token, so no drafted position enters the prefix cache. After sampling its rows in order
+   the caller takes the drafts that matched with sched_accept_draft (their KV is already
+   computed and is committed now: full blocks enter the cache with the accepted tokens) and
+   appends the first token that did not (sched_append_token). A draft not taken is
+   forgotten at the next sched_step; its positions' KV is overwritten when computed again.
+   k = 0 clears a draft. WELD_ERR_INVALID_ARG when seq is not such a decode. */
+int sched_set_draft(struct sched *s, struct sched_seq *seq, const int32_t *draft, int k,
+                    struct weld_err *e);
+/* Append the first n drafted tokens of seq's last planned speculative entry as computed
+   (n <= that entry's n_draft; the sequence's tokens all computed before). */
+int sched_accept_draft(struct sched *s, struct sched_seq *seq, int n, struct weld_err *e);
 
 /* Release a sequence: its blocks go to the prefix cache at once (last block first), the
    struct is freed. sched_finish counts a finished sequence, sched_abort an aborted one;

@@ -1,0 +1,68 @@
+/*
+ * spec - speculative decoding's proposers: who guesses the next tokens a sequence will
+ * take, so the engine can verify several in one step.
+ *
+ * A proposer is a struct spec_proposer: a propose function over a sequence's tokens so far
+ * (prompt then output) giving up to max_k guesses, and a free. The engine asks it before a
+ * step for each decoding sequence, plans the guesses as one multi-token entry
+ * (engine/sched.h sched_set_draft), samples every row in order and keeps the guesses that
+ * equal what it sampled (the first one that does not is replaced by the sampled token).
+ * Each token is still drawn from the target model's own distribution given the true
+ * prefix, with one sampler draw per token, so speculation changes nothing in the output:
+ * greedy or sampled, seeded runs give the same tokens with and without it. A proposer
+ * only changes how many steps that takes.
+ *
+ * Proposers here: `ngram` (prompt lookup, vLLM's method "ngram"): the longest suffix of
+ * the sequence, of prompt_lookup_max down to prompt_lookup_min tokens, that occurred
+ * earlier in the sequence; its latest earlier occurrence's continuation is the guess.
+ * Planned: `draft_model` (a smaller model with the same vocabulary, its own runner) and
+ * `mtp` (DeepSeek's multi-token-prediction layer, which model/ loads): both fit the same
+ * propose call, keyed by the sequence id for their per-sequence state.
+ *
+ * Configuration is vLLM's --speculative-config JSON: {"method": "ngram",
+ * "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+ * (spec_config_parse; "model" names a draft model, refused until draft models land).
+ */
+#ifndef WELD_SPEC_SPEC_H
+#define WELD_SPEC_SPEC_H
+
+#include "core/err.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SPEC_MAX_TOKENS 16 /* num_speculative_tokens at most */
+
+enum spec_method { SPEC_NONE = 0, SPEC_NGRAM, SPEC_DRAFT_MODEL, SPEC_CUSTOM };
+
+struct spec_config {
+    enum spec_method method;
+    int num_tokens;             /* num_speculative_tokens: guesses per step, 1..SPEC_MAX_TOKENS */
+    int lookup_min, lookup_max; /* ngram: suffix lengths tried, longest first */
+    char draft_model[1024];     /* draft_model: its path */
+};
+
+struct spec_proposer {
+    /* Up to max_k guesses for what follows tokens[0, n) of sequence seq_key into out;
+       returns how many (0: none). Must not keep pointers into tokens. */
+    int (*propose)(struct spec_proposer *p, uint64_t seq_key, const int32_t *tokens, int n,
+                   int max_k, int32_t *out);
+    /* The sequence will not be asked about again (finished or aborted). May be NULL. */
+    void (*forget)(struct spec_proposer *p, uint64_t seq_key);
+    void (*free)(struct spec_proposer *p);
+};
+
+/* Parse vLLM's --speculative-config JSON text into c (defaults: ngram min 1, max 4, 4
+   tokens when a method is named without them). Errors name the field. */
+int spec_config_parse(const char *json, struct spec_config *c, struct weld_err *e);
+
+/* A proposer for c (SPEC_NGRAM); WELD_ERR_UNSUPPORTED for methods not built yet. */
+int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c,
+                         struct weld_err *e);
+void spec_proposer_free(struct spec_proposer *p);
+
+/* The ngram guess itself (what the ngram proposer calls): up to max_k tokens. */
+int spec_ngram_propose(const int32_t *tokens, int n, int lookup_min, int lookup_max, int max_k,
+                       int32_t *out);
+
+#endif
