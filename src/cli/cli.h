@@ -75,11 +75,16 @@ struct cli_engine_opts {
     uint64_t kv_cache_memory;
     const char *kv_dtype, *policy;
     bool no_prefix_caching;
+    const char *spec_config; /* --speculative-config JSON (vLLM's) */
+    const char *model_draft; /* --model-draft: a draft model (llama.cpp's -md) */
     struct cli_exec_opts exec;
 };
-#define CLI_ENGINE_N_OPTS (10 + CLI_EXEC_N_OPTS)
+#define CLI_ENGINE_N_OPTS (12 + CLI_EXEC_N_OPTS)
 struct engine;
 struct engine_params;
+/* --speculative-config JSON and --model-draft into p->spec (NULL, NULL: off). */
+int cli_spec_params(const char *json, const char *model_draft, struct engine_params *p,
+                    struct weld_err *e);
 void cli_engine_opts_init(struct cli_engine_opts *o);
 /* Writes CLI_ENGINE_N_OPTS entries to t; returns that count. */
 int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t);

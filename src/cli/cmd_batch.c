@@ -51,21 +51,53 @@ void cli_engine_opts_init(struct cli_engine_opts *o)
 int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
 {
     const struct cli_opt opts[] = {
-        {"model", 'm', OPT_STR, &o->model, "MODEL", "GGUF file or Hugging Face directory (required)"},
-        {"max-num-seqs", 0, OPT_INT, &o->max_num_seqs, "N", "sequences running at once (default 64)"},
-        {"max-num-batched-tokens", 0, OPT_INT, &o->max_num_batched_tokens, "N", "tokens per step (default 2048)"},
-        {"max-model-len", 0, OPT_INT, &o->max_model_len, "N", "prompt + output tokens per sequence (default: the model's context)"},
-        {"kv-cache-memory", 0, OPT_SIZE, &o->kv_cache_memory, "BYTES", "KV pool size, e.g. 512M (default: min(half the free memory, what max-num-seqs full sequences need))"},
+        {"model", 'm', OPT_STR, &o->model, "MODEL",
+         "GGUF file or Hugging Face directory (required)"},
+        {"max-num-seqs", 0, OPT_INT, &o->max_num_seqs, "N",
+         "sequences running at once (default 64)"},
+        {"max-num-batched-tokens", 0, OPT_INT, &o->max_num_batched_tokens, "N",
+         "tokens per step (default 2048)"},
+        {"max-model-len", 0, OPT_INT, &o->max_model_len, "N",
+         "prompt + output tokens per sequence (default: the model's context)"},
+        {"kv-cache-memory", 0, OPT_SIZE, &o->kv_cache_memory, "BYTES",
+         "KV pool size, e.g. 512M (default: min(half the free memory, what max-num-seqs full sequences need))"},
         {"block-size", 0, OPT_INT, &o->block_size, "N", "tokens per KV block (default 16)"},
         {"kv-cache-dtype", 0, OPT_STR, &o->kv_dtype, "T", "f16 (default), bf16, f32 or q8_0"},
-        {"no-prefix-caching", 0, OPT_FLAG, &o->no_prefix_caching, NULL, "do not reuse KV blocks of earlier prompts"},
+        {"no-prefix-caching", 0, OPT_FLAG, &o->no_prefix_caching, NULL,
+         "do not reuse KV blocks of earlier prompts"},
         {"policy", 0, OPT_STR, &o->policy, "P", "fcfs (default) or priority (lower runs first)"},
-        {"threads", 't', OPT_INT, &o->threads, "N", "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
+        {"threads", 't', OPT_INT, &o->threads, "N",
+         "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
+        {"speculative-config", 0, OPT_STR, &o->spec_config, "JSON",
+         "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' (same output, fewer steps)"},
+        {"model-draft", 0, OPT_STR, &o->model_draft, "MODEL",
+         "draft model for speculative decoding (llama.cpp's -md)"},
     };
     enum { N = sizeof opts / sizeof opts[0] }; /* then --exec, --tune, --accelerator */
     _Static_assert(N + CLI_EXEC_N_OPTS == CLI_ENGINE_N_OPTS, "CLI_ENGINE_N_OPTS");
     memcpy(t, opts, sizeof opts);
     return N + cli_exec_opts_table(&o->exec, t + N);
+}
+
+int cli_spec_params(const char *json, const char *model_draft, struct engine_params *p,
+                    struct weld_err *e)
+{
+    if (!json && !model_draft)
+        return WELD_OK;
+    int rc = WELD_OK;
+    if (json) {
+        if ((rc = spec_config_parse(json, &p->spec, e)))
+            return rc;
+    } else {
+        p->spec = (struct spec_config){.method = SPEC_DRAFT_MODEL, .num_tokens = 5};
+    }
+    if (model_draft) {
+        if (strlen(model_draft) >= sizeof p->spec.draft_model)
+            return err_set(e, WELD_ERR_INVALID_ARG, "--model-draft: path too long");
+        p->spec.method = SPEC_DRAFT_MODEL;
+        strcpy(p->spec.draft_model, model_draft);
+    }
+    return WELD_OK;
 }
 
 int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out,
@@ -81,7 +113,8 @@ int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out
     p.prefix_caching = !o->no_prefix_caching;
     p.n_threads = o->threads;
     int rc = engine_parse_kv_dtype(o->kv_dtype, &p.kv_dtype, e);
-    if (rc || (rc = cli_exec_tuning(&o->exec, &p.tuning, e)))
+    if (rc || (rc = cli_exec_tuning(&o->exec, &p.tuning, e)) ||
+        (rc = cli_spec_params(o->spec_config, o->model_draft, &p, e)))
         return rc;
     if (!strcmp(o->policy, "fcfs"))
         p.policy = SCHED_POLICY_FCFS;

@@ -47,6 +47,7 @@ struct gen_opts {
     struct sampler_params sp;
     int64_t seed;
     bool chat, no_echo, ignore_eos, no_special, show_ids, interactive;
+    const char *spec_config, *model_draft;
     struct cli_exec_opts exec;
 };
 
@@ -270,28 +271,49 @@ int cmd_generate(int argc, char **argv)
     o.sp.top_p = 0.95f;
     o.sp.min_p = 0.05f;
     const struct cli_opt base[] = {
-        {"model", 'm', OPT_STR, &o.model, "MODEL", "GGUF file or Hugging Face directory (required)"},
-        {"prompt", 'p', OPT_STR, &o.prompt, "TEXT", "prompt text; '-': read it from standard input (default: stdin when it is not a terminal)"},
-        {"file", 'f', OPT_STR, &o.file, "FILE", "read the prompt from FILE (one trailing newline dropped)"},
-        {"n-predict", 'n', OPT_INT, &o.n_predict, "N", "tokens to generate; -1: until the end of the text or a full context; 0: only evaluate the prompt (default 128)"},
+        {"model", 'm', OPT_STR, &o.model, "MODEL",
+         "GGUF file or Hugging Face directory (required)"},
+        {"prompt", 'p', OPT_STR, &o.prompt, "TEXT",
+         "prompt text; '-': read it from standard input (default: stdin when it is not a terminal)"},
+        {"file", 'f', OPT_STR, &o.file, "FILE",
+         "read the prompt from FILE (one trailing newline dropped)"},
+        {"n-predict", 'n', OPT_INT, &o.n_predict, "N",
+         "tokens to generate; -1: until the end of the text or a full context; 0: only evaluate the prompt (default 128)"},
         {"temp", 0, OPT_FLOAT, &o.sp.temperature, "T", "temperature; 0 = greedy (default 0.8)"},
-        {"top-k", 0, OPT_INT, &o.sp.top_k, "K", "keep the K most likely tokens; 0 = off (default 40)"},
+        {"top-k", 0, OPT_INT, &o.sp.top_k, "K",
+         "keep the K most likely tokens; 0 = off (default 40)"},
         {"top-p", 0, OPT_FLOAT, &o.sp.top_p, "P", "nucleus sampling mass; 1 = off (default 0.95)"},
-        {"min-p", 0, OPT_FLOAT, &o.sp.min_p, "P", "drop tokens below P x the top probability; 0 = off (default 0.05)"},
-        {"repeat-penalty", 0, OPT_FLOAT, &o.sp.repetition_penalty, "R", "repetition penalty; 1 = off (default 1)"},
-        {"frequency-penalty", 0, OPT_FLOAT, &o.sp.frequency_penalty, "F", "frequency penalty (default 0)"},
-        {"presence-penalty", 0, OPT_FLOAT, &o.sp.presence_penalty, "P", "presence penalty (default 0)"},
-        {"seed", 's', OPT_I64, &o.seed, "S", "random seed; the same seed gives the same output (default: random, printed)"},
-        {"chat", 0, OPT_FLAG, &o.chat, NULL, "wrap the prompt in the model's chat template as a user turn"},
+        {"min-p", 0, OPT_FLOAT, &o.sp.min_p, "P",
+         "drop tokens below P x the top probability; 0 = off (default 0.05)"},
+        {"repeat-penalty", 0, OPT_FLOAT, &o.sp.repetition_penalty, "R",
+         "repetition penalty; 1 = off (default 1)"},
+        {"frequency-penalty", 0, OPT_FLOAT, &o.sp.frequency_penalty, "F",
+         "frequency penalty (default 0)"},
+        {"presence-penalty", 0, OPT_FLOAT, &o.sp.presence_penalty, "P",
+         "presence penalty (default 0)"},
+        {"seed", 's', OPT_I64, &o.seed, "S",
+         "random seed; the same seed gives the same output (default: random, printed)"},
+        {"chat", 0, OPT_FLAG, &o.chat, NULL,
+         "wrap the prompt in the model's chat template as a user turn"},
         {"system", 0, OPT_STR, &o.system, "TEXT", "system message for --chat"},
-        {"chat-template", 0, OPT_STR, &o.chat_template, "FILE|NAME", "Jinja chat template file or a builtin (chatml, llama2, llama3, mistral, qwen, gemma) for --chat (implies it)"},
-        {"interactive", 'i', OPT_FLAG, &o.interactive, NULL, "chat in the terminal: the same as `weld chat` (see weld chat --help)"},
+        {"chat-template", 0, OPT_STR, &o.chat_template, "FILE|NAME",
+         "Jinja chat template file or a builtin (chatml, llama2, llama3, mistral, qwen, gemma) for --chat (implies it)"},
+        {"interactive", 'i', OPT_FLAG, &o.interactive, NULL,
+         "chat in the terminal: the same as `weld chat` (see weld chat --help)"},
         {"ctx", 'c', OPT_INT, &o.ctx, "N", "context length (default: the model's, at most 4096)"},
-        {"threads", 't', OPT_INT, &o.threads, "N", "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
+        {"threads", 't', OPT_INT, &o.threads, "N",
+         "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
         {"no-echo", 0, OPT_FLAG, &o.no_echo, NULL, "print only the continuation, not the prompt"},
-        {"ignore-eos", 0, OPT_FLAG, &o.ignore_eos, NULL, "keep generating after end-of-generation tokens"},
-        {"no-special", 0, OPT_FLAG, &o.no_special, NULL, "do not add BOS/special tokens to the prompt"},
-        {"show-ids", 0, OPT_FLAG, &o.show_ids, NULL, "also print the generated token ids to stderr"},
+        {"ignore-eos", 0, OPT_FLAG, &o.ignore_eos, NULL,
+         "keep generating after end-of-generation tokens"},
+        {"no-special", 0, OPT_FLAG, &o.no_special, NULL,
+         "do not add BOS/special tokens to the prompt"},
+        {"show-ids", 0, OPT_FLAG, &o.show_ids, NULL,
+         "also print the generated token ids to stderr"},
+        {"speculative-config", 0, OPT_STR, &o.spec_config, "JSON",
+         "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (same output, fewer steps)"},
+        {"model-draft", 0, OPT_STR, &o.model_draft, "MODEL",
+         "draft model for speculative decoding (llama.cpp's -md)"},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     struct cli_opt opts[N_BASE + CLI_EXEC_N_OPTS];
@@ -385,7 +407,9 @@ int cmd_generate(int argc, char **argv)
         ep.quiet = true;
         ep.n_threads = o.threads;
         ep.tuning = tuning;
-        rc = engine_create(&eng, &ep, &e);
+        rc = cli_spec_params(o.spec_config, o.model_draft, &ep, &e);
+        if (rc == WELD_OK)
+            rc = engine_create(&eng, &ep, &e);
     }
     if (rc == WELD_OK && o.chat && !tmpl && !tokenizer_chat_template(engine_tokenizer(eng)))
         rc = err_set(&e, WELD_ERR_NOT_FOUND,
@@ -413,6 +437,16 @@ int cmd_generate(int argc, char **argv)
                 fputc('\n', stderr);
             context_notice(&o, &g.res);
             print_speed(&g.res, o.n_predict == 0);
+            struct engine_stats st;
+            engine_stats_get(eng, &st);
+            if (st.spec_drafts > 0)
+                fprintf(stderr,
+                        "%s: speculative: %llu of %llu drafted tokens accepted (%.1f%%), "
+                        "mean accepted length %.2f per verify step\n",
+                        log_prefix(), (unsigned long long)st.spec_accepted_tokens,
+                        (unsigned long long)st.spec_draft_tokens,
+                        100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens,
+                        (double)st.spec_accepted_tokens / (double)st.spec_drafts);
         }
     }
     if (rc != WELD_OK) {

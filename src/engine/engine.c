@@ -292,11 +292,19 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
     if (p->proposer) {
         eng->prop = p->proposer;
     } else if (p->spec.method != SPEC_NONE) {
-        if ((rc = spec_proposer_create(&eng->prop, &p->spec, e))) {
+        if ((rc = spec_proposer_create(&eng->prop, &p->spec, eng->sc.max_model_len, e))) {
             engine_free(eng);
             return rc;
         }
         eng->own_prop = true;
+    }
+    if (eng->prop && eng->prop->n_vocab && eng->prop->n_vocab != eng->n_vocab) {
+        rc = err_set(e, WELD_ERR_INVALID_ARG,
+                     "speculative decoding: the draft's vocabulary "
+                     "has %d tokens, the model's %d: they must share one tokenizer",
+                     eng->prop->n_vocab, eng->n_vocab);
+        engine_free(eng);
+        return rc;
     }
     *out = eng;
     return WELD_OK;
@@ -900,6 +908,8 @@ int engine_step(struct engine *eng, struct weld_err *e)
     if (!engine_has_work(eng))
         return WELD_OK;
     struct sched_plan pl;
+    if (eng->prop && eng->prop->runs_model)
+        runner_park(eng->run); /* the draft runs on these cores now */
     if (eng->prop)
         spec_propose(eng);
     int rc = sched_step(eng->s, &pl, e);

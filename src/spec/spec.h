@@ -15,13 +15,13 @@
  * Proposers here: `ngram` (prompt lookup, vLLM's method "ngram"): the longest suffix of
  * the sequence, of prompt_lookup_max down to prompt_lookup_min tokens, that occurred
  * earlier in the sequence; its latest earlier occurrence's continuation is the guess.
- * Planned: `draft_model` (a smaller model with the same vocabulary, its own runner) and
- * `mtp` (DeepSeek's multi-token-prediction layer, which model/ loads): both fit the same
- * propose call, keyed by the sequence id for their per-sequence state.
+ * `draft_model` (draft.c): a smaller model with the same vocabulary, in a runner of its own,
+ * guessing greedily. Planned: `mtp` (DeepSeek's multi-token-prediction layer, which model/
+ * loads), which fits the same propose call, keyed by the sequence id for its state.
  *
  * Configuration is vLLM's --speculative-config JSON: {"method": "ngram",
  * "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
- * (spec_config_parse; "model" names a draft model, refused until draft models land).
+ * or {"model": "draft.gguf", "num_speculative_tokens": 5} (spec_config_parse).
  */
 #ifndef WELD_SPEC_SPEC_H
 #define WELD_SPEC_SPEC_H
@@ -50,15 +50,21 @@ struct spec_proposer {
     /* The sequence will not be asked about again (finished or aborted). May be NULL. */
     void (*forget)(struct spec_proposer *p, uint64_t seq_key);
     void (*free)(struct spec_proposer *p);
+    int n_vocab;     /* the vocabulary its guesses come from (0: any; the engine checks it) */
+    bool runs_model; /* it computes on the cores: the engine parks its own workers first */
 };
 
 /* Parse vLLM's --speculative-config JSON text into c (defaults: ngram min 1, max 4, 4
    tokens when a method is named without them). Errors name the field. */
 int spec_config_parse(const char *json, struct spec_config *c, struct weld_err *e);
 
-/* A proposer for c (SPEC_NGRAM); WELD_ERR_UNSUPPORTED for methods not built yet. */
-int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c,
+/* A proposer for c: ngram, or a draft model loaded from c->draft_model whose runner holds
+   sequences of up to max_ctx positions (0: the draft's own context). */
+int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c, int max_ctx,
                          struct weld_err *e);
+/* The draft-model proposer (draft.c). */
+int spec_draft_create(struct spec_proposer **out, const char *path, int max_ctx,
+                      struct weld_err *e);
 void spec_proposer_free(struct spec_proposer *p);
 
 /* The ngram guess itself (what the ngram proposer calls): up to max_k tokens. */
