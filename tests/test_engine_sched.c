@@ -485,6 +485,84 @@ TEST(fork_copy_on_write)
     sched_free(s);
 }
 
+/* Speculative entries: a decode with a draft is planned as 1 + k tokens (cut by the
+   budget, by max_model_len, and to none when its blocks are not free); only its known
+   token is committed, so rejected drafts never enter the prefix cache; accepted ones
+   are committed when taken and can be hit afterwards. */
+TEST(speculative_drafts)
+{
+    struct sched *s = mk(8, 4, 64, 8, 40, SCHED_POLICY_FCFS);
+    REQUIRE(s);
+    struct sched_seq *a = add(s, 1, 6, 100, 0);
+    REQUIRE(a);
+    struct sched_plan p;
+    struct weld_err e;
+    cycle(s, &p); /* prefill 6, append 7: 7 tokens, 6 computed */
+    const int32_t draft[5] = {50, 51, 52, 53, 54};
+    CHECK_EQ_INT(sched_set_draft(s, a, draft, 5, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step(s, &p, &e), WELD_OK);
+    REQUIRE(p.n_entries == 1);
+    CHECK_EQ_INT(p.entries[0].n_tokens, 6);
+    CHECK_EQ_INT(p.entries[0].n_draft, 5);
+    CHECK(p.entries[0].sample);
+    CHECK(!memcmp(a->tokens + 7, draft, sizeof draft));
+    CHECK_EQ_INT(sched_step_done(s, &e), WELD_OK);
+    CHECK_EQ_INT(a->n_computed, 7);                                      /* the known token only */
+    CHECK_EQ_INT(sched_accept_draft(s, a, 6, &e), WELD_ERR_INVALID_ARG); /* more than planned */
+    CHECK_EQ_INT(sched_accept_draft(s, a, 2, &e), WELD_OK);              /* 50, 51 taken */
+    CHECK_EQ_INT(a->n_tokens, 9);
+    CHECK_EQ_INT(a->n_computed, 9);
+    CHECK_EQ_INT(sched_append_token(s, a, 99, &e), WELD_OK); /* the sampled one: not 52 */
+    CHECK_EQ_INT(a->n_draft, 0);
+    CHECK(checked(s));
+    /* a's blocks: tokens 100..106, 7, 50, 51 committed (two full blocks of 4 plus 2) */
+    sched_finish(s, a);
+    int32_t want[12] = {100, 101, 102, 103, 104, 105, 7, 50, 51, 99, 0, 0};
+    int32_t rejected[12] = {100, 101, 102, 103, 104, 105, 7, 50, 51, 52, 53, 54};
+    struct sched_seq_params sp = {.id = 2, .tokens = rejected, .n_tokens = 12};
+    struct sched_seq *b = NULL;
+    REQUIRE(sched_add(s, &sp, &b, &e) == WELD_OK);
+    cycle(s, &p);
+    CHECK_EQ_INT(b->n_cached, 8); /* 100..7, 50: the drafted 52.. never cached */
+    sched_finish(s, b);
+    (void)want;
+    /* budget 3: one known token and two of the draft; max_model_len and blocks cut too */
+    struct sched *t = mk(3, 4, 3, 8, 40, SCHED_POLICY_FCFS);
+    REQUIRE(t);
+    struct sched_seq *c = add(t, 3, 3, 0, 0);
+    cycle(t, &p);
+    CHECK_EQ_INT(sched_set_draft(t, c, draft, 5, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step(t, &p, &e), WELD_OK);
+    CHECK_EQ_INT(p.entries[0].n_draft, 2);
+    CHECK_EQ_INT(sched_step_done(t, &e), WELD_OK);
+    CHECK_EQ_INT(sched_append_token(t, c, 1, &e), WELD_OK);
+    /* c: 5 tokens, blocks 0 and 1 (its draft reached position 6); d takes block 2 */
+    struct sched_seq *d = add(t, 4, 4, 200, 0);
+    cycle(t, &p);
+    REQUIRE(d && d->state == SCHED_RUNNING && c->state == SCHED_RUNNING);
+    CHECK_EQ_INT(sched_set_draft(t, c, draft, 5, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step(t, &p, &e), WELD_OK);
+    const struct sched_entry *en = entry_of(&p, c);
+    REQUIRE(en);
+    CHECK_EQ_INT(en->n_draft, 2); /* the budget again (d's decode comes after c's) */
+    CHECK_EQ_INT(sched_step_done(t, &e), WELD_OK);
+    CHECK_EQ_INT(sched_set_draft(t, c, draft, 5, &e), WELD_ERR_INVALID_ARG); /* not a decode */
+    (void)d;
+    /* blocks: 2 of 4 tokens, a 4-token sequence (3 computed) drafts 5: positions up to 7
+       fit its two blocks, the fifth guess would need a third */
+    struct sched *u = mk(2, 4, 64, 8, 40, SCHED_POLICY_FCFS);
+    REQUIRE(u);
+    struct sched_seq *f = add(u, 5, 3, 0, 0);
+    cycle(u, &p);
+    CHECK_EQ_INT(sched_set_draft(u, f, draft, 5, &e), WELD_OK);
+    CHECK_EQ_INT(sched_step(u, &p, &e), WELD_OK);
+    CHECK_EQ_INT(p.entries[0].n_draft, 4);
+    CHECK_EQ_INT(sched_step_done(u, &e), WELD_OK);
+    sched_free(u);
+    sched_free(t);
+    sched_free(s);
+}
+
 TEST(prefix_hits_across_requests)
 {
     struct sched *s = mk(32, 4, 64, 8, 100, SCHED_POLICY_FCFS);
@@ -1064,6 +1142,7 @@ int main(void)
     RUN(abort_frees_at_once);
     RUN(plan_stable_while_walked);
     RUN(fork_copy_on_write);
+    RUN(speculative_drafts);
     RUN(prefix_hits_across_requests);
     RUN(waiting_for_an_inflight_prefix);
     RUN(soak_fcfs);

@@ -154,6 +154,17 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
             st->preemptions, lbl);
     counter(&b, "prompt_tokens_total", "Prompt tokens of accepted requests.", st->prompt_tokens, lbl);
     counter(&b, "generation_tokens_total", "Generated tokens.", st->generated_tokens, lbl);
+    counter(&b, "spec_decode_num_drafts_total", "Speculative verify steps of a sequence.",
+            st->spec_drafts, lbl);
+    counter(&b, "spec_decode_num_draft_tokens_total", "Drafted tokens verified.",
+            st->spec_draft_tokens, lbl);
+    counter(&b, "spec_decode_num_accepted_tokens_total", "Drafted tokens accepted.",
+            st->spec_accepted_tokens, lbl);
+    head(&b, "spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Drafted tokens accepted, by position in the draft.");
+    for (int i = 0; i < SPEC_MAX_TOKENS; i++)
+        bprintf(&b, "weld:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n",
+                lbl, i, (unsigned long long)st->spec_accepted_at[i]);
     counter(&b, "http_requests_total", "HTTP requests answered.", m->http_requests, lbl);
     counter(&b, "http_errors_total", "HTTP requests answered with status >= 400.",
             m->http_errors, lbl);
