@@ -537,8 +537,8 @@ static int oracle_propose(struct spec_proposer *p, uint64_t key, const int32_t *
    seeded ones at temperature 0.9 with top-p and a repetition penalty, and n = 2 forks
    with logprobs; every token, logprob and finish reason equal. Prompts repeat a span so
    ngram has something to find. Returns the accepted drafts. */
-static void spec_equal(const struct model *m, int vocab, bool oracle, int miss_pct, int budget,
-                       uint64_t seed, uint64_t *accepted)
+static void spec_equal_kv(const struct model *m, int vocab, bool oracle, int miss_pct, int budget,
+                          int kv_blocks, uint64_t seed, uint64_t *accepted)
 {
     enum { NR = 6, PL = 24, GEN = 24 };
     int32_t prompts[NR][PL];
@@ -558,6 +558,7 @@ static void spec_equal(const struct model *m, int vocab, bool oracle, int miss_p
         p.max_num_seqs = 8;
         p.max_num_batched_tokens = budget;
         p.max_model_len = 128;
+        p.kv_blocks = kv_blocks;
         p.quiet = true;
         struct oracle_prop op;
         memset(&op, 0, sizeof op);
@@ -591,6 +592,8 @@ static void spec_equal(const struct model *m, int vocab, bool oracle, int miss_p
         struct engine_stats st;
         engine_stats_get(eng, &st);
         CHECK(all_blocks_free(eng));
+        if (kv_blocks)
+            CHECK(st.preemptions > 0);
         if (pass == 1) {
             *accepted = st.spec_accepted_tokens;
             CHECK(st.spec_draft_tokens >= st.spec_accepted_tokens);
@@ -620,6 +623,12 @@ static void spec_equal(const struct model *m, int vocab, bool oracle, int miss_p
     wfree(c[0].seqs), wfree(c[1].seqs);
 }
 
+static void spec_equal(const struct model *m, int vocab, bool oracle, int miss_pct, int budget,
+                       uint64_t seed, uint64_t *accepted)
+{
+    spec_equal_kv(m, vocab, oracle, miss_pct, budget, 0, seed, accepted);
+}
+
 TEST(speculative_equals_plain)
 {
     REQUIRE(g_stories);
@@ -635,6 +644,9 @@ TEST(speculative_equals_plain)
             (unsigned long long)acc[3]);
     for (int i = 0; i < 4; i++)
         CHECK(acc[i] > 0);
+    uint64_t pre = 0; /* 6 blocks of 16 for 8 sequences of up to 48 tokens: preemption */
+    spec_equal_kv(g_stories, 512, true, 20, 64, 6, 46, &pre);
+    CHECK(pre > 0);
     enum model_arch archs[] = {ARCH_QWEN3MOE, ARCH_DEEPSEEK2, ARCH_QWEN3};
     for (int a = 0; a < 3; a++) {
         struct model *m = tiny_model(archs[a]);
