@@ -560,6 +560,7 @@ static void spec_equal_kv(const struct model *m, int vocab, bool oracle, int mis
         p.max_model_len = 128;
         p.kv_blocks = kv_blocks;
         p.quiet = true;
+        p.spec_always = true; /* the verification under test, not the cost model */
         struct oracle_prop op;
         memset(&op, 0, sizeof op);
         op.base.propose = oracle_propose;
@@ -672,6 +673,7 @@ static struct engine *pair_engine(const char *target, const char *draft, bool sa
     p.max_model_len = 128;
     p.quiet = true;
     if (draft) {
+        p.spec_always = true;
         p.spec.method = SPEC_DRAFT_MODEL;
         p.spec.num_tokens = 5;
         snprintf(p.spec.draft_model, sizeof p.spec.draft_model, "%s", draft);

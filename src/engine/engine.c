@@ -38,6 +38,7 @@ struct engine_seq {
     struct engine_req *er;
     int index;
     struct sched_seq *ss;
+    int spec_k; /* its guesses per step now (0: not yet set) */
 };
 
 struct engine_req {
@@ -79,9 +80,17 @@ struct engine {
     size_t kv_bytes;
     struct engine_stats st;      /* counters kept here; the rest filled by stats_get */
     struct spec_proposer *prop;  /* speculative decoding's proposer, or NULL: off */
-    bool own_prop;
+    bool own_prop, spec_always;
     int spec_k; /* guesses per sequence and step at most */
+    /* the step cost model: forward seconds ~ c0 + c1 * tokens, fitted to the steps run
+       (sums decayed by SPEC_DECAY a step), and the mean accepted guesses per verify */
+    double fit_n, fit_x, fit_y, fit_xx, fit_xy;
+    double spec_mean_acc;
+    uint64_t spec_skipped; /* steps that did not speculate: the model said it costs */
 };
+
+#define SPEC_DECAY 0.97
+#define SPEC_FIT_MIN 8.0 /* decayed steps before the model is trusted */
 
 struct engine_params engine_params_default(void)
 {
@@ -287,6 +296,7 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
         engine_free(eng);
         return rc;
     }
+    eng->spec_always = p->spec_always;
     eng->spec_k = p->spec.num_tokens > 0 ? p->spec.num_tokens : 4;
     eng->spec_k = eng->spec_k > SPEC_MAX_TOKENS ? SPEC_MAX_TOKENS : eng->spec_k;
     if (p->proposer) {
@@ -687,6 +697,9 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
     const size_t V = (size_t)eng->n_vocab;
     eng->st.spec_drafts++;
     eng->st.spec_draft_tokens += (uint64_t)en->n_draft;
+    int taken = 0; /* guesses accepted in this entry */
+    if (!es->spec_k)
+        es->spec_k = eng->spec_k;
     for (int j = 0; j <= en->n_draft; j++) {
         struct sched_seq *ss = er->seqs[i].ss;
         struct weld_err e;
@@ -713,11 +726,16 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
         if (j < en->n_draft && ss->n_draft > 0 && tok == ss->tokens[ss->n_tokens]) {
             eng->st.spec_accepted_tokens++;
             eng->st.spec_accepted_at[j]++;
+            taken++;
             rc = sched_accept_draft(eng->s, ss, 1, &e);
             if (rc == WELD_OK)
                 continue;
         } else {
             rc = sched_append_token(eng->s, ss, tok, &e);
+            /* all taken: one more next time; else as many as were right, plus one */
+            es->spec_k = taken == en->n_draft ? es->spec_k + 1 : taken + 1;
+            es->spec_k = es->spec_k > eng->spec_k ? eng->spec_k : es->spec_k;
+            eng->spec_mean_acc = 0.9 * eng->spec_mean_acc + 0.1 * taken;
         }
         if (rc != WELD_OK) {
             log_warn("request %llu: %s", (unsigned long long)id, e.msg);
@@ -730,9 +748,40 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
 /* Before a step: each decoding sequence of a generate request gets the proposer's guesses
    (at most spec_k, and no more than its max_tokens leaves room for after the token the
    step samples anyway). Not for embeddings or prompt-logprob requests. */
+/* Whether guessing pays in this step, from the fitted step cost (c0 + c1 * tokens) and the
+   guesses accepted so far: B decoding sequences with k guesses each cost c0 + c1 B (1 + k)
+   for B (1 + a) tokens (a: mean accepted per verify), against c0 + c1 B for B. A
+   memory-bound step (c1 small beside c0) pays; once the batch makes the step
+   compute-bound (vLLM's disable_by_batch_size, here measured) it does not. */
+static bool spec_pays(struct engine *eng, int b, int k)
+{
+    if (eng->fit_n < SPEC_FIT_MIN || b < 1)
+        return true;
+    double mx = eng->fit_x / eng->fit_n, my = eng->fit_y / eng->fit_n;
+    double vx = eng->fit_xx / eng->fit_n - mx * mx;
+    if (vx <= 1e-9)
+        return true; /* every step the same size: nothing learnt yet */
+    double c1 = (eng->fit_xy / eng->fit_n - mx * my) / vx, c0 = my - c1 * mx;
+    c1 = c1 > 0 ? c1 : 0, c0 = c0 > 0 ? c0 : 0;
+    double with = (c0 + c1 * b * (1.0 + k)) / (b * (1.0 + eng->spec_mean_acc));
+    double without = (c0 + c1 * b) / b;
+    return with < without;
+}
+
 static void spec_propose(struct engine *eng)
 {
     int32_t draft[SPEC_MAX_TOKENS];
+    int b = 0;
+    for (struct engine_req *er = eng->head; er; er = er->next)
+        for (int i = 0; i < er->r->n_seqs; i++)
+            b += er->seqs[i].ss && er->seqs[i].ss->state == SCHED_RUNNING &&
+                 er->seqs[i].ss->n_computed == er->seqs[i].ss->n_tokens - 1;
+    if (!eng->spec_always && !spec_pays(eng, b, eng->spec_k)) {
+        eng->spec_skipped++;
+        /* now and then guess anyway, so the acceptance keeps being measured */
+        if (eng->spec_skipped % 64)
+            return;
+    }
     for (struct engine_req *er = eng->head; er; er = er->next) {
         const struct request *r = er->r;
         if (r->p.kind == REQUEST_KIND_EMBED || r->p.prompt_logprobs >= 0 || er->paused ||
@@ -742,7 +791,7 @@ static void spec_propose(struct engine *eng)
             struct sched_seq *ss = er->seqs[i].ss;
             if (!ss || ss->state != SCHED_RUNNING || ss->n_computed != ss->n_tokens - 1)
                 continue;
-            int k = eng->spec_k;
+            int k = er->seqs[i].spec_k ? er->seqs[i].spec_k : eng->spec_k;
             if (r->p.max_tokens > 0) {
                 int left = r->p.max_tokens - (ss->n_tokens - ss->n_prompt) - 1;
                 k = k < left ? k : left;
@@ -864,7 +913,11 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
         double t0 = time_now();
         rc = runner_forward_hidden(eng->run, &b, eng->logits, eng->tops,
                                    hidden ? eng->hidden : NULL, e);
-        eng->st.t_forward += time_now() - t0;
+        double dt = time_now() - t0, x = pl->n_tokens;
+        eng->st.t_forward += dt;
+        eng->fit_n = SPEC_DECAY * eng->fit_n + 1, eng->fit_x = SPEC_DECAY * eng->fit_x + x;
+        eng->fit_y = SPEC_DECAY * eng->fit_y + dt, eng->fit_xx = SPEC_DECAY * eng->fit_xx + x * x;
+        eng->fit_xy = SPEC_DECAY * eng->fit_xy + x * dt;
     }
     if (rc) {
         /* Nothing of this plan was computed: keep its blocks out of the prefix cache. */

@@ -91,6 +91,8 @@ struct engine_params {
     struct spec_proposer *proposer; /* borrowed: a proposer of the caller's instead of one
                                        made from spec (tests, benchmarks); spec.num_tokens
                                        still bounds its guesses */
+    bool spec_always;               /* guess in every step, whatever the fitted step cost
+                                       says (tests, benchmarks of the machinery) */
 };
 
 struct engine_stats {
