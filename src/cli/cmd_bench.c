@@ -46,6 +46,7 @@ struct bench_opts {
     bool json;
     float temperature, top_p; /* sampling of every request (default greedy) */
     int top_k;
+    int spec_oracle; /* >= 0: --spec-oracle PCT (the speculation ceiling); -1 off */
 };
 
 /* A conversation (multi-turn) or a single prompt: its tokens so far. */
@@ -56,8 +57,36 @@ struct bench_conv {
     uint64_t cur_id;
 };
 
+/* --spec-oracle: a proposer replaying what the plain run generated (each sequence's
+   prompt then output), every guess kept or, with probability pct / 100, made wrong: the
+   speculation machinery's speed at an imposed acceptance, with no drafting cost. */
+struct oracle {
+    struct spec_proposer base;
+    int32_t **rec; /* (n) recorded token lists */
+    int *n_rec, n, pct;
+    struct rng g;
+};
+
+static int oracle_propose(struct spec_proposer *p, uint64_t key, const int32_t *t, int n, int max_k,
+                          int32_t *out)
+{
+    (void)key;
+    struct oracle *o = (struct oracle *)p;
+    for (int i = 0; i < o->n; i++) {
+        if (o->n_rec[i] <= n || memcmp(o->rec[i], t, sizeof(int32_t) * (size_t)n))
+            continue;
+        int k = o->n_rec[i] - n < max_k ? o->n_rec[i] - n : max_k;
+        for (int j = 0; j < k; j++)
+            out[j] = (int)(rng_u64(&o->g) % 100) < o->pct ? (o->rec[i][n + j] + 1) % 1000
+                                                          : o->rec[i][n + j];
+        return k;
+    }
+    return 0;
+}
+
 struct bench_run {
     const struct bench_opts *o;
+    struct oracle *rec; /* --spec-oracle's first run: record into it */
     struct engine *eng;
     struct rng g;
     int n_vocab;
@@ -74,6 +103,7 @@ struct bench_run {
 struct bench_result {
     double seconds, out_tps, total_tps, hit_rate, mean_ttft;
     uint64_t requests, prompt_tokens, cached_tokens, generated_tokens, preemptions;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted; /* speculation's counters */
     uint64_t peak_rss, weight_bytes, kv_bytes; /* process peak resident set; budget parts */
 };
 
@@ -149,6 +179,16 @@ static void on_delta(void *user, uint64_t id, int seq, const char *text, size_t 
 {
     struct bench_run *br = user;
     (void)seq, (void)text, (void)len, (void)lp;
+    for (int c = 0; br->rec && c < br->n_convs; c++) /* prompt, then the output as it comes */
+        if (br->convs[c].cur_id == id) {
+            struct oracle *o = br->rec;
+            if (!o->n_rec[c]) {
+                memcpy(o->rec[c], br->convs[c].tokens, sizeof(int32_t) * (size_t)br->convs[c].n);
+                o->n_rec[c] = br->convs[c].n;
+            }
+            for (int i = 0; i < n_tokens; i++)
+                o->rec[c][o->n_rec[c]++] = tokens[i];
+        }
     if (strcmp(br->o->dataset, "multi-turn"))
         return;
     for (int c = 0; c < br->n_convs; c++)
@@ -253,6 +293,9 @@ static int bench_once(struct bench_run *br, struct bench_result *res, struct wel
         .peak_rss = peak_rss_bytes(),
         .weight_bytes = model_weight_bytes(engine_model(br->eng)),
         .kv_bytes = st.kv_bytes,
+        .spec_drafts = st.spec_drafts,
+        .spec_draft_tokens = st.spec_draft_tokens,
+        .spec_accepted = st.spec_accepted_tokens,
     };
     return WELD_OK;
 }
@@ -268,11 +311,12 @@ static void bench_run_free(struct bench_run *br)
 
 /* One full run with engine params p on model m. */
 static int bench_with(const struct bench_opts *o, const struct engine_params *p,
-                      struct bench_result *res, struct weld_err *e)
+                      struct bench_result *res, struct oracle *rec, struct weld_err *e)
 {
     struct bench_run br;
     memset(&br, 0, sizeof br);
     br.o = o;
+    br.rec = rec;
     rng_seed(&br.g, (uint64_t)o->seed);
     peak_rss_reset();
     int rc = engine_create(&br.eng, p, e);
@@ -391,9 +435,49 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
     p.model_path = NULL;
     p.seed = (uint64_t)o->seed;
     struct bench_result a, b;
-    rc = bench_with(o, &p, &a, e);
+    struct oracle orc;
+    memset(&orc, 0, sizeof orc);
+    if (o->spec_oracle >= 0 && o->dataset[0] == 'r') { /* random: one prompt per request */
+        orc.n = o->num_prompts, orc.pct = o->spec_oracle;
+        orc.rec = wcalloc((size_t)orc.n, sizeof *orc.rec);
+        orc.n_rec = wcalloc((size_t)orc.n, sizeof *orc.n_rec);
+        for (int i = 0; orc.rec && i < orc.n; i++)
+            orc.rec[i] = wmalloc(sizeof(int32_t) * (size_t)(o->input_len + o->output_len + 1));
+        orc.base.propose = oracle_propose;
+        rng_seed(&orc.g, (uint64_t)o->seed + 77);
+    } else if (o->spec_oracle >= 0) {
+        rc = err_set(e, WELD_ERR_INVALID_ARG, "--spec-oracle needs --dataset random");
+    }
+    struct engine_params plain = p;
+    plain.spec.method = SPEC_NONE;
+    if (rc == WELD_OK)
+        rc = bench_with(o, o->spec_oracle >= 0 ? &plain : &p, &a, orc.n ? &orc : NULL, e);
     if (rc == WELD_OK)
         print_result("weld bench throughput", &a);
+    if (rc == WELD_OK && o->spec_oracle >= 0) {
+        struct engine_params sp = p;
+        sp.proposer = &orc.base;
+        sp.spec_always = true;
+        sp.spec.num_tokens = p.spec.num_tokens > 0 ? p.spec.num_tokens : 4;
+        sp.quiet = true;
+        rc = bench_with(o, &sp, &b, NULL, e);
+        if (rc == WELD_OK) {
+            print_result("with the oracle proposer", &b);
+            fprintf(stderr,
+                    "speculation ceiling: k = %d, %d%% of guesses made wrong: %llu of "
+                    "%llu accepted (%.1f%%), %.2f per verify step; output tok/s %.2fx of plain\n",
+                    sp.spec.num_tokens, o->spec_oracle, (unsigned long long)b.spec_accepted,
+                    (unsigned long long)b.spec_draft_tokens,
+                    b.spec_draft_tokens
+                        ? 100.0 * (double)b.spec_accepted / (double)b.spec_draft_tokens
+                        : 0,
+                    b.spec_drafts ? (double)b.spec_accepted / (double)b.spec_drafts : 0,
+                    a.out_tps > 0 ? b.out_tps / a.out_tps : 0);
+        }
+    }
+    for (int i = 0; orc.rec && i < orc.n; i++)
+        wfree(orc.rec[i]);
+    wfree(orc.rec), wfree(orc.n_rec);
     const char *cmp_label = NULL;
     if (rc == WELD_OK && o->compare) {
         if (!strcmp(o->compare, "sequential")) {
@@ -404,12 +488,19 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
             cmp_label = "same requests without prefix caching";
         }
         p.quiet = true;
-        rc = bench_with(o, &p, &b, e);
+        rc = bench_with(o, &p, &b, NULL, e);
         if (rc == WELD_OK) {
             print_result(cmp_label, &b);
             fprintf(stderr, "ratio (output tok/s): %.2fx\n", b.out_tps > 0 ? a.out_tps / b.out_tps : 0);
         }
     }
+    if (rc == WELD_OK && a.spec_drafts)
+        fprintf(stderr,
+                "speculative: %llu of %llu drafted tokens accepted (%.1f%%), %.2f per "
+                "verify step\n",
+                (unsigned long long)a.spec_accepted, (unsigned long long)a.spec_draft_tokens,
+                100.0 * (double)a.spec_accepted / (double)a.spec_draft_tokens,
+                (double)a.spec_accepted / (double)a.spec_drafts);
     if (rc == WELD_OK && o->json) {
         json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "model",
                               eo->model, "dataset", o->dataset, "num_prompts", o->num_prompts,
@@ -442,24 +533,40 @@ int cmd_bench(int argc, char **argv)
     log_set_prefix("weld bench throughput");
     struct cli_engine_opts eo;
     cli_engine_opts_init(&eo);
-    struct bench_opts o = {.dataset = "random", .num_prompts = 64, .input_len = 512,
-                           .output_len = 128, .prefix_len = 1024, .num_groups = 16, .seed = 0,
-                           .temperature = 0, .top_p = 1, .top_k = 0};
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 13];
+    struct bench_opts o = {.dataset = "random",
+                           .num_prompts = 64,
+                           .input_len = 512,
+                           .output_len = 128,
+                           .prefix_len = 1024,
+                           .num_groups = 16,
+                           .seed = 0,
+                           .temperature = 0,
+                           .top_p = 1,
+                           .top_k = 0,
+                           .spec_oracle = -1};
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 14];
     int n = cli_engine_opts_table(&eo, opts);
     const struct cli_opt more[] = {
         {"dataset", 0, OPT_STR, &o.dataset, "D", "random (default), shared-prefix or multi-turn"},
         {"num-prompts", 'n', OPT_INT, &o.num_prompts, "N", "requests (default 64)"},
-        {"input-len", 0, OPT_INT, &o.input_len, "I", "prompt tokens; shared-prefix/multi-turn: tokens after the prefix / per turn (default 512)"},
-        {"output-len", 0, OPT_INT, &o.output_len, "O", "generated tokens per request (default 128)"},
-        {"prefix-len", 0, OPT_INT, &o.prefix_len, "P", "shared-prefix: tokens shared within a group (default 1024)"},
-        {"num-groups", 0, OPT_INT, &o.num_groups, "G", "shared-prefix groups / multi-turn conversations (default 16)"},
+        {"input-len", 0, OPT_INT, &o.input_len, "I",
+         "prompt tokens; shared-prefix/multi-turn: tokens after the prefix / per turn (default 512)"},
+        {"output-len", 0, OPT_INT, &o.output_len, "O",
+         "generated tokens per request (default 128)"},
+        {"prefix-len", 0, OPT_INT, &o.prefix_len, "P",
+         "shared-prefix: tokens shared within a group (default 1024)"},
+        {"num-groups", 0, OPT_INT, &o.num_groups, "G",
+         "shared-prefix groups / multi-turn conversations (default 16)"},
         {"seed", 's', OPT_I64, &o.seed, "S", "seed of the random prompts (default 0)"},
-        {"compare", 0, OPT_STR, &o.compare, "C", "also run with sequential (--max-num-seqs 1) or no-prefix-caching and print the ratio"},
-        {"temperature", 0, OPT_FLOAT, &o.temperature, "T", "sampling temperature of every request (default 0: greedy)"},
+        {"compare", 0, OPT_STR, &o.compare, "C",
+         "also run with sequential (--max-num-seqs 1) or no-prefix-caching and print the ratio"},
+        {"temperature", 0, OPT_FLOAT, &o.temperature, "T",
+         "sampling temperature of every request (default 0: greedy)"},
         {"top-k", 0, OPT_INT, &o.top_k, "K", "top-k of every request (default 0: off)"},
         {"top-p", 0, OPT_FLOAT, &o.top_p, "P", "top-p of every request (default 1: off)"},
         {"json", 0, OPT_FLAG, &o.json, NULL, "print the results as one JSON object on stdout"},
+        {"spec-oracle", 0, OPT_INT, &o.spec_oracle, "PCT",
+         "run again with a proposer that replays the first run's output, PCT% of its guesses made wrong: speculative decoding's ceiling (k from --speculative-config, default 4)"},
     };
     memcpy(opts + n, more, sizeof more);
     n += (int)(sizeof more / sizeof more[0]);
