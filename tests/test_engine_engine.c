@@ -648,8 +648,8 @@ TEST(speculative_equals_plain)
     uint64_t pre = 0; /* 6 blocks of 16 for 8 sequences of up to 48 tokens: preemption */
     spec_equal_kv(g_stories, 512, true, 20, 64, 6, 46, &pre);
     CHECK(pre > 0);
-    enum model_arch archs[] = {ARCH_QWEN3MOE, ARCH_DEEPSEEK2, ARCH_QWEN3};
-    for (int a = 0; a < 3; a++) {
+    enum model_arch archs[] = {ARCH_DEEPSEEK2, ARCH_QWEN3MOE, ARCH_QWEN3};
+    for (int a = 0; a < (TEST_SANITIZED ? 1 : 3); a++) { /* sanitized: MLA + MoE */
         struct model *m = tiny_model(archs[a]);
         REQUIRE(m);
         uint64_t n = 0;
@@ -705,17 +705,18 @@ TEST(draft_model_pair)
         for (int i = 0; i < 3; i++) {
             struct request_params q = request_params_default();
             q.prompt = prompts[i];
+            q.max_tokens = TEST_SANITIZED ? 20 : 60;
             q.sampling.temperature = 0;
-            q.max_tokens = 60;
             q.ignore_eos = true;
             REQUIRE(engine_add_request(eng, &q, &cb, NULL, &e) == WELD_OK);
         }
         CHECK(run_all(eng, 100000) > 0);
     }
+    const int gen = TEST_SANITIZED ? 20 : 60;
     for (int i = 0; i < 3; i++) {
-        CHECK_EQ_INT(c[1].seqs[i].n_tokens, 60);
+        CHECK_EQ_INT(c[1].seqs[i].n_tokens, gen);
         CHECK(c[0].seqs[i].n_tokens == c[1].seqs[i].n_tokens &&
-              !memcmp(c[0].seqs[i].tokens, c[1].seqs[i].tokens, sizeof(int32_t) * 60));
+              !memcmp(c[0].seqs[i].tokens, c[1].seqs[i].tokens, sizeof(int32_t) * (size_t)gen));
     }
     struct engine_stats st;
     engine_stats_get(spec, &st);
@@ -759,8 +760,10 @@ TEST(sampled_distribution_unchanged)
         SKIP("babyllama-a/b.gguf not in the shared models");
     char a[4096], b[4096];
     snprintf(a, sizeof a, "%s", pa), snprintf(b, sizeof b, "%s", pb);
-    enum { NS = 800, T = 4 };
-    int hist[2][T * 128] = {{0}};
+    enum { T = 4 };
+    const int NS = TEST_SANITIZED ? 48 : 800; /* sanitized: the equality only */
+    static int hist[2][T * 128];
+    memset(hist, 0, sizeof hist);
     int same = 0;
     struct col c[2];
     for (int k = 0; k < 2; k++) {
@@ -797,7 +800,7 @@ TEST(sampled_distribution_unchanged)
         stderr,
         "  (position, token) histogram: chi-square %.2f over %d degrees of freedom (limit %.1f)\n",
         chi, df, limit);
-    CHECK(df >= 1 && chi < limit);
+    CHECK(TEST_SANITIZED || (df >= 1 && chi < limit));
     wfree(c[0].seqs), wfree(c[1].seqs);
 }
 
