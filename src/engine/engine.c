@@ -653,9 +653,12 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
     return WELD_OK;
 }
 
-/* Sequence i of er samples from row; the token is appended or the sequence released. */
-static void seq_sample(struct engine *eng, struct engine_req *er, int i, const float *row,
-                       const struct logits_top *top)
+/* Sequence i of er samples its next token from row. Returns true with the token in *tok
+   when the sequence goes on (the caller hands the token to the scheduler); false when it
+   finished (released, and er too once its last sequence is done) or its request ended
+   with an error: er may be gone then. */
+static bool seq_take(struct engine *eng, struct engine_req *er, int i, const float *row,
+                     const struct logits_top *top, int32_t *tok)
 {
     struct request *r = er->r;
     struct sched_seq *ss = er->seqs[i].ss;
@@ -665,7 +668,7 @@ static void seq_sample(struct engine *eng, struct engine_req *er, int i, const f
     if (request_seq_step(r, i, row, top, at_limit, &fin, &e) != WELD_OK) {
         log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
         req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
-        return;
+        return false;
     }
     eng->st.generated_tokens++;
     if (fin) {
@@ -675,12 +678,28 @@ static void seq_sample(struct engine *eng, struct engine_req *er, int i, const f
             eng->st.requests_finished++;
             req_unlink_free(eng, er);
         }
-        return;
+        return false;
     }
-    if (sched_append_token(eng->s, ss, request_seq_last_token(r, i), &e) != WELD_OK) {
-        log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
-        req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
-    }
+    *tok = request_seq_last_token(r, i);
+    return true;
+}
+
+/* A scheduler call about er's sequence failed: the request ends with the error. */
+static void seq_failed(struct engine *eng, struct engine_req *er, const struct weld_err *e)
+{
+    log_warn("request %llu: %s", (unsigned long long)er->r->id, e->msg);
+    req_end(eng, er, REQUEST_FINISH_ERROR, e->msg);
+}
+
+/* Sequence i of er samples from row; the token is appended or the sequence released. */
+static void seq_sample(struct engine *eng, struct engine_req *er, int i, const float *row,
+                       const struct logits_top *top)
+{
+    int32_t tok;
+    struct weld_err e;
+    if (seq_take(eng, er, i, row, top, &tok) &&
+        sched_append_token(eng->s, er->seqs[i].ss, tok, &e) != WELD_OK)
+        seq_failed(eng, er, &e);
 }
 
 /* A speculative entry (sched.h): its rows sampled in order from row r0, each token taken as
@@ -691,8 +710,6 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
                          int r0)
 {
     struct engine_req *er = es->er;
-    struct request *r = er->r;
-    const uint64_t id = r->id;
     const int i = es->index;
     const size_t V = (size_t)eng->n_vocab;
     eng->st.spec_drafts++;
@@ -701,27 +718,11 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
     if (!es->spec_k)
         es->spec_k = eng->spec_k;
     for (int j = 0; j <= en->n_draft; j++) {
-        struct sched_seq *ss = er->seqs[i].ss;
+        int32_t tok;
         struct weld_err e;
-        bool fin;
-        bool at_limit = ss->n_tokens + 1 >= eng->sc.max_model_len;
-        if (request_seq_step(r, i, eng->logits + (size_t)(r0 + j) * V, &eng->tops[r0 + j], at_limit,
-                             &fin, &e) != WELD_OK) {
-            log_warn("request %llu: %s", (unsigned long long)id, e.msg);
-            req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
+        if (!seq_take(eng, er, i, eng->logits + (size_t)(r0 + j) * V, &eng->tops[r0 + j], &tok))
             return;
-        }
-        eng->st.generated_tokens++;
-        if (fin) {
-            sched_finish(eng->s, ss);
-            er->seqs[i].ss = NULL;
-            if (request_done(r)) {
-                eng->st.requests_finished++;
-                req_unlink_free(eng, er);
-            }
-            return;
-        }
-        const int32_t tok = request_seq_last_token(r, i);
+        struct sched_seq *ss = er->seqs[i].ss;
         int rc;
         if (j < en->n_draft && ss->n_draft > 0 && tok == ss->tokens[ss->n_tokens]) {
             eng->st.spec_accepted_tokens++;
@@ -737,10 +738,8 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
             es->spec_k = es->spec_k > eng->spec_k ? eng->spec_k : es->spec_k;
             eng->spec_mean_acc = 0.9 * eng->spec_mean_acc + 0.1 * taken;
         }
-        if (rc != WELD_OK) {
-            log_warn("request %llu: %s", (unsigned long long)id, e.msg);
-            req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
-        }
+        if (rc != WELD_OK)
+            seq_failed(eng, er, &e);
         return;
     }
 }
