@@ -42,6 +42,20 @@ else()
   endforeach()
 endif()
 
+# speculative decoding through the server: same responses, spec_decode metrics
+# (tests/node/serve_spec.mjs)
+if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/package.json
+   AND EXISTS ${weld_serve_model})
+  add_test(NAME server_spec
+           COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_spec.mjs
+                   $<TARGET_FILE:weld> ${weld_serve_model}
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
+  set_tests_properties(server_spec PROPERTIES TIMEOUT 120)
+else()
+  add_test(NAME server_spec COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and ${weld_serve_model}'; exit 77")
+  set_tests_properties(server_spec PROPERTIES SKIP_RETURN_CODE 77)
+endif()
+
 # /v1/embeddings and echo with prompt logprobs (tests/node/serve_pooling.mjs)
 if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/package.json
    AND EXISTS ${weld_serve_model})

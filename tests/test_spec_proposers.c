@@ -95,6 +95,19 @@ TEST(config_json)
             fprintf(stderr, "  %s: %s\n", bad[i].json, e.msg);
         CHECK(strstr(e.msg, bad[i].names) != NULL);
     }
+    /* a draft given apart (--model-draft / -md) fills in "model"; a conflict is an error */
+    CHECK_EQ_INT(spec_config_parse_draft("{\"num_speculative_tokens\": 3}", "m.gguf", &c, &e),
+                 WELD_OK);
+    CHECK(c.method == SPEC_DRAFT_MODEL && !strcmp(c.draft_model, "m.gguf") && c.num_tokens == 3);
+    CHECK_EQ_INT(spec_config_parse_draft("{\"method\": \"draft_model\"}", "m.gguf", &c, &e),
+                 WELD_OK);
+    CHECK(c.method == SPEC_DRAFT_MODEL && !strcmp(c.draft_model, "m.gguf"));
+    CHECK_EQ_INT(spec_config_parse_draft("{\"method\": \"ngram\"}", "m.gguf", &c, &e),
+                 WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "ngram") && strstr(e.msg, "--model-draft"));
+    CHECK_EQ_INT(spec_config_parse_draft("{\"model\": \"d.gguf\"}", "m.gguf", &c, &e),
+                 WELD_ERR_INVALID_ARG);
+    CHECK(strstr(e.msg, "give one") != NULL);
     struct spec_proposer *p = NULL;
     c = (struct spec_config){.method = SPEC_DRAFT_MODEL, .num_tokens = 4};
     strcpy(c.draft_model, "/nonexistent/draft.gguf");

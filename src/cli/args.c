@@ -42,6 +42,21 @@ int cli_parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
+/* llama.cpp's several-letter single-dash names, for the long options that have one. */
+static const struct {
+    const char *alias, *name;
+} aliases[] = {
+    {"md", "model-draft"},
+};
+
+static const char *alias_of(const char *name)
+{
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (!strcmp(aliases[i].name, name))
+            return aliases[i].alias;
+    return NULL;
+}
+
 static void print_help(const char *usage, const char *description, const struct cli_opt *opts,
                        int n_opts)
 {
@@ -51,10 +66,16 @@ static void print_help(const char *usage, const char *description, const struct 
     for (int i = 0; i < n_opts; i++) {
         char left[64];
         const struct cli_opt *o = &opts[i];
-        if (o->short_name)
-            snprintf(left, sizeof left, "-%c, --%s%s%s", o->short_name, o->name,
-                     o->metavar ? " " : "", o->metavar ? o->metavar : "");
-        else
+        const char *al = alias_of(o->name);
+        if (o->short_name || al) {
+            char sh[16];
+            if (al)
+                snprintf(sh, sizeof sh, "%s", al);
+            else
+                snprintf(sh, sizeof sh, "%c", o->short_name);
+            snprintf(left, sizeof left, "-%s, --%s%s%s", sh, o->name, o->metavar ? " " : "",
+                     o->metavar ? o->metavar : "");
+        } else
             snprintf(left, sizeof left, "    --%s%s%s", o->name, o->metavar ? " " : "",
                      o->metavar ? o->metavar : "");
         printf("  %-28s %s\n", left, o->help);
@@ -155,6 +176,10 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
             for (int j = 0; j < n_opts; j++)
                 if (opts[j].short_name == a[1])
                     o = &opts[j];
+        } else {
+            for (int j = 0; j < n_opts; j++)
+                if (alias_of(opts[j].name) && !strcmp(alias_of(opts[j].name), a + 1))
+                    o = &opts[j];
         }
         if (!o) {
             fprintf(stderr, "%s: unknown option '%s' (see --help)\n", log_prefix(), a);
@@ -177,8 +202,10 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
             char typed[80]; /* the option as the user spelled it */
             if (a[1] == '-')
                 snprintf(typed, sizeof typed, "--%s", o->name);
-            else
+            else if (a[2] == '\0')
                 snprintf(typed, sizeof typed, "-%c (--%s)", o->short_name, o->name);
+            else
+                snprintf(typed, sizeof typed, "%s (--%s)", a, o->name);
             if (o->type == OPT_STRS) /* the value may be a secret: not echoed */
                 fprintf(stderr, "%s: %s given more than %d times\n", log_prefix(), typed,
                         CLI_STRS_MAX);

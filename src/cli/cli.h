@@ -37,7 +37,8 @@ struct cli_opt {
 
 /*
  * Parse argv[1..] (argv[0] is the subcommand name). Options may appear anywhere; "--"
- * ends them; "--name=value" and "--name value" both work. Positional arguments are
+ * ends them; llama.cpp's several-letter single-dash names (-md) stand for their long
+ * options (args.c's alias table); "--name=value" and "--name value" both work. Positional arguments are
  * collected into pos (at most max_pos; *n_pos gets the count). -h/--help prints
  * "usage: weld <usage>", the description and the option table to stdout.
  * Returns 0 to go on, 1 if help was printed (exit 0), 2 on a usage error (printed).

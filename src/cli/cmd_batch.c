@@ -71,7 +71,7 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
         {"speculative-config", 0, OPT_STR, &o->spec_config, "JSON",
          "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' (same output, fewer steps)"},
         {"model-draft", 0, OPT_STR, &o->model_draft, "MODEL",
-         "draft model for speculative decoding (llama.cpp's -md)"},
+         "draft model for speculative decoding, greedy guesses checked by the model (same output)"},
     };
     enum { N = sizeof opts / sizeof opts[0] }; /* then --exec, --tune, --accelerator */
     _Static_assert(N + CLI_EXEC_N_OPTS == CLI_ENGINE_N_OPTS, "CLI_ENGINE_N_OPTS");
@@ -84,19 +84,12 @@ int cli_spec_params(const char *json, const char *model_draft, struct engine_par
 {
     if (!json && !model_draft)
         return WELD_OK;
-    int rc = WELD_OK;
-    if (json) {
-        if ((rc = spec_config_parse(json, &p->spec, e)))
-            return rc;
-    } else {
-        p->spec = (struct spec_config){.method = SPEC_DRAFT_MODEL, .num_tokens = 5};
-    }
-    if (model_draft) {
-        if (strlen(model_draft) >= sizeof p->spec.draft_model)
-            return err_set(e, WELD_ERR_INVALID_ARG, "--model-draft: path too long");
-        p->spec.method = SPEC_DRAFT_MODEL;
-        strcpy(p->spec.draft_model, model_draft);
-    }
+    if (json)
+        return spec_config_parse_draft(json, model_draft, &p->spec, e);
+    if (strlen(model_draft) >= sizeof p->spec.draft_model)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--model-draft: path too long");
+    p->spec = (struct spec_config){.method = SPEC_DRAFT_MODEL, .num_tokens = 5};
+    strcpy(p->spec.draft_model, model_draft);
     return WELD_OK;
 }
 

@@ -313,7 +313,7 @@ int cmd_generate(int argc, char **argv)
         {"speculative-config", 0, OPT_STR, &o.spec_config, "JSON",
          "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (same output, fewer steps)"},
         {"model-draft", 0, OPT_STR, &o.model_draft, "MODEL",
-         "draft model for speculative decoding (llama.cpp's -md)"},
+         "draft model for speculative decoding, greedy guesses checked by the model (same output)"},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     struct cli_opt opts[N_BASE + CLI_EXEC_N_OPTS];

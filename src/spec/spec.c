@@ -91,6 +91,12 @@ static int get_int(const json_t *o, const char *key, int lo, int hi, int *v, str
 
 int spec_config_parse(const char *text, struct spec_config *c, struct weld_err *e)
 {
+    return spec_config_parse_draft(text, NULL, c, e);
+}
+
+int spec_config_parse_draft(const char *text, const char *draft, struct spec_config *c,
+                            struct weld_err *e)
+{
     memset(c, 0, sizeof *c);
     json_error_t je;
     json_t *o = json_loads(text, 0, &je);
@@ -122,7 +128,7 @@ int spec_config_parse(const char *text, struct spec_config *c, struct weld_err *
     if (!rc && model && !json_is_string(model))
         rc = err_set(e, WELD_ERR_INVALID_ARG, "--speculative-config: \"model\" must be a path");
     if (!rc) {
-        const char *ms = m ? json_string_value(m) : model ? "draft_model" : NULL;
+        const char *ms = m ? json_string_value(m) : model || draft ? "draft_model" : NULL;
         if (!ms)
             rc = err_set(e, WELD_ERR_INVALID_ARG,
                          "--speculative-config: give \"method\" "
@@ -137,7 +143,20 @@ int spec_config_parse(const char *text, struct spec_config *c, struct weld_err *
                          "known (ngram, draft_model)",
                          ms);
     }
-    if (!rc && c->method == SPEC_DRAFT_MODEL) {
+    if (!rc && draft && model)
+        rc = err_set(e, WELD_ERR_INVALID_ARG,
+                     "--model-draft and --speculative-config's \"model\" both name a draft: "
+                     "give one");
+    else if (!rc && draft && c->method != SPEC_DRAFT_MODEL)
+        rc = err_set(e, WELD_ERR_INVALID_ARG,
+                     "--model-draft needs method draft_model, not \"%s\", in --speculative-config",
+                     json_string_value(m));
+    else if (!rc && c->method == SPEC_DRAFT_MODEL && draft) {
+        if (strlen(draft) >= sizeof c->draft_model)
+            rc = err_set(e, WELD_ERR_INVALID_ARG, "--model-draft: path too long");
+        else
+            strcpy(c->draft_model, draft);
+    } else if (!rc && c->method == SPEC_DRAFT_MODEL) {
         if (!model)
             rc = err_set(e, WELD_ERR_INVALID_ARG,
                          "--speculative-config: method draft_model "

@@ -57,6 +57,10 @@ struct spec_proposer {
 /* Parse vLLM's --speculative-config JSON text into c (defaults: ngram min 1, max 4, 4
    tokens when a method is named without them). Errors name the field. */
 int spec_config_parse(const char *json, struct spec_config *c, struct weld_err *e);
+/* The same with a draft model given apart (--model-draft / -md, NULL: none), which is the
+   "model" when the JSON names no method and no model. */
+int spec_config_parse_draft(const char *json, const char *draft, struct spec_config *c,
+                            struct weld_err *e);
 
 /* A proposer for c: ngram, or a draft model loaded from c->draft_model whose runner holds
    sequences of up to max_ctx positions (0: the draft's own context). */

@@ -74,6 +74,18 @@ for kv in f32 bf16; do
   expect_eq "$same" "true" "kv $kv gives the f16 tokens on stories260K"
 done
 
+# speculative decoding (ngram; the model drafting for itself, llama.cpp's -md) gives the
+# same lines token for token: greedy, the stop string, n = 3, the failing lines
+for spec in "--speculative-config {\"method\":\"ngram\",\"num_speculative_tokens\":4}" "-md $model"; do
+  read -r -a sflags <<< "$spec"
+  "$weld" batch -m "$model" --input "$in" --output "$tmp/out-spec.jsonl" --max-num-seqs 4 \
+       --max-num-batched-tokens 16 "${sflags[@]}" 2> "$tmp/err-spec.txt"
+  expect_eq "$?" "1" "batch $spec exit (two lines fail)"
+  same=$(node -e "$jsonl"'const ids = (f) => JSON.stringify(rd(f).map((r) => [r.token_ids, r.text, r.error, (r.choices || []).map((c) => c.token_ids)]));
+    console.log(ids(process.argv[1]) === ids(process.argv[2]))' "$tmp/out-f16.jsonl" "$tmp/out-spec.jsonl")
+  expect_eq "$same" "true" "batch $spec gives the same lines"
+done
+
 # prefix cache: a 40-token prompt sent 6 times, one at a time
 long="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends and her dog"
 : > "$tmp/rep.jsonl"

@@ -72,6 +72,28 @@ expect_eq "$rc" "1" "truncated model exit status"
 expect_contains "$err" "truncated.gguf" "truncated model named"
 "$weld" generate -p "Hi" >/dev/null 2>&1; expect_eq "$?" "2" "missing -m is a usage error"
 
+# speculative decoding changes no token: ngram lookup, the model drafting for itself with
+# llama.cpp's -md, vLLM's JSON form; the acceptance line goes to stderr
+for spec in "--speculative-config {\"method\":\"ngram\",\"num_speculative_tokens\":3}" \
+            "-md $model" "--speculative-config {\"model\":\"$model\",\"num_speculative_tokens\":5}"; do
+  read -r -a sflags <<< "$spec"
+  out=$("$weld" generate "${xflags[@]}" -m "$model" -p "Once upon a time" -n 32 --temp 0 "${sflags[@]}" \
+        2>"$tmp/spec-err.txt")
+  expect_eq "$out" "$golden" "greedy with $spec"
+  expect_contains "$(cat "$tmp/spec-err.txt")" "mean accepted length" "acceptance line with $spec"
+done
+err=$("$weld" generate "${xflags[@]}" -m "$model" -p "Hi" -n 16 --temp 0 -md "$model" 2>&1 >/dev/null)
+expect_contains "$err" "drafted tokens accepted (100.0%)" "a model drafting for itself: every guess kept"
+a=$("$weld" generate "${xflags[@]}" -m "$model" -p "Once upon a time" -n 40 --temp 1 --seed 7 -md "$model" 2>/dev/null)
+b=$("$weld" generate "${xflags[@]}" -m "$model" -p "Once upon a time" -n 40 --temp 1 --seed 7 2>/dev/null)
+expect_eq "$a" "$b" "seeded sampling with a draft: the same text"
+err=$("$weld" generate "${xflags[@]}" -m "$model" -p "Hi" -n 4 -md "$tmp/nope.gguf" 2>&1); rc=$?
+expect_eq "$rc" "1" "missing draft model exit status"
+expect_contains "$err" "nope.gguf" "missing draft model named"
+err=$("$weld" generate "${xflags[@]}" -m "$model" -p "Hi" -n 4 --speculative-config '{"method":"eagle"}' 2>&1); rc=$?
+expect_eq "$rc" "1" "unknown speculative method exit status"
+expect_contains "$err" "eagle" "unknown speculative method named"
+
 for c in generate info tokenize convert mkmodel; do
   "$weld" $c --help >/dev/null 2>&1 && ok || bad "weld $c --help"
 done
