@@ -663,10 +663,12 @@ TEST(speculative_equals_plain)
    vocabulary): b drafts for a through the draft-model proposer. Greedy tokens equal the
    runner's for a alone; the acceptance is high (the two agree on their first hundred
    characters; llama.cpp's llama-speculative accepted 94.9% on this pair). */
-static struct engine *pair_engine(const char *target, const char *draft, bool sabotage_never)
+/* An engine of target, with draft drafting 5 tokens (NULL: none); kv_blocks 0: the
+   default pool. */
+static struct engine *pair_engine(const char *target, const char *draft, int kv_blocks)
 {
-    (void)sabotage_never;
     struct engine_params p = engine_params_default();
+    p.kv_blocks = kv_blocks;
     p.tuning.executor = test_exec;
     p.model_path = target;
     p.max_num_seqs = 16;
@@ -693,7 +695,7 @@ TEST(draft_model_pair)
     if (!pa || !pb || access(pa, R_OK) || access(pb, R_OK))
         SKIP("babyllama-a/b.gguf not in the shared models");
     snprintf(a, sizeof a, "%s", pa), snprintf(b, sizeof b, "%s", pb);
-    struct engine *plain = pair_engine(a, NULL, false), *spec = pair_engine(a, b, false);
+    struct engine *plain = pair_engine(a, NULL, 0), *spec = pair_engine(a, b, 0);
     REQUIRE(plain && spec);
     const char *prompts[] = {"Once upon a time", "Tom and Sue went to the park", "One day, a"};
     struct col c[2];
@@ -727,6 +729,64 @@ TEST(draft_model_pair)
             100 * rate,
             (double)st.spec_accepted_tokens / (double)(st.spec_drafts ? st.spec_drafts : 1));
     CHECK(rate > 0.7);
+    wfree(c[0].seqs), wfree(c[1].seqs);
+    engine_free(plain), engine_free(spec);
+}
+
+/* Drafts for many sequences at once: 40 greedy requests on a pool of 40 blocks (the target
+   preempts; the draft, whose pool holds as many positions, drops slots for room), 16
+   running at a time, every sequence's guesses from one draft batch per token. Same tokens
+   as babyllama-a alone. */
+TEST(draft_model_batched)
+{
+    char a[4096], b[4096];
+    const char *pa = test_shared_path("models/babyllama-a.gguf");
+    const char *pb = test_shared_path("models/babyllama-b.gguf");
+    if (!pa || !pb || access(pa, R_OK) || access(pb, R_OK))
+        SKIP("babyllama-a/b.gguf not in the shared models");
+    snprintf(a, sizeof a, "%s", pa), snprintf(b, sizeof b, "%s", pb);
+    struct engine *plain = pair_engine(a, NULL, 0), *spec = pair_engine(a, b, 40);
+    REQUIRE(plain && spec);
+    static const char *const base[] = {"Once upon a time",    "Tom and Sue went to the park",
+                                       "One day, a",          "The little dog",
+                                       "Lily had a red ball", "The sun was"};
+    enum { N = 40 };
+    char prompts[N][64];
+    for (int i = 0; i < N; i++)
+        snprintf(prompts[i], sizeof prompts[i], "%s%s", base[i % 6],
+                 i / 6 % 3 == 0   ? ""
+                 : i / 6 % 3 == 1 ? " and"
+                                  : ". Then");
+    const int gen = TEST_SANITIZED ? 12 : 40;
+    struct col c[2];
+    for (int k = 0; k < 2; k++) {
+        struct engine *eng = k ? spec : plain;
+        REQUIRE(col_init(&c[k], N, 1));
+        struct request_callbacks cb = {&c[k], on_delta, on_finish};
+        struct weld_err e;
+        for (int i = 0; i < N; i++) {
+            struct request_params q = request_params_default();
+            q.prompt = prompts[i];
+            q.max_tokens = gen + i % 5;
+            q.sampling.temperature = 0;
+            q.ignore_eos = true;
+            REQUIRE(engine_add_request(eng, &q, &cb, NULL, &e) == WELD_OK);
+        }
+        CHECK(run_all(eng, 100000) > 0);
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ_INT(c[1].seqs[i].n_tokens, gen + i % 5);
+        CHECK(c[0].seqs[i].n_tokens == c[1].seqs[i].n_tokens &&
+              !memcmp(c[0].seqs[i].tokens, c[1].seqs[i].tokens,
+                      sizeof(int32_t) * (size_t)c[0].seqs[i].n_tokens));
+    }
+    struct engine_stats st;
+    engine_stats_get(spec, &st);
+    fprintf(stderr,
+            "  40 sequences, 16 at a time, 40 blocks: %llu of %llu accepted, %llu preempted\n",
+            (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+            (unsigned long long)st.preemptions);
+    CHECK(st.spec_draft_tokens > 0 && st.spec_accepted_tokens > st.spec_draft_tokens / 2);
     wfree(c[0].seqs), wfree(c[1].seqs);
     engine_free(plain), engine_free(spec);
 }
@@ -767,7 +827,7 @@ TEST(sampled_distribution_unchanged)
     int same = 0;
     struct col c[2];
     for (int k = 0; k < 2; k++) {
-        struct engine *eng = pair_engine(a, k ? b : NULL, false);
+        struct engine *eng = pair_engine(a, k ? b : NULL, 0);
         REQUIRE(eng);
         REQUIRE(col_init(&c[k], NS, 1));
         struct request_callbacks cb = {&c[k], on_delta, on_finish};
@@ -1364,6 +1424,7 @@ int main(int argc, char **argv)
     RUN(sparse_families);
     RUN(speculative_equals_plain);
     RUN(draft_model_pair);
+    RUN(draft_model_batched);
     RUN(sampled_distribution_unchanged);
     RUN(n_greater_than_one);
     RUN(abort_and_reject);

@@ -111,7 +111,7 @@ TEST(config_json)
     struct spec_proposer *p = NULL;
     c = (struct spec_config){.method = SPEC_DRAFT_MODEL, .num_tokens = 4};
     strcpy(c.draft_model, "/nonexistent/draft.gguf");
-    CHECK(spec_proposer_create(&p, &c, 0, &e) != WELD_OK);
+    CHECK(spec_proposer_create(&p, &c, &(struct spec_limits){0}, &e) != WELD_OK);
     CHECK(strstr(e.msg, "/nonexistent/draft.gguf") != NULL);
     CHECK(p == NULL);
 }

@@ -49,6 +49,12 @@ struct engine_req {
     struct engine_req *prev, *next;
 };
 
+/* A least-squares line y ~ c0 + c1 x over decayed sums (each point's weight falls by
+   SPEC_DECAY a point). */
+struct fit {
+    double n, x, y, xx, xy;
+};
+
 struct engine {
     struct model *own_model;
     const struct model *m;
@@ -82,15 +88,47 @@ struct engine {
     struct spec_proposer *prop;  /* speculative decoding's proposer, or NULL: off */
     bool own_prop, spec_always;
     int spec_k; /* guesses per sequence and step at most */
-    /* the step cost model: forward seconds ~ c0 + c1 * tokens, fitted to the steps run
-       (sums decayed by SPEC_DECAY a step), and the mean accepted guesses per verify */
-    double fit_n, fit_x, fit_y, fit_xx, fit_xy;
+    /* the step cost model: forward seconds ~ c0 + c1 * tokens, fitted to the steps run;
+       the proposer's seconds per step ~ p0 + p1 * sequences asked, fitted to the steps
+       that asked it; and the mean accepted guesses per verify */
+    struct fit step_fit, prop_fit;
     double spec_mean_acc;
-    uint64_t spec_skipped; /* steps that did not speculate: the model said it costs */
+    uint64_t spec_skipped; /* steps that did not speculate since the last probe */
+    uint64_t spec_probe;   /* steps between probes now (SPEC_PROBE_MIN..MAX) */
+    /* one step's questions to the proposer (spec_cap of them: max_num_seqs) */
+    int spec_cap;
+    struct spec_ask *spec_asks;
+    struct sched_seq **spec_seqs;
+    uint64_t *spec_reqs;
+    int32_t *spec_out; /* (spec_cap, SPEC_MAX_TOKENS) */
 };
 
 #define SPEC_DECAY 0.97
 #define SPEC_FIT_MIN 8.0 /* decayed steps before the model is trusted */
+#define SPEC_PROBE_MIN 64
+#define SPEC_PROBE_MAX 4096
+
+static void fit_add(struct fit *f, double x, double y)
+{
+    f->n = SPEC_DECAY * f->n + 1, f->x = SPEC_DECAY * f->x + x, f->y = SPEC_DECAY * f->y + y;
+    f->xx = SPEC_DECAY * f->xx + x * x, f->xy = SPEC_DECAY * f->xy + x * y;
+}
+
+/* The fitted line's c0 + c1 x at x (c0, c1 clamped at 0; false: too few points yet). When
+   every x was the same, the mean of y. */
+static bool fit_at(const struct fit *f, double x, double *y)
+{
+    if (f->n < SPEC_FIT_MIN)
+        return false;
+    double mx = f->x / f->n, my = f->y / f->n, vx = f->xx / f->n - mx * mx;
+    if (vx <= 1e-9) {
+        *y = my;
+        return true;
+    }
+    double c1 = (f->xy / f->n - mx * my) / vx, c0 = my - c1 * mx;
+    *y = (c0 > 0 ? c0 : 0) + (c1 > 0 ? c1 : 0) * x;
+    return true;
+}
 
 struct engine_params engine_params_default(void)
 {
@@ -297,12 +335,17 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
         return rc;
     }
     eng->spec_always = p->spec_always;
+    eng->spec_probe = SPEC_PROBE_MIN;
     eng->spec_k = p->spec.num_tokens > 0 ? p->spec.num_tokens : 4;
     eng->spec_k = eng->spec_k > SPEC_MAX_TOKENS ? SPEC_MAX_TOKENS : eng->spec_k;
     if (p->proposer) {
         eng->prop = p->proposer;
     } else if (p->spec.method != SPEC_NONE) {
-        if ((rc = spec_proposer_create(&eng->prop, &p->spec, eng->sc.max_model_len, e))) {
+        struct spec_limits lim = {.max_ctx = eng->sc.max_model_len,
+                                  .max_seqs = p->max_num_seqs,
+                                  .kv_tokens = (int64_t)eng->sc.kv.n_blocks *
+                                               eng->sc.kv.block_size};
+        if ((rc = spec_proposer_create(&eng->prop, &p->spec, &lim, e))) {
             engine_free(eng);
             return rc;
         }
@@ -315,6 +358,17 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
                      eng->prop->n_vocab, eng->n_vocab);
         engine_free(eng);
         return rc;
+    }
+    if (eng->prop) {
+        eng->spec_cap = p->max_num_seqs;
+        eng->spec_asks = wcalloc((size_t)eng->spec_cap, sizeof *eng->spec_asks);
+        eng->spec_seqs = wcalloc((size_t)eng->spec_cap, sizeof *eng->spec_seqs);
+        eng->spec_reqs = wcalloc((size_t)eng->spec_cap, sizeof *eng->spec_reqs);
+        eng->spec_out = wcalloc((size_t)eng->spec_cap * SPEC_MAX_TOKENS, sizeof *eng->spec_out);
+        if (!eng->spec_asks || !eng->spec_seqs || !eng->spec_reqs || !eng->spec_out) {
+            engine_free(eng);
+            return err_set(e, WELD_ERR_NOMEM, "engine: out of memory");
+        }
     }
     *out = eng;
     return WELD_OK;
@@ -352,6 +406,10 @@ void engine_free(struct engine *eng)
     sched_free(eng->s);
     if (eng->own_prop)
         spec_proposer_free(eng->prop);
+    wfree(eng->spec_asks);
+    wfree(eng->spec_seqs);
+    wfree(eng->spec_reqs);
+    wfree(eng->spec_out);
     runner_free(eng->run);
     tokenizer_free(eng->own_tok);
     model_free(eng->own_model);
@@ -366,6 +424,17 @@ void engine_free(struct engine *eng)
     wfree(eng);
 }
 
+/* A sequence leaves the scheduler (finished, or aborted: abort); the proposer forgets it. */
+static void seq_leave(struct engine *eng, struct sched_seq *ss, bool abort)
+{
+    if (eng->prop && eng->prop->forget)
+        eng->prop->forget(eng->prop, ss->id);
+    if (abort)
+        sched_abort(eng->s, ss);
+    else
+        sched_finish(eng->s, ss);
+}
+
 /* Release every sequence of a request still in the scheduler, finish the rest with f
    (abort / error) and free it. */
 static void req_end(struct engine *eng, struct engine_req *er, enum request_finish f,
@@ -374,10 +443,7 @@ static void req_end(struct engine *eng, struct engine_req *er, enum request_fini
     for (int i = 0; i < er->r->n_seqs; i++) {
         if (!er->seqs[i].ss)
             continue;
-        if (f == REQUEST_FINISH_ABORT)
-            sched_abort(eng->s, er->seqs[i].ss);
-        else
-            sched_finish(eng->s, er->seqs[i].ss);
+        seq_leave(eng, er->seqs[i].ss, f == REQUEST_FINISH_ABORT);
         er->seqs[i].ss = NULL;
     }
     request_finish_all(er->r, f, msg);
@@ -672,7 +738,7 @@ static bool seq_take(struct engine *eng, struct engine_req *er, int i, const flo
     }
     eng->st.generated_tokens++;
     if (fin) {
-        sched_finish(eng->s, ss);
+        seq_leave(eng, ss, false);
         er->seqs[i].ss = NULL;
         if (request_done(r)) {
             eng->st.requests_finished++;
@@ -747,40 +813,50 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
 /* Before a step: each decoding sequence of a generate request gets the proposer's guesses
    (at most spec_k, and no more than its max_tokens leaves room for after the token the
    step samples anyway). Not for embeddings or prompt-logprob requests. */
-/* Whether guessing pays in this step, from the fitted step cost (c0 + c1 * tokens) and the
-   guesses accepted so far: B decoding sequences with k guesses each cost c0 + c1 B (1 + k)
-   for B (1 + a) tokens (a: mean accepted per verify), against c0 + c1 B for B. A
+/* Whether guessing pays in this step, from the fitted step cost (c0 + c1 * tokens), the
+   proposer's fitted cost P(B) and the guesses accepted so far: B decoding sequences with k
+   guesses each cost c0 + c1 B (1 + k) + P(B) for B (1 + a) tokens (a: mean accepted per
+   verify), against c0 + c1 B for B. A draft model as slow as the target never pays. A
    memory-bound step (c1 small beside c0) pays; once the batch makes the step
    compute-bound (vLLM's disable_by_batch_size, here measured) it does not. */
 static bool spec_pays(struct engine *eng, int b, int k)
 {
-    if (eng->fit_n < SPEC_FIT_MIN || b < 1)
+    const struct fit *f = &eng->step_fit;
+    if (f->n < SPEC_FIT_MIN || b < 1)
         return true;
-    double mx = eng->fit_x / eng->fit_n, my = eng->fit_y / eng->fit_n;
-    double vx = eng->fit_xx / eng->fit_n - mx * mx;
+    double mx = f->x / f->n, my = f->y / f->n, vx = f->xx / f->n - mx * mx;
     if (vx <= 1e-9)
         return true; /* every step the same size: nothing learnt yet */
-    double c1 = (eng->fit_xy / eng->fit_n - mx * my) / vx, c0 = my - c1 * mx;
+    double c1 = (f->xy / f->n - mx * my) / vx, c0 = my - c1 * mx;
     c1 = c1 > 0 ? c1 : 0, c0 = c0 > 0 ? c0 : 0;
-    double with = (c0 + c1 * b * (1.0 + k)) / (b * (1.0 + eng->spec_mean_acc));
+    double prop = 0; /* what guessing for b sequences costs (0 until measured) */
+    if (!fit_at(&eng->prop_fit, b, &prop))
+        prop = 0;
+    double with = (c0 + c1 * b * (1.0 + k) + prop) / (b * (1.0 + eng->spec_mean_acc));
     double without = (c0 + c1 * b) / b;
     return with < without;
 }
 
 static void spec_propose(struct engine *eng)
 {
-    int32_t draft[SPEC_MAX_TOKENS];
     int b = 0;
     for (struct engine_req *er = eng->head; er; er = er->next)
         for (int i = 0; i < er->r->n_seqs; i++)
             b += er->seqs[i].ss && er->seqs[i].ss->state == SCHED_RUNNING &&
                  er->seqs[i].ss->n_computed == er->seqs[i].ss->n_tokens - 1;
     if (!eng->spec_always && !spec_pays(eng, b, eng->spec_k)) {
-        eng->spec_skipped++;
-        /* now and then guess anyway, so the acceptance keeps being measured */
-        if (eng->spec_skipped % 64)
+        /* now and then guess anyway, so the acceptance keeps being measured: after 64
+           steps that did not, then twice as many after each probe that did not change
+           the answer (a draft model catches up on every token it missed, at a cost) */
+        if (++eng->spec_skipped < eng->spec_probe)
             return;
+        eng->spec_skipped = 0;
+        eng->spec_probe = eng->spec_probe < SPEC_PROBE_MAX ? 2 * eng->spec_probe : SPEC_PROBE_MAX;
+    } else {
+        eng->spec_probe = SPEC_PROBE_MIN;
     }
+    /* the questions: every running sequence about to decode, with room for guesses */
+    int n = 0;
     for (struct engine_req *er = eng->head; er; er = er->next) {
         const struct request *r = er->r;
         if (r->p.kind == REQUEST_KIND_EMBED || r->p.prompt_logprobs >= 0 || er->paused ||
@@ -795,15 +871,41 @@ static void spec_propose(struct engine *eng)
                 int left = r->p.max_tokens - (ss->n_tokens - ss->n_prompt) - 1;
                 k = k < left ? k : left;
             }
-            int n = k > 0
-                        ? eng->prop->propose(eng->prop, ss->id, ss->tokens, ss->n_tokens, k, draft)
-                        : 0;
-            struct weld_err e;
-            if (sched_set_draft(eng->s, ss, draft, n > k ? k : n, &e) != WELD_OK)
-                log_warn("request %llu: %s", (unsigned long long)r->id, e.msg);
+            if (k < 1 || n >= eng->spec_cap)
+                continue;
+            eng->spec_asks[n] = (struct spec_ask){.seq_key = ss->id,
+                                                  .tokens = ss->tokens,
+                                                  .n = ss->n_tokens,
+                                                  .max_k = k,
+                                                  .out = eng->spec_out +
+                                                         (size_t)n * SPEC_MAX_TOKENS};
+            eng->spec_seqs[n] = ss;
+            eng->spec_reqs[n++] = r->id;
         }
     }
+    if (!n)
+        return;
+    if (eng->prop->runs_model)
+        runner_park(eng->run); /* the draft runs on these cores now */
+    double t0 = time_now();
+    if (eng->prop->propose_batch) {
+        eng->prop->propose_batch(eng->prop, eng->spec_asks, n);
+    } else {
+        for (int j = 0; j < n; j++) {
+            struct spec_ask *q = &eng->spec_asks[j];
+            q->n_out = eng->prop->propose(eng->prop, q->seq_key, q->tokens, q->n, q->max_k, q->out);
+        }
+    }
+    fit_add(&eng->prop_fit, n, time_now() - t0);
+    for (int j = 0; j < n; j++) {
+        const struct spec_ask *q = &eng->spec_asks[j];
+        int got = q->n_out < 0 ? 0 : q->n_out > q->max_k ? q->max_k : q->n_out;
+        struct weld_err e;
+        if (sched_set_draft(eng->s, eng->spec_seqs[j], q->out, got, &e) != WELD_OK)
+            log_warn("request %llu: %s", (unsigned long long)eng->spec_reqs[j], e.msg);
+    }
 }
+
 
 /* An entry that reached the end of its tokens: an embedding (hidden: its final hidden
    state) or a prompt-only request finishes; else fork (n > 1, first time), then sample. */
@@ -829,7 +931,7 @@ static void entry_sample(struct engine *eng, struct engine_seq *es, const float 
         }
         for (int i = 0; i < r->n_seqs; i++)
             if (er->seqs[i].ss) {
-                sched_finish(eng->s, er->seqs[i].ss);
+                seq_leave(eng, er->seqs[i].ss, false);
                 er->seqs[i].ss = NULL;
             }
         eng->st.requests_finished++;
@@ -914,9 +1016,7 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
                                    hidden ? eng->hidden : NULL, e);
         double dt = time_now() - t0, x = pl->n_tokens;
         eng->st.t_forward += dt;
-        eng->fit_n = SPEC_DECAY * eng->fit_n + 1, eng->fit_x = SPEC_DECAY * eng->fit_x + x;
-        eng->fit_y = SPEC_DECAY * eng->fit_y + dt, eng->fit_xx = SPEC_DECAY * eng->fit_xx + x * x;
-        eng->fit_xy = SPEC_DECAY * eng->fit_xy + x * dt;
+        fit_add(&eng->step_fit, x, dt);
     }
     if (rc) {
         /* Nothing of this plan was computed: keep its blocks out of the prefix cache. */
@@ -960,8 +1060,6 @@ int engine_step(struct engine *eng, struct weld_err *e)
     if (!engine_has_work(eng))
         return WELD_OK;
     struct sched_plan pl;
-    if (eng->prop && eng->prop->runs_model)
-        runner_park(eng->run); /* the draft runs on these cores now */
     if (eng->prop)
         spec_propose(eng);
     int rc = sched_step(eng->s, &pl, e);

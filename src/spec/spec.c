@@ -51,18 +51,18 @@ static void ngram_free(struct spec_proposer *p)
     wfree(p);
 }
 
-int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c, int max_ctx,
-                         struct weld_err *e)
+int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c,
+                         const struct spec_limits *lim, struct weld_err *e)
 {
     *out = NULL;
     if (c->method == SPEC_DRAFT_MODEL)
-        return spec_draft_create(out, c->draft_model, max_ctx, e);
+        return spec_draft_create(out, c->draft_model, lim, e);
     if (c->method != SPEC_NGRAM)
         return err_set(e, WELD_ERR_UNSUPPORTED, "speculative decoding: no such method");
     struct ngram *g = wcalloc(1, sizeof *g);
     if (!g)
         return err_set(e, WELD_ERR_NOMEM, "speculative decoding: out of memory");
-    g->base = (struct spec_proposer){ngram_propose, NULL, ngram_free, 0, false};
+    g->base = (struct spec_proposer){.propose = ngram_propose, .free = ngram_free};
     g->lookup_min = c->lookup_min;
     g->lookup_max = c->lookup_max;
     *out = &g->base;

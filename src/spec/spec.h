@@ -42,11 +42,25 @@ struct spec_config {
     char draft_model[1024];     /* draft_model: its path */
 };
 
+/* One sequence's question to a proposer: up to max_k guesses for what follows tokens[0, n)
+   of sequence seq_key, into out; n_out: how many it gave (0: none). */
+struct spec_ask {
+    uint64_t seq_key;
+    const int32_t *tokens;
+    int n, max_k;
+    int32_t *out; /* (max_k) */
+    int n_out;
+};
+
 struct spec_proposer {
     /* Up to max_k guesses for what follows tokens[0, n) of sequence seq_key into out;
        returns how many (0: none). Must not keep pointers into tokens. */
     int (*propose)(struct spec_proposer *p, uint64_t seq_key, const int32_t *tokens, int n,
                    int max_k, int32_t *out);
+    /* Every sequence of a step at once (a draft model runs them as one batch per draft
+       token); sets each ask's n_out. May be NULL: the engine asks one by one. Distinct
+       seq_keys. */
+    void (*propose_batch)(struct spec_proposer *p, struct spec_ask *asks, int n);
     /* The sequence will not be asked about again (finished or aborted). May be NULL. */
     void (*forget)(struct spec_proposer *p, uint64_t seq_key);
     void (*free)(struct spec_proposer *p);
@@ -62,12 +76,20 @@ int spec_config_parse(const char *json, struct spec_config *c, struct weld_err *
 int spec_config_parse_draft(const char *json, const char *draft, struct spec_config *c,
                             struct weld_err *e);
 
+/* What the engine serves, for a proposer that keeps state per sequence. */
+struct spec_limits {
+    int max_ctx;       /* positions per sequence (0: the draft's own context) */
+    int max_seqs;      /* sequences running at once (0: 16) */
+    int64_t kv_tokens; /* positions the engine's KV pool holds (0: max_seqs x max_ctx) */
+};
+
 /* A proposer for c: ngram, or a draft model loaded from c->draft_model whose runner holds
-   sequences of up to max_ctx positions (0: the draft's own context). */
-int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c, int max_ctx,
-                         struct weld_err *e);
+   lim->max_seqs sequences of up to lim->max_ctx positions in a KV pool of lim->kv_tokens
+   positions (the engine's pool, counted in the draft's blocks). */
+int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c,
+                         const struct spec_limits *lim, struct weld_err *e);
 /* The draft-model proposer (draft.c). */
-int spec_draft_create(struct spec_proposer **out, const char *path, int max_ctx,
+int spec_draft_create(struct spec_proposer **out, const char *path, const struct spec_limits *lim,
                       struct weld_err *e);
 void spec_proposer_free(struct spec_proposer *p);
 
