@@ -59,7 +59,8 @@ struct bench_conv {
 
 /* --spec-oracle: a proposer replaying what the plain run generated (each sequence's
    prompt then output), every guess kept or, with probability pct / 100, made wrong: the
-   speculation machinery's speed at an imposed acceptance, with no drafting cost. */
+   speculation machinery's speed at an imposed acceptance, with no drafting cost, the
+   engine's step-cost switch and per-sequence k deciding as they would for a real draft. */
 struct oracle {
     struct spec_proposer base;
     int32_t **rec; /* (n) recorded token lists */
@@ -457,7 +458,7 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
     if (rc == WELD_OK && o->spec_oracle >= 0) {
         struct engine_params sp = p;
         sp.proposer = &orc.base;
-        sp.spec_always = true;
+        sp.spec_always = false; /* the engine's own switch decides, as it would for a draft */
         sp.spec.num_tokens = p.spec.num_tokens > 0 ? p.spec.num_tokens : 4;
         sp.quiet = true;
         rc = bench_with(o, &sp, &b, NULL, e);

@@ -825,8 +825,9 @@ static bool spec_pays(struct engine *eng, int b, int k)
     if (f->n < SPEC_FIT_MIN || b < 1)
         return true;
     double mx = f->x / f->n, my = f->y / f->n, vx = f->xx / f->n - mx * mx;
-    if (vx <= 1e-9)
-        return true; /* every step the same size: nothing learnt yet */
+    if (vx <= 1e-9) /* every step the same size (one sequence always guessing): a plain
+                       step now and then gives the fit a second size */
+        return eng->st.steps % 16 != 0;
     double c1 = (f->xy / f->n - mx * my) / vx, c0 = my - c1 * mx;
     c1 = c1 > 0 ? c1 : 0, c0 = c0 > 0 ? c0 : 0;
     double prop = 0; /* what guessing for b sequences costs (0 until measured) */
