@@ -89,10 +89,11 @@ struct engine {
     bool own_prop, spec_always;
     int spec_k; /* guesses per sequence and step at most */
     /* the step cost model: forward seconds ~ c0 + c1 * tokens, fitted to the steps run;
-       the proposer's seconds per step ~ p0 + p1 * sequences asked, fitted to the steps
-       that asked it; and the mean accepted guesses per verify */
+       the proposer's seconds per step ~ p0 + p1 * guesses asked for, fitted to the steps
+       that asked it; and the guesses right / examined (decayed by SPEC_GUESS_DECAY a
+       verify) */
     struct fit step_fit, prop_fit;
-    double spec_mean_acc;
+    double spec_guess_ok, spec_guess_n;
     uint64_t spec_skipped; /* steps that did not speculate since the last probe */
     uint64_t spec_probe;   /* steps between probes now (SPEC_PROBE_MIN..MAX) */
     /* one step's questions to the proposer (spec_cap of them: max_num_seqs) */
@@ -105,6 +106,7 @@ struct engine {
 
 #define SPEC_DECAY 0.97
 #define SPEC_FIT_MIN 8.0 /* decayed steps before the model is trusted */
+#define SPEC_GUESS_DECAY 0.99
 #define SPEC_PROBE_MIN 64
 #define SPEC_PROBE_MAX 4096
 
@@ -790,7 +792,10 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
             return;
         struct sched_seq *ss = er->seqs[i].ss;
         int rc;
+        if (j < en->n_draft)
+            eng->spec_guess_n += 1;
         if (j < en->n_draft && ss->n_draft > 0 && tok == ss->tokens[ss->n_tokens]) {
+            eng->spec_guess_ok += 1;
             eng->st.spec_accepted_tokens++;
             eng->st.spec_accepted_at[j]++;
             taken++;
@@ -802,7 +807,7 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
             /* all taken: one more next time; else as many as were right, plus one */
             es->spec_k = taken == en->n_draft ? es->spec_k + 1 : taken + 1;
             es->spec_k = es->spec_k > eng->spec_k ? eng->spec_k : es->spec_k;
-            eng->spec_mean_acc = 0.9 * eng->spec_mean_acc + 0.1 * taken;
+            eng->spec_guess_ok *= SPEC_GUESS_DECAY, eng->spec_guess_n *= SPEC_GUESS_DECAY;
         }
         if (rc != WELD_OK)
             seq_failed(eng, er, &e);
@@ -810,34 +815,44 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
     }
 }
 
-/* Before a step: each decoding sequence of a generate request gets the proposer's guesses
-   (at most spec_k, and no more than its max_tokens leaves room for after the token the
-   step samples anyway). Not for embeddings or prompt-logprob requests. */
-/* Whether guessing pays in this step, from the fitted step cost (c0 + c1 * tokens), the
-   proposer's fitted cost P(B) and the guesses accepted so far: B decoding sequences with k
-   guesses each cost c0 + c1 B (1 + k) + P(B) for B (1 + a) tokens (a: mean accepted per
-   verify), against c0 + c1 B for B. A draft model as slow as the target never pays. A
-   memory-bound step (c1 small beside c0) pays; once the batch makes the step
-   compute-bound (vLLM's disable_by_batch_size, here measured) it does not. */
-static bool spec_pays(struct engine *eng, int b, int k)
+/* The guesses per sequence that pay best in this step (0: none do), from the fitted step
+   cost (c0 + c1 * tokens), the proposer's fitted cost P (per guess slot asked) and the rate
+   r at which guesses were right (each given the ones before it): B sequences guessing k
+   each take c0 + c1 B (1 + k) + P(B k) for B (1 + r + r^2 + ... + r^k) tokens, against
+   c0 + c1 B for B. A memory-bound step (c1 small beside c0) pays at a modest r; once the
+   batch makes the step compute-bound (vLLM's disable_by_batch_size, here measured) it
+   does not, nor does a draft nearly as slow as the target. */
+static int spec_best_k(struct engine *eng, int b)
 {
+    const int kmax = eng->spec_k;
     const struct fit *f = &eng->step_fit;
     if (f->n < SPEC_FIT_MIN || b < 1)
-        return true;
+        return kmax;
     double mx = f->x / f->n, my = f->y / f->n, vx = f->xx / f->n - mx * mx;
     if (vx <= 1e-9) /* every step the same size (one sequence always guessing): a plain
                        step now and then gives the fit a second size */
-        return eng->st.steps % 16 != 0;
+        return eng->st.steps % 16 ? kmax : 0;
     double c1 = (f->xy / f->n - mx * my) / vx, c0 = my - c1 * mx;
     c1 = c1 > 0 ? c1 : 0, c0 = c0 > 0 ? c0 : 0;
-    double prop = 0; /* what guessing for b sequences costs (0 until measured) */
-    if (!fit_at(&eng->prop_fit, b, &prop))
-        prop = 0;
-    double with = (c0 + c1 * b * (1.0 + k) + prop) / (b * (1.0 + eng->spec_mean_acc));
-    double without = (c0 + c1 * b) / b;
-    return with < without;
+    const double r = eng->spec_guess_n > 0 ? eng->spec_guess_ok / eng->spec_guess_n : 0.5;
+    double best_rate = b / (c0 + c1 * b), a = 0, rk = 1;
+    int best = 0;
+    for (int k = 1; k <= kmax; k++) {
+        rk *= r, a += rk;
+        double prop = 0; /* what asking for b * k guesses costs (0 until measured) */
+        if (!fit_at(&eng->prop_fit, (double)b * k, &prop))
+            prop = 0;
+        double rate = b * (1.0 + a) / (c0 + c1 * b * (1.0 + k) + prop);
+        if (rate > best_rate)
+            best_rate = rate, best = k;
+    }
+    return best;
 }
 
+/* Before a step: each decoding sequence of a generate request gets the proposer's guesses
+   (at most its own k and the step's best, and no more than its max_tokens leaves room for
+   after the token the step samples anyway). Not for embeddings or prompt-logprob
+   requests. */
 static void spec_propose(struct engine *eng)
 {
     int b = 0;
@@ -845,7 +860,8 @@ static void spec_propose(struct engine *eng)
         for (int i = 0; i < er->r->n_seqs; i++)
             b += er->seqs[i].ss && er->seqs[i].ss->state == SCHED_RUNNING &&
                  er->seqs[i].ss->n_computed == er->seqs[i].ss->n_tokens - 1;
-    if (!eng->spec_always && !spec_pays(eng, b, eng->spec_k)) {
+    int kstep = eng->spec_always ? eng->spec_k : spec_best_k(eng, b);
+    if (!kstep) {
         /* now and then guess anyway, so the acceptance keeps being measured: after 64
            steps that did not, then twice as many after each probe that did not change
            the answer (a draft model catches up on every token it missed, at a cost) */
@@ -853,6 +869,7 @@ static void spec_propose(struct engine *eng)
             return;
         eng->spec_skipped = 0;
         eng->spec_probe = eng->spec_probe < SPEC_PROBE_MAX ? 2 * eng->spec_probe : SPEC_PROBE_MAX;
+        kstep = eng->spec_k;
     } else {
         eng->spec_probe = SPEC_PROBE_MIN;
     }
@@ -868,6 +885,7 @@ static void spec_propose(struct engine *eng)
             if (!ss || ss->state != SCHED_RUNNING || ss->n_computed != ss->n_tokens - 1)
                 continue;
             int k = er->seqs[i].spec_k ? er->seqs[i].spec_k : eng->spec_k;
+            k = k < kstep ? k : kstep;
             if (r->p.max_tokens > 0) {
                 int left = r->p.max_tokens - (ss->n_tokens - ss->n_prompt) - 1;
                 k = k < left ? k : left;
@@ -897,7 +915,10 @@ static void spec_propose(struct engine *eng)
             q->n_out = eng->prop->propose(eng->prop, q->seq_key, q->tokens, q->n, q->max_k, q->out);
         }
     }
-    fit_add(&eng->prop_fit, n, time_now() - t0);
+    int slots = 0;
+    for (int j = 0; j < n; j++)
+        slots += eng->spec_asks[j].max_k;
+    fit_add(&eng->prop_fit, slots, time_now() - t0);
     for (int j = 0; j < n; j++) {
         const struct spec_ask *q = &eng->spec_asks[j];
         int got = q->n_out < 0 ? 0 : q->n_out > q->max_k ? q->max_k : q->n_out;
