@@ -27,6 +27,7 @@
 #include "core/team.h"
 #include "exec/exec.h"
 #include "exec/runner.h"
+#include "kernels/cpu/kernels.h"
 #include "model/model.h"
 #include "test.h"
 #include "test_models.h"
@@ -106,8 +107,8 @@ static void sched_next(struct sched *s, int vocab, struct batch *b)
         }
         for (int k = 0; k < nt; k++)
             s->toks[i][k] = (int32_t)(rng_u64(&s->r) % (uint64_t)vocab);
-        s->seqs[i] = (struct batch_seq){id, s->toks[i], nt, s->len[id],
-                                        rng_u64(&s->r) % 4 == 0, NULL, 0};
+        s->seqs[i] = (struct batch_seq){id,   s->toks[i], nt,  s->len[id], rng_u64(&s->r) % 4 == 0,
+                                        NULL, 0,          NULL};
         s->len[id] += nt;
     }
     *b = (struct batch){.seqs = s->seqs, .n_seqs = n};
@@ -256,8 +257,9 @@ TEST(batch_of_one)
         struct weld_err e;
         int n = 9;
         for (int step = 0; step < 21; step++) {
-            struct batch_seq bs = {0, step ? toks + n - 1 : toks, step ? 1 : n,
-                                   step ? n - 1 : 0, false, NULL, 0};
+            struct batch_seq bs = {
+                0,   step ? toks + n - 1 : toks, step ? 1 : n, step ? n - 1 : 0, false, NULL, 0,
+                NULL};
             struct batch b = {.seqs = &bs, .n_seqs = 1};
             float *lg = out[c] + (size_t)step * V;
             REQUIRE(runner_forward(r, &b, lg, &e) == WELD_OK);
@@ -273,6 +275,71 @@ TEST(batch_of_one)
     for (int c = 0; c < 5; c++)
         free(out[c]);
     tm_free(tm);
+}
+
+/* Input rows (batch_seq.embeds) equal to the tokens' own embedding rows give the logits
+   the tokens give, bit for bit, on every executor: two sequences (a 7-token prompt beside
+   a 3-token one, then 6 steps of one token each), Q8_0 weights (the table dequantized
+   by the same conversion EMBED uses) on an MLA + MoE model and F32 on Qwen3. A batch with
+   rows on some sequences only is refused. */
+static void check_embeds(const struct tspec *sp, int wtype, uint64_t seed)
+{
+    struct tmodel *tm = tm_build(sp, wtype, seed);
+    const struct model *m = &tm->m;
+    const int V = sp->vocab, D = m->cfg.dim;
+    const struct exec_cfg cfgs[] = {{"ref", 1, 0, -1}, {"ops", 2, 0, -1}, {"mega", 2, 0, -1}};
+    int32_t toks[2][16];
+    float *rows = malloc(sizeof(float) * 32 * (size_t)D);
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < 16; i++)
+            toks[q][i] = (int32_t)((i * 7 + q * 11 + 5) % V);
+    const size_t rb = kern_row_bytes(&m->tok_embd);
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < 16; i++)
+            kern_to_f32(m->tok_embd.type, kern_tensor_row(&m->tok_embd, rb, toks[q][i]),
+                        rows + ((size_t)q * 16 + i) * D, D);
+    for (int c = 0; c < 3; c++) {
+        float *out[2];
+        for (int mode = 0; mode < 2; mode++) {
+            struct runner *r = make_runner(m, &cfgs[c]);
+            REQUIRE(r != NULL);
+            out[mode] = calloc(7 * 2 * (size_t)V, sizeof(float));
+            struct weld_err e;
+            int len[2] = {0, 0};
+            for (int step = 0; step < 7; step++) {
+                struct batch_seq bs[2];
+                for (int q = 0; q < 2; q++) {
+                    int n = step ? 1 : q ? 3 : 7;
+                    bs[q] = (struct batch_seq){.seq_id = q,
+                                               .tokens = toks[q] + len[q],
+                                               .n_tokens = n,
+                                               .pos = len[q]};
+                    if (mode)
+                        bs[q].embeds = rows + ((size_t)q * 16 + len[q]) * D;
+                    len[q] += n;
+                }
+                struct batch b = {.seqs = bs, .n_seqs = 2};
+                REQUIRE(runner_forward(r, &b, out[mode] + (size_t)step * 2 * V, &e) == WELD_OK);
+                if (mode && step == 6) { /* rows on one sequence only */
+                    bs[0].pos = len[0], bs[1].pos = len[1], bs[1].embeds = NULL;
+                    CHECK_EQ_INT(runner_forward(r, &b, out[mode], &e), WELD_ERR_INVALID_ARG);
+                    CHECK(strstr(e.msg, "embeds") != NULL);
+                }
+            }
+            runner_free(r);
+        }
+        if (memcmp(out[0], out[1], 7 * 2 * (size_t)V * sizeof(float)))
+            fprintf(stderr, "  %s: input rows gave other logits than the tokens\n", cfgs[c].exec);
+        CHECK(memcmp(out[0], out[1], 7 * 2 * (size_t)V * sizeof(float)) == 0);
+        free(out[0]), free(out[1]);
+    }
+    free(rows);
+    tm_free(tm);
+}
+TEST(embeds_equal_tokens)
+{
+    check_embeds(&spec_mla_moe, DT_Q8_0, 111);
+    check_embeds(&spec_qwen3, DT_F32, 112);
 }
 
 /* ---- stories260K golden tokens ------------------------------------------------------ */
@@ -294,8 +361,8 @@ static void golden_with(const struct model *m, const char *exec, int n_threads)
     int n = 5, ok = 1;
     struct weld_err e;
     for (int step = 0; step < 32 && ok; step++) {
-        struct batch_seq bs = {0, step ? toks + n - 1 : toks, step ? 1 : n,
-                               step ? n - 1 : 0, false, NULL, 0};
+        struct batch_seq bs = {
+            0, step ? toks + n - 1 : toks, step ? 1 : n, step ? n - 1 : 0, false, NULL, 0, NULL};
         struct batch b = {.seqs = &bs, .n_seqs = 1};
         ok = runner_forward(r, &b, lg, &e) == WELD_OK;
         int best = 0;
@@ -393,7 +460,7 @@ TEST(ops_refuses_non_stage_program)
     struct weld_err e;
     struct program *p = NULL;
     int32_t toks[3] = {1, 2, 3};
-    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0};
+    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0, NULL};
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     REQUIRE(program_build(&p, &tm->m.cfg, &b, 2, &e) == WELD_OK);
     void *state = NULL;
@@ -464,6 +531,7 @@ int main(void)
     RUN(mla_moe_q8_0);
     RUN(mla_split_f32);
     RUN(batch_of_one);
+    RUN(embeds_equal_tokens);
     RUN(stories260k_golden_ops_mega);
     RUN(thousands_of_random_steps);
     RUN(ops_refuses_non_stage_program);

@@ -46,6 +46,7 @@ struct cpu_ctx {
     struct program *progs[PROG_CACHE];
     int prog_next;
     int32_t *tokens;  /* (cap_tokens) */
+    const float **embed_rows; /* (cap_tokens) batch_seq.embeds rows of the step, if given */
     int *pos;         /* (cap_tokens) */
     int cap_tokens;
     const int32_t **tables; /* (max_seqs) block table of each batch sequence */
@@ -73,6 +74,7 @@ static void cpu_ctx_free(void *ctx)
     kv_free(c->kv);
     exec_weights_free(c->w);
     wfree(c->tokens);
+    wfree(c->embed_rows);
     wfree(c->pos);
     wfree(c->tables);
     wfree(c->arena);
@@ -218,7 +220,10 @@ static int grow_tables(struct cpu_ctx *c, int n_tokens, size_t arena, struct wel
         int *p = wrealloc(c->pos, (size_t)n_tokens * sizeof *p);
         if (p)
             c->pos = p;
-        if (!t || !p)
+        const float **r = wrealloc(c->embed_rows, (size_t)n_tokens * sizeof *r);
+        if (r)
+            c->embed_rows = r;
+        if (!t || !p || !r)
             return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory for %d tokens",
                            n_tokens);
         c->cap_tokens = n_tokens;
@@ -317,13 +322,25 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
         for (int i = 0; i < b->seqs[s].n_tokens; i++, t++) {
             c->tokens[t] = b->seqs[s].tokens[i];
             c->pos[t] = b->seqs[s].pos + i;
+            if (b->seqs[s].embeds)
+                c->embed_rows[t] = b->seqs[s].embeds + (size_t)i * (size_t)c->m->cfg.dim;
         }
     }
     struct exec_step st = {
-        .m = c->m, .w = c->w, .p = p, .kv = c->kv, .tokens = c->tokens, .pos = c->pos,
-        .tables = c->tables, .arena = c->arena, .logits = logits,
+        .m = c->m,
+        .w = c->w,
+        .p = p,
+        .kv = c->kv,
+        .tokens = c->tokens,
+        .pos = c->pos,
+        .embed_rows = b->seqs[0].embeds ? c->embed_rows : NULL,
+        .tables = c->tables,
+        .arena = c->arena,
+        .logits = logits,
         .rope = c->rope, /* NULL without rope (grow_rope makes none) */
-        .tops = tops ? c->slices : NULL, .serial = ++c->serial, .rows = tops,
+        .tops = tops ? c->slices : NULL,
+        .serial = ++c->serial,
+        .rows = tops,
         .hidden = hidden,
     };
     rc = c->ex->run(c->ex_state, &st, e);

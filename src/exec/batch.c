@@ -65,6 +65,13 @@ static int check_tables(const struct batch *b, struct weld_err *e)
             return err_set(e, WELD_ERR_INVALID_ARG, "batch seq %d (id %d): n_blocks %d "
                            "without a block array", i, s->seq_id, s->n_blocks);
     }
+    for (int i = 1; i < b->n_seqs; i++)
+        if ((b->seqs[i].embeds != NULL) != (b->seqs[0].embeds != NULL))
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "batch seq %d (id %d): %s input rows but batch seq 0 %s; a batch "
+                           "gives embeds on every sequence or on none",
+                           i, b->seqs[i].seq_id, b->seqs[i].embeds ? "has" : "lacks",
+                           b->seqs[0].embeds ? "has" : "lacks");
     if (b->n_copies < 0 || (b->n_copies > 0 && !b->copies))
         return err_set(e, WELD_ERR_INVALID_ARG, "batch: n_copies %d without a copy list",
                        b->n_copies);

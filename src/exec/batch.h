@@ -47,6 +47,9 @@ struct batch_seq {
     const int32_t *blocks;  /* (n_blocks) physical KV block ids chosen by the engine, or
                                NULL: the backend's internal allocator places seq_id */
     int n_blocks;           /* >= ceil((pos + n_tokens) / block_size) when blocks is set */
+    const float *embeds;    /* (n_tokens, dim) the input rows in place of the tokens'
+                               embeddings (tokens still name the ids), or NULL; on every
+                               sequence of a batch or on none */
 };
 
 /* Copy physical KV block src to dst (every layer, K and V) before a step. */

@@ -272,7 +272,9 @@ static void op_embed(const struct exec_step *st, const struct prog_instr *in)
     float *x = buf_ptr(st, in->out);
     for (int t = in->row0; t < in->row1; t++) {
         const int32_t tok = st->tokens[t];
-        if (pe && pe->wtype == GEMM_BF16_R16)
+        if (st->embed_rows)
+            memcpy(x + t * dim, st->embed_rows[t], (size_t)dim * sizeof(float));
+        else if (pe && pe->wtype == GEMM_BF16_R16)
             gemm_bf16r_row_f32(pe->data, pe->row_bytes, tok, dim, x + t * dim);
         else if (pe)
             kern_to_f32(pe->wtype, (const uint8_t *)pe->data + (size_t)tok * pe->row_bytes,

@@ -23,6 +23,9 @@ struct exec_step {
     const struct program *p;
     struct kv_cache *kv;
     const int32_t *tokens;   /* (n_tokens) flattened token ids */
+    const float *const *embed_rows; /* optional: (n_tokens) each token's input row (dim
+                                       floats), which EMBED copies instead of looking the
+                                       token up (batch_seq.embeds); NULL: the table */
     const int *pos;          /* (n_tokens) position of each token */
     const int32_t *const *tables; /* (n_seqs) block table of each batch sequence, covering
                                      positions [0, pos + n_tokens) */
