@@ -107,8 +107,11 @@ static void sched_next(struct sched *s, int vocab, struct batch *b)
         }
         for (int k = 0; k < nt; k++)
             s->toks[i][k] = (int32_t)(rng_u64(&s->r) % (uint64_t)vocab);
-        s->seqs[i] = (struct batch_seq){id,   s->toks[i], nt,  s->len[id], rng_u64(&s->r) % 4 == 0,
-                                        NULL, 0,          NULL};
+        s->seqs[i] = (struct batch_seq){.seq_id = id,
+                                        .tokens = s->toks[i],
+                                        .n_tokens = nt,
+                                        .pos = s->len[id],
+                                        .all_logits = rng_u64(&s->r) % 4 == 0};
         s->len[id] += nt;
     }
     *b = (struct batch){.seqs = s->seqs, .n_seqs = n};
@@ -257,9 +260,9 @@ TEST(batch_of_one)
         struct weld_err e;
         int n = 9;
         for (int step = 0; step < 21; step++) {
-            struct batch_seq bs = {
-                0,   step ? toks + n - 1 : toks, step ? 1 : n, step ? n - 1 : 0, false, NULL, 0,
-                NULL};
+            struct batch_seq bs = {.tokens = step ? toks + n - 1 : toks,
+                                   .n_tokens = step ? 1 : n,
+                                   .pos = step ? n - 1 : 0};
             struct batch b = {.seqs = &bs, .n_seqs = 1};
             float *lg = out[c] + (size_t)step * V;
             REQUIRE(runner_forward(r, &b, lg, &e) == WELD_OK);
@@ -342,6 +345,64 @@ TEST(embeds_equal_tokens)
     check_embeds(&spec_qwen3, DT_F32, 112);
 }
 
+/* all_hidden: a 7-token prompt that wants every token's hidden state beside a 3-token one
+   that wants its last; the rows are bit-identical to the ones all_logits gives (whose
+   logit rows carry them), logit rows first then the others in token order, on every
+   executor, with and without K parts. */
+static void check_all_hidden(const struct tspec *sp, int wtype, uint64_t seed)
+{
+    struct tmodel *tm = tm_build(sp, wtype, seed);
+    const struct model *m = &tm->m;
+    const int V = sp->vocab, D = m->cfg.dim;
+    const struct exec_cfg cfgs[] = {{"ref", 1, 0, -1}, {"ops", 2, 0, -1}, {"mega", 2, 0, -1}};
+    int32_t toks[2][8];
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < 8; i++)
+            toks[q][i] = (int32_t)((i * 5 + q * 13 + 1) % V);
+    for (int kp = 0; kp < (sp->moe || sp->mla ? 1 : 2); kp++) { /* K parts: dense only */
+        k_parts = kp ? 2 : 0;
+        for (int c = 0; c < 3; c++) {
+            float *lg[2], *hd[2];
+            for (int mode = 0; mode < 2; mode++) { /* 0: all_logits, 1: all_hidden */
+                struct runner *r = make_runner(m, &cfgs[c]);
+                REQUIRE(r != NULL);
+                struct batch_seq bs[2] = {
+                    {.seq_id = 0,
+                     .tokens = toks[0],
+                     .n_tokens = 7,
+                     .all_logits = !mode,
+                     .all_hidden = mode},
+                    {.seq_id = 1, .tokens = toks[1], .n_tokens = 3},
+                };
+                struct batch b = {.seqs = bs, .n_seqs = 2};
+                CHECK_EQ_INT(batch_n_hidden_rows(&b), 8);
+                lg[mode] = calloc(8 * (size_t)V, sizeof(float));
+                hd[mode] = calloc(8 * (size_t)D, sizeof(float));
+                struct weld_err e;
+                REQUIRE(runner_forward_hidden(r, &b, lg[mode], NULL, hd[mode], &e) == WELD_OK);
+                runner_free(r);
+            }
+            const size_t rowb = (size_t)D * sizeof(float);
+            bool same = !memcmp(hd[1] + 2 * (size_t)D, hd[0], 6 * rowb) && /* tokens 0..5 */
+                        !memcmp(hd[1], hd[0] + 6 * (size_t)D, 2 * rowb) && /* the last ones */
+                        !memcmp(lg[1], lg[0] + 6 * (size_t)V, 2 * (size_t)V * sizeof(float));
+            if (!same)
+                fprintf(stderr, "  %s, K parts %d: all_hidden rows differ\n", cfgs[c].exec,
+                        k_parts);
+            CHECK(same);
+            for (int mode = 0; mode < 2; mode++)
+                free(lg[mode]), free(hd[mode]);
+        }
+    }
+    k_parts = 0;
+    tm_free(tm);
+}
+TEST(all_hidden_rows)
+{
+    check_all_hidden(&spec_mla_moe, DT_Q8_0, 113);
+    check_all_hidden(&spec_llama, DT_F16, 114);
+}
+
 /* ---- stories260K golden tokens ------------------------------------------------------ */
 
 static const int32_t prompt[5] = {1, 403, 407, 261, 378};
@@ -362,7 +423,8 @@ static void golden_with(const struct model *m, const char *exec, int n_threads)
     struct weld_err e;
     for (int step = 0; step < 32 && ok; step++) {
         struct batch_seq bs = {
-            0, step ? toks + n - 1 : toks, step ? 1 : n, step ? n - 1 : 0, false, NULL, 0, NULL};
+            0,    step ? toks + n - 1 : toks, step ? 1 : n, step ? n - 1 : 0, false, NULL, 0, NULL,
+            false};
         struct batch b = {.seqs = &bs, .n_seqs = 1};
         ok = runner_forward(r, &b, lg, &e) == WELD_OK;
         int best = 0;
@@ -460,7 +522,7 @@ TEST(ops_refuses_non_stage_program)
     struct weld_err e;
     struct program *p = NULL;
     int32_t toks[3] = {1, 2, 3};
-    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0, NULL};
+    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0, NULL, false};
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     REQUIRE(program_build(&p, &tm->m.cfg, &b, 2, &e) == WELD_OK);
     void *state = NULL;
@@ -532,6 +594,7 @@ int main(void)
     RUN(mla_split_f32);
     RUN(batch_of_one);
     RUN(embeds_equal_tokens);
+    RUN(all_hidden_rows);
     RUN(stories260k_golden_ops_mega);
     RUN(thousands_of_random_steps);
     RUN(ops_refuses_non_stage_program);

@@ -1143,8 +1143,8 @@ TEST(last_logits_only)
     for (int mode = 0; mode < 2; mode++) {
         struct runner *r;
         REQUIRE(runner_create(&r, &tm->m, 4, 16, &e) == WELD_OK);
-        struct batch_seq bs[2] = {{3, a, 6, 0, mode == 0, NULL, 0, NULL},
-                                  {1, b2, 3, 0, mode == 0, NULL, 0, NULL}};
+        struct batch_seq bs[2] = {{3, a, 6, 0, mode == 0, NULL, 0, NULL, false},
+                                  {1, b2, 3, 0, mode == 0, NULL, 0, NULL, false}};
         struct batch b = {.seqs = bs, .n_seqs = 2};
         CHECK_EQ_INT(batch_n_logit_rows(&b), mode == 0 ? 9 : 2);
         CHECK_EQ_INT(runner_forward(r, &b, mode == 0 ? all : last, &e), WELD_OK);
@@ -1167,17 +1167,17 @@ TEST(rewind_and_drop)
     struct weld_err e;
     struct runner *r;
     REQUIRE(runner_create(&r, &tm->m, 2, 16, &e) == WELD_OK);
-    struct batch_seq bs = {0, t, 10, 0, true, NULL, 0, NULL};
+    struct batch_seq bs = {0, t, 10, 0, true, NULL, 0, NULL, false};
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     CHECK_EQ_INT(runner_forward(r, &b, l1, &e), WELD_OK);
-    bs = (struct batch_seq){0, t + 4, 6, 4, true, NULL, 0, NULL}; /* redo positions 4..9 */
+    bs = (struct batch_seq){0, t + 4, 6, 4, true, NULL, 0, NULL, false}; /* redo positions 4..9 */
     CHECK_EQ_INT(runner_forward(r, &b, l2 + 4 * V, &e), WELD_OK);
     CHECK(memcmp(l1 + 4 * V, l2 + 4 * V, sizeof(float) * 6 * V) == 0);
     runner_drop_seq(r, 0);
     CHECK_EQ_INT(runner_seq_len(r, 0), 0);
-    bs = (struct batch_seq){0, t + 4, 1, 4, true, NULL, 0, NULL}; /* gap after a drop */
+    bs = (struct batch_seq){0, t + 4, 1, 4, true, NULL, 0, NULL, false}; /* gap after a drop */
     CHECK_EQ_INT(runner_forward(r, &b, l2, &e), WELD_ERR_INVALID_ARG);
-    bs = (struct batch_seq){0, t, 10, 0, true, NULL, 0, NULL};
+    bs = (struct batch_seq){0, t, 10, 0, true, NULL, 0, NULL, false};
     CHECK_EQ_INT(runner_forward(r, &b, l2, &e), WELD_OK);
     CHECK(memcmp(l1, l2, sizeof(float) * 10 * V) == 0);
     runner_free(r);
@@ -1199,25 +1199,25 @@ TEST(limits_and_bad_batches)
     REQUIRE(runner_create(&r, &tm->m, 2, 16, &e) == WELD_OK);
     CHECK_EQ_INT(runner_max_ctx(r), 16);
     CHECK_EQ_INT(runner_n_vocab(r), V);
-    struct batch_seq bs = {0, t, 17, 0, false, NULL, 0, NULL};
+    struct batch_seq bs = {0, t, 17, 0, false, NULL, 0, NULL, false};
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
     CHECK(strstr(e.msg, "max_ctx = 16") != NULL);
     bs.n_tokens = 16;
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
-    bs = (struct batch_seq){0, t, 1, 16, false, NULL, 0, NULL}; /* position 16 == max_ctx */
+    bs = (struct batch_seq){0, t, 1, 16, false, NULL, 0, NULL, false}; /* position 16 == max_ctx */
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
-    bs = (struct batch_seq){2, t, 1, 0, false, NULL, 0, NULL}; /* seq id out of range */
+    bs = (struct batch_seq){2, t, 1, 0, false, NULL, 0, NULL, false}; /* seq id out of range */
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
     int32_t bad = V;
-    bs = (struct batch_seq){1, &bad, 1, 0, false, NULL, 0, NULL};
+    bs = (struct batch_seq){1, &bad, 1, 0, false, NULL, 0, NULL, false};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
     CHECK(strstr(e.msg, "vocabulary") != NULL);
-    struct batch_seq two[2] = {{1, t, 1, 0, false, NULL, 0, NULL},
-                               {1, t, 1, 0, false, NULL, 0, NULL}};
+    struct batch_seq two[2] = {{1, t, 1, 0, false, NULL, 0, NULL, false},
+                               {1, t, 1, 0, false, NULL, 0, NULL, false}};
     struct batch b2 = {.seqs = two, .n_seqs = 2};
     CHECK_EQ_INT(runner_forward(r, &b2, lg, &e), WELD_ERR_INVALID_ARG);
-    bs = (struct batch_seq){1, t, 0, 0, false, NULL, 0, NULL};
+    bs = (struct batch_seq){1, t, 0, 0, false, NULL, 0, NULL, false};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
     b.n_seqs = 0;
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG);
@@ -1239,26 +1239,27 @@ TEST(kv_exhaustion_is_all_or_nothing)
     struct backend_params bp = {.max_seqs = 3, .max_ctx = 16, .kv_block_size = 4,
                                 .kv_blocks = 5};
     REQUIRE(runner_create_ex(&r, &tm->m, &bp, &e) == WELD_OK);
-    struct batch_seq bs[2] = {{0, t, 12, 0, false, NULL, 0, NULL}, /* 3 blocks */
-                              {1, t, 5, 0, false, NULL, 0, NULL}}; /* + 2 blocks */
+    struct batch_seq bs[2] = {{0, t, 12, 0, false, NULL, 0, NULL, false}, /* 3 blocks */
+                              {1, t, 5, 0, false, NULL, 0, NULL, false}}; /* + 2 blocks */
     struct batch b = {.seqs = bs, .n_seqs = 2};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
-    bs[0] = (struct batch_seq){0, t + 12, 1, 12, false, NULL, 0, NULL}; /* needs a 6th block */
-    bs[1] = (struct batch_seq){1, t + 5, 1, 5, false, NULL, 0, NULL};
+    bs[0] = (struct batch_seq){0,    t + 12, 1,    12,   false,
+                               NULL, 0,      NULL, false}; /* needs a 6th block */
+    bs[1] = (struct batch_seq){1, t + 5, 1, 5, false, NULL, 0, NULL, false};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_LIMIT);
     CHECK(strstr(e.msg, "blocks") != NULL);
     CHECK_EQ_INT(runner_seq_len(r, 0), 12);
     CHECK_EQ_INT(runner_seq_len(r, 1), 5);
     /* the pool is full; seq 1 grows by a block while seq 0 (listed after it) rewinds and
        frees one: fits */
-    bs[0] = (struct batch_seq){1, t + 5, 4, 5, false, NULL, 0, NULL};
-    bs[1] = (struct batch_seq){0, t + 4, 1, 4, false, NULL, 0, NULL};
+    bs[0] = (struct batch_seq){1, t + 5, 4, 5, false, NULL, 0, NULL, false};
+    bs[1] = (struct batch_seq){0, t + 4, 1, 4, false, NULL, 0, NULL, false};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
     CHECK_EQ_INT(runner_seq_len(r, 0), 5);
     CHECK_EQ_INT(runner_seq_len(r, 1), 9);
     runner_drop_seq(r, 1);
-    bs[0] = (struct batch_seq){0, t + 5, 7, 5, false, NULL, 0, NULL};
-    bs[1] = (struct batch_seq){1, t + 9, 1, 9, false, NULL, 0, NULL};
+    bs[0] = (struct batch_seq){0, t + 5, 7, 5, false, NULL, 0, NULL, false};
+    bs[1] = (struct batch_seq){1, t + 9, 1, 9, false, NULL, 0, NULL, false};
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_ERR_INVALID_ARG); /* seq 1 was dropped */
     b.n_seqs = 1;
     CHECK_EQ_INT(runner_forward(r, &b, lg, &e), WELD_OK);
@@ -1358,7 +1359,7 @@ TEST(allocation_failures)
         alloc_fail_at(n);
         int rc = runner_create(&r, &tm->m, 2, 8, &e);
         if (rc == WELD_OK) {
-            struct batch_seq bs = {1, t, 5, 0, true, NULL, 0, NULL};
+            struct batch_seq bs = {1, t, 5, 0, true, NULL, 0, NULL, false};
             struct batch b = {.seqs = &bs, .n_seqs = 1};
             rc = runner_forward(r, &b, lg, &e);
             if (rc == WELD_OK)
@@ -1387,7 +1388,7 @@ TEST(ref_checks_schedule)
     void *state = NULL;
     int32_t toks[3] = {1, 2, 3};
     int pos[3] = {0, 1, 2};
-    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0, NULL};
+    struct batch_seq bs = {0, toks, 3, 0, false, NULL, 0, NULL, false};
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     struct kv_config kc = {.n_layer = tm->m.cfg.n_layer,
                            .kv_dim = tm->m.cfg.n_kv_head * tm->m.cfg.head_dim,

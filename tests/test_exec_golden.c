@@ -71,7 +71,8 @@ static void greedy_32_tokens(enum weld_dtype kv_type)
     int n = 5;
     for (int step = 0; step < 32; step++) {
         struct batch_seq bs = {
-            0, step ? toks + n - 1 : toks, step ? 1 : n, step ? n - 1 : 0, false, NULL, 0, NULL};
+            0,    step ? toks + n - 1 : toks, step ? 1 : n, step ? n - 1 : 0, false, NULL, 0, NULL,
+            false};
         struct batch b = {.seqs = &bs, .n_seqs = 1};
         REQUIRE(runner_forward(r, &b, lg, &e) == WELD_OK);
         int best = argmax(lg, V);
@@ -152,9 +153,9 @@ TEST(batched_copies_match)
         int n = 0, lenA = 5 + genA, lenB = 5 + genB;
         int ca = lenA - na < 2 ? lenA - na : 2;
         if (genA < 32)
-            bs[n++] = (struct batch_seq){3, a + na, ca, na, false, NULL, 0, NULL};
+            bs[n++] = (struct batch_seq){3, a + na, ca, na, false, NULL, 0, NULL, false};
         if (step >= 1 && genB < 32)
-            bs[n++] = (struct batch_seq){1, b + nb, lenB - nb, nb, false, NULL, 0, NULL};
+            bs[n++] = (struct batch_seq){1, b + nb, lenB - nb, nb, false, NULL, 0, NULL, false};
         struct batch batch = {.seqs = bs, .n_seqs = n};
         REQUIRE(runner_forward(r, &batch, lg, &e) == WELD_OK);
         int row = 0;

@@ -190,10 +190,9 @@ static void check_logits(const char *name, struct model *m, const json_t *runs, 
         for (int i = 0; i < ng; i++)
             ids[np + i] = (int32_t)json_integer_value(json_array_get(greedy, i));
         for (int s = 0; s < ng; s++) {
-            struct batch_seq bs = {0,          s ? ids + np + s - 1 : ids,
-                                   s ? 1 : np, s ? np + s - 1 : 0,
-                                   false,      NULL,
-                                   0,          NULL};
+            struct batch_seq bs = {.tokens = s ? ids + np + s - 1 : ids,
+                                   .n_tokens = s ? 1 : np,
+                                   .pos = s ? np + s - 1 : 0};
             struct batch b = {.seqs = &bs, .n_seqs = 1};
             if (runner_forward(r, &b, lg, &e) != WELD_OK) {
                 fprintf(stderr, "  %s: runner_forward: %s\n", name, e.msg);

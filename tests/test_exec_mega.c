@@ -125,8 +125,8 @@ static bool fixture_init(struct fixture *f, const struct tspec *sp, uint64_t see
     f->tm = tm_build(sp, DT_F32, seed);
     for (int i = 0; i < 9; i++)
         f->toks[i] = (int32_t)((i * 7 + 1) % sp->vocab), f->pos[i] = i < 5 ? i : i - 5;
-    f->seqs[0] = (struct batch_seq){0, f->toks, 5, 0, false, NULL, 0, NULL};
-    f->seqs[1] = (struct batch_seq){1, f->toks + 5, 4, 0, true, NULL, 0, NULL};
+    f->seqs[0] = (struct batch_seq){0, f->toks, 5, 0, false, NULL, 0, NULL, false};
+    f->seqs[1] = (struct batch_seq){1, f->toks + 5, 4, 0, true, NULL, 0, NULL, false};
     f->b = (struct batch){.seqs = f->seqs, .n_seqs = 2};
     struct kv_config kc = {.n_layer = sp->n_layer, .kv_dim = sp->n_kv * sp->head_dim,
                            .head_dim = sp->head_dim, .max_seqs = 2, .max_ctx = 16,
@@ -397,8 +397,8 @@ TEST(pieces_are_shared_with_a_slow_owner)
     int pos[N0 + N1];
     for (int i = 0; i < N0 + N1; i++)
         toks[i] = (int32_t)((i * 13 + 5) % spec_gqa.vocab), pos[i] = i < N0 ? i : i - N0;
-    struct batch_seq seqs[2] = {{0, toks, N0, 0, false, NULL, 0, NULL},
-                                {1, toks + N0, N1, 0, true, NULL, 0, NULL}};
+    struct batch_seq seqs[2] = {{0, toks, N0, 0, false, NULL, 0, NULL, false},
+                                {1, toks + N0, N1, 0, true, NULL, 0, NULL, false}};
     struct batch b = {.seqs = seqs, .n_seqs = 2};
     pieces_case(&spec_gqa, 21, &b, toks, pos, 0, 0, 3000, 4, "prefill");
 }
@@ -411,9 +411,9 @@ TEST(decode_row_pieces_are_shared)
                                     16,         false, false, false, false, 10000.0f, NULL, NULL};
     int32_t toks[3] = {5, 17, 42};
     int pos[3] = {0, 0, 0};
-    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0, NULL},
-                                {1, toks + 1, 1, 0, false, NULL, 0, NULL},
-                                {2, toks + 2, 1, 0, false, NULL, 0, NULL}};
+    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0, NULL, false},
+                                {1, toks + 1, 1, 0, false, NULL, 0, NULL, false},
+                                {2, toks + 2, 1, 0, false, NULL, 0, NULL, false}};
     struct batch b = {.seqs = seqs, .n_seqs = 3};
     pieces_case(&sp, 23, &b, toks, pos, 1, 3 * sp.n_layer, 2000, 16, "decode");
 }
@@ -428,9 +428,9 @@ TEST(moe_row_pieces_are_shared)
                                     true,          false, false, false, 10000.0f, &moe, NULL};
     int32_t toks[3] = {5, 17, 42};
     int pos[3] = {0, 0, 0};
-    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0, NULL},
-                                {1, toks + 1, 1, 0, false, NULL, 0, NULL},
-                                {2, toks + 2, 1, 0, false, NULL, 0, NULL}};
+    struct batch_seq seqs[3] = {{0, toks, 1, 0, false, NULL, 0, NULL, false},
+                                {1, toks + 1, 1, 0, false, NULL, 0, NULL, false},
+                                {2, toks + 2, 1, 0, false, NULL, 0, NULL, false}};
     struct batch b = {.seqs = seqs, .n_seqs = 3};
     pieces_case(&sp, 24, &b, toks, pos, 1, 6 * sp.n_layer, 2000, 48, "moe decode");
 }
@@ -487,9 +487,9 @@ static bool run_decodes(struct runner *r, int vocab, int decodes)
         toks[i] = (int32_t)(i * 5 % vocab);
     runner_drop_seq(r, 0);
     for (int step = 0; ok && step <= decodes && 6 + step < TM_CTX; step++) {
-        struct batch_seq bs = {
-            0,   step ? toks + 5 + step : toks, step ? 1 : 6, step ? 5 + step : 0, false, NULL, 0,
-            NULL};
+        struct batch_seq bs = {.tokens = step ? toks + 5 + step : toks,
+                               .n_tokens = step ? 1 : 6,
+                               .pos = step ? 5 + step : 0};
         struct batch b = {.seqs = &bs, .n_seqs = 1};
         ok = runner_forward(r, &b, lg, &e) == WELD_OK;
         toks[6 + step] = (int32_t)(step % vocab);
@@ -519,7 +519,7 @@ TEST(stats)
     /* the stages of a decode step's program, as the backend builds it for mega */
     struct program *p = NULL;
     int32_t t = 1;
-    struct batch_seq bs = {0, &t, 1, 6, false, NULL, 0, NULL};
+    struct batch_seq bs = {0, &t, 1, 6, false, NULL, 0, NULL, false};
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     REQUIRE(program_build_ex(&p, &tm->m.cfg, &b, 2, PROG_HEAD_DEPS, &e) == WELD_OK);
     long long barrier_arrivals = 2LL * (p->n_stages - 1) * 20;
@@ -557,7 +557,7 @@ TEST(oversubscribed_steals_stay_exact)
         runner_drop_seq(ref, 0), runner_drop_seq(mega, 0);
         for (int pos = 0; pos + 6 <= TM_CTX && !failed;) {
             int n = pos ? 1 : 6;
-            struct batch_seq bs = {0, toks + pos, n, pos, pos == 0, NULL, 0, NULL};
+            struct batch_seq bs = {0, toks + pos, n, pos, pos == 0, NULL, 0, NULL, false};
             struct batch bt = {.seqs = &bs, .n_seqs = 1};
             failed = runner_forward(ref, &bt, a, &e) || runner_forward(mega, &bt, b, &e);
             bad += !failed && memcmp(a, b, sizeof(float) * (size_t)(pos ? 1 : 6) * V) != 0;
@@ -591,7 +591,7 @@ TEST(trace_file)
     runner_free(r);
     /* instructions of the 3 traced steps: the prompt's program, then two decodes */
     int32_t t[6] = {0};
-    struct batch_seq bs = {0, t, 6, 0, false, NULL, 0, NULL};
+    struct batch_seq bs = {0, t, 6, 0, false, NULL, 0, NULL, false};
     struct batch b = {.seqs = &bs, .n_seqs = 1};
     struct program *p = NULL;
     struct weld_err e;
@@ -667,8 +667,11 @@ TEST(allocation_failures)
         struct runner *r = make_runner(&tm->m, "mega", 2);
         int rc = r ? WELD_OK : WELD_ERR_NOMEM;
         for (int step = 0; r && rc == WELD_OK && step < 2; step++) {
-            struct batch_seq bs = {1, t + step * 4, step ? 1 : 4, step ? 4 : 0, true, NULL,
-                                   0, NULL};
+            struct batch_seq bs = {.seq_id = 1,
+                                   .tokens = t + step * 4,
+                                   .n_tokens = step ? 1 : 4,
+                                   .pos = step ? 4 : 0,
+                                   .all_logits = true};
             struct batch b = {.seqs = &bs, .n_seqs = 1};
             rc = runner_forward(r, &b, lg, &e);
             if (rc != WELD_OK) {

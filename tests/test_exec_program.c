@@ -43,8 +43,8 @@ TEST(splits_and_counts)
 {
     struct model_config c = small_cfg();
     int32_t tok[7] = {0};
-    struct batch_seq s[2] = {{0, tok, 4, 0, false, NULL, 0, NULL},
-                             {3, tok, 3, 9, true, NULL, 0, NULL}};
+    struct batch_seq s[2] = {{0, tok, 4, 0, false, NULL, 0, NULL, false},
+                             {3, tok, 3, 9, true, NULL, 0, NULL, false}};
     struct batch b = {.seqs = s, .n_seqs = 2};
     const int splits[] = {1, 3, 7, 1000};
     for (int k = 0; k < 4; k++) {
@@ -91,7 +91,7 @@ TEST(final_slices)
 {
     struct model_config c = small_cfg();
     int32_t tok[20] = {0};
-    struct batch_seq s = {0, tok, 1, 5, false, NULL, 0, NULL};
+    struct batch_seq s = {0, tok, 1, 5, false, NULL, 0, NULL, false};
     struct batch b = {.seqs = &s, .n_seqs = 1};
     const struct {
         int vocab, splits, n_tok;
@@ -126,7 +126,7 @@ TEST(counter_chain)
 {
     struct model_config c = small_cfg();
     int32_t tok[5] = {0};
-    struct batch_seq s = {0, tok, 5, 0, true, NULL, 0, NULL};
+    struct batch_seq s = {0, tok, 5, 0, true, NULL, 0, NULL, false};
     struct batch b = {.seqs = &s, .n_seqs = 1};
     struct program *p;
     struct weld_err e;
@@ -156,7 +156,7 @@ TEST(buffer_plan)
 {
     struct model_config c = small_cfg();
     int32_t tok[9] = {0};
-    struct batch_seq s = {0, tok, 9, 0, false, NULL, 0, NULL};
+    struct batch_seq s = {0, tok, 9, 0, false, NULL, 0, NULL, false};
     struct batch b = {.seqs = &s, .n_seqs = 1};
     struct program *p;
     struct weld_err e;
@@ -251,9 +251,9 @@ static void check_k_parts(int n_layer, int ffn, const struct prog_kparts kp)
     struct model_config c = small_cfg();
     c.n_layer = n_layer, c.ffn_dim = ffn;
     int32_t tok[9] = {0};
-    struct batch_seq s[3] = {{0, tok, 1, 5, false, NULL, 0, NULL},
-                             {1, tok, 6, 0, true, NULL, 0, NULL},
-                             {2, tok, 1, 7, false, NULL, 0, NULL}};
+    struct batch_seq s[3] = {{0, tok, 1, 5, false, NULL, 0, NULL, false},
+                             {1, tok, 6, 0, true, NULL, 0, NULL, false},
+                             {2, tok, 1, 7, false, NULL, 0, NULL, false}};
     const struct batch shapes[2] = {{.seqs = s, .n_seqs = 1}, {.seqs = s, .n_seqs = 3}};
     for (int k = 0; k < 2; k++)
         for (int f = 0; f < 2; f++)
@@ -296,7 +296,7 @@ TEST(k_parts)
     check_k_parts(2, 96, (struct prog_kparts){2, {0, 4, 8}, {0, 48, 96}});
     struct model_config c = small_cfg();
     int32_t tok[1] = {0};
-    struct batch_seq s = {0, tok, 1, 0, false, NULL, 0, NULL};
+    struct batch_seq s = {0, tok, 1, 0, false, NULL, 0, NULL, false};
     const struct batch shapes[1] = {{.seqs = &s, .n_seqs = 1}};
     /* a cut inside a KV head's query group, or off the 16-row grid, is refused */
     const struct prog_kparts bad1 = {2, {0, 3, 8}, {0, 80, 160}};
@@ -312,8 +312,8 @@ TEST(head_deps_buffers_never_race)
 {
     struct model_config c = small_cfg();
     int32_t tok[9] = {0};
-    struct batch_seq s[2] = {{0, tok, 1, 5, false, NULL, 0, NULL},
-                             {1, tok, 6, 0, true, NULL, 0, NULL}};
+    struct batch_seq s[2] = {{0, tok, 1, 5, false, NULL, 0, NULL, false},
+                             {1, tok, 6, 0, true, NULL, 0, NULL, false}};
     struct batch b = {.seqs = s, .n_seqs = 2};
     for (int ns = 1; ns <= 4; ns++) {
         struct program *p;
@@ -328,8 +328,8 @@ TEST(shape_matching)
 {
     struct model_config c = small_cfg();
     int32_t tok[4] = {0};
-    struct batch_seq s[2] = {{0, tok, 1, 5, false, NULL, 0, NULL},
-                             {1, tok, 1, 9, false, NULL, 0, NULL}};
+    struct batch_seq s[2] = {{0, tok, 1, 5, false, NULL, 0, NULL, false},
+                             {1, tok, 1, 9, false, NULL, 0, NULL, false}};
     struct batch b = {.seqs = s, .n_seqs = 2};
     struct program *p;
     struct weld_err e;

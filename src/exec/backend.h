@@ -85,7 +85,8 @@ struct backend_iface {
        set > 0 (set it to 0 on every other row). On a validation failure nothing changes; with internal
        placement the batch's sequences are left as they were before any failure. With
        engine tables the backend keeps no per-sequence state. hidden, if not NULL,
-       (batch_n_logit_rows, dim) gets each logit row's final hidden state (after the final
+       (batch_n_hidden_rows, dim) gets each logit row's final hidden state, then each other
+       token's of the all_hidden sequences (after the final
        norm: the LM head's input), the same on every executor: a failed run may have done
        the copies and written slots at positions >= pos, never below. */
     int (*forward)(void *ctx, const struct batch *b, float *logits, struct logits_top *tops,

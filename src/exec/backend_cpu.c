@@ -47,6 +47,7 @@ struct cpu_ctx {
     int prog_next;
     int32_t *tokens;  /* (cap_tokens) */
     const float **embed_rows; /* (cap_tokens) batch_seq.embeds rows of the step, if given */
+    int *hid_extra;   /* (cap_tokens) tokens of all_hidden sequences that are not logit rows */
     int *pos;         /* (cap_tokens) */
     int cap_tokens;
     const int32_t **tables; /* (max_seqs) block table of each batch sequence */
@@ -75,6 +76,7 @@ static void cpu_ctx_free(void *ctx)
     exec_weights_free(c->w);
     wfree(c->tokens);
     wfree(c->embed_rows);
+    wfree(c->hid_extra);
     wfree(c->pos);
     wfree(c->tables);
     wfree(c->arena);
@@ -223,7 +225,10 @@ static int grow_tables(struct cpu_ctx *c, int n_tokens, size_t arena, struct wel
         const float **r = wrealloc(c->embed_rows, (size_t)n_tokens * sizeof *r);
         if (r)
             c->embed_rows = r;
-        if (!t || !p || !r)
+        int *h = wrealloc(c->hid_extra, (size_t)n_tokens * sizeof *h);
+        if (h)
+            c->hid_extra = h;
+        if (!t || !p || !r || !h)
             return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory for %d tokens",
                            n_tokens);
         c->cap_tokens = n_tokens;
@@ -317,9 +322,13 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
     c->kv->external |= ext;
     for (int i = 0; i < b->n_copies; i++)
         kv_copy_block(c->kv, b->copies[i].src, b->copies[i].dst);
+    int n_extra = 0;
     for (int s = 0, t = 0; s < b->n_seqs; s++) {
         c->tables[s] = ext ? b->seqs[s].blocks : c->kv->seqs[b->seqs[s].seq_id].blocks;
+        const bool extra = hidden && b->seqs[s].all_hidden && !b->seqs[s].all_logits;
         for (int i = 0; i < b->seqs[s].n_tokens; i++, t++) {
+            if (extra && i < b->seqs[s].n_tokens - 1)
+                c->hid_extra[n_extra++] = t;
             c->tokens[t] = b->seqs[s].tokens[i];
             c->pos[t] = b->seqs[s].pos + i;
             if (b->seqs[s].embeds)
@@ -342,6 +351,8 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
         .serial = ++c->serial,
         .rows = tops,
         .hidden = hidden,
+        .hid_extra_tok = c->hid_extra,
+        .n_hid_extra = n_extra,
     };
     rc = c->ex->run(c->ex_state, &st, e);
     if (rc == WELD_OK && tops) {

@@ -24,6 +24,15 @@ int batch_n_logit_rows(const struct batch *b)
     return n;
 }
 
+int batch_n_hidden_rows(const struct batch *b)
+{
+    int n = batch_n_logit_rows(b);
+    for (int i = 0; i < b->n_seqs; i++)
+        if (b->seqs[i].all_hidden && !b->seqs[i].all_logits)
+            n += b->seqs[i].n_tokens - 1;
+    return n;
+}
+
 static int check_seq(const struct batch_seq *s, int i, int max_seqs, int max_ctx,
                      int n_vocab, struct weld_err *e)
 {

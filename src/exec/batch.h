@@ -50,6 +50,8 @@ struct batch_seq {
     const float *embeds;    /* (n_tokens, dim) the input rows in place of the tokens'
                                embeddings (tokens still name the ids), or NULL; on every
                                sequence of a batch or on none */
+    bool all_hidden;        /* runner_forward_hidden: the final hidden state of every token,
+                               not only of the logit rows (batch_n_hidden_rows) */
 };
 
 /* Copy physical KV block src to dst (every layer, K and V) before a step. */
@@ -67,6 +69,9 @@ struct batch {
 /* Total tokens and logit rows of a batch (no validation: call batch_validate first). */
 int batch_n_tokens(const struct batch *b);
 int batch_n_logit_rows(const struct batch *b);
+/* Rows of runner_forward_hidden's output: the logit rows, then the tokens of all_hidden
+   sequences that are not logit rows, in batch order. */
+int batch_n_hidden_rows(const struct batch *b);
 
 /* Check a batch against the runner's limits: seq ids in [0, max_seqs) and unique, tokens
    in [0, n_vocab), n_tokens >= 1, pos >= 0, pos + n_tokens <= max_ctx (WELD_ERR_LIMIT

@@ -1195,8 +1195,9 @@ int exec_final_slices(const struct program *p)
    softmax statistics of the LOGITS_CHUNK chunks inside its rows for the rows that ask
    (exec_step.rows): the sampler's first pass (exec/logits_top.h), done while the row is
    still in cache. When the step asks (exec_step.hidden), the slice starting at vocab
-   row 0 also stores h of each logit row there (embeddings: the final hidden state).
-   in X, out LOGITS. */
+   row 0 also stores h of each logit row there (embeddings: the final hidden state), and
+   its piece of the first rows the h of the tokens that want only that
+   (exec_step.hid_extra_tok). in X, out LOGITS. */
 static void op_final(const struct exec_step *st, const struct prog_instr *in,
                      const struct scratch *sc, struct span sp)
 {
@@ -1209,6 +1210,13 @@ static void op_final(const struct exec_step *st, const struct prog_instr *in,
     const int n_slices = exec_final_slices(p);
     const int slice = (int)(in - p->instrs) - p->stage_first[p->n_stages - 1];
     WELD_ASSERT(!st->tops || (slice >= 0 && slice < n_slices));
+    if (st->hidden && in->row0 == 0 && sp.t0 == 0) /* the rows without logits */
+        for (int k0 = 0; k0 < st->n_hid_extra; k0 += T) {
+            int nk = st->n_hid_extra - k0 < T ? st->n_hid_extra - k0 : T;
+            norm_tile(st, in, x, st->w->output_norm, st->hid_extra_tok + k0, 0, nk, sc);
+            memcpy(st->hidden + (size_t)(p->n_logit_rows + k0) * c->dim, sc->h,
+                   (size_t)nk * c->dim * sizeof(float));
+        }
     for (int k0 = sp.t0; k0 < sp.t1; k0 += T) {
         int nk = sp.t1 - k0 < T ? sp.t1 - k0 : T;
         (void)prep_memo(st, NULL, k0, sc);

@@ -42,10 +42,14 @@ struct exec_step {
     struct logits_top *rows; /* optional: (n_logit_rows) the caller's structs; the FINAL
                                 instructions fill the softmax statistics of the chunks
                                 inside their slice for the rows whose inv_t > 0 */
-    float *hidden;           /* optional: (n_logit_rows, dim) the final hidden state of each
-                                logit row, rmsnorm(x[t]) * output_norm (the LM head's input),
-                                written by the FINAL instruction whose slice starts at
-                                vocab row 0; NULL: not wanted */
+    float *hidden;           /* optional: (n_logit_rows + n_hid_extra, dim) the final hidden
+                                state of each logit row, rmsnorm(x[t]) * output_norm (the LM
+                                head's input), then of each token of hid_extra_tok; written
+                                by the FINAL instruction whose slice starts at vocab row 0;
+                                NULL: not wanted */
+    const int *hid_extra_tok; /* (n_hid_extra) tokens (not logit rows) whose hidden state is
+                                 wanted too (batch_seq.all_hidden) */
+    int n_hid_extra;
 };
 
 /* FINAL_NORM_LOGITS instructions of program p (the last stage): the row slices of every

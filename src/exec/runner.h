@@ -41,7 +41,8 @@ int runner_forward(struct runner *r, const struct batch *b, float *logits,
 int runner_forward_top(struct runner *r, const struct batch *b, float *logits,
                        struct logits_top *tops, struct weld_err *e);
 /* The same, and (hidden not NULL) each logit row's final hidden state, after the final
-   norm (the LM head's input), into hidden: (batch_n_logit_rows, dim) floats. Identical on
+   norm (the LM head's input), into hidden: (batch_n_hidden_rows, dim) floats, the logit
+   rows' first, then those of the other tokens of all_hidden sequences. Identical on
    every executor (embeddings pool these rows). */
 int runner_forward_hidden(struct runner *r, const struct batch *b, float *logits,
                           struct logits_top *tops, float *hidden, struct weld_err *e);
