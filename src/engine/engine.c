@@ -74,11 +74,14 @@ struct engine {
                                     first pass, made by the LM head), and for rows that
                                     sample at a plain temperature its softmax statistics */
     float *chunk_stats;          /* (cap_rows, 2, logits_n_chunks(n_vocab)) their arrays */
-    float *hidden;               /* (cap_rows, dim) final hidden states (embedding steps) */
-    int cap_rows;
+    float *hidden;               /* (cap_hidden, dim) final hidden states (embedding steps):
+                                    the logit rows', then the all_hidden entries' others */
+    int cap_rows, cap_hidden;
     struct batch_seq *bseqs;     /* (cap_bseqs) */
     int cap_bseqs;
     int *row_entry;              /* (cap_bseqs) plan entry of each batch sequence */
+    int *hrow0;                  /* (cap_bseqs) its first hidden row past the logit rows
+                                    (entry_all_hidden: its tokens but the last) */
     int *row0;                   /* (cap_bseqs + 1) its first logits row (all_logits
                                     sequences have one per token); row0[n] = rows */
     struct kv_block_copy *copies; /* (cap_copies) */
@@ -419,6 +422,7 @@ void engine_free(struct engine *eng)
     wfree(eng->tops);
     wfree(eng->chunk_stats);
     wfree(eng->hidden);
+    wfree(eng->hrow0);
     wfree(eng->bseqs);
     wfree(eng->row_entry);
     wfree(eng->row0);
@@ -596,7 +600,7 @@ const struct tokenizer *engine_tokenizer(const struct engine *eng) { return eng-
 const struct sched_config *engine_sched_config(const struct engine *eng) { return &eng->sc; }
 
 /* Grow the step buffers for n entries, n_rows logits rows and n_copies copies. */
-static bool step_buffers(struct engine *eng, int n, int n_rows, int n_copies)
+static bool step_buffers(struct engine *eng, int n, int n_rows, int n_hidden, int n_copies)
 {
     if (n > eng->cap_bseqs) {
         struct batch_seq *b = wrealloc(eng->bseqs, (size_t)n * sizeof *b);
@@ -608,18 +612,25 @@ static bool step_buffers(struct engine *eng, int n, int n_rows, int n_copies)
         int *r0 = wrealloc(eng->row0, ((size_t)n + 1) * sizeof *r0);
         if (r0)
             eng->row0 = r0;
-        if (!b || !re || !r0)
+        int *h0 = wrealloc(eng->hrow0, (size_t)n * sizeof *h0);
+        if (h0)
+            eng->hrow0 = h0;
+        if (!b || !re || !r0 || !h0)
             return false;
         eng->cap_bseqs = n;
+    }
+    if (n_hidden > eng->cap_hidden) {
+        float *h = wrealloc(eng->hidden, (size_t)n_hidden * (size_t)eng->m->cfg.dim * sizeof *h);
+        if (!h)
+            return false;
+        eng->hidden = h;
+        eng->cap_hidden = n_hidden;
     }
     if (n_rows > eng->cap_rows) {
         n = n_rows;
         float *l = wrealloc(eng->logits, (size_t)n * (size_t)eng->n_vocab * sizeof *l);
         if (l)
             eng->logits = l;
-        float *h = wrealloc(eng->hidden, (size_t)n * (size_t)eng->m->cfg.dim * sizeof *h);
-        if (h)
-            eng->hidden = h;
         struct logits_top *tp = wrealloc(eng->tops, (size_t)n * sizeof *tp);
         if (tp)
             eng->tops = tp;
@@ -627,7 +638,7 @@ static bool step_buffers(struct engine *eng, int n, int n_rows, int n_copies)
                              (size_t)logits_n_chunks(eng->n_vocab) * sizeof *cs);
         if (cs)
             eng->chunk_stats = cs;
-        if (!l || !h || !tp || !cs)
+        if (!l || !tp || !cs)
             return false;
         eng->cap_rows = n;
     }
@@ -645,7 +656,17 @@ static bool step_buffers(struct engine *eng, int n, int n_rows, int n_copies)
 static bool entry_all_logits(const struct sched_entry *en)
 {
     const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
-    return en->n_draft > 0 || (req_every_row(rq) && en->n_tokens > 1 && en->first < rq->n_prompt);
+    return en->n_draft > 0 ||
+           (rq->p.prompt_logprobs >= 0 && en->n_tokens > 1 && en->first < rq->n_prompt);
+}
+
+/* The step returns the final hidden state of each of this entry's tokens (a mean-pooled
+   embedding's prompt), its logits only for the last. */
+static bool entry_all_hidden(const struct sched_entry *en)
+{
+    const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
+    return rq->p.kind == REQUEST_KIND_EMBED && rq->p.pooling == REQUEST_POOLING_MEAN &&
+           en->n_tokens > 1 && en->first < rq->n_prompt;
 }
 
 /* The step must return hidden states for this entry: an embedding's last step, or any
@@ -663,19 +684,20 @@ static bool entry_hidden(const struct sched_entry *en)
 static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct batch *b,
                          bool *hidden, struct weld_err *e)
 {
-    int n_rows = 0;
+    int n_rows = 0, n_extra = 0;
     *hidden = false;
     for (int k = 0; k < pl->n_entries; k++) {
         const struct sched_entry *en = &pl->entries[k];
         if (!en->seq)
             continue;
         n_rows += entry_all_logits(en) ? en->n_tokens : 1;
+        n_extra += entry_all_hidden(en) ? en->n_tokens - 1 : 0;
         *hidden |= entry_hidden(en);
     }
-    if (!step_buffers(eng, pl->n_entries, n_rows, pl->n_copies))
+    if (!step_buffers(eng, pl->n_entries, n_rows, n_rows + n_extra, pl->n_copies))
         return err_set(e, WELD_ERR_NOMEM, "engine: out of memory for a step of %d entries "
                        "(%d logits rows)", pl->n_entries, n_rows);
-    int n = 0, row = 0;
+    int n = 0, row = 0, hrow = 0;
     for (int k = 0; k < pl->n_entries; k++) {
         const struct sched_entry *en = &pl->entries[k];
         if (!en->seq)
@@ -701,7 +723,9 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
         }
         eng->row_entry[n] = k;
         eng->row0[n] = row;
+        eng->hrow0[n] = hrow;
         row += rows;
+        hrow += entry_all_hidden(en) ? en->n_tokens - 1 : 0;
         eng->bseqs[n++] = (struct batch_seq){
             .seq_id = k,
             .tokens = en->seq->tokens + en->first,
@@ -710,6 +734,7 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
             .all_logits = all,
             .blocks = en->blocks,
             .n_blocks = en->n_blocks,
+            .all_hidden = entry_all_hidden(en),
         };
     }
     eng->row0[n] = row;
@@ -1062,11 +1087,16 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
                                     last - r0 + 1);
         struct weld_err re;
         if (es->er->r->p.kind == REQUEST_KIND_EMBED &&
-            es->er->r->p.pooling == REQUEST_POOLING_MEAN &&
-            request_embed_rows(es->er->r, en->first, eng->hidden + (size_t)r0 * D,
-                               last - r0 + 1, (int)D, &re) != WELD_OK) {
-            req_end(eng, es->er, REQUEST_FINISH_ERROR, re.msg);
-            continue;
+            es->er->r->p.pooling == REQUEST_POOLING_MEAN) {
+            /* the entry's tokens but the last past the logit rows, then its logit row */
+            const int n_before = entry_all_hidden(en) ? en->n_tokens - 1 : 0;
+            const float *hx = eng->hidden + (size_t)(eng->row0[b.n_seqs] + eng->hrow0[j]) * D;
+            if (request_embed_rows(es->er->r, en->first, hx, n_before, (int)D, &re) ||
+                request_embed_rows(es->er->r, en->first + n_before, eng->hidden + (size_t)last * D,
+                                   1, (int)D, &re)) {
+                req_end(eng, es->er, REQUEST_FINISH_ERROR, re.msg);
+                continue;
+            }
         }
         if (en->n_draft > 0)
             entry_verify(eng, es, en, r0);
