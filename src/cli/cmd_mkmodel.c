@@ -17,7 +17,7 @@
 
 struct mk_args {
     const char *arch, *preset, *tokenizer, *dtype, *out, *name, *rope_scaling;
-    int dim, layers, heads, kv_heads, head_dim, ffn, vocab, ctx, rope_orig_ctx;
+    int dim, layers, heads, kv_heads, head_dim, ffn, vocab, ctx, rope_orig_ctx, nextn;
     bool tied, untied;
     float theta, eps, rope_factor, rope_low, rope_high;
     uint64_t seed;
@@ -128,6 +128,16 @@ static int build_config(const struct mk_args *a, struct model_config *c)
         c->head_dim = 0, c->rope_dim = 0;
     if (a->preset && a->heads && !a->kv_heads)
         c->n_kv_head = 0;
+    if (a->nextn) {
+        if (c->arch != ARCH_DEEPSEEK2 || a->nextn < 0 || a->nextn > 16) {
+            fprintf(stderr,
+                    "weld mkmodel: --nextn %d: multi-token-prediction layers are "
+                    "DeepSeek's (--arch deepseek-v3), 1 to 16 of them\n",
+                    a->nextn);
+            return 2;
+        }
+        c->n_nextn = a->nextn;
+    }
     mkmodel_config_defaults(c);
     return 0;
 }
@@ -158,6 +168,9 @@ int cmd_mkmodel(int argc, char **argv)
         {"rope-orig-ctx", 0, OPT_INT, &a.rope_orig_ctx, "N",
          "llama3 original_max_position_embeddings"},
         {"eps", 0, OPT_FLOAT, &a.eps, "F", "RMSNorm epsilon"},
+        {"nextn", 0, OPT_INT, &a.nextn, "N",
+         "deepseek-v3: N multi-token-prediction (MTP) layers after the others; HF output "
+         "only (a GGUF gets none, as from llama.cpp's converter)"},
         {"tied", 0, OPT_FLAG, &a.tied, NULL, "tie output and embedding weights"},
         {"untied", 0, OPT_FLAG, &a.untied, NULL, "separate output weights"},
         {"tokenizer", 't', OPT_STR, &a.tokenizer, "PATH", "tokenizer.json or its directory"},

