@@ -687,14 +687,26 @@ static struct engine *pair_engine(const char *target, const char *draft, int kv_
     return eng;
 }
 
+/* The paths of the shared babyllama pair into a and b (false: not there); each copied
+   before the next lookup, as test_shared_path reuses one buffer. */
+static bool babyllama_pair(char *a, char *b, size_t n)
+{
+    const char *pa = test_shared_path("models/babyllama-a.gguf");
+    if (!pa || access(pa, R_OK))
+        return false;
+    snprintf(a, n, "%s", pa);
+    const char *pb = test_shared_path("models/babyllama-b.gguf");
+    if (!pb || access(pb, R_OK))
+        return false;
+    snprintf(b, n, "%s", pb);
+    return true;
+}
+
 TEST(draft_model_pair)
 {
     char a[4096], b[4096];
-    const char *pa = test_shared_path("models/babyllama-a.gguf");
-    const char *pb = test_shared_path("models/babyllama-b.gguf");
-    if (!pa || !pb || access(pa, R_OK) || access(pb, R_OK))
+    if (!babyllama_pair(a, b, sizeof a))
         SKIP("babyllama-a/b.gguf not in the shared models");
-    snprintf(a, sizeof a, "%s", pa), snprintf(b, sizeof b, "%s", pb);
     struct engine *plain = pair_engine(a, NULL, 0), *spec = pair_engine(a, b, 0);
     REQUIRE(plain && spec);
     const char *prompts[] = {"Once upon a time", "Tom and Sue went to the park", "One day, a"};
@@ -740,11 +752,8 @@ TEST(draft_model_pair)
 TEST(draft_model_batched)
 {
     char a[4096], b[4096];
-    const char *pa = test_shared_path("models/babyllama-a.gguf");
-    const char *pb = test_shared_path("models/babyllama-b.gguf");
-    if (!pa || !pb || access(pa, R_OK) || access(pb, R_OK))
+    if (!babyllama_pair(a, b, sizeof a))
         SKIP("babyllama-a/b.gguf not in the shared models");
-    snprintf(a, sizeof a, "%s", pa), snprintf(b, sizeof b, "%s", pb);
     struct engine *plain = pair_engine(a, NULL, 0), *spec = pair_engine(a, b, 40);
     REQUIRE(plain && spec);
     static const char *const base[] = {"Once upon a time",    "Tom and Sue went to the park",
@@ -815,12 +824,9 @@ static double chi2_of(const int *x, const int *y, int n, int *df)
 
 TEST(sampled_distribution_unchanged)
 {
-    const char *pa = test_shared_path("models/babyllama-a.gguf");
-    const char *pb = test_shared_path("models/babyllama-b.gguf");
-    if (!pa || !pb || access(pa, R_OK) || access(pb, R_OK))
-        SKIP("babyllama-a/b.gguf not in the shared models");
     char a[4096], b[4096];
-    snprintf(a, sizeof a, "%s", pa), snprintf(b, sizeof b, "%s", pb);
+    if (!babyllama_pair(a, b, sizeof a))
+        SKIP("babyllama-a/b.gguf not in the shared models");
     enum { T = 4 };
     const int NS = TEST_SANITIZED ? 48 : 800; /* sanitized: the equality only */
     static int hist[2][T * 128];

@@ -115,7 +115,7 @@ static bool make_room(struct draft *d, int i, int n, int64_t *reserved)
 
 /* One forward pass over the d->bs entries [0, nb); on failure every slot in it is reset
    and its ask gets no (more) guesses. */
-static int run(struct draft *d, int nb, struct spec_ask *asks, bool *alive)
+static int run(struct draft *d, int nb, bool *alive)
 {
     struct weld_err e;
     struct batch b = {.seqs = d->bs, .n_seqs = nb};
@@ -124,7 +124,6 @@ static int run(struct draft *d, int nb, struct spec_ask *asks, bool *alive)
     for (int j = 0; j < nb; j++) {
         slot_reset(d, d->bs[j].seq_id);
         alive[d->row_ask[j]] = false;
-        (void)asks;
     }
     return -1;
 }
@@ -195,7 +194,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         }
         if (!nb)
             break;
-        if (run(d, nb, asks, alive))
+        if (run(d, nb, alive))
             continue;
         for (int j = 0; j < nb; j++) {
             int a = d->row_ask[j];
@@ -223,7 +222,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         }
         if (!nb)
             break;
-        if (run(d, nb, asks, alive))
+        if (run(d, nb, alive))
             continue;
         for (int j = 0; j < nb; j++) {
             int a = d->row_ask[j];
