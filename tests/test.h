@@ -167,11 +167,14 @@ static inline const char *test_shared_dir(void)
 }
 
 /* Path of a file under the shared directory (e.g. "models/stories260K.gguf"), or NULL if
-   it is not there. */
+   it is not there. The result lives in one of 8 buffers used in turn, so a test may hold
+   several (a draft and its target) at once; copy it to keep it longer. */
 static inline const char *test_shared_path(const char *rel)
 {
-    static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/%s", test_shared_dir(), rel);
+    static char bufs[8][4096];
+    static unsigned next;
+    char *buf = bufs[next++ % 8];
+    snprintf(buf, sizeof bufs[0], "%s/%s", test_shared_dir(), rel);
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
