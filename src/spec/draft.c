@@ -10,10 +10,10 @@
  * never needs more room than the target; blocks are taken as positions are written. A
  * call (propose_batch) first rewinds each slot to the longest prefix it shares with its
  * sequence's tokens now (the guesses the target rejected fall away there), feeds the rest
- * (the accepted guesses and the target's own token; a new sequence its whole prompt) as
- * batches of at most DRAFT_BATCH tokens across the sequences, then runs max_k - 1 more
- * steps of one token per sequence, all sequences in one batch, taking the argmax of every
- * row: k guesses for every sequence in k forward passes however many sequences there are.
+ * (the accepted guesses and the target's own token; a new sequence its whole prompt) and
+ * then its guesses back, one per pass, in passes of at most DRAFT_BATCH tokens across the
+ * sequences, taking the argmax of each caught-up sequence's last row: k guesses for every
+ * sequence in about k forward passes however many sequences there are.
  *
  * Slots go least recently used first when every one is taken (a slot in the current call
  * is never taken); a sequence whose positions do not fit in the pool drops slots of other
@@ -173,18 +173,21 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         alive[a] = true;
         slot_of[a] = i;
     }
-    /* catch up: each sequence's unfed tokens, DRAFT_BATCH tokens per pass; an ask's
-       first guess is the argmax of its last row */
+    /* Passes of at most DRAFT_BATCH tokens: a sequence behind feeds its unfed tokens, one
+       caught up feeds its last guess back; the last row of a caught-up sequence gives its
+       next guess (its argmax). Sequences that catch up early guess while others still feed. */
     for (;;) {
         int nb = 0, tok = 0;
         for (int a = 0; a < n && tok < DRAFT_BATCH; a++) {
-            if (!alive[a])
+            struct spec_ask *q = &asks[a];
+            if (!alive[a] || q->n_out >= q->max_k)
                 continue;
             struct slot *s = &d->slots[slot_of[a]];
-            int left = asks[a].n - s->n;
-            if (left <= 0)
-                continue;
-            int c = left < DRAFT_BATCH - tok ? left : DRAFT_BATCH - tok;
+            int c = 1;
+            if (s->n < q->n)
+                c = q->n - s->n < DRAFT_BATCH - tok ? q->n - s->n : DRAFT_BATCH - tok;
+            else
+                s->toks[s->n] = q->out[q->n_out - 1];
             d->bs[nb] = (struct batch_seq){.seq_id = slot_of[a],
                                            .tokens = s->toks + s->n,
                                            .n_tokens = c,
@@ -197,38 +200,11 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         if (run(d, nb, alive))
             continue;
         for (int j = 0; j < nb; j++) {
-            int a = d->row_ask[j];
-            struct slot *s = &d->slots[slot_of[a]];
+            struct spec_ask *q = &asks[d->row_ask[j]];
+            struct slot *s = &d->slots[slot_of[d->row_ask[j]]];
             s->n += d->bs[j].n_tokens;
-            if (s->n == asks[a].n)
-                asks[a].out[asks[a].n_out++] = argmax(d->logits + (size_t)j * (size_t)d->n_vocab,
-                                                      d->n_vocab);
-        }
-    }
-    /* one token per sequence and pass, fed back, until each has max_k guesses */
-    for (;;) {
-        int nb = 0;
-        for (int a = 0; a < n; a++) {
-            struct spec_ask *q = &asks[a];
-            if (!alive[a] || q->n_out == 0 || q->n_out >= q->max_k)
-                continue;
-            struct slot *s = &d->slots[slot_of[a]];
-            s->toks[s->n] = q->out[q->n_out - 1];
-            d->bs[nb] = (struct batch_seq){.seq_id = slot_of[a],
-                                           .tokens = s->toks + s->n,
-                                           .n_tokens = 1,
-                                           .pos = s->n};
-            d->row_ask[nb++] = a;
-        }
-        if (!nb)
-            break;
-        if (run(d, nb, alive))
-            continue;
-        for (int j = 0; j < nb; j++) {
-            int a = d->row_ask[j];
-            d->slots[slot_of[a]].n++;
-            asks[a].out[asks[a].n_out++] = argmax(d->logits + (size_t)j * (size_t)d->n_vocab,
-                                                  d->n_vocab);
+            if (s->n >= q->n)
+                q->out[q->n_out++] = argmax(d->logits + (size_t)j * (size_t)d->n_vocab, d->n_vocab);
         }
     }
     runner_park(d->r);
