@@ -275,15 +275,19 @@ static struct model *g_stories;
 static struct gguf_file *g_gguf;
 static struct tokenizer *g_tok;
 
-static struct model *tiny_model(enum model_arch arch)
+/* mkmodel's tiny preset of arch, vocabulary 300; nextn > 0: an HF directory with that many
+   MTP layers (deepseek2 only), else a GGUF file. */
+static struct model *tiny_model_nextn(enum model_arch arch, int nextn)
 {
     struct weld_err e;
     struct model_config c;
     if (mkmodel_preset("tiny", arch, &c, &e) != WELD_OK)
         return NULL;
     c.n_vocab = 300;
+    c.n_nextn = nextn;
     char path[4200];
-    snprintf(path, sizeof path, "%s/tiny-%s.gguf", test_tmpdir(), model_arch_name(arch));
+    snprintf(path, sizeof path, "%s/tiny-%s%s", test_tmpdir(), model_arch_name(arch),
+             nextn ? "-mtp" : ".gguf");
     struct mkmodel_opts o = {.tokenizer = NULL, .dtype = DT_F32, .seed = 5, .out = path};
     struct model *m = NULL;
     if (mkmodel_write(&c, &o, &e) != WELD_OK || model_load(&m, path, &e) != WELD_OK) {
@@ -291,6 +295,11 @@ static struct model *tiny_model(enum model_arch arch)
         return NULL;
     }
     return m;
+}
+
+static struct model *tiny_model(enum model_arch arch)
+{
+    return tiny_model_nextn(arch, 0);
 }
 
 /* ---- tests ----------------------------------------------------------------------------- */
@@ -537,8 +546,11 @@ static int oracle_propose(struct spec_proposer *p, uint64_t key, const int32_t *
    seeded ones at temperature 0.9 with top-p and a repetition penalty, and n = 2 forks
    with logprobs; every token, logprob and finish reason equal. Prompts repeat a span so
    ngram has something to find. Returns the accepted drafts. */
-static void spec_equal_kv(const struct model *m, int vocab, bool oracle, int miss_pct, int budget,
-                          int kv_blocks, uint64_t seed, uint64_t *accepted)
+enum spec_how { SP_NGRAM, SP_ORACLE, SP_MTP };
+static uint64_t g_spec_drafted; /* the latest spec_equal_kv's drafted tokens */
+
+static void spec_equal_kv(const struct model *m, int vocab, enum spec_how how, int miss_pct,
+                          int budget, int kv_blocks, uint64_t seed, uint64_t *accepted)
 {
     enum { NR = 6, PL = 24, GEN = 24 };
     int32_t prompts[NR][PL];
@@ -567,10 +579,10 @@ static void spec_equal_kv(const struct model *m, int vocab, bool oracle, int mis
         op.conts = (const int32_t *const *)conts, op.lens = lens, op.n = NR;
         op.miss_pct = miss_pct;
         rng_seed(&op.r, seed + 1);
-        if (pass == 1 && oracle)
+        if (pass == 1 && how == SP_ORACLE)
             p.proposer = &op.base, p.spec.num_tokens = 4;
         else if (pass == 1)
-            p.spec = (struct spec_config){SPEC_NGRAM, 4, 1, 4, ""};
+            p.spec = (struct spec_config){how == SP_MTP ? SPEC_MTP : SPEC_NGRAM, 4, 1, 4, ""};
         struct engine *eng = NULL;
         struct weld_err e;
         REQUIRE(engine_create(&eng, &p, &e) == WELD_OK);
@@ -597,6 +609,7 @@ static void spec_equal_kv(const struct model *m, int vocab, bool oracle, int mis
             CHECK(st.preemptions > 0);
         if (pass == 1) {
             *accepted = st.spec_accepted_tokens;
+            g_spec_drafted = st.spec_draft_tokens;
             CHECK(st.spec_draft_tokens >= st.spec_accepted_tokens);
         } else {
             CHECK_EQ_INT(st.spec_draft_tokens, 0);
@@ -624,20 +637,20 @@ static void spec_equal_kv(const struct model *m, int vocab, bool oracle, int mis
     wfree(c[0].seqs), wfree(c[1].seqs);
 }
 
-static void spec_equal(const struct model *m, int vocab, bool oracle, int miss_pct, int budget,
-                       uint64_t seed, uint64_t *accepted)
+static void spec_equal(const struct model *m, int vocab, enum spec_how how, int miss_pct,
+                       int budget, uint64_t seed, uint64_t *accepted)
 {
-    spec_equal_kv(m, vocab, oracle, miss_pct, budget, 0, seed, accepted);
+    spec_equal_kv(m, vocab, how, miss_pct, budget, 0, seed, accepted);
 }
 
 TEST(speculative_equals_plain)
 {
     REQUIRE(g_stories);
     uint64_t acc[4];
-    spec_equal(g_stories, 512, false, 0, 64, 41, &acc[0]); /* ngram */
-    spec_equal(g_stories, 512, true, 0, 64, 42, &acc[1]);  /* every guess right */
-    spec_equal(g_stories, 512, true, 50, 64, 43, &acc[2]); /* half of them wrong */
-    spec_equal(g_stories, 512, true, 0, 12, 44, &acc[3]);  /* a budget that cuts drafts */
+    spec_equal(g_stories, 512, SP_NGRAM, 0, 64, 41, &acc[0]);
+    spec_equal(g_stories, 512, SP_ORACLE, 0, 64, 42, &acc[1]);  /* every guess right */
+    spec_equal(g_stories, 512, SP_ORACLE, 50, 64, 43, &acc[2]); /* half of them wrong */
+    spec_equal(g_stories, 512, SP_ORACLE, 0, 12, 44, &acc[3]);  /* a budget that cuts drafts */
     fprintf(stderr,
             "  accepted drafts: ngram %llu, oracle %llu, half wrong %llu, small budget "
             "%llu\n",
@@ -646,17 +659,29 @@ TEST(speculative_equals_plain)
     for (int i = 0; i < 4; i++)
         CHECK(acc[i] > 0);
     uint64_t pre = 0; /* 6 blocks of 16 for 8 sequences of up to 48 tokens: preemption */
-    spec_equal_kv(g_stories, 512, true, 20, 64, 6, 46, &pre);
+    spec_equal_kv(g_stories, 512, SP_ORACLE, 20, 64, 6, 46, &pre);
     CHECK(pre > 0);
     enum model_arch archs[] = {ARCH_DEEPSEEK2, ARCH_QWEN3MOE, ARCH_QWEN3};
     for (int a = 0; a < (TEST_SANITIZED ? 1 : 3); a++) { /* sanitized: MLA + MoE */
         struct model *m = tiny_model(archs[a]);
         REQUIRE(m);
         uint64_t n = 0;
-        spec_equal(m, 300, true, 30, 64, 45 + (uint64_t)a, &n);
+        spec_equal(m, 300, SP_ORACLE, 30, 64, 45 + (uint64_t)a, &n);
         CHECK(n > 0);
         model_free(m);
     }
+    /* DeepSeek's MTP layer guessing (random weights: few guesses right, which is what
+       exercises the rollback), with chunked prefill, and with preemption */
+    struct model *m = tiny_model_nextn(ARCH_DEEPSEEK2, 1);
+    REQUIRE(m);
+    uint64_t n = 0;
+    spec_equal(m, 300, SP_MTP, 0, 64, 47, &n);
+    CHECK(g_spec_drafted > 0);
+    spec_equal(m, 300, SP_MTP, 0, 12, 48, &n);
+    CHECK(g_spec_drafted > 0);
+    spec_equal_kv(m, 300, SP_MTP, 0, 64, 6, 49, &n);
+    CHECK(g_spec_drafted > 0);
+    model_free(m);
 }
 
 /* The real pair (../shared/models: babyllama-a and -b, trained apart on one 105-token

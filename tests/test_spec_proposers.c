@@ -3,13 +3,22 @@
  * (spec/spec.h): the ngram lookup against a brute-force search of the same rule (longest
  * suffix first, latest earlier occurrence, continuation cut at max_k and at the end), and
  * --speculative-config's JSON (vLLM's field names, defaults, every refusal naming its
- * field). The engine-level equivalence with and without speculation is in
- * test_engine_engine.
+ * field), and the MTP proposer against a reference built here: the target's hidden states
+ * from a runner, the MTP input stage written out in double (eh_proj . [enorm(embed(t));
+ * hnorm(h)]), the layer run on model_mtp_view, guesses chained on the layer's own output;
+ * through a rejected guess, a prefix the target never handed over (zeros), a finished
+ * sequence's slot reused by the next turn, a fork, a repeated ask and a recomputation. The engine-level equivalence with
+ * and without speculation is in test_engine_engine.
  */
+#include "core/alloc.h"
 #include "core/rng.h"
+#include "exec/runner.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
 #include "spec/spec.h"
 #include "test.h"
 
+#include <math.h>
 #include <string.h>
 
 /* The rule written the slow way: every L from lookup_max down, every start from the
@@ -86,6 +95,7 @@ TEST(config_json)
          "prompt_lookup_max"},
         {"{\"method\": \"ngram\", \"typo\": 1}", "typo"},
         {"{\"method\": \"draft_model\"}", "model"},
+        {"{\"method\": \"medusa\"}", "mtp"},
         {"{}", "method"},
         {"{\"method\": 3}", "method"},
     };
@@ -116,10 +126,255 @@ TEST(config_json)
     CHECK(p == NULL);
 }
 
+/* ---- mtp ------------------------------------------------------------------------------ */
+
+enum { MV = 300, MK = 3, MAXT = 48 };
+
+/* The target's final hidden rows of tokens[0, n) in position order into h (n, dim). */
+static void target_rows(struct runner *rt, const int32_t *tokens, int n, int dim, float *h)
+{
+    struct weld_err e;
+    float *lg = wmalloc(sizeof(float) * MV), *raw = wmalloc(sizeof(float) * (size_t)n * dim);
+    struct batch_seq s = {.seq_id = 0, .tokens = tokens, .n_tokens = n, .all_hidden = true};
+    struct batch b = {.seqs = &s, .n_seqs = 1};
+    runner_drop_seq(rt, 0);
+    CHECK_EQ_INT(runner_forward_hidden(rt, &b, lg, NULL, raw, &e), WELD_OK);
+    /* the logit row (the last token) first, then the others */
+    memcpy(h, raw + dim, sizeof(float) * (size_t)(n - 1) * dim);
+    memcpy(h + (size_t)(n - 1) * dim, raw, sizeof(float) * (size_t)dim);
+    wfree(lg), wfree(raw);
+}
+
+static void rms_d(const float *x, const float *w, int n, double eps, double *out)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * r * w[i];
+}
+
+/* x = eh_proj . [enorm(embed(tok)); hnorm(h)] in double (h NULL: zeros); f32 weights. */
+static void mtp_input_ref(const struct model *m, int32_t tok, const float *h, float *x)
+{
+    const int D = m->cfg.dim;
+    const struct nextn_weights *N = &m->nextn[0];
+    double cat[1024];
+    rms_d((const float *)m->tok_embd.data + (size_t)tok * D, N->enorm.data, D, m->cfg.norm_eps,
+          cat);
+    if (h)
+        rms_d(h, N->hnorm.data, D, m->cfg.norm_eps, cat + D);
+    else
+        memset(cat + D, 0, sizeof(double) * (size_t)D);
+    const float *W = N->eh_proj.data;
+    for (int o = 0; o < D; o++) {
+        double a = 0;
+        for (int j = 0; j < 2 * D; j++)
+            a += (double)W[(size_t)o * 2 * D + j] * cat[j];
+        x[o] = (float)a;
+    }
+}
+
+/* The guesses for tokens[0, n) (the target's rows of positions below zeros_before count as
+   zeros), MK of them, into g and their logits into lgs (MK, MV); returns how many are sure
+   (the best logit ahead of the second by more than the input stage's rounding can move
+   it). */
+static int mtp_ref(const struct model *m, struct runner *rt, const int32_t *tokens, int n,
+                   int zeros_before, int32_t *g, float *lgs)
+{
+    const int D = m->cfg.dim;
+    struct model view;
+    model_mtp_view(m, 0, &view);
+    struct runner *rv = NULL;
+    struct weld_err e;
+    if (runner_create(&rv, &view, 1, MAXT + 8, &e) != WELD_OK) {
+        CHECK(false);
+        return 0;
+    }
+    float *h = wmalloc(sizeof(float) * (size_t)n * D), *x = wmalloc(sizeof(float) * (size_t)n * D);
+    float *hid = wmalloc(sizeof(float) * (size_t)D);
+    target_rows(rt, tokens, n - 1, D, h);
+    for (int i = 0; i < n - 1; i++)
+        mtp_input_ref(m, tokens[i + 1], i < zeros_before ? NULL : h + (size_t)i * D,
+                      x + (size_t)i * D);
+    int sure = 0;
+    for (int j = 0; j < MK; j++) {
+        struct batch_seq s = {.seq_id = 0,
+                              .tokens = j ? &g[j - 1] : tokens + 1,
+                              .n_tokens = j ? 1 : n - 1,
+                              .pos = j ? n - 2 + j : 0,
+                              .embeds = x};
+        struct batch b = {.seqs = &s, .n_seqs = 1};
+        float *lg = lgs + (size_t)j * MV;
+        CHECK_EQ_INT(runner_forward_hidden(rv, &b, lg, NULL, hid, &e), WELD_OK);
+        int a = 0, c = -1;
+        for (int v = 1; v < MV; v++)
+            if (lg[v] > lg[a])
+                c = a, a = v;
+            else if (c < 0 || lg[v] > lg[c])
+                c = v;
+        g[j] = a;
+        if (sure == j && lg[a] - lg[c] > 1e-3f)
+            sure++;
+        mtp_input_ref(m, g[j], hid, x);
+    }
+    runner_free(rv);
+    wfree(h), wfree(x), wfree(hid);
+    return sure;
+}
+
+/* Hand the proposer the target's rows of positions [from, n - 1) of tokens (as the
+   engine does after the steps that computed them). */
+static void feed(struct spec_proposer *p, uint64_t key, struct runner *rt, const int32_t *tokens,
+                 int from, int n, int dim)
+{
+    float *h = wmalloc(sizeof(float) * (size_t)n * dim);
+    target_rows(rt, tokens, n - 1, dim, h);
+    p->observe(p, key, from, n - 1 - from, tokens, h + (size_t)from * dim);
+    wfree(h);
+}
+
+static float g_worst; /* the largest logit difference seen */
+
+/* The proposer's answers to asks (n of them, MK guesses each, logits given) against
+   mtp_ref's for each ask's zeros_before: the sure guesses equal, their logits within
+   rounding of the input stage (f32 here, double there). Returns the sure guesses. */
+static int mtp_check_batch(struct spec_proposer *p, const struct model *m, struct runner *rt,
+                           struct spec_ask *asks, int n, const int *zeros_before)
+{
+    int32_t want[4][MK];
+    float *lw = wmalloc(sizeof(float) * 4 * MK * MV);
+    int sure[4], all = 0;
+    for (int a = 0; a < n; a++)
+        sure[a] = mtp_ref(m, rt, asks[a].tokens, asks[a].n, zeros_before[a], want[a],
+                          lw + (size_t)a * MK * MV);
+    p->propose_batch(p, asks, n);
+    for (int a = 0; a < n; a++) {
+        CHECK_EQ_INT(asks[a].n_out, MK);
+        CHECK(sure[a] >= 1);
+        for (int j = 0; j < sure[a] && j < asks[a].n_out; j++) {
+            CHECK_EQ_INT(asks[a].out[j], want[a][j]);
+            for (int v = 0; v < MV; v++) {
+                float d = fabsf(asks[a].logits[(size_t)j * MV + v] -
+                                lw[((size_t)a * MK + j) * MV + v]);
+                g_worst = d > g_worst ? d : g_worst;
+            }
+        }
+        all += sure[a];
+    }
+    wfree(lw);
+    return all;
+}
+
+static int mtp_check(struct spec_proposer *p, const struct model *m, struct runner *rt,
+                     uint64_t key, const int32_t *tokens, int n, int zeros_before, int32_t *got)
+{
+    float lg[MK * MV];
+    struct spec_ask q = {
+        .seq_key = key, .tokens = tokens, .n = n, .max_k = MK, .out = got, .logits = lg};
+    return mtp_check_batch(p, m, rt, &q, 1, &zeros_before);
+}
+
+TEST(mtp_matches_reference)
+{
+    struct weld_err e;
+    struct model_config c;
+    REQUIRE(mkmodel_preset("tiny", ARCH_DEEPSEEK2, &c, &e) == WELD_OK);
+    c.n_vocab = MV, c.n_nextn = 1;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/tiny-mtp", test_tmpdir());
+    struct mkmodel_opts o = {.dtype = DT_F32, .seed = 9, .out = dir};
+    struct model *m = NULL;
+    REQUIRE(mkmodel_write(&c, &o, &e) == WELD_OK && model_load(&m, dir, &e) == WELD_OK);
+    REQUIRE(m->cfg.n_nextn == 1 && m->cfg.dim <= 512);
+    struct runner *rt = NULL;
+    REQUIRE(runner_create(&rt, m, 1, MAXT + 8, &e) == WELD_OK);
+    struct spec_proposer *p = NULL;
+    struct spec_config sc = {.method = SPEC_MTP, .num_tokens = MK};
+    struct spec_limits lim = {.target = m, .max_ctx = MAXT + 8, .max_seqs = 3};
+    REQUIRE(spec_proposer_create(&p, &sc, &lim, &e) == WELD_OK);
+    CHECK(p->hidden_dim == m->cfg.dim && p->n_vocab == MV && p->observe && p->fork);
+    const int D = m->cfg.dim;
+    struct rng r;
+    rng_seed(&r, 5);
+    int32_t t[MAXT], u[MAXT], g[MK];
+    for (int i = 0; i < MAXT; i++)
+        t[i] = (int32_t)(rng_u64(&r) % MV);
+    int sure = 0;
+    /* a prompt of 12: its rows, then guesses */
+    feed(p, 1, rt, t, 0, 12, D);
+    sure += mtp_check(p, m, rt, 1, t, 12, 0, g);
+    /* the step verified the guesses: rows of positions 11..14; the first guess taken, the
+       second not (the sampled token differs) */
+    memcpy(t + 12, g, sizeof g);
+    float *h = wmalloc(sizeof(float) * MAXT * (size_t)D);
+    target_rows(rt, t, 15, D, h);
+    p->observe(p, 1, 11, 4, t, h + (size_t)11 * D);
+    t[13] = (g[1] + 1) % MV;
+    sure += mtp_check(p, m, rt, 1, t, 14, 0, g);
+    /* a second sequence whose first 8 positions the target never computed (a prefix hit) */
+    memcpy(u, t, sizeof(int32_t) * 8);
+    for (int i = 8; i < 20; i++)
+        u[i] = (int32_t)(rng_u64(&r) % MV);
+    feed(p, 2, rt, u, 8, 20, D);
+    sure += mtp_check(p, m, rt, 2, u, 20, 8, g);
+    /* the first finishes; the next turn (its tokens and more) takes its slot and KV: the
+       target hands over rows from position 8 on, the slot kept the rest */
+    p->forget(p, 1);
+    for (int i = 14; i < 30; i++)
+        t[i] = (int32_t)(rng_u64(&r) % MV);
+    feed(p, 3, rt, t, 8, 30, D);
+    sure += mtp_check(p, m, rt, 3, t, 30, 0, g);
+    /* n > 1: a prompt's rows, a fork, then each sibling its own first token; both in one
+       batch */
+    for (int i = 0; i < 16; i++)
+        u[i] = (int32_t)(rng_u64(&r) % MV);
+    feed(p, 4, rt, u, 0, 16, D);
+    p->forget(p, 2);
+    p->fork(p, 4, 5);
+    int32_t w[MAXT];
+    memcpy(w, u, sizeof(int32_t) * 16);
+    w[15] = (u[15] + 7) % MV;
+    int32_t got4[MK], got5[MK];
+    float *l2 = wmalloc(sizeof(float) * 2 * MK * MV);
+    struct spec_ask asks[2] = {
+        {.seq_key = 4, .tokens = u, .n = 16, .max_k = MK, .out = got4, .logits = l2},
+        {.seq_key = 5, .tokens = w, .n = 16, .max_k = MK, .out = got5, .logits = l2 + MK * MV}};
+    sure += mtp_check_batch(p, m, rt, asks, 2, (const int[]){0, 0});
+    /* asked again with nothing new (the sequence sat out a step): the same answer */
+    sure += mtp_check(p, m, rt, 4, u, 16, 0, g);
+    /* a preempted sequence's recomputation hands the same rows over again */
+    p->forget(p, 3), p->forget(p, 4), p->forget(p, 5);
+    for (int i = 0; i < 11; i++)
+        w[i] = (int32_t)(rng_u64(&r) % MV);
+    feed(p, 6, rt, w, 0, 11, D);
+    feed(p, 6, rt, w, 0, 11, D);
+    sure += mtp_check(p, m, rt, 6, w, 11, 0, g);
+    wfree(l2);
+    fprintf(stderr,
+            "  %d guesses and their logits checked against the reference (largest "
+            "difference %.2g)\n",
+            sure, (double)g_worst);
+    CHECK(sure >= 10);
+    CHECK(g_worst < 1e-4f);
+    wfree(h);
+    spec_proposer_free(p);
+    runner_free(rt);
+    /* a model without MTP layers: a clear refusal */
+    lim.target = m;
+    m->cfg.n_nextn = 0;
+    CHECK(spec_proposer_create(&p, &sc, &lim, &e) == WELD_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "multi-token-prediction") != NULL);
+    m->cfg.n_nextn = 1;
+    model_free(m);
+}
+
 int main(int argc, char **argv)
 {
     test_args(argc, argv);
     RUN(ngram_matches_the_rule);
     RUN(config_json);
+    RUN(mtp_matches_reference);
     return test_summary();
 }

@@ -69,7 +69,7 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
         {"threads", 't', OPT_INT, &o->threads, "N",
          "forward-pass threads (default: one per physical core, one for models of tiny steps)"},
         {"speculative-config", 0, OPT_STR, &o->spec_config, "JSON",
-         "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' (same output, fewer steps)"},
+         "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}', method \"mtp\" (DeepSeek's MTP layer) or '{\"model\": \"draft.gguf\"}' (same output, fewer steps)"},
         {"model-draft", 0, OPT_STR, &o->model_draft, "MODEL",
          "draft model for speculative decoding, greedy guesses checked by the model (same output)"},
     };

@@ -311,7 +311,7 @@ int cmd_generate(int argc, char **argv)
         {"show-ids", 0, OPT_FLAG, &o.show_ids, NULL,
          "also print the generated token ids to stderr"},
         {"speculative-config", 0, OPT_STR, &o.spec_config, "JSON",
-         "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (same output, fewer steps)"},
+         "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}', method \"mtp\" (DeepSeek's MTP layer) or '{\"model\": \"draft.gguf\"}' (same output, fewer steps)"},
         {"model-draft", 0, OPT_STR, &o.model_draft, "MODEL",
          "draft model for speculative decoding, greedy guesses checked by the model (same output)"},
     };

@@ -346,7 +346,8 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
     if (p->proposer) {
         eng->prop = p->proposer;
     } else if (p->spec.method != SPEC_NONE) {
-        struct spec_limits lim = {.max_ctx = eng->sc.max_model_len,
+        struct spec_limits lim = {.target = eng->m,
+                                  .max_ctx = eng->sc.max_model_len,
                                   .max_seqs = p->max_num_seqs,
                                   .kv_tokens = (int64_t)eng->sc.kv.n_blocks *
                                                eng->sc.kv.block_size};
@@ -431,10 +432,18 @@ void engine_free(struct engine *eng)
 }
 
 /* A sequence leaves the scheduler (finished, or aborted: abort); the proposer forgets it. */
+/* The proposer's key for a sequence: its request id and its index among the request's n
+   (siblings share the scheduler id). */
+_Static_assert(REQUEST_MAX_N <= 256, "spec_key packs the index in 8 bits");
+static uint64_t spec_key(const struct sched_seq *ss)
+{
+    return ss->id << 8 | (uint64_t)((const struct engine_seq *)ss->user)->index;
+}
+
 static void seq_leave(struct engine *eng, struct sched_seq *ss, bool abort)
 {
     if (eng->prop && eng->prop->forget)
-        eng->prop->forget(eng->prop, ss->id);
+        eng->prop->forget(eng->prop, spec_key(ss));
     if (abort)
         sched_abort(eng->s, ss);
     else
@@ -669,6 +678,23 @@ static bool entry_all_hidden(const struct sched_entry *en)
            en->n_tokens > 1 && en->first < rq->n_prompt;
 }
 
+/* The proposer reads the target's hidden states (spec.h observe) and may be asked about
+   this entry's sequence: every token's row goes to it after the step. */
+static bool entry_observed(const struct engine *eng, const struct sched_entry *en)
+{
+    const struct request *rq = ((const struct engine_seq *)en->seq->user)->er->r;
+    return eng->prop && eng->prop->observe && rq->p.kind != REQUEST_KIND_EMBED &&
+           rq->p.prompt_logprobs < 0;
+}
+
+/* Hidden rows past the logit rows this entry's step gives (batch_n_hidden_rows). */
+static int entry_extra_hidden(const struct engine *eng, const struct sched_entry *en)
+{
+    return (entry_all_hidden(en) || entry_observed(eng, en)) && !entry_all_logits(en)
+               ? en->n_tokens - 1
+               : 0;
+}
+
 /* The step must return hidden states for this entry: an embedding's last step, or any
    prompt step of a mean-pooled one. */
 static bool entry_hidden(const struct sched_entry *en)
@@ -691,8 +717,8 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
         if (!en->seq)
             continue;
         n_rows += entry_all_logits(en) ? en->n_tokens : 1;
-        n_extra += entry_all_hidden(en) ? en->n_tokens - 1 : 0;
-        *hidden |= entry_hidden(en);
+        n_extra += entry_extra_hidden(eng, en);
+        *hidden |= entry_hidden(en) || entry_observed(eng, en);
     }
     if (!step_buffers(eng, pl->n_entries, n_rows, n_rows + n_extra, pl->n_copies))
         return err_set(e, WELD_ERR_NOMEM, "engine: out of memory for a step of %d entries "
@@ -725,7 +751,7 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
         eng->row0[n] = row;
         eng->hrow0[n] = hrow;
         row += rows;
-        hrow += entry_all_hidden(en) ? en->n_tokens - 1 : 0;
+        hrow += entry_extra_hidden(eng, en);
         eng->bseqs[n++] = (struct batch_seq){
             .seq_id = k,
             .tokens = en->seq->tokens + en->first,
@@ -734,7 +760,7 @@ static int plan_to_batch(struct engine *eng, const struct sched_plan *pl, struct
             .all_logits = all,
             .blocks = en->blocks,
             .n_blocks = en->n_blocks,
-            .all_hidden = entry_all_hidden(en),
+            .all_hidden = entry_all_hidden(en) || entry_observed(eng, en),
         };
     }
     eng->row0[n] = row;
@@ -917,7 +943,7 @@ static void spec_propose(struct engine *eng)
             }
             if (k < 1 || n >= eng->spec_cap)
                 continue;
-            eng->spec_asks[n] = (struct spec_ask){.seq_key = ss->id,
+            eng->spec_asks[n] = (struct spec_ask){.seq_key = spec_key(ss),
                                                   .tokens = ss->tokens,
                                                   .n = ss->n_tokens,
                                                   .max_k = k,
@@ -996,6 +1022,8 @@ static void entry_sample(struct engine *eng, struct engine_seq *es, const float 
             req_end(eng, er, REQUEST_FINISH_ERROR, e.msg);
             return;
         }
+        if (eng->prop && eng->prop->fork)
+            eng->prop->fork(eng->prop, spec_key(es->ss), spec_key(er->seqs[i].ss));
         if (er->paused)
             sched_pause(eng->s, er->seqs[i].ss, true);
     }
@@ -1097,6 +1125,17 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
                 req_end(eng, es->er, REQUEST_FINISH_ERROR, re.msg);
                 continue;
             }
+        }
+        if (entry_observed(eng, en)) {
+            /* the rows in position order: those past the logit rows, then the logit rows */
+            const int n_before = entry_extra_hidden(eng, en);
+            const float *hx = eng->hidden + (size_t)(eng->row0[b.n_seqs] + eng->hrow0[j]) * D;
+            if (n_before)
+                eng->prop->observe(eng->prop, spec_key(en->seq), en->first, n_before,
+                                   en->seq->tokens, hx);
+            eng->prop->observe(eng->prop, spec_key(en->seq), en->first + n_before,
+                               en->n_tokens - n_before, en->seq->tokens,
+                               eng->hidden + (size_t)r0 * D);
         }
         if (en->n_draft > 0)
             entry_verify(eng, es, en, r0);

@@ -678,6 +678,24 @@ void model_free(struct model *m)
     wfree(m);
 }
 
+void model_mtp_view(const struct model *m, int i, struct model *view)
+{
+    const struct nextn_weights *N = &m->nextn[i];
+    const int l = m->cfg.n_layer + i;
+    *view = *m;
+    view->cfg.n_layer = 1;
+    view->cfg.n_nextn = 0;
+    view->cfg.n_dense_lead = model_layer_moe(&m->cfg, l) ? 0 : 1;
+    view->layers = m->layers + l;
+    view->nextn = NULL;
+    view->output_norm = N->shared_head_norm;
+    if (N->shared_head_head.data)
+        view->output = N->shared_head_head;
+    if (N->embed_tokens.data)
+        view->tok_embd = N->embed_tokens;
+    view->cfg.tied_embeddings = view->output.data == view->tok_embd.data;
+}
+
 static size_t layer_bytes(const struct layer_weights *L, int n_expert)
 {
     const struct tensor *ts[] = {&L->attn_norm, &L->wq,       &L->wk,       &L->wv,

@@ -106,5 +106,11 @@ size_t model_weight_bytes(const struct model *m);
    tensor the executor copied (repacked) and will not read in place. They come back from
    the file if read. No-op (0) for models in caller memory. */
 int model_release_pages(const struct model *m, const void *p, size_t n);
+/* MTP layer i (< cfg.n_nextn) as a model of its own, for a runner: one decoder layer
+   (layers[n_layer + i], MoE as in m), its shared head as the final norm and LM head (m's
+   output when it has no head of its own), its embed_tokens or m's. The view points into
+   m (m must outlive it) and owns nothing: never model_free it. The input stage (enorm,
+   hnorm, eh_proj) is the caller's, through batch_seq.embeds. */
+void model_mtp_view(const struct model *m, int i, struct model *view);
 
 #endif

@@ -203,8 +203,13 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
             struct spec_ask *q = &asks[d->row_ask[j]];
             struct slot *s = &d->slots[slot_of[d->row_ask[j]]];
             s->n += d->bs[j].n_tokens;
-            if (s->n >= q->n)
-                q->out[q->n_out++] = argmax(d->logits + (size_t)j * (size_t)d->n_vocab, d->n_vocab);
+            if (s->n < q->n)
+                continue;
+            const float *lg = d->logits + (size_t)j * (size_t)d->n_vocab;
+            if (q->logits)
+                memcpy(q->logits + (size_t)q->n_out * (size_t)d->n_vocab, lg,
+                       sizeof(float) * (size_t)d->n_vocab);
+            q->out[q->n_out++] = argmax(lg, d->n_vocab);
         }
     }
     runner_park(d->r);

@@ -57,6 +57,8 @@ int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c
     *out = NULL;
     if (c->method == SPEC_DRAFT_MODEL)
         return spec_draft_create(out, c->draft_model, lim, e);
+    if (c->method == SPEC_MTP)
+        return spec_mtp_create(out, lim, e);
     if (c->method != SPEC_NGRAM)
         return err_set(e, WELD_ERR_UNSUPPORTED, "speculative decoding: no such method");
     struct ngram *g = wcalloc(1, sizeof *g);
@@ -132,15 +134,17 @@ int spec_config_parse_draft(const char *text, const char *draft, struct spec_con
         if (!ms)
             rc = err_set(e, WELD_ERR_INVALID_ARG,
                          "--speculative-config: give \"method\" "
-                         "(\"ngram\") or a draft \"model\"");
+                         "(\"ngram\", \"mtp\") or a draft \"model\"");
         else if (!strcmp(ms, "ngram"))
             c->method = SPEC_NGRAM;
         else if (!strcmp(ms, "draft_model") || !strcmp(ms, "draft"))
             c->method = SPEC_DRAFT_MODEL;
+        else if (!strcmp(ms, "mtp") || !strcmp(ms, "deepseek_mtp"))
+            c->method = SPEC_MTP;
         else
             rc = err_set(e, WELD_ERR_INVALID_ARG,
                          "--speculative-config: method \"%s\" is not "
-                         "known (ngram, draft_model)",
+                         "known (ngram, draft_model, mtp)",
                          ms);
     }
     if (!rc && draft && model)

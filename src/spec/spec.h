@@ -16,8 +16,9 @@
  * the sequence, of prompt_lookup_max down to prompt_lookup_min tokens, that occurred
  * earlier in the sequence; its latest earlier occurrence's continuation is the guess.
  * `draft_model` (draft.c): a smaller model with the same vocabulary, in a runner of its own,
- * guessing greedily. Planned: `mtp` (DeepSeek's multi-token-prediction layer, which model/
- * loads), which fits the same propose call, keyed by the sequence id for its state.
+ * guessing greedily. `mtp` (mtp.c): the target's own multi-token-prediction layer
+ * (DeepSeek-V3's nextn), which reads the target's final hidden states: the engine hands
+ * them over after every step (observe).
  *
  * Configuration is vLLM's --speculative-config JSON: {"method": "ngram",
  * "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
@@ -28,12 +29,14 @@
 
 #include "core/err.h"
 
+struct model;
+
 #include <stdbool.h>
 #include <stdint.h>
 
 #define SPEC_MAX_TOKENS 16 /* num_speculative_tokens at most */
 
-enum spec_method { SPEC_NONE = 0, SPEC_NGRAM, SPEC_DRAFT_MODEL, SPEC_CUSTOM };
+enum spec_method { SPEC_NONE = 0, SPEC_NGRAM, SPEC_DRAFT_MODEL, SPEC_MTP, SPEC_CUSTOM };
 
 struct spec_config {
     enum spec_method method;
@@ -50,6 +53,8 @@ struct spec_ask {
     int n, max_k;
     int32_t *out; /* (max_k) */
     int n_out;
+    float *logits; /* (max_k, n_vocab) a model proposer's logits behind each guess, or
+                      NULL: not wanted */
 };
 
 struct spec_proposer {
@@ -63,6 +68,19 @@ struct spec_proposer {
     void (*propose_batch)(struct spec_proposer *p, struct spec_ask *asks, int n);
     /* The sequence will not be asked about again (finished or aborted). May be NULL. */
     void (*forget)(struct spec_proposer *p, uint64_t seq_key);
+    /* The target's final hidden states (after its final norm: the LM head's input) of
+       positions [pos, pos + n) of sequence seq_key, computed by the step just run from the
+       sequence's tokens[0, pos + n); rows (n, hidden_dim). Called after each step that
+       computed positions of a sequence the proposer may be asked about, before its tokens
+       are sampled; what came from pos on before is replaced (a rejected guess, a
+       recomputation). Positions never handed over (a prefix-cache hit) have none. NULL
+       with hidden_dim 0: not wanted. */
+    void (*observe)(struct spec_proposer *p, uint64_t seq_key, int pos, int n,
+                    const int32_t *tokens, const float *hidden);
+    /* child starts as a copy of parent (n > 1 sampling forks after the prompt). May be
+       NULL. */
+    void (*fork)(struct spec_proposer *p, uint64_t parent_key, uint64_t child_key);
+    int hidden_dim;
     void (*free)(struct spec_proposer *p);
     int n_vocab;     /* the vocabulary its guesses come from (0: any; the engine checks it) */
     bool runs_model; /* it computes on the cores: the engine parks its own workers first */
@@ -78,6 +96,7 @@ int spec_config_parse_draft(const char *json, const char *draft, struct spec_con
 
 /* What the engine serves, for a proposer that keeps state per sequence. */
 struct spec_limits {
+    const struct model *target; /* the model verified against (mtp reads its layers) */
     int max_ctx;       /* positions per sequence (0: the draft's own context) */
     int max_seqs;      /* sequences running at once (0: 16) */
     int64_t kv_tokens; /* positions the engine's KV pool holds (0: max_seqs x max_ctx) */
@@ -91,6 +110,8 @@ int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c
 /* The draft-model proposer (draft.c). */
 int spec_draft_create(struct spec_proposer **out, const char *path, const struct spec_limits *lim,
                       struct weld_err *e);
+/* The MTP proposer (mtp.c) over lim->target's first multi-token-prediction layer. */
+int spec_mtp_create(struct spec_proposer **out, const struct spec_limits *lim, struct weld_err *e);
 void spec_proposer_free(struct spec_proposer *p);
 
 /* The ngram guess itself (what the ngram proposer calls): up to max_k tokens. */
