@@ -47,6 +47,7 @@ struct bench_opts {
     float temperature, top_p; /* sampling of every request (default greedy) */
     int top_k;
     int spec_oracle; /* >= 0: --spec-oracle PCT (the speculation ceiling); -1 off */
+    bool spec_always; /* --speculate-always: guess every step (a proposer's own cost) */
 };
 
 /* A conversation (multi-turn) or a single prompt: its tokens so far. */
@@ -105,6 +106,8 @@ struct bench_result {
     double seconds, out_tps, total_tps, hit_rate, mean_ttft;
     uint64_t requests, prompt_tokens, cached_tokens, generated_tokens, preemptions;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted; /* speculation's counters */
+    uint64_t steps, spec_asked;
+    double t_forward, t_propose;               /* seconds in the target's passes, in the proposer */
     uint64_t peak_rss, weight_bytes, kv_bytes; /* process peak resident set; budget parts */
 };
 
@@ -297,6 +300,10 @@ static int bench_once(struct bench_run *br, struct bench_result *res, struct wel
         .spec_drafts = st.spec_drafts,
         .spec_draft_tokens = st.spec_draft_tokens,
         .spec_accepted = st.spec_accepted_tokens,
+        .steps = st.steps,
+        .spec_asked = st.spec_asked,
+        .t_forward = st.t_forward,
+        .t_propose = st.t_propose,
     };
     return WELD_OK;
 }
@@ -449,6 +456,7 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
     } else if (o->spec_oracle >= 0) {
         rc = err_set(e, WELD_ERR_INVALID_ARG, "--spec-oracle needs --dataset random");
     }
+    p.spec_always = o->spec_always;
     struct engine_params plain = p;
     plain.spec.method = SPEC_NONE;
     if (rc == WELD_OK)
@@ -502,6 +510,13 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
                 (unsigned long long)a.spec_accepted, (unsigned long long)a.spec_draft_tokens,
                 100.0 * (double)a.spec_accepted / (double)a.spec_draft_tokens,
                 (double)a.spec_accepted / (double)a.spec_drafts);
+    if (rc == WELD_OK && a.spec_asked)
+        fprintf(stderr,
+                "speculative: the proposer took %.2f ms per guess asked (%llu), %.1f%% of the "
+                "time; the target %.2f ms per step (%llu)\n",
+                1e3 * a.t_propose / (double)a.spec_asked, (unsigned long long)a.spec_asked,
+                a.seconds > 0 ? 100.0 * a.t_propose / a.seconds : 0,
+                a.steps ? 1e3 * a.t_forward / (double)a.steps : 0, (unsigned long long)a.steps);
     if (rc == WELD_OK && o->json) {
         json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "model",
                               eo->model, "dataset", o->dataset, "num_prompts", o->num_prompts,
@@ -568,6 +583,8 @@ int cmd_bench(int argc, char **argv)
         {"json", 0, OPT_FLAG, &o.json, NULL, "print the results as one JSON object on stdout"},
         {"spec-oracle", 0, OPT_INT, &o.spec_oracle, "PCT",
          "run again with a proposer that replays the first run's output, PCT% of its guesses made wrong: speculative decoding's ceiling (k from --speculative-config, default 4)"},
+        {"speculate-always", 0, OPT_FLAG, &o.spec_always, NULL,
+         "guess in every step whatever the measured costs say (to measure what a proposer costs)"},
     };
     memcpy(opts + n, more, sizeof more);
     n += (int)(sizeof more / sizeof more[0]);

@@ -969,7 +969,10 @@ static void spec_propose(struct engine *eng)
     int slots = 0;
     for (int j = 0; j < n; j++)
         slots += eng->spec_asks[j].max_k;
-    fit_add(&eng->prop_fit, slots, time_now() - t0);
+    double dt = time_now() - t0;
+    fit_add(&eng->prop_fit, slots, dt);
+    eng->st.t_propose += dt;
+    eng->st.spec_asked += (uint64_t)slots;
     for (int j = 0; j < n; j++) {
         const struct spec_ask *q = &eng->spec_asks[j];
         int got = q->n_out < 0 ? 0 : q->n_out > q->max_k ? q->max_k : q->n_out;

@@ -118,6 +118,8 @@ struct engine_stats {
     uint64_t spec_draft_tokens;                 /* tokens proposed and verified */
     uint64_t spec_accepted_tokens;              /* of them, accepted */
     uint64_t spec_accepted_at[SPEC_MAX_TOKENS]; /* accepted at draft position i */
+    uint64_t spec_asked;                        /* guesses asked of the proposer */
+    double t_propose;                           /* seconds inside the proposer */
 };
 
 /* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what

@@ -114,6 +114,11 @@ for ds in random multi-turn; do
     console.log(d.result.output_tokens === 30 && d.compare_result.output_tokens === 30 && d.ratio > 0)' "$j" 2>&1)
   expect_eq "$r" "true" "bench $ds --compare sequential"
 done
+# a proposer's own cost: every step guesses, and the times are reported
+err=$("$weld" bench throughput -m "$model" --num-prompts 2 --input-len 12 --output-len 24 \
+        --max-num-seqs 1 --speculate-always -md "$model" 2>&1 >/dev/null)
+expect_contains "$err" "the proposer took" "bench --speculate-always reports the proposer's time"
+expect_contains "$err" "accepted (100.0%)" "bench -md: the model drafting for itself"
 err=$("$weld" bench throughput -m "$model" --dataset nope 2>&1)
 expect_contains "$err" "--dataset 'nope'" "bad dataset"
 
