@@ -811,6 +811,54 @@ TEST(draft_model_siblings)
     engine_free(plain), engine_free(spec);
 }
 
+/* The draft's KV lives under the engine's block ids: a request that hits the prefix cache
+   does not make the draft run its prompt again (the second of two identical requests runs
+   under a block of its prompt through the draft, plus its guesses), and a preempted
+   sequence readmitted reuses what the draft computed. Same tokens as the target alone. */
+TEST(draft_model_prefix_shared)
+{
+    char a[4096], b[4096];
+    if (!babyllama_pair(a, b, sizeof a))
+        SKIP("babyllama-a/b.gguf not in the shared models");
+    struct engine *plain = pair_engine(a, NULL, 0), *spec = pair_engine(a, b, 0);
+    REQUIRE(plain && spec);
+    const char *prompt = "Once upon a time, there was a little girl named Lily. She loved to "
+                         "play outside in the";
+    struct col c[2];
+    uint64_t ran[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        struct engine *eng = k ? spec : plain;
+        REQUIRE(col_init(&c[k], 2, 1));
+        struct request_callbacks cb = {&c[k], on_delta, on_finish};
+        struct weld_err e;
+        for (int i = 0; i < 2; i++) {
+            struct engine_stats st0, st1;
+            engine_stats_get(eng, &st0);
+            struct request_params q = request_params_default();
+            q.prompt = prompt;
+            q.max_tokens = 12;
+            q.sampling.temperature = 0;
+            q.ignore_eos = true;
+            REQUIRE(engine_add_request(eng, &q, &cb, NULL, &e) == WELD_OK);
+            CHECK(run_all(eng, 100000) > 0);
+            engine_stats_get(eng, &st1);
+            if (k)
+                ran[i] = st1.spec_computed - st0.spec_computed;
+            if (k && i)
+                CHECK(st1.cached_tokens - st0.cached_tokens >= 64);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        CHECK(c[0].seqs[i].n_tokens == c[1].seqs[i].n_tokens &&
+              !memcmp(c[0].seqs[i].tokens, c[1].seqs[i].tokens,
+                      sizeof(int32_t) * (size_t)c[0].seqs[i].n_tokens));
+    fprintf(stderr, "  the draft ran %llu positions for the first request, %llu for the second\n",
+            (unsigned long long)ran[0], (unsigned long long)ran[1]);
+    CHECK(ran[0] >= 90 && ran[1] + 60 <= ran[0]);
+    wfree(c[0].seqs), wfree(c[1].seqs);
+    engine_free(plain), engine_free(spec);
+}
+
 /* Drafts for many sequences at once: 40 greedy requests on a pool of 40 blocks (the target
    preempts; the draft, whose pool holds as many positions, drops slots for room), 16
    running at a time, every sequence's guesses from one draft batch per token. Same tokens
@@ -1498,6 +1546,7 @@ int main(int argc, char **argv)
     RUN(speculative_equals_plain);
     RUN(draft_model_pair);
     RUN(draft_model_siblings);
+    RUN(draft_model_prefix_shared);
     RUN(draft_model_batched);
     RUN(sampled_distribution_unchanged);
     RUN(n_greater_than_one);

@@ -349,8 +349,8 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
         struct spec_limits lim = {.target = eng->m,
                                   .max_ctx = eng->sc.max_model_len,
                                   .max_seqs = p->max_num_seqs,
-                                  .kv_tokens = (int64_t)eng->sc.kv.n_blocks *
-                                               eng->sc.kv.block_size};
+                                  .kv_tokens = (int64_t)eng->sc.kv.n_blocks * eng->sc.kv.block_size,
+                                  .block_size = eng->sc.kv.block_size};
         if ((rc = spec_proposer_create(&eng->prop, &p->spec, &lim, e))) {
             engine_free(eng);
             return rc;
@@ -948,7 +948,9 @@ static void spec_propose(struct engine *eng)
                                                   .n = ss->n_tokens,
                                                   .max_k = k,
                                                   .out = eng->spec_out +
-                                                         (size_t)n * SPEC_MAX_TOKENS};
+                                                         (size_t)n * SPEC_MAX_TOKENS,
+                                                  .blocks = ss->table.blocks,
+                                                  .n_blocks = ss->table.n_blocks};
             eng->spec_seqs[n] = ss;
             eng->spec_reqs[n++] = r->id;
         }
@@ -1169,6 +1171,7 @@ int engine_step(struct engine *eng, struct weld_err *e)
 void engine_stats_get(const struct engine *eng, struct engine_stats *st)
 {
     *st = eng->st;
+    st->spec_computed = eng->prop ? eng->prop->computed : 0;
     struct sched_stats ss;
     sched_stats_get(eng->s, &ss);
     st->preemptions = ss.n_preemptions;

@@ -119,6 +119,7 @@ struct engine_stats {
     uint64_t spec_accepted_tokens;              /* of them, accepted */
     uint64_t spec_accepted_at[SPEC_MAX_TOKENS]; /* accepted at draft position i */
     uint64_t spec_asked;                        /* guesses asked of the proposer */
+    uint64_t spec_computed; /* positions a model proposer ran through its model */
     double t_propose;                           /* seconds inside the proposer */
 };
 

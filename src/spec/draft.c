@@ -3,25 +3,33 @@
  * guesses greedily, token by token, from its own runner, every sequence of a step in one
  * batch.
  *
- * Each sequence the engine asks about gets a slot of the draft runner (a seq id of its
- * paged KV cache, exec/runner.h's internal placement) holding the tokens whose KV it
- * computed. The runner has a slot per sequence the engine runs at once (spec_limits
- * max_seqs) and a pool of as many positions as the engine's own pool holds, so the draft
- * never needs more room than the target; blocks are taken as positions are written. A
- * call (propose_batch) first rewinds each slot to the longest prefix it shares with its
- * sequence's tokens now (the guesses the target rejected fall away there), feeds the rest
- * (the accepted guesses and the target's own token; a new sequence its whole prompt) and
- * then its guesses back, one per pass, in passes of at most DRAFT_BATCH tokens across the
- * sequences, taking the argmax of each caught-up sequence's last row: k guesses for every
- * sequence in about k forward passes however many sequences there are.
+ * KV in the engine's block manager: the draft's cache is a pool of its own (its model's
+ * layers and dtype) indexed by the engine's block ids, as vLLM lays out a draft's layers,
+ * so block X of the draft holds the draft's KV of the tokens block X holds in the target.
+ * Each ask carries its sequence's block table. The draft writes only the full blocks the
+ * target has computed (positions below the last full block boundary at or before n - 1,
+ * the ones the prefix cache can share) plus, for the partial tail (at most block_size - 1
+ * known positions, the last token, then its guesses), per-ask scratch blocks past the
+ * engine's ids, rewritten on every call. So a guess never lands in a block the target owns
+ * and copy-on-write never needs mirroring.
  *
- * Slots go least recently used first when every one is taken (a slot in the current call
- * is never taken); a sequence whose positions do not fit in the pool drops slots of other
- * sequences, least recently used first, and otherwise gets no guesses this step. Errors of
- * the draft never reach the request: that sequence gets no guesses and its slot is reset.
+ * What each block holds is known by its fingerprint: blk_fp[X], a hash chained over every
+ * token from the sequence's start to the end of the block it held when the draft wrote
+ * it (0: nothing valid). A sequence's leading blocks whose fingerprint matches its own
+ * tokens' need no feeding: a prefix-cache hit, a sibling's prompt after a fork, a
+ * preempted sequence readmitted, all reuse what the draft computed. Identical tokens give
+ * identical KV, so a shared block written again is unchanged; within one forward pass a
+ * block one entry writes may appear in no other entry's table (kv_check_tables), so an
+ * ask that would touch one waits a pass, and by then the block is valid for it.
  *
- * Not yet: sampled drafts (greedy guesses are checked exactly anyway), sharing the target's
- * prefix cache (a sequence that hits it is fed to the draft from its first token).
+ * A call (propose_batch) feeds each sequence from its first invalid block to its last
+ * token, then its guesses back, one per pass, in passes of at most DRAFT_BATCH tokens
+ * across the sequences, taking the argmax of each caught-up sequence's last row: k guesses
+ * for every sequence in about k forward passes however many sequences there are. Errors of
+ * the draft never reach the request: that sequence gets no guesses this step.
+ *
+ * Not yet: sampled drafts (greedy guesses are checked exactly anyway); the draft's pool is
+ * not in the engine's memory budget (the engine sizes its own pool first).
  */
 #include "spec/spec.h"
 
@@ -30,28 +38,39 @@
 #include "model/model.h"
 
 #include <string.h>
+#include <xxhash.h>
 
 #define DRAFT_BATCH 1024 /* tokens per catch-up forward pass */
 #define DRAFT_SEQS_DEFAULT 16
+#define DRAFT_SCRATCH 2 /* blocks per ask for the tail: block_size - 1 + 1 + k - 1 positions */
 
-struct slot {
+struct dseq {
     uint64_t key, last_use;
     bool used;
-    int32_t *toks; /* (max_ctx) the tokens whose KV the runner holds for this slot */
-    int n;
-    int ask; /* index of its ask in the current call, or -1 */
+    int32_t *toks; /* (max_ctx) its tokens as last seen */
+    int n_tok;
+    uint64_t *fp; /* (max_blocks) fp[j]: the chained hash of tokens [0, (j + 1) block_size) */
+    int n_fp;
+    /* the current call */
+    int ask;      /* its ask, or -1 */
+    int b;        /* full blocks the target computed (the rest goes to scratch) */
+    int fed;      /* positions whose KV this call's table holds */
+    int32_t *tab; /* (max_blocks + DRAFT_SCRATCH) its blocks [0, b), then scratch */
 };
 
 struct draft {
     struct spec_proposer base;
     struct model *m;
     struct runner *r;
-    int n_vocab, max_ctx, n_slots;
+    int n_vocab, max_ctx, n_seqs, bsz, n_pool, max_blocks;
     uint64_t clock;
-    float *logits; /* (n_slots, n_vocab) */
-    struct slot *slots;
-    struct batch_seq *bs; /* (n_slots) */
-    int *row_ask;         /* (n_slots) the ask of each batch entry */
+    uint64_t *blk_fp;        /* (n_pool) fingerprint of what each block holds (0: none) */
+    uint32_t *wpass, *rpass; /* (n_pool) the pass that writes / reads each block */
+    uint32_t pass;
+    float *logits;        /* (n_seqs, n_vocab) */
+    struct dseq *seqs;    /* (n_seqs) */
+    struct batch_seq *bs; /* (n_seqs) */
+    int *row_ask;         /* (n_seqs) */
 };
 
 static int argmax(const float *v, int n)
@@ -63,147 +82,173 @@ static int argmax(const float *v, int n)
     return b;
 }
 
-static void slot_reset(struct draft *d, int i)
+/* The state of key: its own, a free one or the least recently used outside this call. */
+static struct dseq *seq_for(struct draft *d, uint64_t key)
 {
-    runner_drop_seq(d->r, i);
-    d->slots[i].n = 0;
-}
-
-/* The slot of key, or a free or least recently used one not in this call (-1: none). */
-static int slot_for(struct draft *d, uint64_t key)
-{
-    int lru = -1;
-    for (int i = 0; i < d->n_slots; i++) {
-        struct slot *s = &d->slots[i];
+    struct dseq *pick = NULL;
+    for (int i = 0; i < d->n_seqs; i++) {
+        struct dseq *s = &d->seqs[i];
         if (s->used && s->key == key)
-            return i;
+            return s;
         if (s->ask >= 0)
             continue;
-        if (lru < 0 || !s->used || (d->slots[lru].used && s->last_use < d->slots[lru].last_use))
-            lru = i;
+        if (!pick || (pick->used && (!s->used || s->last_use < pick->last_use)))
+            pick = s;
     }
-    if (lru >= 0) {
-        slot_reset(d, lru);
-        d->slots[lru].used = true, d->slots[lru].key = key;
+    if (pick) {
+        pick->used = true, pick->key = key;
+        pick->n_tok = pick->n_fp = 0;
     }
-    return lru;
+    return pick;
 }
 
-/* Room in the pool for positions [slot's n, + n) of slot i beside the blocks this call
-   reserved already (*reserved, which grows by them): drops the least recently used slots
-   outside this call until there is (false: not even then). */
-static bool make_room(struct draft *d, int i, int n, int64_t *reserved)
+/* s's fingerprints of its first b full blocks (tokens[0, n) its tokens now). */
+static void fingerprints(struct draft *d, struct dseq *s, const int32_t *tokens, int n, int b)
 {
-    for (;;) {
-        int n_free, need = runner_seq_blocks_needed(d->r, i, d->slots[i].n, n, &n_free);
-        need = need > 0 ? need : 0;
-        if (need <= n_free - *reserved) {
-            *reserved += need;
-            return true;
-        }
-        int lru = -1;
-        for (int j = 0; j < d->n_slots; j++)
-            if (d->slots[j].used && d->slots[j].ask < 0 && d->slots[j].n > 0 &&
-                (lru < 0 || d->slots[j].last_use < d->slots[lru].last_use))
-                lru = j;
-        if (lru < 0)
+    int c = 0;
+    while (c < s->n_tok && c < n && s->toks[c] == tokens[c])
+        c++;
+    if (s->n_fp > c / d->bsz)
+        s->n_fp = c / d->bsz;
+    memcpy(s->toks + c, tokens + c, sizeof(int32_t) * (size_t)(n - c));
+    s->n_tok = n;
+    for (int j = s->n_fp; j < b; j++) {
+        uint64_t h = XXH3_64bits_withSeed(tokens + (size_t)j * d->bsz,
+                                          sizeof(int32_t) * (size_t)d->bsz,
+                                          j ? s->fp[j - 1] : 0x5eedULL);
+        s->fp[j] = h ? h : 1;
+    }
+    s->n_fp = b > s->n_fp ? b : s->n_fp;
+}
+
+/* Whether s's entry of positions [s->fed, s->fed + c) may join pass d->pass (no block it
+   reads is written by another entry of the pass, no block it writes is read by one); if
+   so, its blocks are marked. */
+static bool pass_claim(struct draft *d, const struct dseq *s, int c)
+{
+    const int used = (s->fed + c + d->bsz - 1) / d->bsz, eng = used < s->b ? used : s->b;
+    const int w0 = s->fed / d->bsz;
+    for (int j = 0; j < eng; j++) {
+        int32_t x = s->tab[j];
+        if (d->wpass[x] == d->pass || (j >= w0 && d->rpass[x] == d->pass))
             return false;
-        slot_reset(d, lru);
-        d->slots[lru].used = false;
     }
-}
-
-/* One forward pass over the d->bs entries [0, nb); on failure every slot in it is reset
-   and its ask gets no (more) guesses. */
-static int run(struct draft *d, int nb, bool *alive)
-{
-    struct weld_err e;
-    struct batch b = {.seqs = d->bs, .n_seqs = nb};
-    if (runner_forward(d->r, &b, d->logits, &e) == WELD_OK)
-        return 0;
-    for (int j = 0; j < nb; j++) {
-        slot_reset(d, d->bs[j].seq_id);
-        alive[d->row_ask[j]] = false;
+    for (int j = 0; j < eng; j++) {
+        d->rpass[s->tab[j]] = d->pass;
+        if (j >= w0)
+            d->wpass[s->tab[j]] = d->pass;
     }
-    return -1;
+    return true;
 }
 
 static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, int n)
 {
     struct draft *d = (struct draft *)p;
-    for (int i = 0; i < d->n_slots; i++)
-        d->slots[i].ask = -1;
-    bool alive_buf[64], *alive = n <= 64 ? alive_buf : wcalloc((size_t)n, sizeof *alive);
-    int *slot_of = wcalloc((size_t)n + 1, sizeof *slot_of);
-    if (!alive || !slot_of) {
+    const int B = d->bsz;
+    for (int i = 0; i < d->n_seqs; i++)
+        d->seqs[i].ask = -1;
+    struct dseq *of_buf[64], **of = n <= 64 ? of_buf : wcalloc((size_t)n, sizeof *of);
+    if (!of) {
         for (int a = 0; a < n; a++)
             asks[a].n_out = 0;
-        if (alive != alive_buf)
-            wfree(alive);
-        wfree(slot_of);
         return;
     }
-    /* slots, rewinds, room */
-    int64_t reserved = 0;
+    /* states, fingerprints, what is valid, tables */
+    int n_alive = 0;
     for (int a = 0; a < n; a++) {
         struct spec_ask *q = &asks[a];
         q->n_out = 0;
-        alive[a] = false;
-        slot_of[a] = -1;
+        of[a] = NULL;
         int k = q->max_k < d->max_ctx - q->n ? q->max_k : d->max_ctx - q->n;
-        if (q->n < 1 || k < 1)
+        k = k < B + 1 ? k : B + 1; /* what DRAFT_SCRATCH blocks hold */
+        if (q->n < 1 || k < 1 || !q->blocks || n_alive >= d->n_seqs)
             continue;
         q->max_k = k;
-        int i = slot_for(d, q->seq_key);
-        if (i < 0)
+        struct dseq *s = seq_for(d, q->seq_key);
+        if (!s)
             continue;
-        struct slot *s = &d->slots[i];
         s->last_use = ++d->clock;
         s->ask = a;
-        int common = 0;
-        while (common < s->n && common < q->n - 1 && s->toks[common] == q->tokens[common])
-            common++;
-        s->n = common;
-        memcpy(s->toks + common, q->tokens + common, sizeof(int32_t) * (size_t)(q->n - common));
-        /* the tokens to feed, then k - 1 guesses fed back */
-        if (!make_room(d, i, q->n - common + k - 1, &reserved)) {
-            slot_reset(d, i);
+        s->b = (q->n - 1) / B;
+        s->b = s->b < q->n_blocks ? s->b : q->n_blocks;
+        fingerprints(d, s, q->tokens, q->n, s->b);
+        int ok = 0;
+        while (ok < s->b && q->blocks[ok] >= 0 && q->blocks[ok] < d->n_pool &&
+               d->blk_fp[q->blocks[ok]] == s->fp[ok])
+            ok++;
+        bool in_range = true;
+        for (int j = ok; j < s->b; j++)
+            in_range &= q->blocks[j] >= 0 && q->blocks[j] < d->n_pool;
+        if (!in_range)
             continue;
-        }
-        alive[a] = true;
-        slot_of[a] = i;
+        s->fed = ok * B;
+        memcpy(s->tab, q->blocks, sizeof(int32_t) * (size_t)s->b);
+        for (int i = 0; i < DRAFT_SCRATCH; i++)
+            s->tab[s->b + i] = d->n_pool + n_alive * DRAFT_SCRATCH + i;
+        of[a] = s;
+        n_alive++;
     }
     /* Passes of at most DRAFT_BATCH tokens: a sequence behind feeds its unfed tokens, one
        caught up feeds its last guess back; the last row of a caught-up sequence gives its
-       next guess (its argmax). Sequences that catch up early guess while others still feed. */
+       next guess. Sequences that catch up early guess while others still feed. */
     for (;;) {
         int nb = 0, tok = 0;
+        if (++d->pass == 0) { /* stamps wrapped */
+            memset(d->wpass, 0, sizeof(uint32_t) * (size_t)d->n_pool);
+            memset(d->rpass, 0, sizeof(uint32_t) * (size_t)d->n_pool);
+            d->pass = 1;
+        }
+        bool waiting = false;
         for (int a = 0; a < n && tok < DRAFT_BATCH; a++) {
             struct spec_ask *q = &asks[a];
-            if (!alive[a] || q->n_out >= q->max_k)
+            struct dseq *s = of[a];
+            if (!s || q->n_out >= q->max_k)
                 continue;
-            struct slot *s = &d->slots[slot_of[a]];
             int c = 1;
-            if (s->n < q->n)
-                c = q->n - s->n < DRAFT_BATCH - tok ? q->n - s->n : DRAFT_BATCH - tok;
+            const int32_t *t = s->toks + s->fed;
+            if (s->fed < q->n)
+                c = q->n - s->fed < DRAFT_BATCH - tok ? q->n - s->fed : DRAFT_BATCH - tok;
             else
-                s->toks[s->n] = q->out[q->n_out - 1];
-            d->bs[nb] = (struct batch_seq){.seq_id = slot_of[a],
-                                           .tokens = s->toks + s->n,
+                t = q->out + q->n_out - 1;
+            if (!pass_claim(d, s, c)) {
+                waiting = true;
+                continue;
+            }
+            /* the blocks written hold nothing valid until the pass is done */
+            for (int j = s->fed / B; j < s->b && j * B < s->fed + c; j++)
+                d->blk_fp[s->tab[j]] = 0;
+            d->bs[nb] = (struct batch_seq){.seq_id = nb,
+                                           .tokens = t,
                                            .n_tokens = c,
-                                           .pos = s->n};
+                                           .pos = s->fed,
+                                           .blocks = s->tab,
+                                           .n_blocks = s->b + DRAFT_SCRATCH};
             d->row_ask[nb++] = a;
             tok += c;
         }
-        if (!nb)
+        if (!nb) {
+            if (waiting) /* cannot happen (an entry alone always fits): do not spin */
+                for (int a = 0; a < n; a++)
+                    of[a] = NULL;
             break;
-        if (run(d, nb, alive))
+        }
+        struct weld_err e;
+        struct batch b = {.seqs = d->bs, .n_seqs = nb};
+        d->base.computed += (uint64_t)tok;
+        if (runner_forward(d->r, &b, d->logits, &e) != WELD_OK) {
+            for (int j = 0; j < nb; j++)
+                of[d->row_ask[j]] = NULL; /* no (more) guesses; its blocks stay invalid */
             continue;
+        }
         for (int j = 0; j < nb; j++) {
             struct spec_ask *q = &asks[d->row_ask[j]];
-            struct slot *s = &d->slots[slot_of[d->row_ask[j]]];
-            s->n += d->bs[j].n_tokens;
-            if (s->n < q->n)
+            struct dseq *s = of[d->row_ask[j]];
+            int from = s->fed;
+            s->fed += d->bs[j].n_tokens;
+            for (int x = from / B; x < s->b && (x + 1) * B <= s->fed; x++)
+                if ((x + 1) * B > from)
+                    d->blk_fp[s->tab[x]] = s->fp[x];
+            if (s->fed < q->n)
                 continue;
             const float *lg = d->logits + (size_t)j * (size_t)d->n_vocab;
             if (q->logits)
@@ -213,27 +258,16 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         }
     }
     runner_park(d->r);
-    if (alive != alive_buf)
-        wfree(alive);
-    wfree(slot_of);
-}
-
-static int draft_propose(struct spec_proposer *p, uint64_t key, const int32_t *tokens, int n,
-                         int max_k, int32_t *out)
-{
-    struct spec_ask q = {.seq_key = key, .tokens = tokens, .n = n, .max_k = max_k, .out = out};
-    draft_propose_batch(p, &q, 1);
-    return q.n_out;
+    if (of != of_buf)
+        wfree(of);
 }
 
 static void draft_forget(struct spec_proposer *p, uint64_t key)
 {
     struct draft *d = (struct draft *)p;
-    for (int i = 0; i < d->n_slots; i++)
-        if (d->slots[i].used && d->slots[i].key == key) {
-            slot_reset(d, i);
-            d->slots[i].used = false;
-        }
+    for (int i = 0; i < d->n_seqs; i++)
+        if (d->seqs[i].used && d->seqs[i].key == key)
+            d->seqs[i].used = false;
 }
 
 static void draft_free(struct spec_proposer *p)
@@ -241,12 +275,18 @@ static void draft_free(struct spec_proposer *p)
     struct draft *d = (struct draft *)p;
     runner_free(d->r);
     model_free(d->m);
-    for (int i = 0; d->slots && i < d->n_slots; i++)
-        wfree(d->slots[i].toks);
-    wfree(d->slots);
+    for (int i = 0; d->seqs && i < d->n_seqs; i++) {
+        wfree(d->seqs[i].toks);
+        wfree(d->seqs[i].fp);
+        wfree(d->seqs[i].tab);
+    }
+    wfree(d->seqs);
     wfree(d->bs);
     wfree(d->row_ask);
     wfree(d->logits);
+    wfree(d->blk_fp);
+    wfree(d->wpass);
+    wfree(d->rpass);
     wfree(d);
 }
 
@@ -257,36 +297,50 @@ int spec_draft_create(struct spec_proposer **out, const char *path, const struct
     struct draft *d = wcalloc(1, sizeof *d);
     if (!d)
         return err_set(e, WELD_ERR_NOMEM, "draft model: out of memory");
-    d->base = (struct spec_proposer){.propose = draft_propose,
-                                     .propose_batch = draft_propose_batch,
+    d->base = (struct spec_proposer){.propose_batch = draft_propose_batch,
                                      .forget = draft_forget,
                                      .free = draft_free,
                                      .runs_model = true};
-    d->n_slots = lim->max_seqs > 0 ? lim->max_seqs : DRAFT_SEQS_DEFAULT;
+    d->n_seqs = lim->max_seqs > 0 ? lim->max_seqs : DRAFT_SEQS_DEFAULT;
+    d->bsz = lim->block_size > 0 ? lim->block_size : 16;
     int rc = model_load(&d->m, path, e);
     if (rc == WELD_OK) {
         d->max_ctx = lim->max_ctx > 0 && lim->max_ctx < d->m->cfg.max_ctx ? lim->max_ctx
                                                                           : d->m->cfg.max_ctx;
+        d->max_blocks = (d->max_ctx + d->bsz - 1) / d->bsz;
+        int64_t pool = lim->kv_tokens > 0 ? lim->kv_tokens / d->bsz
+                                          : (int64_t)d->n_seqs * d->max_blocks;
+        int64_t total = pool + (int64_t)d->n_seqs * DRAFT_SCRATCH;
+        if (total > (1 << 30))
+            rc = err_set(e, WELD_ERR_LIMIT, "draft model: a pool of %lld blocks is too large",
+                         (long long)total);
+        d->n_pool = (int)pool;
         struct backend_params bp;
-        backend_params_init(&bp, d->n_slots, d->max_ctx);
-        int64_t tokens = lim->kv_tokens > 0 ? lim->kv_tokens : (int64_t)d->n_slots * d->max_ctx;
-        int bsz = 16; /* backend_params' default block size */
-        int64_t blocks = (tokens + bsz - 1) / bsz + d->n_slots; /* + a partial block each */
-        int64_t most = ((int64_t)d->max_ctx + bsz - 1) / bsz * d->n_slots;
-        bp.kv_blocks = (int)(blocks < most ? blocks : most);
-        rc = runner_create_ex(&d->r, d->m, &bp, e);
+        backend_params_init(&bp, d->n_seqs, d->max_ctx);
+        bp.kv_block_size = d->bsz;
+        bp.kv_blocks = (int)total;
+        if (rc == WELD_OK)
+            rc = runner_create_ex(&d->r, d->m, &bp, e);
     }
     if (rc == WELD_OK) {
         d->n_vocab = d->base.n_vocab = runner_n_vocab(d->r);
-        d->logits = wmalloc(sizeof(float) * (size_t)d->n_vocab * (size_t)d->n_slots);
-        d->slots = wcalloc((size_t)d->n_slots, sizeof *d->slots);
-        d->bs = wcalloc((size_t)d->n_slots, sizeof *d->bs);
-        d->row_ask = wcalloc((size_t)d->n_slots, sizeof *d->row_ask);
-        if (!d->logits || !d->slots || !d->bs || !d->row_ask)
+        d->logits = wmalloc(sizeof(float) * (size_t)d->n_vocab * (size_t)d->n_seqs);
+        d->seqs = wcalloc((size_t)d->n_seqs, sizeof *d->seqs);
+        d->bs = wcalloc((size_t)d->n_seqs, sizeof *d->bs);
+        d->row_ask = wcalloc((size_t)d->n_seqs, sizeof *d->row_ask);
+        d->blk_fp = wcalloc((size_t)d->n_pool + 1, sizeof *d->blk_fp);
+        d->wpass = wcalloc((size_t)d->n_pool + 1, sizeof *d->wpass);
+        d->rpass = wcalloc((size_t)d->n_pool + 1, sizeof *d->rpass);
+        if (!d->logits || !d->seqs || !d->bs || !d->row_ask || !d->blk_fp || !d->wpass || !d->rpass)
             rc = err_set(e, WELD_ERR_NOMEM, "draft model: out of memory");
-        for (int i = 0; rc == WELD_OK && i < d->n_slots; i++)
-            if (!(d->slots[i].toks = wmalloc(sizeof(int32_t) * (size_t)d->max_ctx)))
+        for (int i = 0; rc == WELD_OK && i < d->n_seqs; i++) {
+            struct dseq *s = &d->seqs[i];
+            s->toks = wmalloc(sizeof(int32_t) * (size_t)d->max_ctx);
+            s->fp = wmalloc(sizeof(uint64_t) * (size_t)d->max_blocks);
+            s->tab = wmalloc(sizeof(int32_t) * ((size_t)d->max_blocks + DRAFT_SCRATCH));
+            if (!s->toks || !s->fp || !s->tab)
                 rc = err_set(e, WELD_ERR_NOMEM, "draft model: out of memory");
+        }
     }
     if (rc != WELD_OK) {
         err_prefix(e, "draft model %s", path);

@@ -335,6 +335,7 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
             break;
         struct weld_err e;
         struct batch b = {.seqs = t->bs, .n_seqs = nb};
+        t->base.computed += (uint64_t)tok;
         if (runner_forward_hidden(t->r, &b, t->logits, NULL, t->hid, &e) != WELD_OK) {
             for (int j = 0; j < nb; j++) {
                 slot_reset(t, t->bs[j].seq_id);

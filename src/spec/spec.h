@@ -55,11 +55,15 @@ struct spec_ask {
     int n_out;
     float *logits; /* (max_k, n_vocab) a model proposer's logits behind each guess, or
                       NULL: not wanted */
+    const int32_t *blocks; /* (n_blocks) the sequence's KV block table in the engine's block
+                              manager (its computed positions), or NULL */
+    int n_blocks;
 };
 
 struct spec_proposer {
     /* Up to max_k guesses for what follows tokens[0, n) of sequence seq_key into out;
-       returns how many (0: none). Must not keep pointers into tokens. */
+       returns how many (0: none). Must not keep pointers into tokens. May be NULL when
+       propose_batch is given. */
     int (*propose)(struct spec_proposer *p, uint64_t seq_key, const int32_t *tokens, int n,
                    int max_k, int32_t *out);
     /* Every sequence of a step at once (a draft model runs them as one batch per draft
@@ -81,6 +85,7 @@ struct spec_proposer {
        NULL. */
     void (*fork)(struct spec_proposer *p, uint64_t parent_key, uint64_t child_key);
     int hidden_dim;
+    uint64_t computed; /* positions a model proposer has run through its model */
     void (*free)(struct spec_proposer *p);
     int n_vocab;     /* the vocabulary its guesses come from (0: any; the engine checks it) */
     bool runs_model; /* it computes on the cores: the engine parks its own workers first */
@@ -100,11 +105,13 @@ struct spec_limits {
     int max_ctx;       /* positions per sequence (0: the draft's own context) */
     int max_seqs;      /* sequences running at once (0: 16) */
     int64_t kv_tokens; /* positions the engine's KV pool holds (0: max_seqs x max_ctx) */
+    int block_size;    /* the engine's KV block size (0: 16); kv_tokens / block_size block
+                          ids, which spec_ask.blocks name */
 };
 
-/* A proposer for c: ngram, or a draft model loaded from c->draft_model whose runner holds
-   lim->max_seqs sequences of up to lim->max_ctx positions in a KV pool of lim->kv_tokens
-   positions (the engine's pool, counted in the draft's blocks). */
+/* A proposer for c: ngram, a draft model loaded from c->draft_model (its KV a pool of its
+   own indexed by the engine's block ids: spec_ask.blocks; lim->max_seqs sequences at once)
+   or the MTP layer of lim->target. */
 int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c,
                          const struct spec_limits *lim, struct weld_err *e);
 /* The draft-model proposer (draft.c). */
