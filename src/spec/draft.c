@@ -13,14 +13,11 @@
  * engine's ids, rewritten on every call. So a guess never lands in a block the target owns
  * and copy-on-write never needs mirroring.
  *
- * What each block holds is known by its fingerprint: blk_fp[X], a hash chained over every
- * token from the sequence's start to the end of the block it held when the draft wrote
- * it (0: nothing valid). A sequence's leading blocks whose fingerprint matches its own
- * tokens' need no feeding: a prefix-cache hit, a sibling's prompt after a fork, a
- * preempted sequence readmitted, all reuse what the draft computed. Identical tokens give
- * identical KV, so a shared block written again is unchanged; within one forward pass a
- * block one entry writes may appear in no other entry's table (kv_check_tables), so an
- * ask that would touch one waits a pass, and by then the block is valid for it.
+ * What each block holds is known by its fingerprint (blocks.h): a sequence's leading
+ * blocks whose fingerprint matches its tokens need no feeding, so a prefix-cache hit, a
+ * sibling's prompt after a fork and a readmitted preempted sequence reuse what the draft
+ * computed. An ask whose blocks another entry of a pass writes waits a pass (and then
+ * finds them valid).
  *
  * A call (propose_batch) feeds each sequence from its first invalid block to its last
  * token, then its guesses back, one per pass, in passes of at most DRAFT_BATCH tokens
@@ -36,10 +33,9 @@
 #include "core/alloc.h"
 #include "exec/runner.h"
 #include "model/model.h"
+#include "spec/blocks.h"
 
 #include <string.h>
-#include <xxhash.h>
-
 #define DRAFT_BATCH 1024 /* tokens per catch-up forward pass */
 #define DRAFT_SEQS_DEFAULT 16
 #define DRAFT_SCRATCH 2 /* blocks per ask for the tail: block_size - 1 + 1 + k - 1 positions */
@@ -64,13 +60,11 @@ struct draft {
     struct runner *r;
     int n_vocab, max_ctx, n_seqs, bsz, n_pool, max_blocks;
     uint64_t clock;
-    uint64_t *blk_fp;        /* (n_pool) fingerprint of what each block holds (0: none) */
-    uint32_t *wpass, *rpass; /* (n_pool) the pass that writes / reads each block */
-    uint32_t pass;
-    float *logits;        /* (n_seqs, n_vocab) */
-    struct dseq *seqs;    /* (n_seqs) */
-    struct batch_seq *bs; /* (n_seqs) */
-    int *row_ask;         /* (n_seqs) */
+    struct spec_blocks kb; /* what each engine block holds of the draft's KV */
+    float *logits;         /* (n_seqs, n_vocab) */
+    struct dseq *seqs;     /* (n_seqs) */
+    struct batch_seq *bs;  /* (n_seqs) */
+    int *row_ask;          /* (n_seqs) */
 };
 
 static int argmax(const float *v, int n)
@@ -112,33 +106,7 @@ static void fingerprints(struct draft *d, struct dseq *s, const int32_t *tokens,
         s->n_fp = c / d->bsz;
     memcpy(s->toks + c, tokens + c, sizeof(int32_t) * (size_t)(n - c));
     s->n_tok = n;
-    for (int j = s->n_fp; j < b; j++) {
-        uint64_t h = XXH3_64bits_withSeed(tokens + (size_t)j * d->bsz,
-                                          sizeof(int32_t) * (size_t)d->bsz,
-                                          j ? s->fp[j - 1] : 0x5eedULL);
-        s->fp[j] = h ? h : 1;
-    }
-    s->n_fp = b > s->n_fp ? b : s->n_fp;
-}
-
-/* Whether s's entry of positions [s->fed, s->fed + c) may join pass d->pass (no block it
-   reads is written by another entry of the pass, no block it writes is read by one); if
-   so, its blocks are marked. */
-static bool pass_claim(struct draft *d, const struct dseq *s, int c)
-{
-    const int used = (s->fed + c + d->bsz - 1) / d->bsz, eng = used < s->b ? used : s->b;
-    const int w0 = s->fed / d->bsz;
-    for (int j = 0; j < eng; j++) {
-        int32_t x = s->tab[j];
-        if (d->wpass[x] == d->pass || (j >= w0 && d->rpass[x] == d->pass))
-            return false;
-    }
-    for (int j = 0; j < eng; j++) {
-        d->rpass[s->tab[j]] = d->pass;
-        if (j >= w0)
-            d->wpass[s->tab[j]] = d->pass;
-    }
-    return true;
+    spec_blocks_fingerprints(&d->kb, tokens, b, 0, s->fp, &s->n_fp);
 }
 
 static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, int n)
@@ -172,10 +140,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         s->b = (q->n - 1) / B;
         s->b = s->b < q->n_blocks ? s->b : q->n_blocks;
         fingerprints(d, s, q->tokens, q->n, s->b);
-        int ok = 0;
-        while (ok < s->b && q->blocks[ok] >= 0 && q->blocks[ok] < d->n_pool &&
-               d->blk_fp[q->blocks[ok]] == s->fp[ok])
-            ok++;
+        int ok = spec_blocks_valid_until(&d->kb, q->blocks, s->fp, 0, s->b);
         bool in_range = true;
         for (int j = ok; j < s->b; j++)
             in_range &= q->blocks[j] >= 0 && q->blocks[j] < d->n_pool;
@@ -193,30 +158,25 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
        next guess. Sequences that catch up early guess while others still feed. */
     for (;;) {
         int nb = 0, tok = 0;
-        if (++d->pass == 0) { /* stamps wrapped */
-            memset(d->wpass, 0, sizeof(uint32_t) * (size_t)d->n_pool);
-            memset(d->rpass, 0, sizeof(uint32_t) * (size_t)d->n_pool);
-            d->pass = 1;
-        }
+        spec_blocks_next_pass(&d->kb);
         bool waiting = false;
         for (int a = 0; a < n && tok < DRAFT_BATCH; a++) {
             struct spec_ask *q = &asks[a];
             struct dseq *s = of[a];
             if (!s || q->n_out >= q->max_k)
                 continue;
+            if (s->fed % B == 0 && s->fed / B < s->b) /* others may have written them */
+                s->fed = spec_blocks_valid_until(&d->kb, s->tab, s->fp, s->fed / B, s->b) * B;
             int c = 1;
             const int32_t *t = s->toks + s->fed;
             if (s->fed < q->n)
                 c = q->n - s->fed < DRAFT_BATCH - tok ? q->n - s->fed : DRAFT_BATCH - tok;
             else
                 t = q->out + q->n_out - 1;
-            if (!pass_claim(d, s, c)) {
+            if (!spec_blocks_claim(&d->kb, s->tab, s->b, s->fed, c)) {
                 waiting = true;
                 continue;
             }
-            /* the blocks written hold nothing valid until the pass is done */
-            for (int j = s->fed / B; j < s->b && j * B < s->fed + c; j++)
-                d->blk_fp[s->tab[j]] = 0;
             d->bs[nb] = (struct batch_seq){.seq_id = nb,
                                            .tokens = t,
                                            .n_tokens = c,
@@ -245,9 +205,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
             struct dseq *s = of[d->row_ask[j]];
             int from = s->fed;
             s->fed += d->bs[j].n_tokens;
-            for (int x = from / B; x < s->b && (x + 1) * B <= s->fed; x++)
-                if ((x + 1) * B > from)
-                    d->blk_fp[s->tab[x]] = s->fp[x];
+            spec_blocks_written(&d->kb, s->tab, s->fp, s->b, from, s->fed);
             if (s->fed < q->n)
                 continue;
             const float *lg = d->logits + (size_t)j * (size_t)d->n_vocab;
@@ -284,9 +242,7 @@ static void draft_free(struct spec_proposer *p)
     wfree(d->bs);
     wfree(d->row_ask);
     wfree(d->logits);
-    wfree(d->blk_fp);
-    wfree(d->wpass);
-    wfree(d->rpass);
+    spec_blocks_free(&d->kb);
     wfree(d);
 }
 
@@ -328,10 +284,8 @@ int spec_draft_create(struct spec_proposer **out, const char *path, const struct
         d->seqs = wcalloc((size_t)d->n_seqs, sizeof *d->seqs);
         d->bs = wcalloc((size_t)d->n_seqs, sizeof *d->bs);
         d->row_ask = wcalloc((size_t)d->n_seqs, sizeof *d->row_ask);
-        d->blk_fp = wcalloc((size_t)d->n_pool + 1, sizeof *d->blk_fp);
-        d->wpass = wcalloc((size_t)d->n_pool + 1, sizeof *d->wpass);
-        d->rpass = wcalloc((size_t)d->n_pool + 1, sizeof *d->rpass);
-        if (!d->logits || !d->seqs || !d->bs || !d->row_ask || !d->blk_fp || !d->wpass || !d->rpass)
+        if (!spec_blocks_init(&d->kb, d->n_pool, d->bsz) || !d->logits || !d->seqs || !d->bs ||
+            !d->row_ask)
             rc = err_set(e, WELD_ERR_NOMEM, "draft model: out of memory");
         for (int i = 0; rc == WELD_OK && i < d->n_seqs; i++) {
             struct dseq *s = &d->seqs[i];

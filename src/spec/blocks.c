@@ -1,0 +1,87 @@
+/*
+ * blocks - fingerprints and per-pass claims of a model proposer's KV blocks (blocks.h).
+ *
+ * Claims use a pass stamp per block (wpass: written by an entry of this pass, rpass: in
+ * some entry's table) instead of clearing arrays, so a claim costs O(the entry's blocks).
+ * The first entry of a pass always claims: every pass makes progress.
+ */
+#include "spec/blocks.h"
+
+#include "core/alloc.h"
+
+#include <string.h>
+#include <xxhash.h>
+
+bool spec_blocks_init(struct spec_blocks *k, int n_pool, int bsz)
+{
+    memset(k, 0, sizeof *k);
+    k->bsz = bsz, k->n_pool = n_pool;
+    k->fp = wcalloc((size_t)n_pool + 1, sizeof *k->fp);
+    k->wpass = wcalloc((size_t)n_pool + 1, sizeof *k->wpass);
+    k->rpass = wcalloc((size_t)n_pool + 1, sizeof *k->rpass);
+    return k->fp && k->wpass && k->rpass;
+}
+
+void spec_blocks_free(struct spec_blocks *k)
+{
+    wfree(k->fp);
+    wfree(k->wpass);
+    wfree(k->rpass);
+    memset(k, 0, sizeof *k);
+}
+
+void spec_blocks_next_pass(struct spec_blocks *k)
+{
+    if (++k->pass == 0) { /* stamps wrapped */
+        memset(k->wpass, 0, sizeof(uint32_t) * (size_t)k->n_pool);
+        memset(k->rpass, 0, sizeof(uint32_t) * (size_t)k->n_pool);
+        k->pass = 1;
+    }
+}
+
+void spec_blocks_fingerprints(const struct spec_blocks *k, const int32_t *tokens, int b, int extra,
+                              uint64_t *fp, int *n_fp)
+{
+    for (int j = *n_fp; j < b; j++) {
+        uint64_t h = XXH3_64bits_withSeed(tokens + (size_t)j * k->bsz,
+                                          sizeof(int32_t) * (size_t)(k->bsz + extra),
+                                          j ? fp[j - 1] : 0x5eedULL + (uint64_t)extra);
+        fp[j] = h ? h : 1;
+    }
+    *n_fp = b > *n_fp ? b : *n_fp;
+}
+
+int spec_blocks_valid_until(const struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,
+                            int j, int b)
+{
+    while (j < b && tab[j] >= 0 && tab[j] < k->n_pool && k->fp[tab[j]] == fp[j])
+        j++;
+    return j;
+}
+
+bool spec_blocks_claim(struct spec_blocks *k, const int32_t *tab, int b, int pos, int n)
+{
+    const int used = (pos + n + k->bsz - 1) / k->bsz, eng = used < b ? used : b;
+    const int w0 = pos / k->bsz;
+    for (int j = 0; j < eng; j++) {
+        int32_t x = tab[j];
+        if (k->wpass[x] == k->pass || (j >= w0 && k->rpass[x] == k->pass))
+            return false;
+    }
+    for (int j = 0; j < eng; j++) {
+        k->rpass[tab[j]] = k->pass;
+        if (j >= w0) {
+            k->wpass[tab[j]] = k->pass;
+            k->fp[tab[j]] = 0; /* until the pass has written it */
+        }
+    }
+    return true;
+}
+
+void spec_blocks_written(struct spec_blocks *k, const int32_t *tab, const uint64_t *fp, int b,
+                         int from, int to)
+{
+    for (int j = from / k->bsz; j < b && (j + 1) * k->bsz <= to; j++)
+        if ((j + 1) * k->bsz > from)
+            k->fp[tab[j]] = fp[j];
+}

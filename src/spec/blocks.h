@@ -1,0 +1,51 @@
+/*
+ * blocks - a model proposer's KV under the engine's block ids (draft.c, mtp.c).
+ *
+ * A proposer that runs a model keeps its KV in a pool of its own, indexed by the engine's
+ * block ids (spec_ask.blocks), so block X of the proposer holds its KV of the tokens block
+ * X holds in the target, plus scratch blocks past the engine's ids for the partial tail
+ * and the guesses. It writes only full blocks the target has computed: exactly the ones
+ * the prefix cache, forks and readmission share.
+ *
+ * What a block holds is its fingerprint: a hash chained over every token from the
+ * sequence's start to the block's end (plus `extra` tokens past it, for a proposer whose
+ * KV at a position depends on the next token: MTP), set when the proposer wrote the whole
+ * block (0: nothing valid). A sequence's leading blocks whose fingerprint matches its own
+ * need no feeding. Identical tokens give identical KV, so a block written again keeps its
+ * content; within one forward pass a block one entry writes may appear in no other
+ * entry's table (exec's kv_check_tables), which claim() enforces per pass.
+ */
+#ifndef WELD_SPEC_BLOCKS_H
+#define WELD_SPEC_BLOCKS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct spec_blocks {
+    int bsz, n_pool;         /* block size; the engine's block ids [0, n_pool) */
+    uint64_t *fp;            /* (n_pool) what each block holds (0: nothing valid) */
+    uint32_t *wpass, *rpass; /* (n_pool) the pass that writes / reads each block */
+    uint32_t pass;
+};
+
+/* false: out of memory. */
+bool spec_blocks_init(struct spec_blocks *k, int n_pool, int bsz);
+void spec_blocks_free(struct spec_blocks *k);
+/* The next forward pass's claims begin. */
+void spec_blocks_next_pass(struct spec_blocks *k);
+/* fp[j] for j in [*n_fp, b): the chained hash of tokens [0, (j + 1) bsz + extra); then
+   *n_fp = b (tokens must hold that many). */
+void spec_blocks_fingerprints(const struct spec_blocks *k, const int32_t *tokens, int b, int extra,
+                              uint64_t *fp, int *n_fp);
+/* From block j on, the first of tab[0, b) whose content is not fp's (b: all are). */
+int spec_blocks_valid_until(const struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,
+                            int j, int b);
+/* Whether an entry of positions [pos, pos + n) over tab (its first b entries the engine's
+   blocks) may join the current pass; if so its blocks are claimed and the engine blocks it
+   writes marked invalid until set_written. */
+bool spec_blocks_claim(struct spec_blocks *k, const int32_t *tab, int b, int pos, int n);
+/* Positions [from, to) were written: the engine blocks they complete get fp. */
+void spec_blocks_written(struct spec_blocks *k, const int32_t *tab, const uint64_t *fp, int b,
+                         int from, int to);
+
+#endif
