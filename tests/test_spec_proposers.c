@@ -6,8 +6,9 @@
  * field), and the MTP proposer against a reference built here: the target's hidden states
  * from a runner, the MTP input stage written out in double (eh_proj . [enorm(embed(t));
  * hnorm(h)]), the layer run on model_mtp_view, guesses chained on the layer's own output;
- * through a rejected guess, a prefix the target never handed over (zeros), a finished
- * sequence's slot reused by the next turn, a fork, a repeated ask and a recomputation. The engine-level equivalence with
+ * its KV under block tables of block size 4: through a rejected guess, a prefix-cache hit
+ * continued differently, the next turn of a finished sequence, a fork, a repeated ask,
+ * reused blocks that held other tokens, and positions with no rows (zeros). The engine-level equivalence with
  * and without speculation is in test_engine_engine.
  */
 #include "core/alloc.h"
@@ -176,12 +177,19 @@ static void mtp_input_ref(const struct model *m, int32_t tok, const float *h, fl
     }
 }
 
-/* The guesses for tokens[0, n) (the target's rows of positions below zeros_before count as
-   zeros), MK of them, into g and their logits into lgs (MK, MV); returns how many are sure
-   (the best logit ahead of the second by more than the input stage's rounding can move
-   it). */
+/* What the reference assumes of a sequence's inputs: positions [z0, z1) without the
+   target's rows (zeros), and position swap_pos (-1: none) fed with token swap_tok as its
+   next token (a block another sequence wrote, which continued differently). */
+struct ref_in {
+    int z0, z1, swap_pos;
+    int32_t swap_tok;
+};
+
+/* The guesses for tokens[0, n) given ri, MK of them, into g and their logits into lgs (MK,
+   MV); returns how many are sure (the best logit ahead of the second by more than the
+   input stage's rounding can move it). */
 static int mtp_ref(const struct model *m, struct runner *rt, const int32_t *tokens, int n,
-                   int zeros_before, int32_t *g, float *lgs)
+                   struct ref_in ri, int32_t *g, float *lgs)
 {
     const int D = m->cfg.dim;
     struct model view;
@@ -196,8 +204,8 @@ static int mtp_ref(const struct model *m, struct runner *rt, const int32_t *toke
     float *hid = wmalloc(sizeof(float) * (size_t)D);
     target_rows(rt, tokens, n - 1, D, h);
     for (int i = 0; i < n - 1; i++)
-        mtp_input_ref(m, tokens[i + 1], i < zeros_before ? NULL : h + (size_t)i * D,
-                      x + (size_t)i * D);
+        mtp_input_ref(m, i == ri.swap_pos ? ri.swap_tok : tokens[i + 1],
+                      i >= ri.z0 && i < ri.z1 ? NULL : h + (size_t)i * D, x + (size_t)i * D);
     int sure = 0;
     for (int j = 0; j < MK; j++) {
         struct batch_seq s = {.seq_id = 0,
@@ -236,19 +244,24 @@ static void feed(struct spec_proposer *p, uint64_t key, struct runner *rt, const
 }
 
 static float g_worst; /* the largest logit difference seen */
+static int32_t g_tabs[8][16]; /* each key's block table (block size 4) */
 
-/* The proposer's answers to asks (n of them, MK guesses each, logits given) against
-   mtp_ref's for each ask's zeros_before: the sure guesses equal, their logits within
-   rounding of the input stage (f32 here, double there). Returns the sure guesses. */
+static const struct ref_in REF_PLAIN = {0, 0, -1, 0};
+
+/* The proposer's answers to asks (n of them, MK guesses each, logits given, tables from
+   g_tabs) against mtp_ref's for each ask's ref_in: the sure guesses equal, their logits
+   within rounding of the input stage (f32 here, double there). Returns the sure guesses. */
 static int mtp_check_batch(struct spec_proposer *p, const struct model *m, struct runner *rt,
-                           struct spec_ask *asks, int n, const int *zeros_before)
+                           struct spec_ask *asks, int n, const struct ref_in *ri)
 {
     int32_t want[4][MK];
     float *lw = wmalloc(sizeof(float) * 4 * MK * MV);
     int sure[4], all = 0;
-    for (int a = 0; a < n; a++)
-        sure[a] = mtp_ref(m, rt, asks[a].tokens, asks[a].n, zeros_before[a], want[a],
+    for (int a = 0; a < n; a++) {
+        sure[a] = mtp_ref(m, rt, asks[a].tokens, asks[a].n, ri[a], want[a],
                           lw + (size_t)a * MK * MV);
+        asks[a].blocks = g_tabs[asks[a].seq_key], asks[a].n_blocks = 16;
+    }
     p->propose_batch(p, asks, n);
     for (int a = 0; a < n; a++) {
         CHECK_EQ_INT(asks[a].n_out, MK);
@@ -268,12 +281,19 @@ static int mtp_check_batch(struct spec_proposer *p, const struct model *m, struc
 }
 
 static int mtp_check(struct spec_proposer *p, const struct model *m, struct runner *rt,
-                     uint64_t key, const int32_t *tokens, int n, int zeros_before, int32_t *got)
+                     uint64_t key, const int32_t *tokens, int n, struct ref_in ri, int32_t *got)
 {
     float lg[MK * MV];
     struct spec_ask q = {
         .seq_key = key, .tokens = tokens, .n = n, .max_k = MK, .out = got, .logits = lg};
-    return mtp_check_batch(p, m, rt, &q, 1, &zeros_before);
+    return mtp_check_batch(p, m, rt, &q, 1, &ri);
+}
+
+/* Key k's table: its first `shared` blocks those of key `from`, then its own from `base`. */
+static void table(int k, int from, int shared, int base)
+{
+    for (int j = 0; j < 16; j++)
+        g_tabs[k][j] = j < shared ? g_tabs[from][j] : base + j - shared;
 }
 
 TEST(mtp_matches_reference)
@@ -292,19 +312,22 @@ TEST(mtp_matches_reference)
     REQUIRE(runner_create(&rt, m, 1, MAXT + 8, &e) == WELD_OK);
     struct spec_proposer *p = NULL;
     struct spec_config sc = {.method = SPEC_MTP, .num_tokens = MK};
-    struct spec_limits lim = {.target = m, .max_ctx = MAXT + 8, .max_seqs = 3};
+    /* blocks of 4 tokens, 128 of them: the engine's tables are g_tabs */
+    struct spec_limits lim = {
+        .target = m, .max_ctx = MAXT + 8, .max_seqs = 4, .kv_tokens = 128 * 4, .block_size = 4};
     REQUIRE(spec_proposer_create(&p, &sc, &lim, &e) == WELD_OK);
     CHECK(p->hidden_dim == m->cfg.dim && p->n_vocab == MV && p->observe && p->fork);
     const int D = m->cfg.dim;
     struct rng r;
     rng_seed(&r, 5);
-    int32_t t[MAXT], u[MAXT], g[MK];
+    int32_t t[MAXT], u[MAXT], w[MAXT], g[MK];
     for (int i = 0; i < MAXT; i++)
         t[i] = (int32_t)(rng_u64(&r) % MV);
     int sure = 0;
     /* a prompt of 12: its rows, then guesses */
+    table(1, 0, 0, 0);
     feed(p, 1, rt, t, 0, 12, D);
-    sure += mtp_check(p, m, rt, 1, t, 12, 0, g);
+    sure += mtp_check(p, m, rt, 1, t, 12, REF_PLAIN, g);
     /* the step verified the guesses: rows of positions 11..14; the first guess taken, the
        second not (the sampled token differs) */
     memcpy(t + 12, g, sizeof g);
@@ -312,28 +335,34 @@ TEST(mtp_matches_reference)
     target_rows(rt, t, 15, D, h);
     p->observe(p, 1, 11, 4, t, h + (size_t)11 * D);
     t[13] = (g[1] + 1) % MV;
-    sure += mtp_check(p, m, rt, 1, t, 14, 0, g);
-    /* a second sequence whose first 8 positions the target never computed (a prefix hit) */
+    sure += mtp_check(p, m, rt, 1, t, 14, REF_PLAIN, g);
+    /* a prefix-cache hit of two blocks (8 tokens) continued differently: the target hands
+       over rows from 8 on; the layer's KV of block 0 is reused as is, block 1's too though
+       its last position read t[8] (there is no row to recompute it with) */
     memcpy(u, t, sizeof(int32_t) * 8);
     for (int i = 8; i < 20; i++)
         u[i] = (int32_t)(rng_u64(&r) % MV);
+    table(2, 1, 2, 20);
     feed(p, 2, rt, u, 8, 20, D);
-    sure += mtp_check(p, m, rt, 2, u, 20, 8, g);
-    /* the first finishes; the next turn (its tokens and more) takes its slot and KV: the
-       target hands over rows from position 8 on, the slot kept the rest */
+    sure += mtp_check(p, m, rt, 2, u, 20, (struct ref_in){0, 0, 7, t[8]}, g);
+    /* the first finishes; the next turn (its tokens and more) hits three of its blocks:
+       exactly what the layer computed for them */
     p->forget(p, 1);
     for (int i = 14; i < 30; i++)
         t[i] = (int32_t)(rng_u64(&r) % MV);
-    feed(p, 3, rt, t, 8, 30, D);
-    sure += mtp_check(p, m, rt, 3, t, 30, 0, g);
-    /* n > 1: a prompt's rows, a fork, then each sibling its own first token; both in one
-       batch */
+    table(3, 1, 3, 40);
+    feed(p, 3, rt, t, 12, 30, D);
+    sure += mtp_check(p, m, rt, 3, t, 30, REF_PLAIN, g);
+    /* n > 1: a prompt's rows, a fork (the child shares the full blocks), then each sibling
+       its own first token; both in one batch (the child waits for the blocks its parent
+       writes, then reuses them) */
     for (int i = 0; i < 16; i++)
         u[i] = (int32_t)(rng_u64(&r) % MV);
+    table(4, 0, 0, 60);
     feed(p, 4, rt, u, 0, 16, D);
     p->forget(p, 2);
     p->fork(p, 4, 5);
-    int32_t w[MAXT];
+    table(5, 4, 4, 80);
     memcpy(w, u, sizeof(int32_t) * 16);
     w[15] = (u[15] + 7) % MV;
     int32_t got4[MK], got5[MK];
@@ -341,22 +370,33 @@ TEST(mtp_matches_reference)
     struct spec_ask asks[2] = {
         {.seq_key = 4, .tokens = u, .n = 16, .max_k = MK, .out = got4, .logits = l2},
         {.seq_key = 5, .tokens = w, .n = 16, .max_k = MK, .out = got5, .logits = l2 + MK * MV}};
-    sure += mtp_check_batch(p, m, rt, asks, 2, (const int[]){0, 0});
+    const uint64_t before = p->computed;
+    sure += mtp_check_batch(p, m, rt, asks, 2, (const struct ref_in[]){REF_PLAIN, REF_PLAIN});
+    /* the parent fed 15 positions and 2 guesses; the child its tail (12..14) and 2 */
+    CHECK_EQ_INT((int)(p->computed - before), 15 + 2 + 3 + 2);
     /* asked again with nothing new (the sequence sat out a step): the same answer */
-    sure += mtp_check(p, m, rt, 4, u, 16, 0, g);
-    /* a preempted sequence's recomputation hands the same rows over again */
+    sure += mtp_check(p, m, rt, 4, u, 16, REF_PLAIN, g);
+    /* blocks that held other tokens (freed and reused): recomputed, with a recomputation
+       (preemption) handing the same rows over twice */
     p->forget(p, 3), p->forget(p, 4), p->forget(p, 5);
     for (int i = 0; i < 11; i++)
         w[i] = (int32_t)(rng_u64(&r) % MV);
+    table(6, 1, 3, 100);
     feed(p, 6, rt, w, 0, 11, D);
     feed(p, 6, rt, w, 0, 11, D);
-    sure += mtp_check(p, m, rt, 6, w, 11, 0, g);
+    sure += mtp_check(p, m, rt, 6, w, 11, REF_PLAIN, g);
+    /* blocks the layer never computed and no rows for them (fed as zeros) */
+    for (int i = 0; i < 14; i++)
+        w[i] = (int32_t)(rng_u64(&r) % MV);
+    table(7, 0, 0, 110);
+    feed(p, 7, rt, w, 8, 14, D);
+    sure += mtp_check(p, m, rt, 7, w, 14, (struct ref_in){0, 8, -1, 0}, g);
     wfree(l2);
     fprintf(stderr,
             "  %d guesses and their logits checked against the reference (largest "
             "difference %.2g)\n",
             sure, (double)g_worst);
-    CHECK(sure >= 10);
+    CHECK(sure >= 15);
     CHECK(g_worst < 1e-4f);
     wfree(h);
     spec_proposer_free(p);

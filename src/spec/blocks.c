@@ -17,14 +17,16 @@ bool spec_blocks_init(struct spec_blocks *k, int n_pool, int bsz)
     memset(k, 0, sizeof *k);
     k->bsz = bsz, k->n_pool = n_pool;
     k->fp = wcalloc((size_t)n_pool + 1, sizeof *k->fp);
+    k->fpx = wcalloc((size_t)n_pool + 1, sizeof *k->fpx);
     k->wpass = wcalloc((size_t)n_pool + 1, sizeof *k->wpass);
     k->rpass = wcalloc((size_t)n_pool + 1, sizeof *k->rpass);
-    return k->fp && k->wpass && k->rpass;
+    return k->fp && k->fpx && k->wpass && k->rpass;
 }
 
 void spec_blocks_free(struct spec_blocks *k)
 {
     wfree(k->fp);
+    wfree(k->fpx);
     wfree(k->wpass);
     wfree(k->rpass);
     memset(k, 0, sizeof *k);
@@ -72,16 +74,18 @@ bool spec_blocks_claim(struct spec_blocks *k, const int32_t *tab, int b, int pos
         k->rpass[tab[j]] = k->pass;
         if (j >= w0) {
             k->wpass[tab[j]] = k->pass;
-            k->fp[tab[j]] = 0; /* until the pass has written it */
+            k->fp[tab[j]] = k->fpx[tab[j]] = 0; /* until the pass has written it */
         }
     }
     return true;
 }
 
-void spec_blocks_written(struct spec_blocks *k, const int32_t *tab, const uint64_t *fp, int b,
-                         int from, int to)
+void spec_blocks_written(struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,
+                         const uint64_t *fpx, int b, int from, int to)
 {
     for (int j = from / k->bsz; j < b && (j + 1) * k->bsz <= to; j++)
-        if ((j + 1) * k->bsz > from)
+        if ((j + 1) * k->bsz > from) {
             k->fp[tab[j]] = fp[j];
+            k->fpx[tab[j]] = fpx ? fpx[j] : fp[j];
+        }
 }

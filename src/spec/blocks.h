@@ -8,9 +8,10 @@
  * the prefix cache, forks and readmission share.
  *
  * What a block holds is its fingerprint: a hash chained over every token from the
- * sequence's start to the block's end (plus `extra` tokens past it, for a proposer whose
- * KV at a position depends on the next token: MTP), set when the proposer wrote the whole
- * block (0: nothing valid). A sequence's leading blocks whose fingerprint matches its own
+ * sequence's start to the block's end, set when the proposer wrote the whole block (0:
+ * nothing valid); and fpx, the same over one token more, for a proposer whose KV at a
+ * position depends on the next token (MTP: it may take a block whose fp matches but whose
+ * fpx does not when it has nothing better). A sequence's leading blocks whose fingerprint matches its own
  * need no feeding. Identical tokens give identical KV, so a block written again keeps its
  * content; within one forward pass a block one entry writes may appear in no other
  * entry's table (exec's kv_check_tables), which claim() enforces per pass.
@@ -23,7 +24,7 @@
 
 struct spec_blocks {
     int bsz, n_pool;         /* block size; the engine's block ids [0, n_pool) */
-    uint64_t *fp;            /* (n_pool) what each block holds (0: nothing valid) */
+    uint64_t *fp, *fpx;      /* (n_pool) what each block holds (0: nothing valid) */
     uint32_t *wpass, *rpass; /* (n_pool) the pass that writes / reads each block */
     uint32_t pass;
 };
@@ -44,8 +45,9 @@ int spec_blocks_valid_until(const struct spec_blocks *k, const int32_t *tab, con
    blocks) may join the current pass; if so its blocks are claimed and the engine blocks it
    writes marked invalid until set_written. */
 bool spec_blocks_claim(struct spec_blocks *k, const int32_t *tab, int b, int pos, int n);
-/* Positions [from, to) were written: the engine blocks they complete get fp. */
-void spec_blocks_written(struct spec_blocks *k, const int32_t *tab, const uint64_t *fp, int b,
-                         int from, int to);
+/* Positions [from, to) were written: the engine blocks they complete get fp and fpx (NULL:
+   fp). */
+void spec_blocks_written(struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,
+                         const uint64_t *fpx, int b, int from, int to);
 
 #endif

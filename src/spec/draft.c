@@ -205,7 +205,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
             struct dseq *s = of[d->row_ask[j]];
             int from = s->fed;
             s->fed += d->bs[j].n_tokens;
-            spec_blocks_written(&d->kb, s->tab, s->fp, s->b, from, s->fed);
+            spec_blocks_written(&d->kb, s->tab, s->fp, NULL, s->b, from, s->fed);
             if (s->fed < q->n)
                 continue;
             const float *lg = d->logits + (size_t)j * (size_t)d->n_vocab;

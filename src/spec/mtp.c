@@ -11,20 +11,22 @@
  * position takes the layer's own normed output in place of the target's hidden state,
  * with the guess as its token.
  *
- * State per sequence (a slot of the runner, as in draft.c): the tokens known, the hidden
- * rows the engine handed over (observe) not yet fed, and how many positions the layer's
- * KV holds from true rows (n_fed; the chained positions after them are rewound on the
- * next call). A call (propose_batch) keeps what still matches the sequence's tokens,
- * feeds positions n_fed..n-2 (the target has computed up to n-2, and t_{i+1} is known for
- * each), whose last row gives the first guess, then chains: k guesses in k passes across
- * every sequence of the step.
+ * KV as the draft model's (draft.c, blocks.h): a pool of the layer's own indexed by the
+ * engine's block ids, full computed blocks written in place (fingerprinted over their
+ * tokens and the one after, which position i's input reads), the tail and the guesses in
+ * per-ask scratch blocks. So a prefix-cache hit, a fork's siblings and a readmitted
+ * sequence reuse what the layer computed.
  *
- * A position the engine never handed a row for (a prefix-cache hit the target did not
- * recompute, evicted slots) is fed with a zero hidden state (its token alone): guesses are
- * verified exactly anyway, so only acceptance can suffer. A finished sequence's slot keeps
- * its KV and tokens, and a new sequence takes the free slot sharing its longest prefix
- * (a conversation's next turn). Rows wait in their slot until the sequence's first guess:
- * a long prompt holds dim floats per position until then.
+ * Rows: the engine hands over each step's hidden rows (observe) before sampling; each
+ * sequence keeps those it has not fed, from the last full block on (a repeated ask feeds
+ * that block again for its first guess). A call (propose_batch) feeds positions from the
+ * first block without valid KV to n - 2 (the target has computed up to n - 2, and t_{i+1}
+ * is known for each), whose last row gives the first guess, then chains: k guesses in k
+ * passes across every sequence of the step. A position with no row (the target never
+ * computed it for this sequence, and no block holds the layer's KV for it) enters with a
+ * zero hidden state, its token alone: guesses are verified exactly anyway, so only
+ * acceptance can suffer. A block fed so is still marked as holding its tokens (the best
+ * the layer will get for that prefix: its rows will not come again).
  */
 #include "spec/spec.h"
 
@@ -32,41 +34,49 @@
 #include "exec/runner.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
+#include "spec/blocks.h"
 
 #include <string.h>
 
 #define MTP_BATCH 1024 /* tokens per forward pass */
 #define MTP_SEQS_DEFAULT 16
+#define MTP_SCRATCH 2 /* blocks per ask for the tail: block_size - 1 + k - 1 positions */
 
-struct mslot {
+struct mseq {
     uint64_t key, last_use;
-    bool used;     /* held by a live sequence; a free slot keeps its KV for a prefix reuse */
-    int ask;       /* its ask in the current call, or -1 */
-    int32_t *toks; /* (max_ctx) the sequence's tokens as last known */
+    bool used;
+    int32_t *toks; /* (max_ctx) its tokens as last seen */
     int n_tok;
-    int n_fed;   /* KV positions [0, n_fed) fed from rows and toks */
-    int kv;      /* positions the runner holds (n_fed, then chained guesses) */
-    float *rows; /* (cap_rows, dim) hidden rows of positions [row0, row0 + n_rows) */
+    uint64_t *fp, *fpx; /* (max_blocks) fp[j]: the chained hash of tokens [0, (j + 1) bsz),
+                           fpx[j] of [0, (j + 1) bsz + 1) (position i reads t_{i+1}) */
+    int n_fp, n_fpx;
+    float *rows; /* (cap_rows, dim) the target's hidden rows of [row0, row0 + n_rows) */
     int row0, n_rows, cap_rows;
+    /* the current call */
+    int ask;      /* its ask, or -1 */
+    int b;        /* full blocks the target computed (the rest goes to scratch) */
+    int fed;      /* positions whose KV this call's table holds */
+    int32_t *tab; /* (max_blocks + MTP_SCRATCH) its blocks [0, b), then scratch */
 };
 
 struct mtp {
     struct spec_proposer base;
     struct model view;
     struct runner *r;
-    int dim, n_vocab, max_ctx, n_slots;
+    int dim, n_vocab, max_ctx, n_seqs, bsz, n_pool, max_blocks;
     float eps;
     const struct tensor *eh_proj, *tok_embd;
     float *enorm, *hnorm; /* (dim) */
     uint64_t clock;
-    struct mslot *slots;
+    struct spec_blocks kb; /* what each engine block holds of the layer's KV */
+    struct mseq *seqs;     /* (n_seqs) */
     /* one pass: entries, their input rows, logits and output hidden rows */
-    struct batch_seq *bs; /* (n_slots) */
-    int *row_ask;         /* (n_slots) */
-    float *in;            /* (MTP_BATCH + n_slots, dim) */
-    float *logits;        /* (n_slots, n_vocab) */
-    float *hid;           /* (n_slots, dim) */
-    float *chain;         /* (n_slots, dim) each ask's last output hidden row */
+    struct batch_seq *bs; /* (n_seqs) */
+    int *row_ask;         /* (n_seqs) */
+    float *in;            /* (MTP_BATCH + n_seqs, dim) */
+    float *logits;        /* (n_seqs, n_vocab) */
+    float *hid;           /* (n_seqs, dim) */
+    float *chain;         /* (n_seqs, dim) each ask's last output hidden row */
     float *cat, *scratch; /* (2 dim) each */
 };
 
@@ -93,13 +103,6 @@ static void input_row(struct mtp *t, int32_t tok, const float *h, float *x)
     kern_matvec(t->eh_proj, 0, D, t->cat, x, t->scratch);
 }
 
-static void slot_reset(struct mtp *t, int i)
-{
-    runner_drop_seq(t->r, i);
-    struct mslot *s = &t->slots[i];
-    s->n_tok = s->n_fed = s->kv = s->n_rows = s->row0 = 0;
-}
-
 static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
 {
     int c = 0;
@@ -108,35 +111,41 @@ static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
     return c;
 }
 
-/* The slot of key; else a free slot (the one sharing the longest prefix with tokens[0, n)
-   first), else the least recently used one outside this call (-1: none). */
-static int slot_for(struct mtp *t, uint64_t key, const int32_t *tokens, int n)
+/* The state of key: its own, a free one or the least recently used outside this call. */
+static struct mseq *seq_for(struct mtp *t, uint64_t key)
 {
-    int pick = -1, best = -1;
-    for (int i = 0; i < t->n_slots; i++) {
-        struct mslot *s = &t->slots[i];
+    struct mseq *pick = NULL;
+    for (int i = 0; i < t->n_seqs; i++) {
+        struct mseq *s = &t->seqs[i];
         if (s->used && s->key == key)
-            return i;
-        if (s->ask >= 0 || s->used)
+            return s;
+        if (s->ask >= 0)
             continue;
-        int c = tokens ? lcp(s->toks, s->n_tok, tokens, n) : 0;
-        if (c > best)
-            best = c, pick = i;
+        if (!pick || (pick->used && (!s->used || s->last_use < pick->last_use)))
+            pick = s;
     }
-    if (pick < 0) {
-        for (int i = 0; i < t->n_slots; i++)
-            if (t->slots[i].ask < 0 && (pick < 0 || t->slots[i].last_use < t->slots[pick].last_use))
-                pick = i;
-        if (pick < 0)
-            return -1;
-        slot_reset(t, pick);
+    if (pick) {
+        pick->used = true, pick->key = key;
+        pick->n_tok = pick->n_fp = pick->n_fpx = pick->n_rows = pick->row0 = 0;
     }
-    struct mslot *s = &t->slots[pick];
-    s->used = true, s->key = key, s->n_rows = 0, s->row0 = s->n_fed;
     return pick;
 }
 
-static bool rows_room(struct mslot *s, int n, int dim)
+/* s now knows tokens[0, n): what depended on tokens that changed goes (fingerprints, rows
+   of positions from the first change on). */
+static void take_tokens(struct mtp *t, struct mseq *s, const int32_t *tokens, int n)
+{
+    int c = lcp(s->toks, s->n_tok, tokens, n);
+    int keep = c / t->bsz, keepx = c > 0 ? (c - 1) / t->bsz : 0;
+    s->n_fp = s->n_fp < keep ? s->n_fp : keep;
+    s->n_fpx = s->n_fpx < keepx ? s->n_fpx : keepx;
+    if (s->n_rows && s->row0 + s->n_rows > c)
+        s->n_rows = c > s->row0 ? c - s->row0 : 0;
+    memcpy(s->toks + c, tokens + c, sizeof(int32_t) * (size_t)(n - c));
+    s->n_tok = n;
+}
+
+static bool rows_room(struct mseq *s, int n, int dim)
 {
     if (n <= s->cap_rows)
         return true;
@@ -157,31 +166,23 @@ static void mtp_observe(struct spec_proposer *p, uint64_t key, int pos, int n,
     const size_t D = (size_t)t->dim;
     if (n < 1 || pos < 0 || pos + n > t->max_ctx)
         return;
-    for (int i = 0; i < t->n_slots; i++)
-        t->slots[i].ask = -1;
-    int i = slot_for(t, key, tokens, pos + n);
-    if (i < 0)
+    for (int i = 0; i < t->n_seqs; i++)
+        t->seqs[i].ask = -1;
+    struct mseq *s = seq_for(t, key);
+    if (!s)
         return;
-    struct mslot *s = &t->slots[i];
     s->last_use = ++t->clock;
-    /* rows stay where the tokens up to them still match and below pos (replaced) */
-    int c = lcp(s->toks, s->n_tok, tokens, pos + n);
-    if (s->n_fed > c - 1)
-        s->n_fed = c > 0 ? c - 1 : 0;
-    int keep = c < pos ? c : pos;
-    if (s->n_rows && s->row0 + s->n_rows > keep)
-        s->n_rows = keep > s->row0 ? keep - s->row0 : 0;
-    memcpy(s->toks + c, tokens + c, sizeof(int32_t) * (size_t)(pos + n - c));
-    s->n_tok = pos + n;
-    if (!s->n_rows || s->row0 + s->n_rows < s->n_fed)
-        s->n_rows = 0, s->row0 = pos; /* positions before pos without rows: zeros */
-    /* a hole between the rows kept and pos is filled with zero rows */
+    take_tokens(t, s, tokens, pos + n);
+    /* rows from pos on are replaced; a hole between the rows kept and pos is zeros */
+    if (s->n_rows && s->row0 + s->n_rows > pos)
+        s->n_rows = pos > s->row0 ? pos - s->row0 : 0;
+    if (!s->n_rows)
+        s->row0 = pos;
     int hole = pos - (s->row0 + s->n_rows);
     if (!rows_room(s, s->n_rows + hole + n, t->dim)) {
-        s->n_rows = 0, s->row0 = pos;
+        s->n_rows = 0, s->row0 = pos, hole = 0;
         if (!rows_room(s, n, t->dim))
             return;
-        hole = 0;
     }
     memset(s->rows + (size_t)s->n_rows * D, 0, sizeof(float) * (size_t)hole * D);
     memcpy(s->rows + (size_t)(s->n_rows + hole) * D, hidden, sizeof(float) * (size_t)n * D);
@@ -191,24 +192,25 @@ static void mtp_observe(struct spec_proposer *p, uint64_t key, int pos, int n,
 static void mtp_fork(struct spec_proposer *p, uint64_t parent, uint64_t child)
 {
     struct mtp *t = (struct mtp *)p;
-    int a = -1;
-    for (int i = 0; i < t->n_slots; i++)
-        if (t->slots[i].used && t->slots[i].key == parent)
-            a = i;
-    if (a < 0)
+    struct mseq *P = NULL;
+    for (int i = 0; i < t->n_seqs; i++) {
+        t->seqs[i].ask = -1;
+        if (t->seqs[i].used && t->seqs[i].key == parent)
+            P = &t->seqs[i];
+    }
+    if (!P)
         return;
-    for (int i = 0; i < t->n_slots; i++)
-        t->slots[i].ask = i == a ? 0 : -1; /* keep the parent's slot */
-    int b = slot_for(t, child, t->slots[a].toks, t->slots[a].n_tok);
-    if (b < 0)
+    P->ask = 0; /* not the one taken */
+    struct mseq *C = seq_for(t, child);
+    P->ask = -1;
+    if (!C)
         return;
-    struct mslot *P = &t->slots[a], *C = &t->slots[b];
     C->last_use = ++t->clock;
-    /* the child's KV is its own (fed from the rows again where the prefix differs) */
-    int keep = lcp(C->toks, C->n_tok, P->toks, P->n_tok);
-    C->n_fed = C->n_fed < keep - 1 ? C->n_fed : keep > 0 ? keep - 1 : 0;
     memcpy(C->toks, P->toks, sizeof(int32_t) * (size_t)P->n_tok);
     C->n_tok = P->n_tok;
+    memcpy(C->fp, P->fp, sizeof(uint64_t) * (size_t)P->n_fp);
+    memcpy(C->fpx, P->fpx, sizeof(uint64_t) * (size_t)P->n_fpx);
+    C->n_fp = P->n_fp, C->n_fpx = P->n_fpx;
     C->n_rows = 0, C->row0 = P->row0;
     if (P->n_rows && rows_room(C, P->n_rows, t->dim)) {
         memcpy(C->rows, P->rows, sizeof(float) * (size_t)P->n_rows * (size_t)t->dim);
@@ -216,118 +218,117 @@ static void mtp_fork(struct spec_proposer *p, uint64_t parent, uint64_t child)
     }
 }
 
-/* Room for positions [n_fed, n_fed + n) of slot i beside the blocks this call reserved
-   (*reserved): drops other slots outside this call, free ones then least recently used
-   (false: not even then). */
-static bool make_room(struct mtp *t, int i, int n, int64_t *reserved)
-{
-    for (;;) {
-        int n_free, need = runner_seq_blocks_needed(t->r, i, t->slots[i].n_fed, n, &n_free);
-        need = need > 0 ? need : 0;
-        if (need <= n_free - *reserved) {
-            *reserved += need;
-            return true;
-        }
-        int v = -1;
-        for (int j = 0; j < t->n_slots; j++) {
-            const struct mslot *s = &t->slots[j];
-            if (s->ask >= 0 || s->kv == 0)
-                continue;
-            if (v < 0 || (t->slots[v].used && !s->used) ||
-                (t->slots[v].used == s->used && s->last_use < t->slots[v].last_use))
-                v = j;
-        }
-        if (v < 0)
-            return false;
-        bool used = t->slots[v].used;
-        slot_reset(t, v);
-        t->slots[v].used = used;
-    }
-}
-
-/* The hidden row of position q of slot s, or NULL (none handed over: zeros). */
-static const float *row_of(const struct mtp *t, const struct mslot *s, int q)
+/* The hidden row of position q of s, or NULL (none handed over: zeros). */
+static const float *row_of(const struct mtp *t, const struct mseq *s, int q)
 {
     if (q < s->row0 || q >= s->row0 + s->n_rows)
         return NULL;
     return s->rows + (size_t)(q - s->row0) * (size_t)t->dim;
 }
 
+/* The leading blocks of s's table that hold the layer's KV of its tokens, from block j on,
+   never past the block of position n - 2 (the first guess needs that row fed). A block
+   written for the same tokens but another next token (its last position read that one:
+   a prefix another sequence continued differently) counts when s has no row of that last
+   position to do better with. */
+static int valid_from(struct mtp *t, const struct mseq *s, int j, int n)
+{
+    const int B = t->bsz, most = (n - 2) / B;
+    for (; j < s->b && j < most; j++) {
+        const int32_t x = s->tab[j];
+        if (t->kb.fpx[x] != s->fpx[j] && (t->kb.fp[x] != s->fp[j] || row_of(t, s, (j + 1) * B - 1)))
+            break;
+    }
+    return j;
+}
+
 static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, int n)
 {
     struct mtp *t = (struct mtp *)p;
     const size_t D = (size_t)t->dim;
-    for (int i = 0; i < t->n_slots; i++)
-        t->slots[i].ask = -1;
-    int *slot_of = wcalloc((size_t)n + 1, sizeof *slot_of);
-    if (!slot_of) {
+    const int B = t->bsz;
+    for (int i = 0; i < t->n_seqs; i++)
+        t->seqs[i].ask = -1;
+    struct mseq *of_buf[64], **of = n <= 64 ? of_buf : wcalloc((size_t)n, sizeof *of);
+    if (!of) {
         for (int a = 0; a < n; a++)
             asks[a].n_out = 0;
         return;
     }
-    int64_t reserved = 0;
+    int n_alive = 0;
     for (int a = 0; a < n; a++) {
         struct spec_ask *q = &asks[a];
         q->n_out = 0;
-        slot_of[a] = -1;
-        /* the guesses' positions: n - 1 .. n + k - 2 must stay inside the context */
-        int k = q->max_k < t->max_ctx - q->n + 1 ? q->max_k : t->max_ctx - q->n + 1;
-        if (q->n < 2 || k < 1 || q->n > t->max_ctx)
+        of[a] = NULL;
+        /* the guesses' positions n - 1 .. n + k - 3 inside the context and the scratch */
+        int k = q->max_k < t->max_ctx - q->n + 2 ? q->max_k : t->max_ctx - q->n + 2;
+        k = k < B + 2 ? k : B + 2;
+        if (q->n < 2 || k < 1 || q->n > t->max_ctx || !q->blocks || n_alive >= t->n_seqs)
             continue;
         q->max_k = k;
-        int i = slot_for(t, q->seq_key, q->tokens, q->n);
-        if (i < 0)
+        struct mseq *s = seq_for(t, q->seq_key);
+        if (!s)
             continue;
-        struct mslot *s = &t->slots[i];
         s->last_use = ++t->clock;
         s->ask = a;
-        /* keep what matches: KV of position j needs tokens [0, j + 1] */
-        int c = lcp(s->toks, s->n_tok, q->tokens, q->n);
-        if (s->n_fed > c - 1)
-            s->n_fed = c > 0 ? c - 1 : 0;
-        if (s->n_fed > q->n - 2) /* the first guess comes from position n - 2's row */
-            s->n_fed = q->n - 2;
-        if (s->n_rows && s->row0 + s->n_rows > c)
-            s->n_rows = c > s->row0 ? c - s->row0 : 0;
-        memcpy(s->toks + c, q->tokens + c, sizeof(int32_t) * (size_t)(q->n - c));
-        s->n_tok = q->n;
-        s->kv = s->n_fed;
-        if (!make_room(t, i, q->n - 1 - s->n_fed + k - 1, &reserved)) {
-            slot_reset(t, i);
+        take_tokens(t, s, q->tokens, q->n);
+        s->b = (q->n - 1) / B;
+        s->b = s->b < q->n_blocks ? s->b : q->n_blocks;
+        spec_blocks_fingerprints(&t->kb, q->tokens, s->b, 0, s->fp, &s->n_fp);
+        spec_blocks_fingerprints(&t->kb, q->tokens, s->b, 1, s->fpx, &s->n_fpx);
+        bool in_range = true;
+        for (int j = 0; j < s->b; j++)
+            in_range &= q->blocks[j] >= 0 && q->blocks[j] < t->n_pool;
+        if (!in_range)
             continue;
-        }
-        slot_of[a] = i;
+        memcpy(s->tab, q->blocks, sizeof(int32_t) * (size_t)s->b);
+        for (int i = 0; i < MTP_SCRATCH; i++)
+            s->tab[s->b + i] = t->n_pool + n_alive * MTP_SCRATCH + i;
+        s->fed = valid_from(t, s, 0, q->n) * B;
+        of[a] = s;
+        n_alive++;
     }
-    /* Passes of at most MTP_BATCH tokens: a sequence behind feeds positions n_fed..n-2,
+    /* Passes of at most MTP_BATCH tokens: a sequence behind feeds positions up to n - 2,
        one caught up feeds its last guess with its last output row; a caught-up sequence's
        last row gives its next guess. */
     for (;;) {
         int nb = 0, tok = 0;
+        spec_blocks_next_pass(&t->kb);
         for (int a = 0; a < n && tok < MTP_BATCH; a++) {
             struct spec_ask *q = &asks[a];
-            if (slot_of[a] < 0 || q->n_out >= q->max_k)
+            struct mseq *s = of[a];
+            if (!s || q->n_out >= q->max_k)
                 continue;
-            struct mslot *s = &t->slots[slot_of[a]];
+            if (s->fed % B == 0 && s->fed < q->n - 1 && s->fed / B < s->b) {
+                int v = valid_from(t, s, s->fed / B, q->n) * B; /* others may have written */
+                s->fed = v > s->fed ? v : s->fed;
+            }
+            const int slot = (int)(s - t->seqs);
             float *x = t->in + (size_t)tok * D;
             int c = 1;
-            if (s->n_fed < q->n - 1) {
-                c = q->n - 1 - s->n_fed;
+            if (s->fed < q->n - 1) {
+                c = q->n - 1 - s->fed;
                 c = c < MTP_BATCH - tok ? c : MTP_BATCH - tok;
+            }
+            if (!spec_blocks_claim(&t->kb, s->tab, s->b, s->fed, c))
+                continue;
+            if (s->fed < q->n - 1) {
                 for (int j = 0; j < c; j++) {
-                    int pos = s->n_fed + j;
+                    int pos = s->fed + j;
                     input_row(t, q->tokens[pos + 1], row_of(t, s, pos), x + (size_t)j * D);
                 }
             } else {
-                input_row(t, q->out[q->n_out - 1], t->chain + (size_t)slot_of[a] * D, x);
+                input_row(t, q->out[q->n_out - 1], t->chain + (size_t)slot * D, x);
             }
-            t->bs[nb] = (struct batch_seq){.seq_id = slot_of[a],
-                                           .tokens = s->toks + s->kv,
+            /* tokens only name the rows: each position's own token */
+            t->bs[nb] = (struct batch_seq){.seq_id = nb,
+                                           .tokens = s->fed + c <= q->n ? s->toks + s->fed
+                                                                        : q->out + q->n_out - 1,
                                            .n_tokens = c,
-                                           .pos = s->kv,
+                                           .pos = s->fed,
+                                           .blocks = s->tab,
+                                           .n_blocks = s->b + MTP_SCRATCH,
                                            .embeds = x};
-            /* tokens only name the rows: the positions' own tokens where known */
-            if (s->kv + c > s->n_tok)
-                t->bs[nb].tokens = q->out + q->n_out - 1;
             t->row_ask[nb++] = a;
             tok += c;
         }
@@ -337,38 +338,34 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
         struct batch b = {.seqs = t->bs, .n_seqs = nb};
         t->base.computed += (uint64_t)tok;
         if (runner_forward_hidden(t->r, &b, t->logits, NULL, t->hid, &e) != WELD_OK) {
-            for (int j = 0; j < nb; j++) {
-                slot_reset(t, t->bs[j].seq_id);
-                slot_of[t->row_ask[j]] = -1;
-            }
+            for (int j = 0; j < nb; j++)
+                of[t->row_ask[j]] = NULL; /* no (more) guesses; its blocks stay invalid */
             continue;
         }
         for (int j = 0; j < nb; j++) {
             struct spec_ask *q = &asks[t->row_ask[j]];
-            struct mslot *s = &t->slots[slot_of[t->row_ask[j]]];
-            s->kv += t->bs[j].n_tokens;
-            if (s->n_fed < q->n - 1)
-                s->n_fed = s->kv;
-            if (s->n_fed < q->n - 1)
+            struct mseq *s = of[t->row_ask[j]];
+            const int from = s->fed;
+            s->fed += t->bs[j].n_tokens;
+            spec_blocks_written(&t->kb, s->tab, s->fp, s->fpx, s->b, from, s->fed);
+            if (s->fed < q->n - 1)
                 continue;
             const float *lg = t->logits + (size_t)j * (size_t)t->n_vocab;
             if (q->logits)
                 memcpy(q->logits + (size_t)q->n_out * (size_t)t->n_vocab, lg,
                        sizeof(float) * (size_t)t->n_vocab);
             q->out[q->n_out++] = argmax(lg, t->n_vocab);
-            memcpy(t->chain + (size_t)slot_of[t->row_ask[j]] * D, t->hid + (size_t)j * D,
-                   sizeof(float) * D);
+            memcpy(t->chain + (size_t)(s - t->seqs) * D, t->hid + (size_t)j * D, sizeof(float) * D);
         }
     }
-    /* rows of fed positions are done with, but the last (a call before the sequence
-       moves on feeds it again for its first guess) */
+    /* rows are kept from the last full block on (a repeated ask feeds it again) */
     for (int a = 0; a < n; a++) {
-        if (slot_of[a] < 0)
+        struct mseq *s = of[a];
+        if (!s)
             continue;
-        struct mslot *s = &t->slots[slot_of[a]];
-        int drop = s->n_fed - 1 - s->row0;
+        int keep = (s->b > 0 ? s->b - 1 : 0) * B, drop = keep - s->row0;
         if (drop >= s->n_rows) {
-            s->n_rows = 0, s->row0 = s->n_fed;
+            s->n_rows = 0, s->row0 = keep;
         } else if (drop > 0) {
             memmove(s->rows, s->rows + (size_t)drop * D,
                     sizeof(float) * (size_t)(s->n_rows - drop) * D);
@@ -376,39 +373,31 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
         }
     }
     runner_park(t->r);
-    wfree(slot_of);
-}
-
-static int mtp_propose(struct spec_proposer *p, uint64_t key, const int32_t *tokens, int n,
-                       int max_k, int32_t *out)
-{
-    struct spec_ask q = {.seq_key = key, .tokens = tokens, .n = n, .max_k = max_k, .out = out};
-    mtp_propose_batch(p, &q, 1);
-    return q.n_out;
+    if (of != of_buf)
+        wfree(of);
 }
 
 static void mtp_forget(struct spec_proposer *p, uint64_t key)
 {
     struct mtp *t = (struct mtp *)p;
-    for (int i = 0; i < t->n_slots; i++)
-        if (t->slots[i].used && t->slots[i].key == key) {
-            struct mslot *s = &t->slots[i];
-            s->used = false;
-            s->n_rows = 0;
-            /* what the KV holds stays for a later sequence with the same prefix */
-            s->n_tok = s->n_fed + 1 < s->n_tok ? s->n_fed + 1 : s->n_tok;
-        }
+    for (int i = 0; i < t->n_seqs; i++)
+        if (t->seqs[i].used && t->seqs[i].key == key)
+            t->seqs[i].used = false, t->seqs[i].n_rows = 0;
 }
 
 static void mtp_free(struct spec_proposer *p)
 {
     struct mtp *t = (struct mtp *)p;
     runner_free(t->r);
-    for (int i = 0; t->slots && i < t->n_slots; i++) {
-        wfree(t->slots[i].toks);
-        wfree(t->slots[i].rows);
+    for (int i = 0; t->seqs && i < t->n_seqs; i++) {
+        wfree(t->seqs[i].toks);
+        wfree(t->seqs[i].rows);
+        wfree(t->seqs[i].fp);
+        wfree(t->seqs[i].fpx);
+        wfree(t->seqs[i].tab);
     }
-    wfree(t->slots);
+    wfree(t->seqs);
+    spec_blocks_free(&t->kb);
     wfree(t->bs);
     wfree(t->row_ask);
     wfree(t->in);
@@ -435,8 +424,7 @@ int spec_mtp_create(struct spec_proposer **out, const struct spec_limits *lim, s
     struct mtp *t = wcalloc(1, sizeof *t);
     if (!t)
         return err_set(e, WELD_ERR_NOMEM, "mtp: out of memory");
-    t->base = (struct spec_proposer){.propose = mtp_propose,
-                                     .propose_batch = mtp_propose_batch,
+    t->base = (struct spec_proposer){.propose_batch = mtp_propose_batch,
                                      .forget = mtp_forget,
                                      .observe = mtp_observe,
                                      .fork = mtp_fork,
@@ -449,27 +437,31 @@ int spec_mtp_create(struct spec_proposer **out, const struct spec_limits *lim, s
     t->eps = m->cfg.norm_eps;
     t->eh_proj = &N->eh_proj;
     t->tok_embd = &t->view.tok_embd;
-    t->n_slots = lim->max_seqs > 0 ? lim->max_seqs : MTP_SEQS_DEFAULT;
+    t->n_seqs = lim->max_seqs > 0 ? lim->max_seqs : MTP_SEQS_DEFAULT;
+    t->bsz = lim->block_size > 0 ? lim->block_size : 16;
     t->max_ctx = lim->max_ctx > 0 && lim->max_ctx < m->cfg.max_ctx ? lim->max_ctx : m->cfg.max_ctx;
+    t->max_blocks = (t->max_ctx + t->bsz - 1) / t->bsz;
+    int64_t pool = lim->kv_tokens > 0 ? lim->kv_tokens / t->bsz
+                                      : (int64_t)t->n_seqs * t->max_blocks;
     int rc = WELD_OK;
     if (!kern_type_supported(N->eh_proj.type) || !kern_type_supported(t->tok_embd->type))
         rc = err_set(e, WELD_ERR_UNSUPPORTED,
                      "mtp: eh_proj or the embeddings have a type "
                      "the input stage cannot read");
+    if (rc == WELD_OK && pool + (int64_t)t->n_seqs * MTP_SCRATCH > (1 << 30))
+        rc = err_set(e, WELD_ERR_LIMIT, "mtp: a pool of %lld blocks is too large", (long long)pool);
+    t->n_pool = (int)pool;
     if (rc == WELD_OK) {
         struct backend_params bp;
-        backend_params_init(&bp, t->n_slots, t->max_ctx);
-        int64_t tokens = lim->kv_tokens > 0 ? lim->kv_tokens : (int64_t)t->n_slots * t->max_ctx;
-        int bsz = 16; /* backend_params' default block size */
-        int64_t blocks = (tokens + bsz - 1) / bsz + t->n_slots;
-        int64_t most = ((int64_t)t->max_ctx + bsz - 1) / bsz * t->n_slots;
-        bp.kv_blocks = (int)(blocks < most ? blocks : most);
+        backend_params_init(&bp, t->n_seqs, t->max_ctx);
+        bp.kv_block_size = t->bsz;
+        bp.kv_blocks = t->n_pool + t->n_seqs * MTP_SCRATCH;
         rc = runner_create_ex(&t->r, &t->view, &bp, e);
     }
     if (rc == WELD_OK) {
-        const size_t D = (size_t)t->dim, S = (size_t)t->n_slots;
+        const size_t D = (size_t)t->dim, S = (size_t)t->n_seqs;
         t->n_vocab = t->base.n_vocab = runner_n_vocab(t->r);
-        t->slots = wcalloc(S, sizeof *t->slots);
+        t->seqs = wcalloc(S, sizeof *t->seqs);
         t->bs = wcalloc(S, sizeof *t->bs);
         t->row_ask = wcalloc(S, sizeof *t->row_ask);
         t->in = wmalloc(sizeof(float) * (MTP_BATCH + S) * D);
@@ -480,12 +472,19 @@ int spec_mtp_create(struct spec_proposer **out, const struct spec_limits *lim, s
         t->scratch = wmalloc(sizeof(float) * KERN_ROW_SCRATCH(2 * D));
         t->enorm = wmalloc(sizeof(float) * D);
         t->hnorm = wmalloc(sizeof(float) * D);
-        if (!t->slots || !t->bs || !t->row_ask || !t->in || !t->logits || !t->hid || !t->chain ||
-            !t->cat || !t->scratch || !t->enorm || !t->hnorm)
+        if (!spec_blocks_init(&t->kb, t->n_pool, t->bsz) || !t->seqs || !t->bs || !t->row_ask ||
+            !t->in || !t->logits || !t->hid || !t->chain || !t->cat || !t->scratch || !t->enorm ||
+            !t->hnorm)
             rc = err_set(e, WELD_ERR_NOMEM, "mtp: out of memory");
-        for (size_t i = 0; rc == WELD_OK && i < S; i++)
-            if (!(t->slots[i].toks = wmalloc(sizeof(int32_t) * (size_t)t->max_ctx)))
+        for (size_t i = 0; rc == WELD_OK && i < S; i++) {
+            struct mseq *s = &t->seqs[i];
+            s->toks = wmalloc(sizeof(int32_t) * (size_t)t->max_ctx);
+            s->fp = wmalloc(sizeof(uint64_t) * (size_t)t->max_blocks);
+            s->fpx = wmalloc(sizeof(uint64_t) * (size_t)t->max_blocks);
+            s->tab = wmalloc(sizeof(int32_t) * ((size_t)t->max_blocks + MTP_SCRATCH));
+            if (!s->toks || !s->fp || !s->fpx || !s->tab)
                 rc = err_set(e, WELD_ERR_NOMEM, "mtp: out of memory");
+        }
         if (rc == WELD_OK) {
             kern_to_f32(N->enorm.type, N->enorm.data, t->enorm, t->dim);
             kern_to_f32(N->hnorm.type, N->hnorm.data, t->hnorm, t->dim);
