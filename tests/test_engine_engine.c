@@ -63,9 +63,8 @@ static int argmax(const float *x, int n)
 /* Tokens of one sequence alone on the runner (internal KV placement): greedy without sp,
    else drawn by a sampler with sp (sampler_sample on the row: its own pass over it), with
    each token's logprob and best top logprob (id, value) into lp[3 * k ...] when lp. */
-static int ref_run(const struct model *m, enum weld_dtype kv, const int32_t *prompt,
-                   int n_prompt, int n_gen, const struct sampler_params *sp, int32_t *out,
-                   float *lp);
+static int ref_run(const struct model *m, enum weld_dtype kv, const int32_t *prompt, int n_prompt,
+                   int n_gen, const struct sampler_params *sp, int32_t *out, float *lp);
 
 static int ref_greedy(const struct model *m, enum weld_dtype kv, const int32_t *prompt,
                       int n_prompt, int n_gen, int32_t *out)
@@ -73,9 +72,8 @@ static int ref_greedy(const struct model *m, enum weld_dtype kv, const int32_t *
     return ref_run(m, kv, prompt, n_prompt, n_gen, NULL, out, NULL);
 }
 
-static int ref_run(const struct model *m, enum weld_dtype kv, const int32_t *prompt,
-                   int n_prompt, int n_gen, const struct sampler_params *sp, int32_t *out,
-                   float *lp)
+static int ref_run(const struct model *m, enum weld_dtype kv, const int32_t *prompt, int n_prompt,
+                   int n_gen, const struct sampler_params *sp, int32_t *out, float *lp)
 {
     struct backend_params bp;
     backend_params_init(&bp, 1, n_prompt + n_gen + 1);
@@ -138,10 +136,10 @@ struct out_seq {
 };
 
 struct col {
-    int finish_order[64];   /* request ids in the order they finished (first 64) */
+    int finish_order[64]; /* request ids in the order they finished (first 64) */
     int n_finished;
-    bool bad_utf8;          /* a delta was not valid UTF-8 */
-    struct out_seq *seqs;   /* (n_req * n_per) indexed by (req id - 1) * n_per + seq */
+    bool bad_utf8;        /* a delta was not valid UTF-8 */
+    struct out_seq *seqs; /* (n_req * n_per) indexed by (req id - 1) * n_per + seq */
     int n_req, n_per;
     struct engine *eng;
     uint64_t abort_id_in_cb; /* abort this request from its first delta */
@@ -212,8 +210,8 @@ static bool col_init(struct col *c, int n_req, int n_per)
     return c->seqs != NULL;
 }
 
-static struct engine *mk_engine(const struct model *m, const struct tokenizer *tok,
-                                int max_seqs, int budget, int kv_blocks, bool caching)
+static struct engine *mk_engine(const struct model *m, const struct tokenizer *tok, int max_seqs,
+                                int budget, int kv_blocks, bool caching)
 {
     struct engine_params p = engine_params_default();
     p.tuning.executor = test_exec;
@@ -415,7 +413,7 @@ static void batched_equals_alone(const struct model *m, int n_vocab, int n_req, 
     REQUIRE(eng);
     struct col c;
     REQUIRE(col_init(&c, n_req, 1));
-    int32_t (*prompts)[48] = wcalloc((size_t)n_req, sizeof *prompts);
+    int32_t(*prompts)[48] = wcalloc((size_t)n_req, sizeof *prompts);
     int *lens = wcalloc((size_t)n_req, sizeof *lens), *gens = wcalloc((size_t)n_req, sizeof *gens);
     REQUIRE(prompts && lens && gens);
     struct request_callbacks cb = {&c, on_delta, on_finish};
@@ -447,7 +445,11 @@ static void batched_equals_alone(const struct model *m, int n_vocab, int n_req, 
     engine_free(eng);
 }
 
-TEST(batch64_stories) { REQUIRE(g_stories); batched_equals_alone(g_stories, 512, 64, 64, 16, 1); }
+TEST(batch64_stories)
+{
+    REQUIRE(g_stories);
+    batched_equals_alone(g_stories, 512, 64, 64, 16, 1);
+}
 
 TEST(batch64_tiny_archs)
 {
@@ -542,11 +544,12 @@ static int oracle_propose(struct spec_proposer *p, uint64_t key, const int32_t *
     return 0;
 }
 
-/* Requests on model m with and without speculation (ngram, or the oracle): greedy ones,
-   seeded ones at temperature 0.9 with top-p and a repetition penalty, and n = 2 forks
-   with logprobs; every token, logprob and finish reason equal. Prompts repeat a span so
-   ngram has something to find. Returns the accepted drafts. */
-enum spec_how { SP_NGRAM, SP_ORACLE, SP_MTP };
+/* Requests on model m with and without speculation (ngram, the oracle, MTP, the model
+   drafting for itself): greedy ones, seeded ones at temperature 0.9 with top-p and a
+   repetition penalty, and n = 2 forks with logprobs; every token, logprob and finish
+   reason equal. Prompts repeat a span so ngram has something to find. Returns the
+   accepted drafts. */
+enum spec_how { SP_NGRAM, SP_ORACLE, SP_MTP, SP_DRAFT /* the model drafting for itself */ };
 static uint64_t g_spec_drafted; /* the latest spec_equal_kv's drafted tokens */
 
 static void spec_equal_kv(const struct model *m, int vocab, enum spec_how how, int miss_pct,
@@ -581,6 +584,9 @@ static void spec_equal_kv(const struct model *m, int vocab, enum spec_how how, i
         rng_seed(&op.r, seed + 1);
         if (pass == 1 && how == SP_ORACLE)
             p.proposer = &op.base, p.spec.num_tokens = 4;
+        else if (pass == 1 && how == SP_DRAFT)
+            p.spec = (struct spec_config){.method = SPEC_DRAFT_MODEL, .num_tokens = 4},
+            snprintf(p.spec.draft_model, sizeof p.spec.draft_model, "%s", m->path);
         else if (pass == 1)
             p.spec = (struct spec_config){how == SP_MTP ? SPEC_MTP : SPEC_NGRAM, 4, 1, 4, ""};
         struct engine *eng = NULL;
@@ -667,6 +673,10 @@ TEST(speculative_equals_plain)
         REQUIRE(m);
         uint64_t n = 0;
         spec_equal(m, 300, SP_ORACLE, 30, 64, 45 + (uint64_t)a, &n);
+        CHECK(n > 0);
+        spec_equal(m, 300, SP_NGRAM, 0, 64, 50 + (uint64_t)a, &n); /* the prompts repeat */
+        CHECK(g_spec_drafted > 0);
+        spec_equal(m, 300, SP_DRAFT, 0, 64, 53 + (uint64_t)a, &n);
         CHECK(n > 0);
         model_free(m);
     }
@@ -1411,7 +1421,7 @@ TEST(stress)
     REQUIRE(col_init(&c, N, 2));
     struct request_callbacks cb = {&c, on_delta, on_finish};
     struct weld_err e;
-    int32_t (*prompts)[64] = wcalloc(N, sizeof *prompts);
+    int32_t(*prompts)[64] = wcalloc(N, sizeof *prompts);
     int *lens = wcalloc(N, sizeof *lens), *gens = wcalloc(N, sizeof *gens);
     int *ns = wcalloc(N, sizeof *ns), *abort_at = wcalloc(N, sizeof *abort_at);
     bool *greedy = wcalloc(N, sizeof *greedy);
@@ -1474,9 +1484,10 @@ TEST(stress)
         rss_peak = hwm;
     uint64_t w_bytes = model_weight_bytes(g_stories), kv = st.kv_bytes;
     uint64_t budget = rss_base + (w_bytes + kv) * 11 / 10 + (2u << 20);
-    fprintf(stderr, "  stress memory: base %.2f MiB, peak %.2f MiB (%s), end %.2f MiB; "
-            "weights %.2f MiB + pool %.3f MiB -> budget %.2f MiB\n", rss_base / 1048576.0,
-            rss_peak / 1048576.0, hwm_reset ? "VmHWM" : "sampled VmRSS",
+    fprintf(stderr,
+            "  stress memory: base %.2f MiB, peak %.2f MiB (%s), end %.2f MiB; "
+            "weights %.2f MiB + pool %.3f MiB -> budget %.2f MiB\n",
+            rss_base / 1048576.0, rss_peak / 1048576.0, hwm_reset ? "VmHWM" : "sampled VmRSS",
             rss_end / 1048576.0, w_bytes / 1048576.0, kv / 1048576.0, budget / 1048576.0);
 #if !defined(__SANITIZE_ADDRESS__) && !WELD_TEST_HAS_ASAN
     CHECK(rss_base > 0 && kv > 0 && w_bytes > 0);
@@ -1492,8 +1503,7 @@ TEST(stress)
         int32_t want[MAXGEN];
         bool ref = greedy[i] && abort_at[i] < 0 && i % 6 == 0;
         if (ref) {
-            REQUIRE(ref_greedy(g_stories, DT_F16, prompts[i], lens[i], gens[i], want) ==
-                    gens[i]);
+            REQUIRE(ref_greedy(g_stories, DT_F16, prompts[i], lens[i], gens[i], want) == gens[i]);
             checked++;
         }
         for (int s = 0; s < ns[i]; s++) {
@@ -1513,7 +1523,8 @@ TEST(stress)
     CHECK(checked > 50);
     CHECK_EQ_INT(bad, 0);
     CHECK(!c.bad_utf8);
-    fprintf(stderr, "  stress: %d steps, %llu preemptions, %llu aborted, %llu cache hit "
+    fprintf(stderr,
+            "  stress: %d steps, %llu preemptions, %llu aborted, %llu cache hit "
             "tokens, %d checked against the reference\n",
             step, (unsigned long long)st.preemptions, (unsigned long long)st.requests_aborted,
             (unsigned long long)st.cache_hit_tokens, checked);
