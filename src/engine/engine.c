@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -195,23 +196,27 @@ uint64_t engine_kv_auto_bytes(uint64_t seq_bytes, int max_num_seqs, uint64_t mem
     return bytes > seq_bytes ? bytes : seq_bytes;
 }
 
-/* Pool size in blocks from the params (see engine_params_default). */
-static int pool_blocks(const struct engine *eng, const struct engine_params *p,
-                       size_t block_bytes, struct weld_err *e)
+/* Pool size in blocks from the params (see engine_params_default); a proposer's pool takes
+   spec_bytes per block beside it and its weights spec_weights. */
+static int pool_blocks(const struct engine *eng, const struct engine_params *p, size_t block_bytes,
+                       size_t spec_bytes, size_t spec_weights, struct weld_err *e)
 {
     int per_seq = (eng->sc.max_model_len + p->block_size - 1) / p->block_size;
     if (p->kv_blocks > 0)
         return p->kv_blocks;
+    const size_t both = block_bytes + spec_bytes;
     uint64_t bytes = p->kv_cache_memory;
     if (!bytes)
-        bytes = engine_kv_auto_bytes((uint64_t)per_seq * block_bytes, p->max_num_seqs,
-                                     mem_available(), model_weight_bytes(eng->m));
-    int n = backend_kv_blocks_for_bytes(&eng->m->cfg, p->kv_dtype, p->block_size,
-                                        (size_t)bytes);
+        bytes = engine_kv_auto_bytes((uint64_t)per_seq * both, p->max_num_seqs, mem_available(),
+                                     model_weight_bytes(eng->m) + spec_weights);
+    uint64_t n64 = bytes / both;
+    int n = spec_bytes ? (int)(n64 < INT_MAX ? n64 : INT_MAX)
+                       : backend_kv_blocks_for_bytes(&eng->m->cfg, p->kv_dtype, p->block_size,
+                                                     (size_t)bytes);
     if (n < 1)
         err_set(e, WELD_ERR_LIMIT,
                 "--kv-cache-memory %llu bytes: not even one KV block (%zu bytes) fits",
-                (unsigned long long)bytes, block_bytes);
+                (unsigned long long)bytes, both);
     return n;
 }
 
@@ -289,10 +294,16 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
                        "--kv-cache-dtype %s cannot hold this model's attention heads "
                        "(head_dim %d; q8_0 needs a multiple of 32)",
                        dtype_name(p->kv_dtype), eng->m->cfg.head_dim);
-    int n_blocks = pool_blocks(eng, p, block_bytes, e);
+    /* a proposer's KV pool is indexed by the same block ids: both share the budget */
+    size_t spec_bytes = 0, spec_weights = 0;
+    int rc;
+    if (!p->proposer && p->spec.method != SPEC_NONE &&
+        (rc = spec_proposer_cost(&p->spec, eng->m, p->block_size, &spec_bytes, &spec_weights, e)))
+        return rc;
+    int n_blocks = pool_blocks(eng, p, block_bytes, spec_bytes, spec_weights, e);
     if (n_blocks < 1)
         return WELD_ERR_LIMIT;
-    eng->kv_bytes = (size_t)n_blocks * block_bytes;
+    eng->kv_bytes = (size_t)n_blocks * (block_bytes + spec_bytes);
     eng->sc.kv = kvm_config_default();
     eng->sc.kv.n_blocks = n_blocks;
     eng->sc.kv.block_size = p->block_size;
@@ -300,7 +311,7 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
     eng->sc.max_num_batched_tokens = p->max_num_batched_tokens;
     eng->sc.max_num_seqs = p->max_num_seqs;
     eng->sc.policy = p->policy;
-    int rc = sched_create(&eng->s, &eng->sc, e);
+    rc = sched_create(&eng->s, &eng->sc, e);
     if (rc)
         return rc;
     struct backend_params bp;
@@ -313,12 +324,14 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
     if ((rc = runner_create_ex(&eng->run, eng->m, &bp, e)))
         return rc;
     if (!p->quiet)
-        log_info("kv cache: %d blocks x %d tokens, %s, %.1f MiB (%s); max_model_len %d, "
+        log_info("kv cache: %d blocks x %d tokens, %s, %.1f MiB%s (%s); max_model_len %d, "
                  "max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s",
                  n_blocks, p->block_size, dtype_name(p->kv_dtype),
                  (double)eng->kv_bytes / (1024.0 * 1024.0),
-                 p->kv_blocks ? "--kv-blocks" : p->kv_cache_memory ? "--kv-cache-memory"
-                                                                   : "automatic",
+                 spec_bytes ? " with the proposer's" : "",
+                 p->kv_blocks         ? "--kv-blocks"
+                 : p->kv_cache_memory ? "--kv-cache-memory"
+                                      : "automatic",
                  eng->sc.max_model_len, p->max_num_seqs, p->max_num_batched_tokens,
                  p->prefix_caching ? "on" : "off");
     return WELD_OK;

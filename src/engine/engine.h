@@ -124,7 +124,9 @@ struct engine_stats {
 };
 
 /* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what
-   max_num_seqs sequences of max_model_len need), at least one full sequence. */
+   max_num_seqs sequences of max_model_len need), at least one full sequence. A draft
+   model's or MTP layer's KV pool has a block per engine block: its bytes per block and
+   its weights count in the same budget (--kv-cache-memory too). */
 struct engine_params engine_params_default(void);
 /* That automatic size in bytes: seq_bytes (the blocks of one max_model_len sequence) times
    max_num_seqs, capped by half of what MemAvailable leaves beside the weights (a quarter

@@ -12,6 +12,8 @@
 
 #include "core/alloc.h"
 #include "core/json.h"
+#include "exec/backend.h"
+#include "model/model.h"
 
 #include <string.h>
 
@@ -68,6 +70,28 @@ int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c
     g->lookup_min = c->lookup_min;
     g->lookup_max = c->lookup_max;
     *out = &g->base;
+    return WELD_OK;
+}
+
+int spec_proposer_cost(const struct spec_config *c, const struct model *target, int block_size,
+                       size_t *block_bytes, size_t *weight_bytes, struct weld_err *e)
+{
+    *block_bytes = *weight_bytes = 0;
+    if (c->method == SPEC_MTP && target && target->cfg.n_nextn > 0 && target->nextn) {
+        struct model view;
+        model_mtp_view(target, 0, &view);
+        *block_bytes = backend_kv_block_bytes(&view.cfg, DT_F16, block_size);
+    } else if (c->method == SPEC_DRAFT_MODEL) {
+        struct model *m = NULL;
+        int rc = model_load(&m, c->draft_model, e);
+        if (rc) {
+            err_prefix(e, "draft model %s", c->draft_model);
+            return rc;
+        }
+        *block_bytes = backend_kv_block_bytes(&m->cfg, DT_F16, block_size);
+        *weight_bytes = model_weight_bytes(m);
+        model_free(m);
+    }
     return WELD_OK;
 }
 

@@ -114,6 +114,11 @@ struct spec_limits {
    or the MTP layer of lim->target. */
 int spec_proposer_create(struct spec_proposer **out, const struct spec_config *c,
                          const struct spec_limits *lim, struct weld_err *e);
+/* What c's proposer adds to the engine's memory per KV block of block_size positions (its
+   pool is indexed by the engine's block ids) and in weights, so the engine can size its
+   pool for both; zeros for ngram. Loads a draft model's header to know. */
+int spec_proposer_cost(const struct spec_config *c, const struct model *target, int block_size,
+                       size_t *block_bytes, size_t *weight_bytes, struct weld_err *e);
 /* The draft-model proposer (draft.c). */
 int spec_draft_create(struct spec_proposer **out, const char *path, const struct spec_limits *lim,
                       struct weld_err *e);
