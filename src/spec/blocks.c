@@ -12,6 +12,37 @@
 #include <string.h>
 #include <xxhash.h>
 
+struct spec_seq *spec_seq_for(void *states, int n, size_t stride, uint64_t key, bool *fresh)
+{
+    struct spec_seq *pick = NULL;
+    *fresh = false;
+    for (int i = 0; i < n; i++) {
+        struct spec_seq *s = (struct spec_seq *)((char *)states + (size_t)i * stride);
+        if (s->used && s->key == key)
+            return s;
+        if (s->ask >= 0)
+            continue;
+        if (!pick || (pick->used && (!s->used || s->last_use < pick->last_use)))
+            pick = s;
+    }
+    if (pick) {
+        pick->used = true, pick->key = key;
+        *fresh = true;
+    }
+    return pick;
+}
+
+void spec_take_guess(struct spec_ask *q, const float *lg, int n_vocab)
+{
+    int b = 0;
+    for (int i = 1; i < n_vocab; i++)
+        if (lg[i] > lg[b])
+            b = i;
+    if (q->logits)
+        memcpy(q->logits + (size_t)q->n_out * (size_t)n_vocab, lg, sizeof(float) * (size_t)n_vocab);
+    q->out[q->n_out++] = b;
+}
+
 bool spec_blocks_init(struct spec_blocks *k, int n_pool, int bsz)
 {
     memset(k, 0, sizeof *k);
@@ -51,6 +82,19 @@ void spec_blocks_fingerprints(const struct spec_blocks *k, const int32_t *tokens
         fp[j] = h ? h : 1;
     }
     *n_fp = b > *n_fp ? b : *n_fp;
+}
+
+bool spec_blocks_table(const struct spec_blocks *k, const int32_t *blocks, int b, int slot,
+                       int n_scratch, int32_t *tab)
+{
+    for (int j = 0; j < b; j++) {
+        if (blocks[j] < 0 || blocks[j] >= k->n_pool)
+            return false;
+        tab[j] = blocks[j];
+    }
+    for (int i = 0; i < n_scratch; i++)
+        tab[b + i] = k->n_pool + slot * n_scratch + i;
+    return true;
 }
 
 int spec_blocks_valid_until(const struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,

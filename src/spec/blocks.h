@@ -19,7 +19,10 @@
 #ifndef WELD_SPEC_BLOCKS_H
 #define WELD_SPEC_BLOCKS_H
 
+#include "spec/spec.h"
+
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct spec_blocks {
@@ -28,6 +31,21 @@ struct spec_blocks {
     uint32_t *wpass, *rpass; /* (n_pool) the pass that writes / reads each block */
     uint32_t pass;
 };
+
+/* What a proposer keeps of one sequence: the head of its own per-sequence struct. */
+struct spec_seq {
+    uint64_t key, last_use;
+    bool used; /* held by a live sequence */
+    int ask;   /* its ask in the current call, or -1 */
+};
+
+/* key's state among n states `stride` bytes apart, each starting with a struct spec_seq:
+   its own, else a free one, else the least recently used outside the current call; a
+   state taken for key sets *fresh (the caller resets its own fields). NULL: none. */
+struct spec_seq *spec_seq_for(void *states, int n, size_t stride, uint64_t key, bool *fresh);
+/* Ask q's next guess: the argmax of the logits lg (n_vocab), which go to q->logits when
+   wanted. */
+void spec_take_guess(struct spec_ask *q, const float *lg, int n_vocab);
 
 /* false: out of memory. */
 bool spec_blocks_init(struct spec_blocks *k, int n_pool, int bsz);
@@ -38,6 +56,10 @@ void spec_blocks_next_pass(struct spec_blocks *k);
    *n_fp = b (tokens must hold that many). */
 void spec_blocks_fingerprints(const struct spec_blocks *k, const int32_t *tokens, int b, int extra,
                               uint64_t *fp, int *n_fp);
+/* An ask's table for a call: blocks[0, b) (false: one is outside the engine's ids), then
+   the n_scratch scratch blocks of the call's slot-th ask past them. */
+bool spec_blocks_table(const struct spec_blocks *k, const int32_t *blocks, int b, int slot,
+                       int n_scratch, int32_t *tab);
 /* From block j on, the first of tab[0, b) whose content is not fp's (b: all are). */
 int spec_blocks_valid_until(const struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,
                             int j, int b);

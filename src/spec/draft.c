@@ -25,8 +25,8 @@
  * for every sequence in about k forward passes however many sequences there are. Errors of
  * the draft never reach the request: that sequence gets no guesses this step.
  *
- * Not yet: sampled drafts (greedy guesses are checked exactly anyway); the draft's pool is
- * not in the engine's memory budget (the engine sizes its own pool first).
+ * Not yet: sampled drafts (greedy guesses are checked exactly anyway). The engine counts
+ * the draft's pool in its KV budget (spec_proposer_cost).
  */
 #include "spec/spec.h"
 
@@ -41,14 +41,12 @@
 #define DRAFT_SCRATCH 2 /* blocks per ask for the tail: block_size - 1 + 1 + k - 1 positions */
 
 struct dseq {
-    uint64_t key, last_use;
-    bool used;
-    int32_t *toks; /* (max_ctx) its tokens as last seen */
+    struct spec_seq h; /* key, use, its ask */
+    int32_t *toks;     /* (max_ctx) its tokens as last seen */
     int n_tok;
     uint64_t *fp; /* (max_blocks) fp[j]: the chained hash of tokens [0, (j + 1) block_size) */
     int n_fp;
     /* the current call */
-    int ask;      /* its ask, or -1 */
     int b;        /* full blocks the target computed (the rest goes to scratch) */
     int fed;      /* positions whose KV this call's table holds */
     int32_t *tab; /* (max_blocks + DRAFT_SCRATCH) its blocks [0, b), then scratch */
@@ -67,33 +65,14 @@ struct draft {
     int *row_ask;          /* (n_seqs) */
 };
 
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
-
-/* The state of key: its own, a free one or the least recently used outside this call. */
+/* The state of key (a fresh one forgets what it held). */
 static struct dseq *seq_for(struct draft *d, uint64_t key)
 {
-    struct dseq *pick = NULL;
-    for (int i = 0; i < d->n_seqs; i++) {
-        struct dseq *s = &d->seqs[i];
-        if (s->used && s->key == key)
-            return s;
-        if (s->ask >= 0)
-            continue;
-        if (!pick || (pick->used && (!s->used || s->last_use < pick->last_use)))
-            pick = s;
-    }
-    if (pick) {
-        pick->used = true, pick->key = key;
-        pick->n_tok = pick->n_fp = 0;
-    }
-    return pick;
+    bool fresh;
+    struct dseq *s = (struct dseq *)spec_seq_for(d->seqs, d->n_seqs, sizeof *d->seqs, key, &fresh);
+    if (s && fresh)
+        s->n_tok = s->n_fp = 0;
+    return s;
 }
 
 /* s's fingerprints of its first b full blocks (tokens[0, n) its tokens now). */
@@ -114,7 +93,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
     struct draft *d = (struct draft *)p;
     const int B = d->bsz;
     for (int i = 0; i < d->n_seqs; i++)
-        d->seqs[i].ask = -1;
+        d->seqs[i].h.ask = -1;
     struct dseq *of_buf[64], **of = n <= 64 ? of_buf : wcalloc((size_t)n, sizeof *of);
     if (!of) {
         for (int a = 0; a < n; a++)
@@ -135,21 +114,14 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         struct dseq *s = seq_for(d, q->seq_key);
         if (!s)
             continue;
-        s->last_use = ++d->clock;
-        s->ask = a;
+        s->h.last_use = ++d->clock;
+        s->h.ask = a;
         s->b = (q->n - 1) / B;
         s->b = s->b < q->n_blocks ? s->b : q->n_blocks;
         fingerprints(d, s, q->tokens, q->n, s->b);
-        int ok = spec_blocks_valid_until(&d->kb, q->blocks, s->fp, 0, s->b);
-        bool in_range = true;
-        for (int j = ok; j < s->b; j++)
-            in_range &= q->blocks[j] >= 0 && q->blocks[j] < d->n_pool;
-        if (!in_range)
+        if (!spec_blocks_table(&d->kb, q->blocks, s->b, n_alive, DRAFT_SCRATCH, s->tab))
             continue;
-        s->fed = ok * B;
-        memcpy(s->tab, q->blocks, sizeof(int32_t) * (size_t)s->b);
-        for (int i = 0; i < DRAFT_SCRATCH; i++)
-            s->tab[s->b + i] = d->n_pool + n_alive * DRAFT_SCRATCH + i;
+        s->fed = spec_blocks_valid_until(&d->kb, s->tab, s->fp, 0, s->b) * B;
         of[a] = s;
         n_alive++;
     }
@@ -208,11 +180,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
             spec_blocks_written(&d->kb, s->tab, s->fp, NULL, s->b, from, s->fed);
             if (s->fed < q->n)
                 continue;
-            const float *lg = d->logits + (size_t)j * (size_t)d->n_vocab;
-            if (q->logits)
-                memcpy(q->logits + (size_t)q->n_out * (size_t)d->n_vocab, lg,
-                       sizeof(float) * (size_t)d->n_vocab);
-            q->out[q->n_out++] = argmax(lg, d->n_vocab);
+            spec_take_guess(q, d->logits + (size_t)j * (size_t)d->n_vocab, d->n_vocab);
         }
     }
     runner_park(d->r);
@@ -224,8 +192,8 @@ static void draft_forget(struct spec_proposer *p, uint64_t key)
 {
     struct draft *d = (struct draft *)p;
     for (int i = 0; i < d->n_seqs; i++)
-        if (d->seqs[i].used && d->seqs[i].key == key)
-            d->seqs[i].used = false;
+        if (d->seqs[i].h.used && d->seqs[i].h.key == key)
+            d->seqs[i].h.used = false;
 }
 
 static void draft_free(struct spec_proposer *p)

@@ -43,9 +43,8 @@
 #define MTP_SCRATCH 2 /* blocks per ask for the tail: block_size - 1 + k - 1 positions */
 
 struct mseq {
-    uint64_t key, last_use;
-    bool used;
-    int32_t *toks; /* (max_ctx) its tokens as last seen */
+    struct spec_seq h; /* key, use, its ask */
+    int32_t *toks;     /* (max_ctx) its tokens as last seen */
     int n_tok;
     uint64_t *fp, *fpx; /* (max_blocks) fp[j]: the chained hash of tokens [0, (j + 1) bsz),
                            fpx[j] of [0, (j + 1) bsz + 1) (position i reads t_{i+1}) */
@@ -53,7 +52,6 @@ struct mseq {
     float *rows; /* (cap_rows, dim) the target's hidden rows of [row0, row0 + n_rows) */
     int row0, n_rows, cap_rows;
     /* the current call */
-    int ask;      /* its ask, or -1 */
     int b;        /* full blocks the target computed (the rest goes to scratch) */
     int fed;      /* positions whose KV this call's table holds */
     int32_t *tab; /* (max_blocks + MTP_SCRATCH) its blocks [0, b), then scratch */
@@ -80,15 +78,6 @@ struct mtp {
     float *cat, *scratch; /* (2 dim) each */
 };
 
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
-
 /* x = eh_proj . [enorm(embed(tok)); hnorm(h)] (h NULL: zeros). */
 static void input_row(struct mtp *t, int32_t tok, const float *h, float *x)
 {
@@ -111,24 +100,14 @@ static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
     return c;
 }
 
-/* The state of key: its own, a free one or the least recently used outside this call. */
+/* The state of key (a fresh one forgets what it held). */
 static struct mseq *seq_for(struct mtp *t, uint64_t key)
 {
-    struct mseq *pick = NULL;
-    for (int i = 0; i < t->n_seqs; i++) {
-        struct mseq *s = &t->seqs[i];
-        if (s->used && s->key == key)
-            return s;
-        if (s->ask >= 0)
-            continue;
-        if (!pick || (pick->used && (!s->used || s->last_use < pick->last_use)))
-            pick = s;
-    }
-    if (pick) {
-        pick->used = true, pick->key = key;
-        pick->n_tok = pick->n_fp = pick->n_fpx = pick->n_rows = pick->row0 = 0;
-    }
-    return pick;
+    bool fresh;
+    struct mseq *s = (struct mseq *)spec_seq_for(t->seqs, t->n_seqs, sizeof *t->seqs, key, &fresh);
+    if (s && fresh)
+        s->n_tok = s->n_fp = s->n_fpx = s->n_rows = s->row0 = 0;
+    return s;
 }
 
 /* s now knows tokens[0, n): what depended on tokens that changed goes (fingerprints, rows
@@ -167,11 +146,11 @@ static void mtp_observe(struct spec_proposer *p, uint64_t key, int pos, int n,
     if (n < 1 || pos < 0 || pos + n > t->max_ctx)
         return;
     for (int i = 0; i < t->n_seqs; i++)
-        t->seqs[i].ask = -1;
+        t->seqs[i].h.ask = -1;
     struct mseq *s = seq_for(t, key);
     if (!s)
         return;
-    s->last_use = ++t->clock;
+    s->h.last_use = ++t->clock;
     take_tokens(t, s, tokens, pos + n);
     /* rows from pos on are replaced; a hole between the rows kept and pos is zeros */
     if (s->n_rows && s->row0 + s->n_rows > pos)
@@ -194,18 +173,18 @@ static void mtp_fork(struct spec_proposer *p, uint64_t parent, uint64_t child)
     struct mtp *t = (struct mtp *)p;
     struct mseq *P = NULL;
     for (int i = 0; i < t->n_seqs; i++) {
-        t->seqs[i].ask = -1;
-        if (t->seqs[i].used && t->seqs[i].key == parent)
+        t->seqs[i].h.ask = -1;
+        if (t->seqs[i].h.used && t->seqs[i].h.key == parent)
             P = &t->seqs[i];
     }
     if (!P)
         return;
-    P->ask = 0; /* not the one taken */
+    P->h.ask = 0; /* not the one taken */
     struct mseq *C = seq_for(t, child);
-    P->ask = -1;
+    P->h.ask = -1;
     if (!C)
         return;
-    C->last_use = ++t->clock;
+    C->h.last_use = ++t->clock;
     memcpy(C->toks, P->toks, sizeof(int32_t) * (size_t)P->n_tok);
     C->n_tok = P->n_tok;
     memcpy(C->fp, P->fp, sizeof(uint64_t) * (size_t)P->n_fp);
@@ -248,7 +227,7 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
     const size_t D = (size_t)t->dim;
     const int B = t->bsz;
     for (int i = 0; i < t->n_seqs; i++)
-        t->seqs[i].ask = -1;
+        t->seqs[i].h.ask = -1;
     struct mseq *of_buf[64], **of = n <= 64 ? of_buf : wcalloc((size_t)n, sizeof *of);
     if (!of) {
         for (int a = 0; a < n; a++)
@@ -269,21 +248,15 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
         struct mseq *s = seq_for(t, q->seq_key);
         if (!s)
             continue;
-        s->last_use = ++t->clock;
-        s->ask = a;
+        s->h.last_use = ++t->clock;
+        s->h.ask = a;
         take_tokens(t, s, q->tokens, q->n);
         s->b = (q->n - 1) / B;
         s->b = s->b < q->n_blocks ? s->b : q->n_blocks;
         spec_blocks_fingerprints(&t->kb, q->tokens, s->b, 0, s->fp, &s->n_fp);
         spec_blocks_fingerprints(&t->kb, q->tokens, s->b, 1, s->fpx, &s->n_fpx);
-        bool in_range = true;
-        for (int j = 0; j < s->b; j++)
-            in_range &= q->blocks[j] >= 0 && q->blocks[j] < t->n_pool;
-        if (!in_range)
+        if (!spec_blocks_table(&t->kb, q->blocks, s->b, n_alive, MTP_SCRATCH, s->tab))
             continue;
-        memcpy(s->tab, q->blocks, sizeof(int32_t) * (size_t)s->b);
-        for (int i = 0; i < MTP_SCRATCH; i++)
-            s->tab[s->b + i] = t->n_pool + n_alive * MTP_SCRATCH + i;
         s->fed = valid_from(t, s, 0, q->n) * B;
         of[a] = s;
         n_alive++;
@@ -350,11 +323,7 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
             spec_blocks_written(&t->kb, s->tab, s->fp, s->fpx, s->b, from, s->fed);
             if (s->fed < q->n - 1)
                 continue;
-            const float *lg = t->logits + (size_t)j * (size_t)t->n_vocab;
-            if (q->logits)
-                memcpy(q->logits + (size_t)q->n_out * (size_t)t->n_vocab, lg,
-                       sizeof(float) * (size_t)t->n_vocab);
-            q->out[q->n_out++] = argmax(lg, t->n_vocab);
+            spec_take_guess(q, t->logits + (size_t)j * (size_t)t->n_vocab, t->n_vocab);
             memcpy(t->chain + (size_t)(s - t->seqs) * D, t->hid + (size_t)j * D, sizeof(float) * D);
         }
     }
@@ -381,8 +350,8 @@ static void mtp_forget(struct spec_proposer *p, uint64_t key)
 {
     struct mtp *t = (struct mtp *)p;
     for (int i = 0; i < t->n_seqs; i++)
-        if (t->seqs[i].used && t->seqs[i].key == key)
-            t->seqs[i].used = false, t->seqs[i].n_rows = 0;
+        if (t->seqs[i].h.used && t->seqs[i].h.key == key)
+            t->seqs[i].h.used = false, t->seqs[i].n_rows = 0;
 }
 
 static void mtp_free(struct spec_proposer *p)

@@ -53,7 +53,7 @@ struct spec_ask {
     int n, max_k;
     int32_t *out; /* (max_k) */
     int n_out;
-    float *logits; /* (max_k, n_vocab) a model proposer's logits behind each guess, or
+    float *logits;         /* (max_k, n_vocab) a model proposer's logits behind each guess, or
                       NULL: not wanted */
     const int32_t *blocks; /* (n_blocks) the sequence's KV block table in the engine's block
                               manager (its computed positions), or NULL */
@@ -102,10 +102,10 @@ int spec_config_parse_draft(const char *json, const char *draft, struct spec_con
 /* What the engine serves, for a proposer that keeps state per sequence. */
 struct spec_limits {
     const struct model *target; /* the model verified against (mtp reads its layers) */
-    int max_ctx;       /* positions per sequence (0: the draft's own context) */
-    int max_seqs;      /* sequences running at once (0: 16) */
-    int64_t kv_tokens; /* positions the engine's KV pool holds (0: max_seqs x max_ctx) */
-    int block_size;    /* the engine's KV block size (0: 16); kv_tokens / block_size block
+    int max_ctx;                /* positions per sequence (0: the draft's own context) */
+    int max_seqs;               /* sequences running at once (0: 16) */
+    int64_t kv_tokens;          /* positions the engine's KV pool holds (0: max_seqs x max_ctx) */
+    int block_size;             /* the engine's KV block size (0: 16); kv_tokens / block_size block
                           ids, which spec_ask.blocks name */
 };
 
