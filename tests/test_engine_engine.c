@@ -616,6 +616,7 @@ static void spec_equal_kv(const struct model *m, int vocab, enum spec_how how, i
         if (pass == 1) {
             *accepted = st.spec_accepted_tokens;
             g_spec_drafted = st.spec_draft_tokens;
+            CHECK_EQ_INT(st.spec_failures, 0);
             CHECK(st.spec_draft_tokens >= st.spec_accepted_tokens);
         } else {
             CHECK_EQ_INT(st.spec_draft_tokens, 0);
@@ -776,6 +777,7 @@ TEST(draft_model_pair)
             100 * rate,
             (double)st.spec_accepted_tokens / (double)(st.spec_drafts ? st.spec_drafts : 1));
     CHECK(rate > 0.7);
+    CHECK_EQ_INT(st.spec_failures, 0);
     wfree(c[0].seqs), wfree(c[1].seqs);
     engine_free(plain), engine_free(spec);
 }
@@ -817,6 +819,7 @@ TEST(draft_model_siblings)
     fprintf(stderr, "  4 siblings: %llu of %llu accepted\n",
             (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens);
     CHECK(st.spec_draft_tokens > 0 && st.spec_accepted_tokens > st.spec_draft_tokens / 2);
+    CHECK_EQ_INT(st.spec_failures, 0);
     wfree(c[0].seqs), wfree(c[1].seqs);
     engine_free(plain), engine_free(spec);
 }
@@ -865,6 +868,9 @@ TEST(draft_model_prefix_shared)
     fprintf(stderr, "  the draft ran %llu positions for the first request, %llu for the second\n",
             (unsigned long long)ran[0], (unsigned long long)ran[1]);
     CHECK(ran[0] >= 90 && ran[1] + 60 <= ran[0]);
+    struct engine_stats st;
+    engine_stats_get(spec, &st);
+    CHECK_EQ_INT(st.spec_failures, 0);
     wfree(c[0].seqs), wfree(c[1].seqs);
     engine_free(plain), engine_free(spec);
 }
@@ -921,6 +927,7 @@ TEST(draft_model_batched)
             (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
             (unsigned long long)st.preemptions);
     CHECK(st.spec_draft_tokens > 0 && st.spec_accepted_tokens > st.spec_draft_tokens / 2);
+    CHECK_EQ_INT(st.spec_failures, 0);
     wfree(c[0].seqs), wfree(c[1].seqs);
     engine_free(plain), engine_free(spec);
 }

@@ -574,6 +574,37 @@ static int fwd(struct runner *r, const struct batch_seq *s, int n,
     return runner_forward(r, &b, lg, e);
 }
 
+/* copies_fill: a block completed elsewhere (a proposer's scratch) and copied into the block
+   a sequence then reads gives the logits of that block computed in place. */
+TEST(copy_fills_a_read_block)
+{
+    struct tmodel *tm = tm_build(ARCH_LLAMA, 19);
+    int32_t t[12];
+    rand_tokens(20, t, 12);
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+    struct weld_err e;
+    struct runner *r = make_runner(&tm->m, 2, 8, DT_F16);
+    REQUIRE(r != NULL);
+    /* in place: blocks 0, 1 hold positions 0..7, then position 8 in block 2 */
+    int32_t ta[3] = {0, 1, 2}, tb[3] = {0, 5, 6};
+    struct batch_seq s = {.seq_id = 0, .tokens = t, .n_tokens = 8, .blocks = ta, .n_blocks = 3};
+    CHECK_EQ_INT(fwd(r, &s, 1, NULL, 0, a, &e), WELD_OK);
+    s = (struct batch_seq){
+        .seq_id = 0, .tokens = t + 8, .n_tokens = 1, .pos = 8, .blocks = ta, .n_blocks = 3};
+    CHECK_EQ_INT(fwd(r, &s, 1, NULL, 0, a, &e), WELD_OK);
+    /* block 1 copied to 5 in the step that reads it from 5 */
+    struct kv_block_copy cp = {1, 5};
+    s.blocks = tb;
+    struct batch bt = {.seqs = &s, .n_seqs = 1, .copies = &cp, .n_copies = 1};
+    CHECK_EQ_INT(runner_forward(r, &bt, b, &e), WELD_ERR_INVALID_ARG);
+    bt.copies_fill = true;
+    CHECK_EQ_INT(runner_forward(r, &bt, b, &e), WELD_OK);
+    CHECK(memcmp(a, b, sizeof(float) * V) == 0);
+    runner_free(r);
+    free(a), free(b);
+    tm_free(tm);
+}
+
 TEST(table_errors)
 {
     struct tmodel *tm = tm_build(ARCH_LLAMA, 17);
@@ -619,6 +650,12 @@ TEST(table_errors)
     s[0].blocks = tb, s[0].n_tokens = 4; /* seq 0 writes block 4 only */
     CHECK_EQ_INT(fwd(r, s, 2, &onto_read, 1, lg, &e), WELD_ERR_INVALID_ARG);
     CHECK(strstr(e.msg, "overwrites a block batch seq 1 only reads") != NULL);
+    struct batch fill = {.seqs = s,
+                         .n_seqs = 2,
+                         .copies = &onto_read,
+                         .n_copies = 1,
+                         .copies_fill = true}; /* the caller says the copy is what it reads */
+    CHECK_EQ_INT(runner_forward(r, &fill, lg, &e), WELD_OK);
     s[0].blocks = ta, s[0].n_tokens = 6;
     s[1] = (struct batch_seq){.seq_id = 1, .tokens = t, .n_tokens = 2, .blocks = tb,
                               .n_blocks = 4};
@@ -697,6 +734,7 @@ int main(int argc, char **argv)
     RUN(kv_layouts_agree);
     RUN(kv_type_is_used);
     RUN(kv_rows_per_head);
+    RUN(copy_fills_a_read_block);
     RUN(table_errors);
     RUN(block_bytes_and_pool_sizing);
     return test_summary();

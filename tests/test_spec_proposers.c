@@ -244,7 +244,7 @@ static void feed(struct spec_proposer *p, uint64_t key, struct runner *rt, const
 }
 
 static float g_worst; /* the largest logit difference seen */
-static int32_t g_tabs[8][16]; /* each key's block table (block size 4) */
+static int32_t g_tabs[10][16]; /* each key's block table (block size 4) */
 
 static const struct ref_in REF_PLAIN = {0, 0, -1, 0};
 
@@ -314,7 +314,7 @@ TEST(mtp_matches_reference)
     struct spec_config sc = {.method = SPEC_MTP, .num_tokens = MK};
     /* blocks of 4 tokens, 128 of them: the engine's tables are g_tabs */
     struct spec_limits lim = {
-        .target = m, .max_ctx = MAXT + 8, .max_seqs = 4, .kv_tokens = 128 * 4, .block_size = 4};
+        .target = m, .max_ctx = MAXT + 8, .max_seqs = 4, .kv_tokens = 160 * 4, .block_size = 4};
     REQUIRE(spec_proposer_create(&p, &sc, &lim, &e) == WELD_OK);
     CHECK(p->hidden_dim == m->cfg.dim && p->n_vocab == MV && p->observe && p->fork);
     const int D = m->cfg.dim;
@@ -391,6 +391,25 @@ TEST(mtp_matches_reference)
     table(7, 0, 0, 110);
     feed(p, 7, rt, w, 8, 14, D);
     sure += mtp_check(p, m, rt, 7, w, 14, (struct ref_in){0, 8, -1, 0}, g);
+    /* decoding across block boundaries: each step verifies the guesses (the rows of its
+       positions come back), the first taken; the tail kept in scratch is copied into each
+       block the target completes, so a call feeds only the two new positions and chains
+       two guesses (the first call: the prompt's 5 positions) */
+    p->forget(p, 6), p->forget(p, 7);
+    for (int i = 0; i < 6; i++)
+        w[i] = (int32_t)(rng_u64(&r) % MV);
+    table(8, 0, 0, 140);
+    feed(p, 8, rt, w, 0, 6, D);
+    const uint64_t c0 = p->computed;
+    for (int step = 0, n8 = 6; step < 8; step++, n8 += 2) {
+        sure += mtp_check(p, m, rt, 8, w, n8, REF_PLAIN, g);
+        memcpy(w + n8, g, sizeof g);
+        target_rows(rt, w, n8 + MK, D, h);
+        p->observe(p, 8, n8 - 1, MK + 1, w, h + (size_t)(n8 - 1) * D);
+        w[n8 + 1] = (g[1] + 1) % MV;
+    }
+    CHECK_EQ_INT((int)(p->computed - c0), 7 + 7 * 4);
+    CHECK_EQ_INT((int)p->failures, 0);
     wfree(l2);
     fprintf(stderr,
             "  %d guesses and their logits checked against the reference (largest "

@@ -1185,6 +1185,7 @@ void engine_stats_get(const struct engine *eng, struct engine_stats *st)
 {
     *st = eng->st;
     st->spec_computed = eng->prop ? eng->prop->computed : 0;
+    st->spec_failures = eng->prop ? eng->prop->failures : 0;
     struct sched_stats ss;
     sched_stats_get(eng->s, &ss);
     st->preemptions = ss.n_preemptions;

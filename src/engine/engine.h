@@ -120,6 +120,7 @@ struct engine_stats {
     uint64_t spec_accepted_at[SPEC_MAX_TOKENS]; /* accepted at draft position i */
     uint64_t spec_asked;                        /* guesses asked of the proposer */
     uint64_t spec_computed; /* positions a model proposer ran through its model */
+    uint64_t spec_failures; /* its forward passes that failed */
     double t_propose;                           /* seconds inside the proposer */
 };
 

@@ -64,6 +64,10 @@ struct batch {
     int n_seqs;                          /* >= 1 */
     const struct kv_block_copy *copies;  /* (n_copies), done in order; engine tables only */
     int n_copies;
+    bool copies_fill; /* a copy may fill a block sequences only read this
+                                            step (a proposer completing a block it then
+                                            reads); else a copy target must be one its
+                                            sequence writes (copy-on-write) or unused */
 };
 
 /* Total tokens and logit rows of a batch (no validation: call batch_validate first). */

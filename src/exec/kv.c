@@ -356,7 +356,7 @@ static int check_copies(const struct kv_cache *kv, const struct batch *b, struct
                            kv->n_blocks);
         /* A copy target is a block its sequence is about to write (copy-on-write); one
            that is only read this step would change under a sequence's cached prefix. */
-        if (kv->use_gen[dst] == kv->gen && kv->write_gen[dst] != kv->gen)
+        if (!b->copies_fill && kv->use_gen[dst] == kv->gen && kv->write_gen[dst] != kv->gen)
             return err_set(e, WELD_ERR_INVALID_ARG, "batch: block copy %d (%d -> %d) "
                            "overwrites a block batch seq %d only reads this step", i,
                            (int)src, (int)dst, (int)kv->use_seq[dst]);

@@ -27,6 +27,7 @@ struct spec_seq *spec_seq_for(void *states, int n, size_t stride, uint64_t key, 
     }
     if (pick) {
         pick->used = true, pick->key = key;
+        pick->tail_from = pick->tail_end = pick->n_cp = 0;
         *fresh = true;
     }
     return pick;
@@ -85,16 +86,56 @@ void spec_blocks_fingerprints(const struct spec_blocks *k, const int32_t *tokens
 }
 
 bool spec_blocks_table(const struct spec_blocks *k, const int32_t *blocks, int b, int slot,
-                       int n_scratch, int32_t *tab)
+                       int32_t *tab)
 {
     for (int j = 0; j < b; j++) {
         if (blocks[j] < 0 || blocks[j] >= k->n_pool)
             return false;
         tab[j] = blocks[j];
     }
-    for (int i = 0; i < n_scratch; i++)
-        tab[b + i] = k->n_pool + slot * n_scratch + i;
+    for (int i = 0; i < 2; i++)
+        tab[b + i] = k->n_pool + 2 * slot + (b + i) % 2;
     return true;
+}
+
+int spec_blocks_start(struct spec_seq *s, const int32_t *tab, int b, int ok, int bsz)
+{
+    const int32_t scratch0 = tab[b] - b % 2; /* the state's scratch pair */
+    s->n_cp = 0, s->w0 = ok;
+    /* tail blocks the target has computed since: copied in (a part the tail holds is then
+       fed on from its end) */
+    for (int j = ok; j < b && s->n_cp < 2 && j * bsz >= s->tail_from && j * bsz < s->tail_end;
+         j++) {
+        s->cp[s->n_cp++] = (struct kv_block_copy){scratch0 + j % 2, tab[j]};
+        if ((j + 1) * bsz > s->tail_end)
+            return s->tail_end;
+        ok = j + 1;
+    }
+    if (ok == b && s->tail_from <= b * bsz && s->tail_end > b * bsz)
+        return s->tail_end;
+    return ok * bsz;
+}
+
+bool spec_blocks_join(struct spec_blocks *k, struct spec_seq *s, const int32_t *tab, int b, int pos,
+                      int n, struct kv_block_copy *cps, int *n_cps)
+{
+    int from = s->n_cp && s->w0 * k->bsz < pos ? s->w0 * k->bsz : pos;
+    if (!spec_blocks_claim(k, tab, b, from, pos + n - from))
+        return false;
+    for (int i = 0; i < s->n_cp; i++)
+        cps[(*n_cps)++] = s->cp[i];
+    return true;
+}
+
+void spec_blocks_ran(struct spec_blocks *k, struct spec_seq *s, const int32_t *tab,
+                     const uint64_t *fp, const uint64_t *fpx, int b, int from, int to, int tail_to)
+{
+    if (s->n_cp && s->w0 * k->bsz < from)
+        from = s->w0 * k->bsz;
+    s->n_cp = 0, s->w0 = b;
+    spec_blocks_written(k, tab, fp, fpx, b, from, to);
+    if (tail_to > b * k->bsz)
+        s->tail_from = b * k->bsz, s->tail_end = tail_to;
 }
 
 int spec_blocks_valid_until(const struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,

@@ -5,7 +5,10 @@
  * block ids (spec_ask.blocks), so block X of the proposer holds its KV of the tokens block
  * X holds in the target, plus scratch blocks past the engine's ids for the partial tail
  * and the guesses. It writes only full blocks the target has computed: exactly the ones
- * the prefix cache, forks and readmission share.
+ * the prefix cache, forks and readmission share. Each sequence state has two scratch blocks
+ * (logical block j of its tail in scratch j % 2) that keep its tail between calls; when the
+ * target has computed a block the tail holds, the block is copied into the engine's
+ * (batch.copies_fill) instead of being fed again.
  *
  * What a block holds is its fingerprint: a hash chained over every token from the
  * sequence's start to the block's end, set when the proposer wrote the whole block (0:
@@ -19,6 +22,7 @@
 #ifndef WELD_SPEC_BLOCKS_H
 #define WELD_SPEC_BLOCKS_H
 
+#include "exec/batch.h"
 #include "spec/spec.h"
 
 #include <stdbool.h>
@@ -35,8 +39,12 @@ struct spec_blocks {
 /* What a proposer keeps of one sequence: the head of its own per-sequence struct. */
 struct spec_seq {
     uint64_t key, last_use;
-    bool used; /* held by a live sequence */
-    int ask;   /* its ask in the current call, or -1 */
+    bool used;               /* held by a live sequence */
+    int ask;                 /* its ask in the current call, or -1 */
+    int tail_from, tail_end; /* positions whose KV its scratch blocks hold */
+    int w0;                  /* the first engine block this call writes (copies included) */
+    int n_cp;                /* tail blocks to copy into the engine's before it first runs */
+    struct kv_block_copy cp[2];
 };
 
 /* key's state among n states `stride` bytes apart, each starting with a struct spec_seq:
@@ -57,9 +65,22 @@ void spec_blocks_next_pass(struct spec_blocks *k);
 void spec_blocks_fingerprints(const struct spec_blocks *k, const int32_t *tokens, int b, int extra,
                               uint64_t *fp, int *n_fp);
 /* An ask's table for a call: blocks[0, b) (false: one is outside the engine's ids), then
-   the n_scratch scratch blocks of the call's slot-th ask past them. */
+   the two scratch blocks of state `slot` in the order its tail blocks b, b + 1 use them. */
 bool spec_blocks_table(const struct spec_blocks *k, const int32_t *blocks, int b, int slot,
-                       int n_scratch, int32_t *tab);
+                       int32_t *tab);
+/* Where s's call starts feeding, tab[0, ok) valid: the tail blocks the target has computed
+   since are planned as copies into the engine's (s->cp), the call feeding on from the
+   tail's end where it held only part of one; the scratch tail past b follows when every
+   full block is valid. Sets s->w0. */
+int spec_blocks_start(struct spec_seq *s, const int32_t *tab, int b, int ok, int bsz);
+/* s's entry of positions [pos, pos + n) joins the current pass if spec_blocks_claim allows
+   it (its copy targets counted as written); its copies then go to cps (*n_cps grows). */
+bool spec_blocks_join(struct spec_blocks *k, struct spec_seq *s, const int32_t *tab, int b, int pos,
+                      int n, struct kv_block_copy *cps, int *n_cps);
+/* After a pass that ran s's entry [from, to): fingerprints of the blocks it completed or
+   copied, and its scratch tail ([b * bsz, tail_to) holds true KV). */
+void spec_blocks_ran(struct spec_blocks *k, struct spec_seq *s, const int32_t *tab,
+                     const uint64_t *fp, const uint64_t *fpx, int b, int from, int to, int tail_to);
 /* From block j on, the first of tab[0, b) whose content is not fp's (b: all are). */
 int spec_blocks_valid_until(const struct spec_blocks *k, const int32_t *tab, const uint64_t *fp,
                             int j, int b);

@@ -31,6 +31,7 @@
 #include "spec/spec.h"
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "exec/runner.h"
 #include "model/model.h"
 #include "spec/blocks.h"
@@ -38,7 +39,6 @@
 #include <string.h>
 #define DRAFT_BATCH 1024 /* tokens per catch-up forward pass */
 #define DRAFT_SEQS_DEFAULT 16
-#define DRAFT_SCRATCH 2 /* blocks per ask for the tail: block_size - 1 + 1 + k - 1 positions */
 
 struct dseq {
     struct spec_seq h; /* key, use, its ask */
@@ -49,7 +49,7 @@ struct dseq {
     /* the current call */
     int b;        /* full blocks the target computed (the rest goes to scratch) */
     int fed;      /* positions whose KV this call's table holds */
-    int32_t *tab; /* (max_blocks + DRAFT_SCRATCH) its blocks [0, b), then scratch */
+    int32_t *tab; /* (max_blocks + 2) its blocks [0, b), then its scratch pair */
 };
 
 struct draft {
@@ -58,11 +58,12 @@ struct draft {
     struct runner *r;
     int n_vocab, max_ctx, n_seqs, bsz, n_pool, max_blocks;
     uint64_t clock;
-    struct spec_blocks kb; /* what each engine block holds of the draft's KV */
-    float *logits;         /* (n_seqs, n_vocab) */
-    struct dseq *seqs;     /* (n_seqs) */
-    struct batch_seq *bs;  /* (n_seqs) */
-    int *row_ask;          /* (n_seqs) */
+    struct spec_blocks kb;     /* what each engine block holds of the draft's KV */
+    float *logits;             /* (n_seqs, n_vocab) */
+    struct dseq *seqs;         /* (n_seqs) */
+    struct batch_seq *bs;      /* (n_seqs) */
+    struct kv_block_copy *cps; /* (2 n_seqs) a pass's copies */
+    int *row_ask;              /* (n_seqs) */
 };
 
 /* The state of key (a fresh one forgets what it held). */
@@ -75,7 +76,8 @@ static struct dseq *seq_for(struct draft *d, uint64_t key)
     return s;
 }
 
-/* s's fingerprints of its first b full blocks (tokens[0, n) its tokens now). */
+/* s's fingerprints of its first b full blocks (tokens[0, n) its tokens now); its scratch
+   tail keeps the positions whose tokens did not change. */
 static void fingerprints(struct draft *d, struct dseq *s, const int32_t *tokens, int n, int b)
 {
     int c = 0;
@@ -86,6 +88,8 @@ static void fingerprints(struct draft *d, struct dseq *s, const int32_t *tokens,
     memcpy(s->toks + c, tokens + c, sizeof(int32_t) * (size_t)(n - c));
     s->n_tok = n;
     spec_blocks_fingerprints(&d->kb, tokens, b, 0, s->fp, &s->n_fp);
+    if (s->h.tail_end > c)
+        s->h.tail_end = c > s->h.tail_from ? c : s->h.tail_from;
 }
 
 static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, int n)
@@ -101,14 +105,13 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         return;
     }
     /* states, fingerprints, what is valid, tables */
-    int n_alive = 0;
     for (int a = 0; a < n; a++) {
         struct spec_ask *q = &asks[a];
         q->n_out = 0;
         of[a] = NULL;
         int k = q->max_k < d->max_ctx - q->n ? q->max_k : d->max_ctx - q->n;
-        k = k < B + 1 ? k : B + 1; /* what DRAFT_SCRATCH blocks hold */
-        if (q->n < 1 || k < 1 || !q->blocks || n_alive >= d->n_seqs)
+        k = k < B + 1 ? k : B + 1; /* what the scratch pair holds past block b */
+        if (q->n < 1 || k < 1 || !q->blocks)
             continue;
         q->max_k = k;
         struct dseq *s = seq_for(d, q->seq_key);
@@ -119,17 +122,18 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
         s->b = (q->n - 1) / B;
         s->b = s->b < q->n_blocks ? s->b : q->n_blocks;
         fingerprints(d, s, q->tokens, q->n, s->b);
-        if (!spec_blocks_table(&d->kb, q->blocks, s->b, n_alive, DRAFT_SCRATCH, s->tab))
+        if (!spec_blocks_table(&d->kb, q->blocks, s->b, (int)(s - d->seqs), s->tab))
             continue;
-        s->fed = spec_blocks_valid_until(&d->kb, s->tab, s->fp, 0, s->b) * B;
+        int ok = spec_blocks_valid_until(&d->kb, s->tab, s->fp, 0, s->b);
+        s->fed = spec_blocks_start(&s->h, s->tab, s->b, ok, B);
+        s->fed = s->fed < q->n - 1 ? s->fed : q->n - 1; /* its last token at least */
         of[a] = s;
-        n_alive++;
     }
     /* Passes of at most DRAFT_BATCH tokens: a sequence behind feeds its unfed tokens, one
        caught up feeds its last guess back; the last row of a caught-up sequence gives its
        next guess. Sequences that catch up early guess while others still feed. */
     for (;;) {
-        int nb = 0, tok = 0;
+        int nb = 0, tok = 0, n_cps = 0;
         spec_blocks_next_pass(&d->kb);
         bool waiting = false;
         for (int a = 0; a < n && tok < DRAFT_BATCH; a++) {
@@ -145,7 +149,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
                 c = q->n - s->fed < DRAFT_BATCH - tok ? q->n - s->fed : DRAFT_BATCH - tok;
             else
                 t = q->out + q->n_out - 1;
-            if (!spec_blocks_claim(&d->kb, s->tab, s->b, s->fed, c)) {
+            if (!spec_blocks_join(&d->kb, &s->h, s->tab, s->b, s->fed, c, d->cps, &n_cps)) {
                 waiting = true;
                 continue;
             }
@@ -154,7 +158,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
                                            .n_tokens = c,
                                            .pos = s->fed,
                                            .blocks = s->tab,
-                                           .n_blocks = s->b + DRAFT_SCRATCH};
+                                           .n_blocks = s->b + 2};
             d->row_ask[nb++] = a;
             tok += c;
         }
@@ -165,11 +169,20 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
             break;
         }
         struct weld_err e;
-        struct batch b = {.seqs = d->bs, .n_seqs = nb};
+        struct batch b = {.seqs = d->bs,
+                          .n_seqs = nb,
+                          .copies = n_cps ? d->cps : NULL,
+                          .n_copies = n_cps,
+                          .copies_fill = true};
         d->base.computed += (uint64_t)tok;
         if (runner_forward(d->r, &b, d->logits, &e) != WELD_OK) {
-            for (int j = 0; j < nb; j++)
-                of[d->row_ask[j]] = NULL; /* no (more) guesses; its blocks stay invalid */
+            if (!d->base.failures++)
+                log_warn("draft model: %s (those sequences get no guesses)", e.msg);
+            for (int j = 0; j < nb; j++) { /* no (more) guesses; its blocks stay invalid */
+                struct dseq *s = of[d->row_ask[j]];
+                s->h.tail_end = s->h.tail_from, s->h.n_cp = 0;
+                of[d->row_ask[j]] = NULL;
+            }
             continue;
         }
         for (int j = 0; j < nb; j++) {
@@ -177,7 +190,7 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
             struct dseq *s = of[d->row_ask[j]];
             int from = s->fed;
             s->fed += d->bs[j].n_tokens;
-            spec_blocks_written(&d->kb, s->tab, s->fp, NULL, s->b, from, s->fed);
+            spec_blocks_ran(&d->kb, &s->h, s->tab, s->fp, NULL, s->b, from, s->fed, s->fed);
             if (s->fed < q->n)
                 continue;
             spec_take_guess(q, d->logits + (size_t)j * (size_t)d->n_vocab, d->n_vocab);
@@ -208,6 +221,7 @@ static void draft_free(struct spec_proposer *p)
     }
     wfree(d->seqs);
     wfree(d->bs);
+    wfree(d->cps);
     wfree(d->row_ask);
     wfree(d->logits);
     spec_blocks_free(&d->kb);
@@ -234,7 +248,7 @@ int spec_draft_create(struct spec_proposer **out, const char *path, const struct
         d->max_blocks = (d->max_ctx + d->bsz - 1) / d->bsz;
         int64_t pool = lim->kv_tokens > 0 ? lim->kv_tokens / d->bsz
                                           : (int64_t)d->n_seqs * d->max_blocks;
-        int64_t total = pool + (int64_t)d->n_seqs * DRAFT_SCRATCH;
+        int64_t total = pool + (int64_t)d->n_seqs * 2;
         if (total > (1 << 30))
             rc = err_set(e, WELD_ERR_LIMIT, "draft model: a pool of %lld blocks is too large",
                          (long long)total);
@@ -251,15 +265,16 @@ int spec_draft_create(struct spec_proposer **out, const char *path, const struct
         d->logits = wmalloc(sizeof(float) * (size_t)d->n_vocab * (size_t)d->n_seqs);
         d->seqs = wcalloc((size_t)d->n_seqs, sizeof *d->seqs);
         d->bs = wcalloc((size_t)d->n_seqs, sizeof *d->bs);
+        d->cps = wcalloc(2 * (size_t)d->n_seqs, sizeof *d->cps);
         d->row_ask = wcalloc((size_t)d->n_seqs, sizeof *d->row_ask);
         if (!spec_blocks_init(&d->kb, d->n_pool, d->bsz) || !d->logits || !d->seqs || !d->bs ||
-            !d->row_ask)
+            !d->row_ask || !d->cps)
             rc = err_set(e, WELD_ERR_NOMEM, "draft model: out of memory");
         for (int i = 0; rc == WELD_OK && i < d->n_seqs; i++) {
             struct dseq *s = &d->seqs[i];
             s->toks = wmalloc(sizeof(int32_t) * (size_t)d->max_ctx);
             s->fp = wmalloc(sizeof(uint64_t) * (size_t)d->max_blocks);
-            s->tab = wmalloc(sizeof(int32_t) * ((size_t)d->max_blocks + DRAFT_SCRATCH));
+            s->tab = wmalloc(sizeof(int32_t) * ((size_t)d->max_blocks + 2));
             if (!s->toks || !s->fp || !s->tab)
                 rc = err_set(e, WELD_ERR_NOMEM, "draft model: out of memory");
         }

@@ -31,6 +31,7 @@
 #include "spec/spec.h"
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "exec/runner.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
@@ -40,7 +41,6 @@
 
 #define MTP_BATCH 1024 /* tokens per forward pass */
 #define MTP_SEQS_DEFAULT 16
-#define MTP_SCRATCH 2 /* blocks per ask for the tail: block_size - 1 + k - 1 positions */
 
 struct mseq {
     struct spec_seq h; /* key, use, its ask */
@@ -54,7 +54,7 @@ struct mseq {
     /* the current call */
     int b;        /* full blocks the target computed (the rest goes to scratch) */
     int fed;      /* positions whose KV this call's table holds */
-    int32_t *tab; /* (max_blocks + MTP_SCRATCH) its blocks [0, b), then scratch */
+    int32_t *tab; /* (max_blocks + 2) its blocks [0, b), then its scratch pair */
 };
 
 struct mtp {
@@ -69,13 +69,14 @@ struct mtp {
     struct spec_blocks kb; /* what each engine block holds of the layer's KV */
     struct mseq *seqs;     /* (n_seqs) */
     /* one pass: entries, their input rows, logits and output hidden rows */
-    struct batch_seq *bs; /* (n_seqs) */
-    int *row_ask;         /* (n_seqs) */
-    float *in;            /* (MTP_BATCH + n_seqs, dim) */
-    float *logits;        /* (n_seqs, n_vocab) */
-    float *hid;           /* (n_seqs, dim) */
-    float *chain;         /* (n_seqs, dim) each ask's last output hidden row */
-    float *cat, *scratch; /* (2 dim) each */
+    struct batch_seq *bs;      /* (n_seqs) */
+    struct kv_block_copy *cps; /* (2 n_seqs) a pass's copies */
+    int *row_ask;              /* (n_seqs) */
+    float *in;                 /* (MTP_BATCH + n_seqs, dim) */
+    float *logits;             /* (n_seqs, n_vocab) */
+    float *hid;                /* (n_seqs, dim) */
+    float *chain;              /* (n_seqs, dim) each ask's last output hidden row */
+    float *cat, *scratch;      /* (2 dim) each */
 };
 
 /* x = eh_proj . [enorm(embed(tok)); hnorm(h)] (h NULL: zeros). */
@@ -120,6 +121,8 @@ static void take_tokens(struct mtp *t, struct mseq *s, const int32_t *tokens, in
     s->n_fpx = s->n_fpx < keepx ? s->n_fpx : keepx;
     if (s->n_rows && s->row0 + s->n_rows > c)
         s->n_rows = c > s->row0 ? c - s->row0 : 0;
+    if (s->h.tail_end > c - 1) /* position i's KV read tokens up to i + 1 */
+        s->h.tail_end = c - 1 > s->h.tail_from ? c - 1 : s->h.tail_from;
     memcpy(s->toks + c, tokens + c, sizeof(int32_t) * (size_t)(n - c));
     s->n_tok = n;
 }
@@ -234,7 +237,6 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
             asks[a].n_out = 0;
         return;
     }
-    int n_alive = 0;
     for (int a = 0; a < n; a++) {
         struct spec_ask *q = &asks[a];
         q->n_out = 0;
@@ -242,7 +244,7 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
         /* the guesses' positions n - 1 .. n + k - 3 inside the context and the scratch */
         int k = q->max_k < t->max_ctx - q->n + 2 ? q->max_k : t->max_ctx - q->n + 2;
         k = k < B + 2 ? k : B + 2;
-        if (q->n < 2 || k < 1 || q->n > t->max_ctx || !q->blocks || n_alive >= t->n_seqs)
+        if (q->n < 2 || k < 1 || q->n > t->max_ctx || !q->blocks)
             continue;
         q->max_k = k;
         struct mseq *s = seq_for(t, q->seq_key);
@@ -255,17 +257,17 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
         s->b = s->b < q->n_blocks ? s->b : q->n_blocks;
         spec_blocks_fingerprints(&t->kb, q->tokens, s->b, 0, s->fp, &s->n_fp);
         spec_blocks_fingerprints(&t->kb, q->tokens, s->b, 1, s->fpx, &s->n_fpx);
-        if (!spec_blocks_table(&t->kb, q->blocks, s->b, n_alive, MTP_SCRATCH, s->tab))
+        if (!spec_blocks_table(&t->kb, q->blocks, s->b, (int)(s - t->seqs), s->tab))
             continue;
-        s->fed = valid_from(t, s, 0, q->n) * B;
+        s->fed = spec_blocks_start(&s->h, s->tab, s->b, valid_from(t, s, 0, q->n), B);
+        s->fed = s->fed < q->n - 2 ? s->fed : q->n - 2; /* the first guess reads row n - 2 */
         of[a] = s;
-        n_alive++;
     }
     /* Passes of at most MTP_BATCH tokens: a sequence behind feeds positions up to n - 2,
        one caught up feeds its last guess with its last output row; a caught-up sequence's
        last row gives its next guess. */
     for (;;) {
-        int nb = 0, tok = 0;
+        int nb = 0, tok = 0, n_cps = 0;
         spec_blocks_next_pass(&t->kb);
         for (int a = 0; a < n && tok < MTP_BATCH; a++) {
             struct spec_ask *q = &asks[a];
@@ -283,7 +285,7 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
                 c = q->n - 1 - s->fed;
                 c = c < MTP_BATCH - tok ? c : MTP_BATCH - tok;
             }
-            if (!spec_blocks_claim(&t->kb, s->tab, s->b, s->fed, c))
+            if (!spec_blocks_join(&t->kb, &s->h, s->tab, s->b, s->fed, c, t->cps, &n_cps))
                 continue;
             if (s->fed < q->n - 1) {
                 for (int j = 0; j < c; j++) {
@@ -300,7 +302,7 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
                                            .n_tokens = c,
                                            .pos = s->fed,
                                            .blocks = s->tab,
-                                           .n_blocks = s->b + MTP_SCRATCH,
+                                           .n_blocks = s->b + 2,
                                            .embeds = x};
             t->row_ask[nb++] = a;
             tok += c;
@@ -308,11 +310,20 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
         if (!nb)
             break;
         struct weld_err e;
-        struct batch b = {.seqs = t->bs, .n_seqs = nb};
+        struct batch b = {.seqs = t->bs,
+                          .n_seqs = nb,
+                          .copies = n_cps ? t->cps : NULL,
+                          .n_copies = n_cps,
+                          .copies_fill = true};
         t->base.computed += (uint64_t)tok;
         if (runner_forward_hidden(t->r, &b, t->logits, NULL, t->hid, &e) != WELD_OK) {
-            for (int j = 0; j < nb; j++)
-                of[t->row_ask[j]] = NULL; /* no (more) guesses; its blocks stay invalid */
+            if (!t->base.failures++)
+                log_warn("mtp: %s (those sequences get no guesses)", e.msg);
+            for (int j = 0; j < nb; j++) { /* no (more) guesses; its blocks stay invalid */
+                struct mseq *s = of[t->row_ask[j]];
+                s->h.tail_end = s->h.tail_from, s->h.n_cp = 0;
+                of[t->row_ask[j]] = NULL;
+            }
             continue;
         }
         for (int j = 0; j < nb; j++) {
@@ -320,7 +331,9 @@ static void mtp_propose_batch(struct spec_proposer *p, struct spec_ask *asks, in
             struct mseq *s = of[t->row_ask[j]];
             const int from = s->fed;
             s->fed += t->bs[j].n_tokens;
-            spec_blocks_written(&t->kb, s->tab, s->fp, s->fpx, s->b, from, s->fed);
+            /* the tail holds true KV up to n - 2 (guesses chain on the layer's own rows) */
+            spec_blocks_ran(&t->kb, &s->h, s->tab, s->fp, s->fpx, s->b, from, s->fed,
+                            s->fed < q->n - 1 ? s->fed : q->n - 1);
             if (s->fed < q->n - 1)
                 continue;
             spec_take_guess(q, t->logits + (size_t)j * (size_t)t->n_vocab, t->n_vocab);
@@ -368,6 +381,7 @@ static void mtp_free(struct spec_proposer *p)
     wfree(t->seqs);
     spec_blocks_free(&t->kb);
     wfree(t->bs);
+    wfree(t->cps);
     wfree(t->row_ask);
     wfree(t->in);
     wfree(t->logits);
@@ -417,14 +431,14 @@ int spec_mtp_create(struct spec_proposer **out, const struct spec_limits *lim, s
         rc = err_set(e, WELD_ERR_UNSUPPORTED,
                      "mtp: eh_proj or the embeddings have a type "
                      "the input stage cannot read");
-    if (rc == WELD_OK && pool + (int64_t)t->n_seqs * MTP_SCRATCH > (1 << 30))
+    if (rc == WELD_OK && pool + (int64_t)t->n_seqs * 2 > (1 << 30))
         rc = err_set(e, WELD_ERR_LIMIT, "mtp: a pool of %lld blocks is too large", (long long)pool);
     t->n_pool = (int)pool;
     if (rc == WELD_OK) {
         struct backend_params bp;
         backend_params_init(&bp, t->n_seqs, t->max_ctx);
         bp.kv_block_size = t->bsz;
-        bp.kv_blocks = t->n_pool + t->n_seqs * MTP_SCRATCH;
+        bp.kv_blocks = t->n_pool + t->n_seqs * 2;
         rc = runner_create_ex(&t->r, &t->view, &bp, e);
     }
     if (rc == WELD_OK) {
@@ -432,6 +446,7 @@ int spec_mtp_create(struct spec_proposer **out, const struct spec_limits *lim, s
         t->n_vocab = t->base.n_vocab = runner_n_vocab(t->r);
         t->seqs = wcalloc(S, sizeof *t->seqs);
         t->bs = wcalloc(S, sizeof *t->bs);
+        t->cps = wcalloc(2 * S, sizeof *t->cps);
         t->row_ask = wcalloc(S, sizeof *t->row_ask);
         t->in = wmalloc(sizeof(float) * (MTP_BATCH + S) * D);
         t->logits = wmalloc(sizeof(float) * S * (size_t)t->n_vocab);
@@ -441,16 +456,16 @@ int spec_mtp_create(struct spec_proposer **out, const struct spec_limits *lim, s
         t->scratch = wmalloc(sizeof(float) * KERN_ROW_SCRATCH(2 * D));
         t->enorm = wmalloc(sizeof(float) * D);
         t->hnorm = wmalloc(sizeof(float) * D);
-        if (!spec_blocks_init(&t->kb, t->n_pool, t->bsz) || !t->seqs || !t->bs || !t->row_ask ||
-            !t->in || !t->logits || !t->hid || !t->chain || !t->cat || !t->scratch || !t->enorm ||
-            !t->hnorm)
+        if (!spec_blocks_init(&t->kb, t->n_pool, t->bsz) || !t->seqs || !t->bs || !t->cps ||
+            !t->row_ask || !t->in || !t->logits || !t->hid || !t->chain || !t->cat || !t->scratch ||
+            !t->enorm || !t->hnorm)
             rc = err_set(e, WELD_ERR_NOMEM, "mtp: out of memory");
         for (size_t i = 0; rc == WELD_OK && i < S; i++) {
             struct mseq *s = &t->seqs[i];
             s->toks = wmalloc(sizeof(int32_t) * (size_t)t->max_ctx);
             s->fp = wmalloc(sizeof(uint64_t) * (size_t)t->max_blocks);
             s->fpx = wmalloc(sizeof(uint64_t) * (size_t)t->max_blocks);
-            s->tab = wmalloc(sizeof(int32_t) * ((size_t)t->max_blocks + MTP_SCRATCH));
+            s->tab = wmalloc(sizeof(int32_t) * ((size_t)t->max_blocks + 2));
             if (!s->toks || !s->fp || !s->fpx || !s->tab)
                 rc = err_set(e, WELD_ERR_NOMEM, "mtp: out of memory");
         }

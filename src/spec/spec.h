@@ -86,6 +86,7 @@ struct spec_proposer {
     void (*fork)(struct spec_proposer *p, uint64_t parent_key, uint64_t child_key);
     int hidden_dim;
     uint64_t computed; /* positions a model proposer has run through its model */
+    uint64_t failures; /* its forward passes that failed (those sequences got no guesses) */
     void (*free)(struct spec_proposer *p);
     int n_vocab;     /* the vocabulary its guesses come from (0: any; the engine checks it) */
     bool runs_model; /* it computes on the cores: the engine parks its own workers first */
