@@ -144,15 +144,17 @@ static void draft_propose_batch(struct spec_proposer *p, struct spec_ask *asks, 
             if (s->fed % B == 0 && s->fed / B < s->b) /* others may have written them */
                 s->fed = spec_blocks_valid_until(&d->kb, s->tab, s->fp, s->fed / B, s->b) * B;
             int c = 1;
-            const int32_t *t = s->toks + s->fed;
             if (s->fed < q->n)
                 c = q->n - s->fed < DRAFT_BATCH - tok ? q->n - s->fed : DRAFT_BATCH - tok;
-            else
-                t = q->out + q->n_out - 1;
             if (!spec_blocks_join(&d->kb, &s->h, s->tab, s->b, s->fed, c, d->cps, &n_cps)) {
                 waiting = true;
                 continue;
             }
+            if (s->fed >= q->n) { /* a guess fed back: its KV stands if it is taken */
+                s->toks[s->fed] = q->out[q->n_out - 1];
+                s->n_tok = s->fed + 1;
+            }
+            const int32_t *t = s->toks + s->fed;
             d->bs[nb] = (struct batch_seq){.seq_id = nb,
                                            .tokens = t,
                                            .n_tokens = c,
