@@ -64,5 +64,15 @@ bool gmatch_accept(struct gmatch *m, const uint8_t *s, size_t n);
 bool gmatch_can_end(const struct gmatch *m);
 /* Back to the start. */
 void gmatch_reset(struct gmatch *m);
+/* A matcher's state kept aside (a rollback point: a rejected speculative token); valid
+   for the matcher it came from. */
+struct gmatch_state {
+    int32_t *tops;
+    int n;
+    bool can_end;
+};
+int gmatch_save(const struct gmatch *m, struct gmatch_state *st, struct weld_err *e);
+void gmatch_restore(struct gmatch *m, const struct gmatch_state *st);
+void gmatch_state_free(struct gmatch_state *st);
 
 #endif

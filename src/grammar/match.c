@@ -12,6 +12,7 @@
  * the empty stack was reached (the input may end here).
  */
 #include "grammar/grammar.h"
+#include "grammar/vocab.h"
 
 #include "core/alloc.h"
 
@@ -175,12 +176,12 @@ static void next_stamp(struct gmatch *m)
 }
 
 /* The state after byte b from the current one, in next; false: out of memory. */
-static bool step(struct gmatch *m, uint8_t b)
+static bool step_from(struct gmatch *m, const int32_t *tops, int n, uint8_t b)
 {
     next_stamp(m);
     m->n_next = 0, m->next_end = false;
-    for (int i = 0; i < m->n_top; i++) {
-        int32_t x = m->top[i];
+    for (int i = 0; i < n; i++) {
+        int32_t x = tops ? tops[i] : m->top[i];
         const struct gr_elem *el = &m->g->el[m->n_el[x]];
         if (b < el->lo || b > el->hi)
             continue;
@@ -193,6 +194,11 @@ static bool step(struct gmatch *m, uint8_t b)
     }
     qsort(m->next, (size_t)m->n_next, sizeof *m->next, cmp_i32);
     return true;
+}
+
+static bool step(struct gmatch *m, uint8_t b)
+{
+    return step_from(m, NULL, m->n_top, b);
 }
 
 static void swap_state(struct gmatch *m)
@@ -277,7 +283,91 @@ bool gmatch_accept(struct gmatch *m, const uint8_t *s, size_t n)
     return ok;
 }
 
+int gmatch_save(const struct gmatch *m, struct gmatch_state *st, struct weld_err *e)
+{
+    st->tops = wmalloc(sizeof *st->tops * ((size_t)m->n_top + 1));
+    if (!st->tops)
+        return err_set(e, WELD_ERR_NOMEM, "grammar: out of memory");
+    memcpy(st->tops, m->top, sizeof *st->tops * (size_t)m->n_top);
+    st->n = m->n_top, st->can_end = m->can_end;
+    return WELD_OK;
+}
+
+void gmatch_restore(struct gmatch *m, const struct gmatch_state *st)
+{
+    memcpy(m->top, st->tops, sizeof *st->tops * (size_t)st->n); /* n <= the node count */
+    m->n_top = st->n, m->can_end = st->can_end;
+}
+
+void gmatch_state_free(struct gmatch_state *st)
+{
+    wfree(st->tops);
+    st->tops = NULL, st->n = 0;
+}
+
 bool gmatch_can_end(const struct gmatch *m)
 {
     return m->can_end;
+}
+
+int gmatch_mask(struct gmatch *m, const struct gvocab *v, uint32_t *mask, struct weld_err *e)
+{
+    memset(mask, 0, sizeof *mask * (((size_t)v->n_vocab + 31) / 32));
+    if (m->can_end)
+        for (int i = 0; i < v->n_eog; i++)
+            mask[v->eog[i] / 32] |= 1u << (v->eog[i] % 32);
+    if (!m->n_top)
+        return WELD_OK;
+    /* the states by depth: depth d's tops at buf + off[d], n[d] of them, end[d] */
+    const size_t D = (size_t)v->max_len + 1;
+    size_t cap = (size_t)m->n_top * 4 + 64, used = 0;
+    int32_t *buf = wmalloc(sizeof *buf * cap);
+    size_t *off = wmalloc(sizeof *off * D);
+    int *cnt = wmalloc(sizeof *cnt * D);
+    if (!buf || !off || !cnt) {
+        wfree(buf), wfree(off), wfree(cnt);
+        return err_set(e, WELD_ERR_NOMEM, "grammar: out of memory for a token mask");
+    }
+    memcpy(buf, m->top, sizeof *buf * (size_t)m->n_top);
+    off[0] = 0, cnt[0] = m->n_top, used = (size_t)m->n_top;
+    uint32_t have = 0;          /* depths [0, have] hold the states of the current path */
+    uint32_t dead = UINT32_MAX; /* the previous path died after this many bytes */
+    int rc = WELD_OK;
+    for (int i = 0; i < v->n_order && rc == WELD_OK; i++) {
+        const int32_t id = v->order[i];
+        const uint8_t *b = (const uint8_t *)v->bytes[id];
+        const uint32_t len = v->len[id], l = v->lcp[i];
+        if (l >= dead)
+            continue; /* shares the refused prefix */
+        dead = UINT32_MAX;
+        uint32_t d = l < have ? l : have;
+        used = off[d] + (size_t)cnt[d];
+        for (; d < len; d++) {
+            if (!step_from(m, buf + off[d], cnt[d], b[d])) {
+                rc = err_set(e, WELD_ERR_NOMEM, "grammar: out of memory for a token mask");
+                break;
+            }
+            if (!m->n_next && !(d + 1 == len && m->next_end)) {
+                dead = d + 1;
+                break;
+            }
+            if (used + (size_t)m->n_next > cap) {
+                size_t nc = 2 * (used + (size_t)m->n_next);
+                int32_t *nb = wrealloc(buf, sizeof *nb * nc);
+                if (!nb) {
+                    rc = err_set(e, WELD_ERR_NOMEM, "grammar: out of memory for a token mask");
+                    break;
+                }
+                buf = nb, cap = nc;
+            }
+            memcpy(buf + used, m->next, sizeof *buf * (size_t)m->n_next);
+            off[d + 1] = used, cnt[d + 1] = m->n_next;
+            used += (size_t)m->n_next;
+        }
+        have = d < len ? d : len;
+        if (d == len && dead == UINT32_MAX)
+            mask[id / 32] |= 1u << (id % 32);
+    }
+    wfree(buf), wfree(off), wfree(cnt);
+    return rc;
 }

@@ -281,6 +281,79 @@ int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bo
     return WELD_OK;
 }
 
+/* One token through the decoder chain as it reads in the middle of a text: no
+   start-of-text stripping (Strip, Metaspace's first-token rule) and no UTF-8 repair, so a
+   byte token or a byte-level piece of a character is its raw bytes. */
+int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char **out, size_t *len)
+{
+    *out = NULL, *len = 0;
+    if (id < 0 || id >= t->n_vocab || !t->vocab[id].s)
+        return WELD_ERR_INVALID_ARG;
+    struct tok_buf cur = {0}, nxt = {0};
+    int rc = tok_buf_put(&cur, t->vocab[id].s, t->vocab[id].len);
+    for (int k = 0; rc == WELD_OK && k < t->n_decs; k++) {
+        const struct tok_dec *d = &t->decs[k];
+        const char *s = cur.p ? cur.p : "";
+        const size_t n = cur.n;
+        nxt.n = 0;
+        int hi, lo;
+        switch (d->kind) {
+        case TOK_DEC_BYTELEVEL:
+            for (size_t i = 0; rc == WELD_OK && i < n;) {
+                uint32_t cp;
+                int w = tok_utf8_next(s, n, i, &cp), b = w > 0 ? tok_cp_to_byte(cp) : -1;
+                if (b < 0) { /* not all alphabet: the token's own bytes */
+                    nxt.n = 0;
+                    rc = tok_buf_put(&nxt, s, n);
+                    break;
+                }
+                rc = tok_buf_putc(&nxt, (char)b);
+                i += (size_t)w;
+            }
+            break;
+        case TOK_DEC_BYTEFALLBACK:
+            if (n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' && (hi = hexval(s[3])) >= 0 &&
+                (lo = hexval(s[4])) >= 0)
+                rc = tok_buf_putc(&nxt, (char)(hi * 16 + lo));
+            else
+                rc = tok_buf_put(&nxt, s, n);
+            break;
+        case TOK_DEC_REPLACE:
+        case TOK_DEC_METASPACE: {
+            const char *b = d->kind == TOK_DEC_REPLACE ? d->b : " ";
+            const size_t bl = d->kind == TOK_DEC_REPLACE ? d->blen : 1;
+            size_t run = 0;
+            for (size_t i = 0; rc == WELD_OK && d->alen && i + d->alen <= n;) {
+                if (memcmp(s + i, d->a, d->alen) == 0) {
+                    rc = tok_buf_put(&nxt, s + run, i - run);
+                    if (rc == WELD_OK)
+                        rc = tok_buf_put(&nxt, b, bl);
+                    i += d->alen, run = i;
+                } else {
+                    i++;
+                }
+            }
+            if (rc == WELD_OK)
+                rc = tok_buf_put(&nxt, s + run, n - run);
+            break;
+        }
+        case TOK_DEC_STRIP:
+        case TOK_DEC_FUSE: rc = tok_buf_put(&nxt, s, n); break;
+        }
+        struct tok_buf tmp = cur;
+        cur = nxt, nxt = tmp;
+    }
+    wfree(nxt.p);
+    if (rc == WELD_OK)
+        rc = tok_buf_put(&cur, "", 0);
+    if (rc) {
+        wfree(cur.p);
+        return rc;
+    }
+    *out = cur.p, *len = cur.n; /* tok_buf_put NUL-terminates, n excludes it */
+    return WELD_OK;
+}
+
 /* ---- streaming ---- */
 
 #define DETOK_PRIME_IDS 6 /* context ids detok_prime keeps, as vLLM's prefix offset */

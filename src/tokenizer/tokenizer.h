@@ -73,6 +73,10 @@ const char *tokenizer_bos_text(const struct tokenizer *t);      /* NULL if none 
 const char *tokenizer_eos_text(const struct tokenizer *t);      /* NULL if none */
 /* The raw vocabulary entry of id (not NUL-terminated-safe: use *len); NULL if out of range. */
 const char *tokenizer_token_text(const struct tokenizer *t, int32_t id, size_t *len);
+/* The bytes token id stands for in the middle of a text, as a byte-level constraint sees
+   it: the decoder chain without its start-of-text rules or UTF-8 repair (a byte token is
+   its byte). *out: a NUL-terminated allocation of *len bytes (wfree it). */
+int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char **out, size_t *len);
 /* Id of an exact vocabulary entry or added token; -1 if none. */
 int32_t tokenizer_token_id(const struct tokenizer *t, const char *text, size_t len);
 
