@@ -1,0 +1,619 @@
+/*
+ * schema - JSON Schema to GBNF (grammar/schema.h): what `response_format: json_schema`
+ * and `guided_json` compile through.
+ *
+ * Each schema node becomes a rule named after its path (`root`, `root-name`, `root-1`,
+ * ...), written into one growing text; shared primitives (`string`, `number`, `integer`,
+ * `value`, `ws`, ...) are emitted once, when first used. Objects list their properties in
+ * schema order: required ones always present, optional ones each optional, then, unless
+ * additionalProperties is false, any other "key": value pairs. White space between tokens is
+ * at most WS_MAX characters, so a model cannot spend its budget on blanks. $ref resolves
+ * "#", "#/$defs/X" and "#/definitions/X" (a rule per target, so recursive schemas are
+ * recursive rules).
+ *
+ * Supported: type (one or a list), properties, required, additionalProperties (false,
+ * true, a schema), enum, const, items, prefixItems, minItems, maxItems, anyOf, oneOf (as
+ * anyOf: exclusivity is not enforced), $ref/$defs/definitions, minLength, maxLength, format
+ * (date, time, date-time, uuid), and the annotations (title, description, default,
+ * examples, $schema, $id, $comment, strict, nullable: false). Anything else is refused,
+ * naming the keyword and where it is, never ignored: pattern, numeric bounds, allOf, not,
+ * if/then/else, patternProperties, propertyNames, uniqueItems, contains, min/maxProperties.
+ * Not yet: the key of an additional property may repeat a declared property's name, whose
+ * value a validator then checks against that property's schema.
+ */
+#include "grammar/schema.h"
+
+#include "core/alloc.h"
+#include "core/json.h"
+#include "grammar/grammar.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define WS_MAX 4
+#define MAX_DEPTH 64
+
+struct out {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+static void put(struct out *o, const char *s, size_t n)
+{
+    if (o->oom)
+        return;
+    if (o->n + n + 1 > o->cap) {
+        size_t cap = o->cap ? o->cap : 1024;
+        while (cap < o->n + n + 1)
+            cap *= 2;
+        char *p = wrealloc(o->p, cap);
+        if (!p) {
+            o->oom = true;
+            return;
+        }
+        o->p = p, o->cap = cap;
+    }
+    memcpy(o->p + o->n, s, n);
+    o->n += n;
+    o->p[o->n] = 0;
+}
+
+static void putf(struct out *o, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof buf) { /* long: through the heap */
+        char *h = wmalloc((size_t)n + 1);
+        if (!h) {
+            o->oom = true;
+            return;
+        }
+        va_start(ap, fmt);
+        vsnprintf(h, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+        put(o, h, (size_t)n);
+        wfree(h);
+        return;
+    }
+    put(o, buf, (size_t)(n > 0 ? n : 0));
+}
+
+/* s as a GBNF "literal" (quotes, backslashes and control bytes escaped). */
+static void put_literal(struct out *o, const char *s, size_t n)
+{
+    put(o, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            putf(o, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F)
+            putf(o, "\\x%02x", c);
+        else
+            put(o, (const char *)&c, 1);
+    }
+    put(o, "\"", 1);
+}
+
+enum prim { P_WS, P_CHAR, P_STRING, P_NUMBER, P_INTEGER, P_BOOLEAN, P_NULL, P_VALUE, P_OBJECT,
+            P_ARRAY, P_DATE, P_TIME, P_DATETIME, P_UUID, P_N };
+
+static const char *const prim_name[P_N] = {"ws", "char", "string", "number", "integer",
+                                           "boolean", "null", "value", "object", "array",
+                                           "date", "time", "date-time", "uuid"};
+
+static const char *const prim_rule[P_N] = {
+    "[ \\t\\n]{0,4}",
+    /* escapes of scalar values: a surrogate only as a high-low pair */
+    "[^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | "
+    "[dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2} ) )",
+    "\"\\\"\" char* \"\\\"\"",
+    "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?",
+    "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )",
+    "\"true\" | \"false\"",
+    "\"null\"",
+    "object | array | string | number | boolean | null",
+    "\"{\" ws ( string ws \":\" ws value ( ws \",\" ws string ws \":\" ws value )* )? ws \"}\"",
+    "\"[\" ws ( value ( ws \",\" ws value )* )? ws \"]\"",
+    "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )",
+    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
+    "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )",
+    "date \"T\" time",
+    "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
+    "[0-9a-fA-F]{12}",
+};
+
+/* what each primitive uses */
+static const uint16_t prim_deps[P_N] = {
+    [P_STRING] = 1 << P_CHAR,
+    [P_VALUE] = 1 << P_OBJECT | 1 << P_ARRAY | 1 << P_STRING | 1 << P_NUMBER | 1 << P_BOOLEAN |
+                1 << P_NULL,
+    [P_OBJECT] = 1 << P_WS | 1 << P_STRING | 1 << P_VALUE,
+    [P_ARRAY] = 1 << P_WS | 1 << P_VALUE,
+    [P_DATETIME] = 1 << P_DATE | 1 << P_TIME,
+};
+
+struct conv {
+    struct out o;
+    json_t *root;
+    uint16_t used;   /* primitives to emit */
+    int n_rules;
+    struct {
+        const json_t *node;
+        int id;
+    } refs[256]; /* $ref targets already given a rule */
+    int n_refs;
+    struct weld_err *e;
+    int rc;
+};
+
+static int refuse(struct conv *c, const char *path, const char *fmt, ...)
+{
+    if (c->rc)
+        return c->rc;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->rc = err_set(c->e, WELD_ERR_INVALID_ARG, "json_schema: at %s: %s", path[0] ? path : "/",
+                    msg);
+    return c->rc;
+}
+
+static void use(struct conv *c, enum prim p)
+{
+    if (c->used >> p & 1)
+        return;
+    c->used |= (uint16_t)(1u << p);
+    for (int q = 0; q < P_N; q++)
+        if (prim_deps[p] >> q & 1)
+            use(c, (enum prim)q);
+}
+
+static int schema_rule(struct conv *c, const json_t *s, const char *path, int depth);
+
+/* The rule id for $ref target t (made and emitted on first use). */
+static int ref_rule(struct conv *c, const char *ref, const char *path, int depth)
+{
+    const json_t *t = NULL;
+    if (!strcmp(ref, "#"))
+        t = c->root;
+    else if (!strncmp(ref, "#/$defs/", 8))
+        t = json_object_get(json_object_get(c->root, "$defs"), ref + 8);
+    else if (!strncmp(ref, "#/definitions/", 14))
+        t = json_object_get(json_object_get(c->root, "definitions"), ref + 14);
+    else
+        return refuse(c, path, "$ref \"%s\": only \"#\", \"#/$defs/NAME\" and "
+                               "\"#/definitions/NAME\" are supported", ref), -1;
+    if (!t)
+        return refuse(c, path, "$ref \"%s\" names nothing", ref), -1;
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->refs[i].node == t)
+            return c->refs[i].id;
+    if (c->n_refs == 256)
+        return refuse(c, path, "more than 256 $ref targets"), -1;
+    /* reserve the id first: a recursive schema refers to itself */
+    int id = c->n_rules++;
+    c->refs[c->n_refs].node = t, c->refs[c->n_refs++].id = id;
+    struct out saved = c->o;
+    c->o = (struct out){0};
+    int body = schema_rule(c, t, ref, depth + 1);
+    struct out mine = c->o;
+    c->o = saved;
+    if (body >= 0)
+        putf(&c->o, "r%d ::= r%d\n", id, body);
+    put(&c->o, mine.p ? mine.p : "", mine.n);
+    c->o.oom |= mine.oom;
+    wfree(mine.p);
+    return body < 0 ? -1 : id;
+}
+
+static const char *const known_keys[] = {
+    "type", "properties", "required", "additionalProperties", "enum", "const", "items",
+    "prefixItems", "minItems", "maxItems", "anyOf", "oneOf", "$ref", "$defs", "definitions",
+    "minLength", "maxLength", "format", "title", "description", "default", "examples",
+    "$schema", "$id", "$comment", "strict", "nullable", "readOnly", "writeOnly", "deprecated"};
+
+static int check_keys(struct conv *c, const json_t *s, const char *path)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)s, k, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known_keys / sizeof *known_keys; i++)
+            ok |= !strcmp(k, known_keys[i]);
+        if (!strcmp(k, "nullable") && json_is_true(v))
+            ok = false;
+        if (!ok)
+            return refuse(c, path, "\"%s\" is not supported", k);
+    }
+    return 0;
+}
+
+static int get_count(struct conv *c, const json_t *s, const char *key, int dflt, const char *path,
+                     int *out)
+{
+    const json_t *v = json_object_get(s, key);
+    *out = dflt;
+    if (!v)
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return refuse(c, path, "\"%s\" must be a non-negative integer", key);
+    if (json_integer_value(v) > 1000)
+        return refuse(c, path, "\"%s\" above 1000 is not supported", key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+/* "x{m,n}" (n < 0: unbounded) after the element text x. */
+static void put_count(struct conv *c, int m, int n)
+{
+    if (n < 0)
+        putf(&c->o, m ? "{%d,}" : "*", m);
+    else
+        putf(&c->o, "{%d,%d}", m, n);
+}
+
+static int type_rule(struct conv *c, const json_t *s, const char *type, const char *path,
+                     int depth);
+
+/* A new rule for schema s; returns its id (-1: refused, c->rc set). */
+static int schema_rule(struct conv *c, const json_t *s, const char *path, int depth)
+{
+    if (depth > MAX_DEPTH)
+        return refuse(c, path, "nested more than %d levels", MAX_DEPTH), -1;
+    if (json_is_true(s) || (json_is_object(s) && !json_object_size(s))) {
+        use(c, P_VALUE);
+        int id = c->n_rules++;
+        putf(&c->o, "r%d ::= value\n", id);
+        return id;
+    }
+    if (!json_is_object(s))
+        return refuse(c, path, "a schema must be an object or true"), -1;
+    if (check_keys(c, s, path))
+        return -1;
+    const json_t *v;
+    char sub[1024];
+    if ((v = json_object_get(s, "$ref"))) {
+        if (!json_is_string(v))
+            return refuse(c, path, "$ref must be a string"), -1;
+        return ref_rule(c, json_string_value(v), path, depth);
+    }
+    if ((v = json_object_get(s, "const")) || (v = json_object_get(s, "enum"))) {
+        bool is_enum = !json_object_get(s, "const");
+        if (is_enum && (!json_is_array(v) || !json_array_size(v)))
+            return refuse(c, path, "\"enum\" must be a non-empty array"), -1;
+        int id = c->n_rules++;
+        putf(&c->o, "r%d ::= ", id);
+        size_t n = is_enum ? json_array_size(v) : 1;
+        for (size_t i = 0; i < n; i++) {
+            char *js = json_dumps(is_enum ? json_array_get(v, i) : v,
+                                  JSON_ENCODE_ANY | JSON_COMPACT);
+            if (!js)
+                return c->o.oom = true, -1;
+            put(&c->o, i ? " | " : "", i ? 3 : 0);
+            put_literal(&c->o, js, strlen(js));
+            free(js);
+        }
+        put(&c->o, "\n", 1);
+        return id;
+    }
+    const json_t *any = json_object_get(s, "anyOf");
+    if (!any)
+        any = json_object_get(s, "oneOf");
+    if (any) {
+        if (!json_is_array(any) || !json_array_size(any))
+            return refuse(c, path, "\"anyOf\" / \"oneOf\" must be a non-empty array"), -1;
+        int kids[64];
+        size_t n = json_array_size(any);
+        if (n > 64)
+            return refuse(c, path, "more than 64 alternatives"), -1;
+        for (size_t i = 0; i < n; i++) {
+            snprintf(sub, sizeof sub, "%s/anyOf/%zu", path, i);
+            if ((kids[i] = schema_rule(c, json_array_get(any, i), sub, depth + 1)) < 0)
+                return -1;
+        }
+        int id = c->n_rules++;
+        putf(&c->o, "r%d ::=", id);
+        for (size_t i = 0; i < n; i++)
+            putf(&c->o, "%s r%d", i ? " |" : "", kids[i]);
+        put(&c->o, "\n", 1);
+        return id;
+    }
+    v = json_object_get(s, "type");
+    if (!v) { /* no type: what its other keywords imply, else any value */
+        const char *t = json_object_get(s, "properties") ? "object"
+                        : json_object_get(s, "items") || json_object_get(s, "prefixItems")
+                            ? "array"
+                            : NULL;
+        if (!t) {
+            use(c, P_VALUE);
+            int id = c->n_rules++;
+            putf(&c->o, "r%d ::= value\n", id);
+            return id;
+        }
+        return type_rule(c, s, t, path, depth);
+    }
+    if (json_is_string(v))
+        return type_rule(c, s, json_string_value(v), path, depth);
+    if (!json_is_array(v) || !json_array_size(v) || json_array_size(v) > 8)
+        return refuse(c, path, "\"type\" must be a type name or a list of them"), -1;
+    int kids[8];
+    size_t n = json_array_size(v);
+    for (size_t i = 0; i < n; i++) {
+        if (!json_is_string(json_array_get(v, i)))
+            return refuse(c, path, "\"type\" must be a type name or a list of them"), -1;
+        if ((kids[i] = type_rule(c, s, json_string_value(json_array_get(v, i)), path, depth)) < 0)
+            return -1;
+    }
+    int id = c->n_rules++;
+    putf(&c->o, "r%d ::=", id);
+    for (size_t i = 0; i < n; i++)
+        putf(&c->o, "%s r%d", i ? " |" : "", kids[i]);
+    put(&c->o, "\n", 1);
+    return id;
+}
+
+static int object_rule(struct conv *c, const json_t *s, const char *path, int depth)
+{
+    const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    const json_t *addl = json_object_get(s, "additionalProperties");
+    if (props && !json_is_object(props))
+        return refuse(c, path, "\"properties\" must be an object"), -1;
+    if (req && !json_is_array(req))
+        return refuse(c, path, "\"required\" must be an array of names"), -1;
+    for (size_t i = 0; req && i < json_array_size(req); i++)
+        if (!json_is_string(json_array_get(req, i)) ||
+            !json_object_get(props, json_string_value(json_array_get(req, i))))
+            return refuse(c, path, "\"required\" names \"%s\", which \"properties\" does not "
+                                   "define", json_is_string(json_array_get(req, i))
+                                                 ? json_string_value(json_array_get(req, i))
+                                                 : "?"),
+                   -1;
+    const size_t np = props ? json_object_size(props) : 0;
+    if (np > 256)
+        return refuse(c, path, "more than 256 properties"), -1;
+    int kid[256];
+    bool need[256];
+    const char *name[256];
+    size_t i = 0;
+    const char *k;
+    json_t *pv;
+    char sub[1024];
+    if (props)
+        json_object_foreach((json_t *)props, k, pv)
+        {
+            snprintf(sub, sizeof sub, "%s/properties/%s", path, k);
+            name[i] = k;
+            need[i] = false;
+            for (size_t r = 0; req && r < json_array_size(req); r++)
+                need[i] |= !strcmp(json_string_value(json_array_get(req, r)), k);
+            if ((kid[i] = schema_rule(c, pv, sub, depth + 1)) < 0)
+                return -1;
+            i++;
+        }
+    int extra = -1; /* the rule of additional values, -1: none allowed */
+    if (!addl || json_is_true(addl)) {
+        use(c, P_VALUE);
+        extra = -2; /* plain value */
+    } else if (json_is_object(addl)) {
+        snprintf(sub, sizeof sub, "%s/additionalProperties", path);
+        if ((extra = schema_rule(c, addl, sub, depth + 1)) < 0)
+            return -1;
+    } else if (!json_is_false(addl)) {
+        return refuse(c, path, "\"additionalProperties\" must be a boolean or a schema"), -1;
+    }
+    use(c, P_WS);
+    /* members in order: "first" then ", next"; a chain of rules, one per position, each
+       knowing whether a member came before it */
+    int id = c->n_rules++;
+    int base = c->n_rules;
+    c->n_rules += 2 * (int)np + 2;
+    /* tail rules: t(i, after) = the members from i on; after: a member came before */
+    for (int at = (int)np; at >= 0; at--)
+        for (int after = 0; after < 2; after++) {
+            int me = base + 2 * at + after;
+            putf(&c->o, "r%d ::= ", me);
+            if (at == (int)np) {
+                if (extra == -1) {
+                    put(&c->o, "\"\"\n", 3);
+                    continue;
+                }
+                use(c, P_STRING);
+                char ev[16];
+                snprintf(ev, sizeof ev, extra == -2 ? "value" : "r%d", extra);
+                const char *sep = after ? "ws \",\" ws " : "";
+                putf(&c->o, "( %sstring ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )* )?\n",
+                     sep, ev, ev);
+                continue;
+            }
+            /* the key as its JSON text, then its value, then what follows */
+            json_t *js = json_string(name[at]);
+            char *q = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+            json_decref(js);
+            if (!q)
+                return c->o.oom = true, -1;
+            putf(&c->o, "( %s", after ? "ws \",\" ws " : "");
+            put_literal(&c->o, q, strlen(q));
+            free(q);
+            putf(&c->o, " ws \":\" ws r%d r%d )", kid[at], base + 2 * (at + 1) + 1);
+            if (!need[at]) /* or skipped */
+                putf(&c->o, " | r%d", base + 2 * (at + 1) + after);
+            put(&c->o, "\n", 1);
+        }
+    putf(&c->o, "r%d ::= \"{\" ws r%d ws \"}\"\n", id, base);
+    return id;
+}
+
+static int array_rule(struct conv *c, const json_t *s, const char *path, int depth)
+{
+    const json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
+    int lo, hi;
+    if (get_count(c, s, "minItems", 0, path, &lo) || get_count(c, s, "maxItems", -1, path, &hi))
+        return -1;
+    if (hi >= 0 && hi < lo)
+        return refuse(c, path, "\"maxItems\" is below \"minItems\""), -1;
+    char sub[1024];
+    int np = 0, pre[64];
+    if (prefix) {
+        if (!json_is_array(prefix) || json_array_size(prefix) > 64)
+            return refuse(c, path, "\"prefixItems\" must be an array of at most 64 schemas"), -1;
+        np = (int)json_array_size(prefix);
+        for (int i = 0; i < np; i++) {
+            snprintf(sub, sizeof sub, "%s/prefixItems/%d", path, i);
+            if ((pre[i] = schema_rule(c, json_array_get(prefix, (size_t)i), sub, depth + 1)) < 0)
+                return -1;
+        }
+    }
+    int item = -2; /* any value */
+    if (items && json_is_false(items)) {
+        item = -1; /* none past the prefix */
+    } else if (items && !json_is_true(items)) {
+        snprintf(sub, sizeof sub, "%s/items", path);
+        if ((item = schema_rule(c, items, sub, depth + 1)) < 0)
+            return -1;
+    }
+    if (item == -2)
+        use(c, P_VALUE);
+    use(c, P_WS);
+    if (np && lo < np)
+        lo = np; /* prefix items: all of them (a shorter array is refused for simplicity) */
+    if (item == -1 && (hi < 0 || hi > np))
+        hi = np;
+    if (hi >= 0 && hi < np)
+        return refuse(c, path, "\"maxItems\" below the number of \"prefixItems\""), -1;
+    int id = c->n_rules++;
+    char it[16];
+    snprintf(it, sizeof it, item == -2 ? "value" : "r%d", item);
+    putf(&c->o, "r%d ::= \"[\" ws ", id);
+    for (int i = 0; i < np; i++)
+        putf(&c->o, "%sr%d ", i ? "ws \",\" ws " : "", pre[i]);
+    int more_lo = lo - np, more_hi = hi < 0 ? -1 : hi - np;
+    if (item != -1 && (more_hi < 0 || more_hi > 0)) {
+        if (np) { /* each further item after a comma */
+            putf(&c->o, "( ws \",\" ws %s )", it);
+            put_count(c, more_lo, more_hi);
+            put(&c->o, " ", 1);
+        } else if (more_lo > 0) {
+            putf(&c->o, "%s ( ws \",\" ws %s )", it, it);
+            put_count(c, more_lo - 1, more_hi < 0 ? -1 : more_hi - 1);
+            put(&c->o, " ", 1);
+        } else {
+            putf(&c->o, "( %s ( ws \",\" ws %s )", it, it);
+            put_count(c, 0, more_hi < 0 ? -1 : more_hi - 1);
+            put(&c->o, " )? ", 4);
+        }
+    }
+    put(&c->o, "ws \"]\"\n", 7);
+    return id;
+}
+
+static int string_rule(struct conv *c, const json_t *s, const char *path)
+{
+    const json_t *f = json_object_get(s, "format");
+    int lo, hi;
+    if (get_count(c, s, "minLength", 0, path, &lo) || get_count(c, s, "maxLength", -1, path, &hi))
+        return -1;
+    if (hi >= 0 && hi < lo)
+        return refuse(c, path, "\"maxLength\" is below \"minLength\""), -1;
+    int id = c->n_rules++;
+    if (f) {
+        static const struct {
+            const char *name;
+            enum prim p;
+        } fmts[] = {{"date", P_DATE}, {"time", P_TIME}, {"date-time", P_DATETIME},
+                    {"uuid", P_UUID}};
+        const char *fs = json_is_string(f) ? json_string_value(f) : "";
+        for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++)
+            if (!strcmp(fs, fmts[i].name)) {
+                if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+                    return refuse(c, path, "\"format\" with a length bound is not supported"),
+                           -1;
+                use(c, fmts[i].p);
+                putf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, prim_name[fmts[i].p]);
+                return id;
+            }
+        return refuse(c, path, "format \"%s\" is not supported (supported: date, time, "
+                               "date-time, uuid)", fs),
+               -1;
+    }
+    use(c, P_CHAR);
+    if (!json_object_get(s, "minLength") && !json_object_get(s, "maxLength")) {
+        use(c, P_STRING);
+        putf(&c->o, "r%d ::= string\n", id);
+        return id;
+    }
+    putf(&c->o, "r%d ::= \"\\\"\" char", id);
+    put_count(c, lo, hi);
+    put(&c->o, " \"\\\"\"\n", 6);
+    return id;
+}
+
+static int type_rule(struct conv *c, const json_t *s, const char *type, const char *path,
+                     int depth)
+{
+    static const struct {
+        const char *name;
+        enum prim p;
+    } simple[] = {{"number", P_NUMBER}, {"integer", P_INTEGER}, {"boolean", P_BOOLEAN},
+                  {"null", P_NULL}};
+    if (!strcmp(type, "object"))
+        return object_rule(c, s, path, depth);
+    if (!strcmp(type, "array"))
+        return array_rule(c, s, path, depth);
+    if (!strcmp(type, "string"))
+        return string_rule(c, s, path);
+    for (size_t i = 0; i < sizeof simple / sizeof *simple; i++)
+        if (!strcmp(type, simple[i].name)) {
+            use(c, simple[i].p);
+            int id = c->n_rules++;
+            putf(&c->o, "r%d ::= %s\n", id, prim_name[simple[i].p]);
+            return id;
+        }
+    return refuse(c, path, "type \"%s\" is not a JSON Schema type", type), -1;
+}
+
+int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, struct weld_err *e)
+{
+    *gbnf = NULL;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_DECODE_ANY, &je);
+    if (!root)
+        return err_set(e, WELD_ERR_INVALID_ARG, "json_schema: not JSON (line %d, column %d: %s)",
+                       je.line, je.column, je.text);
+    struct conv c = {.root = root, .e = e};
+    int top = schema_rule(&c, root, "", 0);
+    if (top >= 0 && !c.rc) {
+        use(&c, P_WS);
+        putf(&c.o, "root ::= ws r%d ws\n", top);
+        for (int p = 0; p < P_N; p++)
+            if (c.used >> p & 1)
+                putf(&c.o, "%s ::= %s\n", prim_name[p], prim_rule[p]);
+    }
+    json_decref(root);
+    if (!c.rc && c.o.oom)
+        c.rc = err_set(e, WELD_ERR_NOMEM, "json_schema: out of memory");
+    if (!c.rc) { /* a $ref cycle with nothing between (a schema that is only itself) */
+        struct grammar *g = NULL;
+        if (grammar_parse_gbnf(&g, c.o.p, c.o.n, NULL, e) != WELD_OK) {
+            char why[sizeof e->msg];
+            snprintf(why, sizeof why, "%s", e->msg);
+            c.rc = err_set(e, WELD_ERR_INVALID_ARG,
+                           "json_schema: no document satisfies it, or a $ref cycle consumes "
+                           "nothing (%s)", why);
+        }
+        grammar_free(g);
+    }
+    if (c.rc) {
+        wfree(c.o.p);
+        return c.rc;
+    }
+    *gbnf = c.o.p;
+    return WELD_OK;
+}
