@@ -96,9 +96,6 @@ struct backend_iface {
     void (*drop_seq)(void *ctx, int seq_id);
     /* optional: positions cached for seq_id */
     int (*seq_len)(void *ctx, int seq_id);
-    /* optional (internal placement): the net blocks positions [pos, pos + n) of seq_id
-       would take from the pool (pos <= its length), and the pool's free blocks in *n_free */
-    int (*seq_blocks_needed)(void *ctx, int seq_id, int pos, int n, int *n_free);
     /* optional: drop every sequence and leave engine-table mode */
     void (*reset)(void *ctx);
     /* optional: device memory for host-visible buffers (NULL: use the heap) */

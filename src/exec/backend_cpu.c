@@ -386,13 +386,6 @@ static void cpu_drop_seq(void *ctx, int seq_id)
     kv_seq_drop(c->kv, seq_id);
 }
 
-static int cpu_seq_blocks_needed(void *ctx, int seq_id, int pos, int n, int *n_free)
-{
-    struct cpu_ctx *c = ctx;
-    *n_free = kv_n_free_blocks(c->kv);
-    return kv_seq_blocks_needed(c->kv, seq_id, pos, n);
-}
-
 static int cpu_seq_len(void *ctx, int seq_id)
 {
     struct cpu_ctx *c = ctx;
@@ -425,7 +418,6 @@ const struct backend_iface backend_cpu = {
     .forward = cpu_forward,
     .drop_seq = cpu_drop_seq,
     .seq_len = cpu_seq_len,
-    .seq_blocks_needed = cpu_seq_blocks_needed,
     .reset = cpu_reset,
     .buffer_alloc = NULL,
     .buffer_free = NULL,

@@ -8,7 +8,6 @@
 
 #include "core/alloc.h"
 
-#include <limits.h>
 #include <string.h>
 
 struct runner {
@@ -96,15 +95,6 @@ int runner_max_ctx(const struct runner *r) { return r->params.max_ctx; }
 int runner_seq_len(const struct runner *r, int seq_id)
 {
     return r->be->seq_len ? r->be->seq_len(r->ctx, seq_id) : 0;
-}
-
-int runner_seq_blocks_needed(const struct runner *r, int seq_id, int pos, int n, int *n_free)
-{
-    if (!r->be->seq_blocks_needed) {
-        *n_free = INT_MAX;
-        return 0;
-    }
-    return r->be->seq_blocks_needed(r->ctx, seq_id, pos, n, n_free);
 }
 
 const char *runner_describe(const struct runner *r)

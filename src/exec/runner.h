@@ -56,10 +56,6 @@ int runner_n_vocab(const struct runner *r);
 int runner_max_ctx(const struct runner *r);
 /* Positions cached for seq_id (what the next step's pos should be). */
 int runner_seq_len(const struct runner *r, int seq_id);
-/* Internal placement: the net KV blocks positions [pos, pos + n) of seq_id would take
-   (pos <= runner_seq_len), and the pool's free blocks in *n_free (INT_MAX and 0 where the
-   backend does not say). */
-int runner_seq_blocks_needed(const struct runner *r, int seq_id, int pos, int n, int *n_free);
 /* "cpu: ref executor, ..." */
 const char *runner_describe(const struct runner *r);
 /* The executor's stats since creation or the last reset (exec.h: bubble, syncs); with
