@@ -19,7 +19,7 @@ static int verdict(const char *re, bool search, const char *s)
 {
     char *gbnf = NULL;
     struct weld_err e;
-    if (grammar_gbnf_from_regex(re, strlen(re), search, "root", &gbnf, &e) != WELD_OK) {
+    if (grammar_gbnf_from_regex(re, strlen(re), search, false, "root", &gbnf, &e) != WELD_OK) {
         fprintf(stderr, "  %s: %s\n", re, e.msg);
         return -1;
     }
@@ -178,7 +178,8 @@ TEST(refusals)
     for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
         char *g = NULL;
         struct weld_err e;
-        CHECK_EQ_INT(grammar_gbnf_from_regex(c[i].re, strlen(c[i].re), false, "root", &g, &e),
+        CHECK_EQ_INT(grammar_gbnf_from_regex(c[i].re, strlen(c[i].re), false, false, "root", &g,
+                                             &e),
                      WELD_ERR_INVALID_ARG);
         CHECK(g == NULL);
         if (!strstr(e.msg, c[i].names))

@@ -73,11 +73,14 @@ static const struct {
      {"{}", "{\"age\": 3}", "{\"name\": 1}", "{\"name\": \"a\", \"x\": 1}",
       "{\"name\": \"a\", \"tags\": [\"1\",\"2\",\"3\",\"4\"]}", "{\"name\": \"a\", \"age\": 1.5}"},
      "name"},
-    {"{\"enum\": [\"red\", \"green\", 3, null]}", {"\"red\"", "3", "null"},
-     {"\"blue\"", "4", "\"Red\""}, NULL},
+    {"{\"enum\": [\"red\", \"green\", 3, null]}",
+     {"\"red\"", "3", "null"},
+     {"\"blue\"", "4", "\"Red\""},
+     NULL},
     {"{\"type\": \"array\", \"items\": {\"anyOf\": [{\"type\": \"number\"}, {\"const\": \"x\"}]}, "
      "\"minItems\": 2, \"maxItems\": 4}",
-     {"[1, \"x\"]", "[1,2,3,4]", "[\"x\",\"x\"]"}, {"[1]", "[1,2,3,4,5]", "[\"y\", 1]", "[]"},
+     {"[1, \"x\"]", "[1,2,3,4]", "[\"x\",\"x\"]"},
+     {"[1]", "[1,2,3,4,5]", "[\"y\", 1]", "[]"},
      NULL},
     {"{\"type\": \"object\", \"properties\": {\"when\": {\"type\": \"string\", \"format\": "
      "\"date-time\"}, \"id\": {\"type\": \"string\", \"format\": \"uuid\"}, \"ok\": {\"type\": "
@@ -95,12 +98,24 @@ static const struct {
      {"{\"v\": 1, \"next\": null}", "{\"v\": 1, \"next\": {\"v\": 2, \"next\": null}}"},
      {"{\"v\": 1}", "{\"v\": 1, \"next\": {\"v\": 2}}"},
      "v"},
-    {"{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}", {"\"ab\"", "\"a\\nb\""},
-     {"\"a\"", "\"abcd\""}, NULL},
+    {"{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}",
+     {"\"ab\"", "\"a\\nb\""},
+     {"\"a\"", "\"abcd\""},
+     NULL},
     {"{\"type\": [\"integer\", \"null\"]}", {"12", "null"}, {"1.5", "\"1\""}, NULL},
+    {"{\"type\": \"string\", \"pattern\": \"^[a-z]+\\\"?\\\\n?$\"}",
+     {"\"abc\"", "\"ab\\\"\"", "\"a\\\"\\n\""},
+     {"\"ab\"\"", "\"a1\"", "\"\"", "\"a\\\\\""},
+     NULL},
+    {"{\"type\": \"string\", \"pattern\": \"b\\\\d\"}",
+     {"\"ab1c\"", "\"b2\""},
+     {"\"ab\"", "\"b\""},
+     NULL},
     {"{\"type\": \"array\", \"prefixItems\": [{\"type\": \"string\"}, {\"type\": \"number\"}], "
      "\"items\": false}",
-     {"[\"a\", 1]"}, {"[\"a\"]", "[\"a\", 1, 2]", "[1, \"a\"]"}, NULL},
+     {"[\"a\", 1]"},
+     {"[\"a\"]", "[\"a\", 1, 2]", "[1, \"a\"]"},
+     NULL},
 };
 
 TEST(schemas_accept_and_reject)
@@ -128,7 +143,7 @@ TEST(schemas_accept_and_reject)
                 continue;
             s[n] = 0;
             json_error_t je;
-            json_t *j = json_loads(s, JSON_DECODE_ANY, &je);
+            json_t *j = json_loads(s, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
             if (!j)
                 fprintf(stderr, "  schema %zu derived non-JSON: %s\n", i, s);
             CHECK(j != NULL);
@@ -147,7 +162,9 @@ TEST(refusals_name_keyword_and_path)
     static const struct {
         const char *schema, *names;
     } bad[] = {
-        {"{\"type\": \"string\", \"pattern\": \"^a\"}", "at /: \"pattern\" is not supported"},
+        {"{\"type\": \"number\", \"multipleOf\": 2}", "at /: \"multipleOf\" is not supported"},
+        {"{\"type\": \"string\", \"pattern\": \"(a\"}",
+         "\"pattern\": regex: at offset 0: unclosed ("},
         {"{\"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 3}}}",
          "at /properties/a: \"minimum\" is not supported"},
         {"{\"allOf\": [{}]}", "\"allOf\""},

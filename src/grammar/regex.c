@@ -12,8 +12,9 @@
  * Refused, with the offset: backreferences, lookaround, \b \B, anchors inside, flags.
  * `.` is any character but a line terminator, as in JavaScript.
  *
- * The output is one rule per group, named `<prefix>`, `<prefix>-1`, ..., so a schema can
- * embed several patterns; the caller puts it beside its own rules.
+ * With json, the expression describes the characters of a JSON string's content and the
+ * rule its JSON text: '"', '\\' and control characters appear in their escaped forms.
+ * The output is one rule, `rule`, for the caller to put beside its own rules.
  */
 #include "grammar/regex.h"
 
@@ -27,6 +28,7 @@
 struct rx {
     const char *s, *p, *end;
     const char *prefix;
+    bool json; /* inside a JSON string: characters as JSON writes them */
     char *out;
     size_t n, cap;
     int n_rules;
@@ -127,17 +129,146 @@ static int64_t hex_escape(struct rx *r, const char *at, int digits)
     return v;
 }
 
-/* The class text (without brackets) of a class escape \d \w \s (upper case: negated, which
-   the caller writes as [^...]). */
-static const char *class_escape(char c)
+/* A set of code points: sorted, merged ranges. */
+struct cset {
+    uint32_t lo[300], hi[300];
+    int n;
+};
+
+static bool cs_add(struct cset *c, uint32_t lo, uint32_t hi)
 {
-    switch (c | 0x20) {
-    case 'd': return "0-9";
-    case 'w': return "a-zA-Z0-9_";
-    case 's':
-        return " \\t\\n\\r\\x0b\\x0c\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000\\uFEFF";
-    default: return NULL;
+    if (c->n == 300)
+        return false;
+    c->lo[c->n] = lo, c->hi[c->n++] = hi;
+    return true;
+}
+
+static void cs_norm(struct cset *c)
+{
+    for (int i = 1; i < c->n; i++)
+        for (int j = i; j > 0 && c->lo[j] < c->lo[j - 1]; j--) {
+            uint32_t t = c->lo[j];
+            c->lo[j] = c->lo[j - 1], c->lo[j - 1] = t;
+            t = c->hi[j], c->hi[j] = c->hi[j - 1], c->hi[j - 1] = t;
+        }
+    int m = 0;
+    for (int i = 0; i < c->n; i++)
+        if (m && c->lo[i] <= c->hi[m - 1] + 1)
+            c->hi[m - 1] = c->hi[i] > c->hi[m - 1] ? c->hi[i] : c->hi[m - 1];
+        else
+            c->lo[m] = c->lo[i], c->hi[m++] = c->hi[i];
+    c->n = m;
+}
+
+static void cs_invert(struct cset *c)
+{
+    cs_norm(c);
+    struct cset o = {.n = 0};
+    uint32_t next = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (c->lo[i] > next)
+            cs_add(&o, next, c->lo[i] - 1);
+        next = c->hi[i] + 1;
     }
+    if (next <= 0x10FFFF)
+        cs_add(&o, next, 0x10FFFF);
+    *c = o;
+}
+
+static bool cs_has(const struct cset *c, uint32_t x)
+{
+    for (int i = 0; i < c->n; i++)
+        if (x >= c->lo[i] && x <= c->hi[i])
+            return true;
+    return false;
+}
+
+/* The ranges of a class escape \d \w \s (its letter in either case) added to out (NULL:
+   none); false: not a class escape. */
+static bool class_escape(char c, struct cset *out)
+{
+    static const uint32_t d[] = {'0', '9'}, w[] = {'a', 'z', 'A', 'Z', '0', '9', '_', '_'};
+    static const uint32_t sp[] = {0x09,   0x0D,   0x20,   0x20,   0xA0,   0xA0,   0x1680,
+                                  0x1680, 0x2000, 0x200A, 0x2028, 0x2029, 0x202F, 0x202F,
+                                  0x205F, 0x205F, 0x3000, 0x3000, 0xFEFF, 0xFEFF};
+    const uint32_t *v = NULL;
+    size_t n = 0;
+    switch (c | 0x20) {
+    case 'd': v = d, n = 2; break;
+    case 'w': v = w, n = 8; break;
+    case 's': v = sp, n = 20; break;
+    default: return false;
+    }
+    for (size_t i = 0; out && i < n; i += 2)
+        cs_add(out, v[i], v[i + 1]);
+    return true;
+}
+
+/* The set as a GBNF item: a [class], and in JSON mode without the characters JSON writes
+   escaped (", \, controls) but with their escaped forms as alternatives. */
+static void emit_set(struct rx *r, struct cset *c)
+{
+    cs_norm(c);
+    struct cset safe = {.n = 0};
+    for (int i = 0; i < c->n; i++) {
+        uint32_t lo = c->lo[i], hi = c->hi[i];
+        if (r->json) { /* minus 0x00-0x1F, '"', '\\' */
+            lo = lo < 0x20 ? 0x20 : lo;
+            for (int cut = 0; cut < 2 && lo <= hi; cut++) {
+                uint32_t x = cut ? 0x5C : 0x22;
+                if (x >= lo && x <= hi) {
+                    if (x > lo)
+                        cs_add(&safe, lo, x - 1);
+                    lo = x + 1;
+                }
+            }
+        }
+        if (lo <= hi)
+            cs_add(&safe, lo, hi);
+    }
+    cs_norm(&safe);
+    /* the escaped forms, as GBNF literal bodies */
+    char lit[80][12];
+    int nl = 0;
+    if (r->json) {
+        static const char shortf[14] = {[8] = 'b', [9] = 't', [10] = 'n', [12] = 'f', [13] = 'r'};
+        if (cs_has(c, '"'))
+            snprintf(lit[nl++], sizeof lit[0], "\\\\\\\"");
+        if (cs_has(c, '\\'))
+            snprintf(lit[nl++], sizeof lit[0], "\\\\\\\\");
+        for (uint32_t x = 0; x < 0x20; x++)
+            if (cs_has(c, x)) {
+                snprintf(lit[nl++], sizeof lit[0], "\\\\u00%02x", (unsigned)x);
+                if (x < sizeof shortf && shortf[x])
+                    snprintf(lit[nl++], sizeof lit[0], "\\\\%c", shortf[x]);
+            }
+    }
+    const int alts = (safe.n ? 1 : 0) + nl;
+    if (!alts) {
+        put(r, "[^\\x00-\\U0010FFFF]", 18); /* the empty set: nothing matches */
+        return;
+    }
+    if (alts > 1)
+        put(r, "(", 1);
+    bool first = true;
+    if (safe.n) {
+        put(r, " [", 2);
+        for (int i = 0; i < safe.n; i++) {
+            put_cp(r, safe.lo[i]);
+            if (safe.hi[i] != safe.lo[i]) {
+                put(r, "-", 1);
+                put_cp(r, safe.hi[i]);
+            }
+        }
+        put(r, "]", 1);
+        first = false;
+    }
+    for (int i = 0; i < nl; i++) {
+        putf(r, "%s \"%s\"", first ? "" : " |", lit[i]);
+        first = false;
+    }
+    if (alts > 1)
+        put(r, " )", 2);
 }
 
 /* An escape after '\' (r->p past it) as a single code point, or -2 for a class escape
@@ -148,7 +279,7 @@ static int64_t escape(struct rx *r, char *cls)
     if (r->p >= r->end)
         return fail(r, at, "unfinished escape"), -1;
     char c = *r->p++;
-    if (class_escape(c)) {
+    if (class_escape(c, NULL)) {
         *cls = c;
         return -2;
     }
@@ -184,15 +315,14 @@ static int64_t escape(struct rx *r, char *cls)
     }
 }
 
-/* [class] at r->p (after '['): appended as a GBNF class. */
+/* [class] at r->p (after '['): appended as a set. */
 static int parse_class(struct rx *r)
 {
     const char *at = r->p - 1;
     bool neg = r->p < r->end && *r->p == '^';
     if (neg)
         r->p++;
-    /* negated class escapes inside a class ([\D]) cannot be written as one GBNF class */
-    put(r, neg ? "[^" : "[", neg ? 2 : 1);
+    struct cset set = {.n = 0};
     bool first = true;
     while (r->p < r->end && (*r->p != ']' || first)) {
         first = false;
@@ -203,20 +333,21 @@ static int parse_class(struct rx *r)
             if ((a = escape(r, &cls)) == -1)
                 return r->rc;
             if (a == -2) {
+                struct cset e = {.n = 0};
+                class_escape(cls, &e);
                 if (cls >= 'A' && cls <= 'Z')
-                    return fail(r, r->p - 2,
-                                "a negated class escape inside [...] is not "
-                                "supported");
-                put(r, class_escape(cls), strlen(class_escape(cls)));
+                    cs_invert(&e);
+                for (int i = 0; i < e.n; i++)
+                    if (!cs_add(&set, e.lo[i], e.hi[i]))
+                        return fail(r, at, "class of too many ranges");
                 continue;
             }
         } else if ((a = next_cp(r)) < 0) {
             return r->rc;
         }
-        put_cp(r, (uint32_t)a);
+        int64_t b = a;
         if (r->p + 1 < r->end && *r->p == '-' && r->p[1] != ']') {
             r->p++;
-            int64_t b;
             if (*r->p == '\\') {
                 r->p++;
                 if ((b = escape(r, &cls)) == -1)
@@ -228,14 +359,16 @@ static int parse_class(struct rx *r)
             }
             if (b < a)
                 return fail(r, at, "class range out of order");
-            put(r, "-", 1);
-            put_cp(r, (uint32_t)b);
         }
+        if (!cs_add(&set, (uint32_t)a, (uint32_t)b))
+            return fail(r, at, "class of too many ranges");
     }
     if (r->p >= r->end)
         return fail(r, at, "unterminated [");
     r->p++;
-    put(r, "]", 1);
+    if (neg)
+        cs_invert(&set);
+    emit_set(r, &set);
     return 0;
 }
 
@@ -288,8 +421,10 @@ static int parse_seq(struct rx *r, int depth)
                 return r->rc;
         } else if (c == '.') {
             r->p++;
-            static const char dot[] = "[^\\n\\r\\u2028\\u2029]";
-            put(r, dot, sizeof dot - 1);
+            struct cset dot = {.n = 0};
+            cs_add(&dot, '\n', '\n'), cs_add(&dot, '\r', '\r'), cs_add(&dot, 0x2028, 0x2029);
+            cs_invert(&dot);
+            emit_set(r, &dot);
         } else if (c == '^' || c == '$') {
             return fail(r, at, "^ and $ are supported only at the ends");
         } else if (c == '*' || c == '+' || c == '?' || c == '{') {
@@ -304,16 +439,15 @@ static int parse_seq(struct rx *r, int depth)
             } else if ((v = next_cp(r)) < 0) {
                 return r->rc;
             }
+            struct cset one = {.n = 0};
             if (v == -2) {
-                bool neg = cls >= 'A' && cls <= 'Z';
-                putf(r, "[%s", neg ? "^" : "");
-                put(r, class_escape(cls), strlen(class_escape(cls)));
-                put(r, "]", 1);
+                class_escape(cls, &one);
+                if (cls >= 'A' && cls <= 'Z')
+                    cs_invert(&one);
             } else {
-                put(r, "[", 1);
-                put_cp(r, (uint32_t)v);
-                put(r, "]", 1);
+                cs_add(&one, (uint32_t)v, (uint32_t)v);
             }
+            emit_set(r, &one);
         }
         /* a quantifier */
         if (r->p < r->end && (*r->p == '*' || *r->p == '+' || *r->p == '?')) {
@@ -371,27 +505,34 @@ static int parse_alt(struct rx *r, int depth)
     }
 }
 
-int grammar_gbnf_from_regex(const char *re, size_t len, bool search, const char *rule, char **gbnf,
-                            struct weld_err *e)
+int grammar_gbnf_from_regex(const char *re, size_t len, bool search, bool json, const char *rule,
+                            char **gbnf, struct weld_err *e)
 {
     *gbnf = NULL;
-    struct rx r = {.s = re, .p = re, .end = re + len, .prefix = rule, .e = e};
+    struct rx r = {.s = re, .p = re, .end = re + len, .prefix = rule, .json = json, .e = e};
     bool head = len && re[0] == '^';
     bool tail = len >= 1 && re[len - 1] == '$' && (len < 2 || re[len - 2] != '\\');
     if (head)
         r.p++;
     if (tail && r.end > r.p)
         r.end--;
-    const char *any = ".*"; /* a search: any text around the match */
+    struct cset any = {.n = 0}; /* a search: any text around the match */
+    cs_add(&any, 0, 0x10FFFF);
     putf(&r, "%s ::=", rule);
-    if (search && !head)
-        putf(&r, " %s", any);
+    if (search && !head) {
+        put(&r, " (", 2);
+        emit_set(&r, &any);
+        put(&r, " )*", 3);
+    }
     put(&r, " (", 2);
     if (!parse_alt(&r, 0) && r.p < r.end)
         fail(&r, r.p, "unmatched )");
     put(&r, " )", 2);
-    if (search && !tail)
-        putf(&r, " %s", any);
+    if (search && !tail) {
+        put(&r, " (", 2);
+        emit_set(&r, &any);
+        put(&r, " )*", 3);
+    }
     put(&r, "\n", 1);
     if (!r.rc && r.oom)
         r.rc = err_set(e, WELD_ERR_NOMEM, "regex: out of memory");

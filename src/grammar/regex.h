@@ -11,8 +11,9 @@
 
 /* GBNF text defining `rule` as the strings re[0, len) matches: the whole string (vLLM's
    guided_regex), or, with search, any string containing a match (JSON Schema's pattern;
-   ^ and $ anchor it). *gbnf is allocated (wfree it). Errors give the offset. */
-int grammar_gbnf_from_regex(const char *re, size_t len, bool search, const char *rule, char **gbnf,
-                            struct weld_err *e);
+   ^ and $ anchor it); with json, as the content of a JSON string is written (", \ and
+   controls escaped). *gbnf is allocated (wfree it). Errors give the offset. */
+int grammar_gbnf_from_regex(const char *re, size_t len, bool search, bool json, const char *rule,
+                            char **gbnf, struct weld_err *e);
 
 #endif

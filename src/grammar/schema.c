@@ -14,9 +14,10 @@
  * Supported: type (one or a list), properties, required, additionalProperties (false,
  * true, a schema), enum, const, items, prefixItems, minItems, maxItems, anyOf, oneOf (as
  * anyOf: exclusivity is not enforced), $ref/$defs/definitions, minLength, maxLength, format
- * (date, time, date-time, uuid), and the annotations (title, description, default,
+ * (date, time, date-time, uuid), pattern (a search, grammar/regex.c, written as JSON
+ * escapes it), and the annotations (title, description, default,
  * examples, $schema, $id, $comment, strict, nullable: false). Anything else is refused,
- * naming the keyword and where it is, never ignored: pattern, numeric bounds, allOf, not,
+ * naming the keyword and where it is, never ignored: numeric bounds, allOf, not,
  * if/then/else, patternProperties, propertyNames, uniqueItems, contains, min/maxProperties.
  * Not yet: the key of an additional property may repeat a declared property's name, whose
  * value a validator then checks against that property's schema.
@@ -26,6 +27,7 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "grammar/grammar.h"
+#include "grammar/regex.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -214,10 +216,14 @@ static int ref_rule(struct conv *c, const char *ref, const char *path, int depth
 }
 
 static const char *const known_keys[] = {
-    "type", "properties", "required", "additionalProperties", "enum", "const", "items",
-    "prefixItems", "minItems", "maxItems", "anyOf", "oneOf", "$ref", "$defs", "definitions",
-    "minLength", "maxLength", "format", "title", "description", "default", "examples",
-    "$schema", "$id", "$comment", "strict", "nullable", "readOnly", "writeOnly", "deprecated"};
+    "type",        "properties", "required",    "additionalProperties",
+    "enum",        "const",      "items",       "prefixItems",
+    "minItems",    "maxItems",   "anyOf",       "oneOf",
+    "$ref",        "$defs",      "definitions", "minLength",
+    "maxLength",   "format",     "pattern",     "title",
+    "description", "default",    "examples",    "$schema",
+    "$id",         "$comment",   "strict",      "nullable",
+    "readOnly",    "writeOnly",  "deprecated"};
 
 static int check_keys(struct conv *c, const json_t *s, const char *path)
 {
@@ -516,7 +522,27 @@ static int array_rule(struct conv *c, const json_t *s, const char *path, int dep
 
 static int string_rule(struct conv *c, const json_t *s, const char *path)
 {
-    const json_t *f = json_object_get(s, "format");
+    const json_t *f = json_object_get(s, "format"), *pat = json_object_get(s, "pattern");
+    if (pat) { /* a search for the pattern in the string's content */
+        if (!json_is_string(pat))
+            return refuse(c, path, "\"pattern\" must be a string"), -1;
+        if (f || json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+            return refuse(c, path,
+                          "\"pattern\" with \"format\" or a length bound is not "
+                          "supported"),
+                   -1;
+        int id = c->n_rules++;
+        char name[32], *g = NULL;
+        snprintf(name, sizeof name, "r%dp", id);
+        struct weld_err re;
+        if (grammar_gbnf_from_regex(json_string_value(pat), json_string_length(pat), true, true,
+                                    name, &g, &re) != WELD_OK)
+            return refuse(c, path, "\"pattern\": %s", re.msg), -1;
+        putf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, name);
+        put(&c->o, g, strlen(g));
+        wfree(g);
+        return id;
+    }
     int lo, hi;
     if (get_count(c, s, "minLength", 0, path, &lo) || get_count(c, s, "maxLength", -1, path, &hi))
         return -1;
