@@ -6,6 +6,7 @@
 #include "core/json.h"
 #include "core/mfile.h"
 #include "core/rng.h"
+#include "core/strbuf.h"
 #include "core/utf8.h"
 #include "test.h"
 
@@ -147,6 +148,30 @@ TEST(utf8_put_matches_known_bytes_and_jansson)
     CHECK_EQ_INT(bad, 0);
 }
 
+/* strbuf: pieces and formatted text (past the 512-byte stack buffer) in order, always
+   NUL-terminated; out of memory sticks and drops later writes. */
+TEST(strbuf_appends_and_fails_sticky)
+{
+    struct strbuf b = {0};
+    strbuf_put(&b, "ab", 2);
+    strbuf_printf(&b, "-%d-%s", 42, "x");
+    char big[1000];
+    memset(big, 'y', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    strbuf_printf(&b, "%s!", big);
+    CHECK_EQ_INT((int)b.n, 7 + 999 + 1);
+    CHECK(!strncmp(b.p, "ab-42-xyy", 9) && b.p[b.n - 1] == '!' && b.p[b.n] == 0);
+    CHECK(!b.oom);
+    wfree(b.p);
+    struct strbuf c = {0};
+    alloc_fail_at(1);
+    strbuf_put(&c, "abc", 3);
+    alloc_fail_at(0);
+    CHECK(c.oom && c.p == NULL);
+    strbuf_put(&c, "def", 3); /* sticky: nothing more is written */
+    CHECK(c.oom && c.n == 0);
+}
+
 int main(void)
 {
     RUN(err_set_formats_and_returns_status);
@@ -156,5 +181,6 @@ int main(void)
     RUN(json_errors_name_position_and_field);
     RUN(mfile_reports_missing_file);
     RUN(utf8_put_matches_known_bytes_and_jansson);
+    RUN(strbuf_appends_and_fails_sticky);
     return test_summary();
 }

@@ -19,6 +19,7 @@
 #include "grammar/regex.h"
 
 #include "core/alloc.h"
+#include "core/strbuf.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -29,42 +30,24 @@ struct rx {
     const char *s, *p, *end;
     const char *prefix;
     bool json; /* inside a JSON string: characters as JSON writes them */
-    char *out;
-    size_t n, cap;
+    struct strbuf b;
     int n_rules;
     struct weld_err *e;
     int rc;
-    bool oom;
 };
 
 static void put(struct rx *r, const char *s, size_t n)
 {
-    if (r->oom)
-        return;
-    if (r->n + n + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 256;
-        while (cap < r->n + n + 1)
-            cap *= 2;
-        char *p = wrealloc(r->out, cap);
-        if (!p) {
-            r->oom = true;
-            return;
-        }
-        r->out = p, r->cap = cap;
-    }
-    memcpy(r->out + r->n, s, n);
-    r->n += n;
-    r->out[r->n] = 0;
+    strbuf_put(&r->b, s, n);
 }
 
+static void putf(struct rx *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void putf(struct rx *r, const char *fmt, ...)
 {
-    char buf[256];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    strbuf_vprintf(&r->b, fmt, ap);
     va_end(ap);
-    put(r, buf, n < 0 ? 0 : (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
 static int fail(struct rx *r, const char *at, const char *what)
@@ -491,10 +474,10 @@ static int parse_alt(struct rx *r, int depth)
     if (depth > 100)
         return fail(r, r->p, "groups nested more than 100 deep");
     for (;;) {
-        const size_t before = r->n;
+        const size_t before = r->b.n;
         if (parse_seq(r, depth))
             return r->rc;
-        if (r->n == before)
+        if (r->b.n == before)
             put(r, " \"\"", 3); /* an empty alternative */
         if (r->p < r->end && *r->p == '|') {
             r->p++;
@@ -534,12 +517,12 @@ int grammar_gbnf_from_regex(const char *re, size_t len, bool search, bool json, 
         put(&r, " )*", 3);
     }
     put(&r, "\n", 1);
-    if (!r.rc && r.oom)
+    if (!r.rc && r.b.oom)
         r.rc = err_set(e, WELD_ERR_NOMEM, "regex: out of memory");
     if (r.rc) {
-        wfree(r.out);
+        wfree(r.b.p);
         return r.rc;
     }
-    *gbnf = r.out;
+    *gbnf = r.b.p;
     return WELD_OK;
 }

@@ -26,6 +26,7 @@
 
 #include "core/alloc.h"
 #include "core/json.h"
+#include "core/strbuf.h"
 #include "grammar/grammar.h"
 #include "grammar/regex.h"
 
@@ -36,77 +37,43 @@
 #define WS_MAX 4
 #define MAX_DEPTH 64
 
-struct out {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-static void put(struct out *o, const char *s, size_t n)
-{
-    if (o->oom)
-        return;
-    if (o->n + n + 1 > o->cap) {
-        size_t cap = o->cap ? o->cap : 1024;
-        while (cap < o->n + n + 1)
-            cap *= 2;
-        char *p = wrealloc(o->p, cap);
-        if (!p) {
-            o->oom = true;
-            return;
-        }
-        o->p = p, o->cap = cap;
-    }
-    memcpy(o->p + o->n, s, n);
-    o->n += n;
-    o->p[o->n] = 0;
-}
-
-static void putf(struct out *o, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof buf) { /* long: through the heap */
-        char *h = wmalloc((size_t)n + 1);
-        if (!h) {
-            o->oom = true;
-            return;
-        }
-        va_start(ap, fmt);
-        vsnprintf(h, (size_t)n + 1, fmt, ap);
-        va_end(ap);
-        put(o, h, (size_t)n);
-        wfree(h);
-        return;
-    }
-    put(o, buf, (size_t)(n > 0 ? n : 0));
-}
-
 /* s as a GBNF "literal" (quotes, backslashes and control bytes escaped). */
-static void put_literal(struct out *o, const char *s, size_t n)
+static void put_literal(struct strbuf *o, const char *s, size_t n)
 {
-    put(o, "\"", 1);
+    strbuf_put(o, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\')
-            putf(o, "\\%c", c);
+            strbuf_printf(o, "\\%c", c);
         else if (c < 0x20 || c == 0x7F)
-            putf(o, "\\x%02x", c);
+            strbuf_printf(o, "\\x%02x", c);
         else
-            put(o, (const char *)&c, 1);
+            strbuf_put(o, (const char *)&c, 1);
     }
-    put(o, "\"", 1);
+    strbuf_put(o, "\"", 1);
 }
 
-enum prim { P_WS, P_CHAR, P_STRING, P_NUMBER, P_INTEGER, P_BOOLEAN, P_NULL, P_VALUE, P_OBJECT,
-            P_ARRAY, P_DATE, P_TIME, P_DATETIME, P_UUID, P_N };
+enum prim {
+    P_WS,
+    P_CHAR,
+    P_STRING,
+    P_NUMBER,
+    P_INTEGER,
+    P_BOOLEAN,
+    P_NULL,
+    P_VALUE,
+    P_OBJECT,
+    P_ARRAY,
+    P_DATE,
+    P_TIME,
+    P_DATETIME,
+    P_UUID,
+    P_N
+};
 
-static const char *const prim_name[P_N] = {"ws", "char", "string", "number", "integer",
-                                           "boolean", "null", "value", "object", "array",
-                                           "date", "time", "date-time", "uuid"};
+static const char *const prim_name[P_N] = {"ws",      "char", "string",    "number", "integer",
+                                           "boolean", "null", "value",     "object", "array",
+                                           "date",    "time", "date-time", "uuid"};
 
 static const char *const prim_rule[P_N] = {
     "[ \\t\\n]{0,4}",
@@ -140,9 +107,9 @@ static const uint16_t prim_deps[P_N] = {
 };
 
 struct conv {
-    struct out o;
+    struct strbuf o;
     json_t *root;
-    uint16_t used;   /* primitives to emit */
+    uint16_t used; /* primitives to emit */
     int n_rules;
     struct {
         const json_t *node;
@@ -190,8 +157,11 @@ static int ref_rule(struct conv *c, const char *ref, const char *path, int depth
     else if (!strncmp(ref, "#/definitions/", 14))
         t = json_object_get(json_object_get(c->root, "definitions"), ref + 14);
     else
-        return refuse(c, path, "$ref \"%s\": only \"#\", \"#/$defs/NAME\" and "
-                               "\"#/definitions/NAME\" are supported", ref), -1;
+        return refuse(c, path,
+                      "$ref \"%s\": only \"#\", \"#/$defs/NAME\" and "
+                      "\"#/definitions/NAME\" are supported",
+                      ref),
+               -1;
     if (!t)
         return refuse(c, path, "$ref \"%s\" names nothing", ref), -1;
     for (int i = 0; i < c->n_refs; i++)
@@ -202,14 +172,14 @@ static int ref_rule(struct conv *c, const char *ref, const char *path, int depth
     /* reserve the id first: a recursive schema refers to itself */
     int id = c->n_rules++;
     c->refs[c->n_refs].node = t, c->refs[c->n_refs++].id = id;
-    struct out saved = c->o;
-    c->o = (struct out){0};
+    struct strbuf saved = c->o;
+    c->o = (struct strbuf){0};
     int body = schema_rule(c, t, ref, depth + 1);
-    struct out mine = c->o;
+    struct strbuf mine = c->o;
     c->o = saved;
     if (body >= 0)
-        putf(&c->o, "r%d ::= r%d\n", id, body);
-    put(&c->o, mine.p ? mine.p : "", mine.n);
+        strbuf_printf(&c->o, "r%d ::= r%d\n", id, body);
+    strbuf_put(&c->o, mine.p ? mine.p : "", mine.n);
     c->o.oom |= mine.oom;
     wfree(mine.p);
     return body < 0 ? -1 : id;
@@ -261,13 +231,24 @@ static int get_count(struct conv *c, const json_t *s, const char *key, int dflt,
 static void put_count(struct conv *c, int m, int n)
 {
     if (n < 0)
-        putf(&c->o, m ? "{%d,}" : "*", m);
+        strbuf_printf(&c->o, m ? "{%d,}" : "*", m);
     else
-        putf(&c->o, "{%d,%d}", m, n);
+        strbuf_printf(&c->o, "{%d,%d}", m, n);
 }
 
 static int type_rule(struct conv *c, const json_t *s, const char *type, const char *path,
                      int depth);
+
+/* A new rule: any of rules kids[0, n). */
+static int alts_rule(struct conv *c, const int *kids, size_t n)
+{
+    int id = c->n_rules++;
+    strbuf_printf(&c->o, "r%d ::=", id);
+    for (size_t i = 0; i < n; i++)
+        strbuf_printf(&c->o, "%s r%d", i ? " |" : "", kids[i]);
+    strbuf_put(&c->o, "\n", 1);
+    return id;
+}
 
 /* A new rule for schema s; returns its id (-1: refused, c->rc set). */
 static int schema_rule(struct conv *c, const json_t *s, const char *path, int depth)
@@ -277,7 +258,7 @@ static int schema_rule(struct conv *c, const json_t *s, const char *path, int de
     if (json_is_true(s) || (json_is_object(s) && !json_object_size(s))) {
         use(c, P_VALUE);
         int id = c->n_rules++;
-        putf(&c->o, "r%d ::= value\n", id);
+        strbuf_printf(&c->o, "r%d ::= value\n", id);
         return id;
     }
     if (!json_is_object(s))
@@ -296,18 +277,18 @@ static int schema_rule(struct conv *c, const json_t *s, const char *path, int de
         if (is_enum && (!json_is_array(v) || !json_array_size(v)))
             return refuse(c, path, "\"enum\" must be a non-empty array"), -1;
         int id = c->n_rules++;
-        putf(&c->o, "r%d ::= ", id);
+        strbuf_printf(&c->o, "r%d ::= ", id);
         size_t n = is_enum ? json_array_size(v) : 1;
         for (size_t i = 0; i < n; i++) {
             char *js = json_dumps(is_enum ? json_array_get(v, i) : v,
                                   JSON_ENCODE_ANY | JSON_COMPACT);
             if (!js)
                 return c->o.oom = true, -1;
-            put(&c->o, i ? " | " : "", i ? 3 : 0);
+            strbuf_put(&c->o, i ? " | " : "", i ? 3 : 0);
             put_literal(&c->o, js, strlen(js));
             free(js);
         }
-        put(&c->o, "\n", 1);
+        strbuf_put(&c->o, "\n", 1);
         return id;
     }
     const json_t *any = json_object_get(s, "anyOf");
@@ -325,23 +306,17 @@ static int schema_rule(struct conv *c, const json_t *s, const char *path, int de
             if ((kids[i] = schema_rule(c, json_array_get(any, i), sub, depth + 1)) < 0)
                 return -1;
         }
-        int id = c->n_rules++;
-        putf(&c->o, "r%d ::=", id);
-        for (size_t i = 0; i < n; i++)
-            putf(&c->o, "%s r%d", i ? " |" : "", kids[i]);
-        put(&c->o, "\n", 1);
-        return id;
+        return alts_rule(c, kids, n);
     }
     v = json_object_get(s, "type");
     if (!v) { /* no type: what its other keywords imply, else any value */
         const char *t = json_object_get(s, "properties") ? "object"
-                        : json_object_get(s, "items") || json_object_get(s, "prefixItems")
-                            ? "array"
-                            : NULL;
+                        : json_object_get(s, "items") || json_object_get(s, "prefixItems") ? "array"
+                                                                                           : NULL;
         if (!t) {
             use(c, P_VALUE);
             int id = c->n_rules++;
-            putf(&c->o, "r%d ::= value\n", id);
+            strbuf_printf(&c->o, "r%d ::= value\n", id);
             return id;
         }
         return type_rule(c, s, t, path, depth);
@@ -358,12 +333,7 @@ static int schema_rule(struct conv *c, const json_t *s, const char *path, int de
         if ((kids[i] = type_rule(c, s, json_string_value(json_array_get(v, i)), path, depth)) < 0)
             return -1;
     }
-    int id = c->n_rules++;
-    putf(&c->o, "r%d ::=", id);
-    for (size_t i = 0; i < n; i++)
-        putf(&c->o, "%s r%d", i ? " |" : "", kids[i]);
-    put(&c->o, "\n", 1);
-    return id;
+    return alts_rule(c, kids, n);
 }
 
 static int object_rule(struct conv *c, const json_t *s, const char *path, int depth)
@@ -377,10 +347,12 @@ static int object_rule(struct conv *c, const json_t *s, const char *path, int de
     for (size_t i = 0; req && i < json_array_size(req); i++)
         if (!json_is_string(json_array_get(req, i)) ||
             !json_object_get(props, json_string_value(json_array_get(req, i))))
-            return refuse(c, path, "\"required\" names \"%s\", which \"properties\" does not "
-                                   "define", json_is_string(json_array_get(req, i))
-                                                 ? json_string_value(json_array_get(req, i))
-                                                 : "?"),
+            return refuse(c, path,
+                          "\"required\" names \"%s\", which \"properties\" does not "
+                          "define",
+                          json_is_string(json_array_get(req, i))
+                              ? json_string_value(json_array_get(req, i))
+                              : "?"),
                    -1;
     const size_t np = props ? json_object_size(props) : 0;
     if (np > 256)
@@ -425,18 +397,19 @@ static int object_rule(struct conv *c, const json_t *s, const char *path, int de
     for (int at = (int)np; at >= 0; at--)
         for (int after = 0; after < 2; after++) {
             int me = base + 2 * at + after;
-            putf(&c->o, "r%d ::= ", me);
+            strbuf_printf(&c->o, "r%d ::= ", me);
             if (at == (int)np) {
                 if (extra == -1) {
-                    put(&c->o, "\"\"\n", 3);
+                    strbuf_put(&c->o, "\"\"\n", 3);
                     continue;
                 }
                 use(c, P_STRING);
                 char ev[16];
                 snprintf(ev, sizeof ev, extra == -2 ? "value" : "r%d", extra);
                 const char *sep = after ? "ws \",\" ws " : "";
-                putf(&c->o, "( %sstring ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )* )?\n",
-                     sep, ev, ev);
+                strbuf_printf(
+                    &c->o, "( %sstring ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )* )?\n",
+                    sep, ev, ev);
                 continue;
             }
             /* the key as its JSON text, then its value, then what follows */
@@ -445,15 +418,15 @@ static int object_rule(struct conv *c, const json_t *s, const char *path, int de
             json_decref(js);
             if (!q)
                 return c->o.oom = true, -1;
-            putf(&c->o, "( %s", after ? "ws \",\" ws " : "");
+            strbuf_printf(&c->o, "( %s", after ? "ws \",\" ws " : "");
             put_literal(&c->o, q, strlen(q));
             free(q);
-            putf(&c->o, " ws \":\" ws r%d r%d )", kid[at], base + 2 * (at + 1) + 1);
+            strbuf_printf(&c->o, " ws \":\" ws r%d r%d )", kid[at], base + 2 * (at + 1) + 1);
             if (!need[at]) /* or skipped */
-                putf(&c->o, " | r%d", base + 2 * (at + 1) + after);
-            put(&c->o, "\n", 1);
+                strbuf_printf(&c->o, " | r%d", base + 2 * (at + 1) + after);
+            strbuf_put(&c->o, "\n", 1);
         }
-    putf(&c->o, "r%d ::= \"{\" ws r%d ws \"}\"\n", id, base);
+    strbuf_printf(&c->o, "r%d ::= \"{\" ws r%d ws \"}\"\n", id, base);
     return id;
 }
 
@@ -497,26 +470,26 @@ static int array_rule(struct conv *c, const json_t *s, const char *path, int dep
     int id = c->n_rules++;
     char it[16];
     snprintf(it, sizeof it, item == -2 ? "value" : "r%d", item);
-    putf(&c->o, "r%d ::= \"[\" ws ", id);
+    strbuf_printf(&c->o, "r%d ::= \"[\" ws ", id);
     for (int i = 0; i < np; i++)
-        putf(&c->o, "%sr%d ", i ? "ws \",\" ws " : "", pre[i]);
+        strbuf_printf(&c->o, "%sr%d ", i ? "ws \",\" ws " : "", pre[i]);
     int more_lo = lo - np, more_hi = hi < 0 ? -1 : hi - np;
     if (item != -1 && (more_hi < 0 || more_hi > 0)) {
         if (np) { /* each further item after a comma */
-            putf(&c->o, "( ws \",\" ws %s )", it);
+            strbuf_printf(&c->o, "( ws \",\" ws %s )", it);
             put_count(c, more_lo, more_hi);
-            put(&c->o, " ", 1);
+            strbuf_put(&c->o, " ", 1);
         } else if (more_lo > 0) {
-            putf(&c->o, "%s ( ws \",\" ws %s )", it, it);
+            strbuf_printf(&c->o, "%s ( ws \",\" ws %s )", it, it);
             put_count(c, more_lo - 1, more_hi < 0 ? -1 : more_hi - 1);
-            put(&c->o, " ", 1);
+            strbuf_put(&c->o, " ", 1);
         } else {
-            putf(&c->o, "( %s ( ws \",\" ws %s )", it, it);
+            strbuf_printf(&c->o, "( %s ( ws \",\" ws %s )", it, it);
             put_count(c, 0, more_hi < 0 ? -1 : more_hi - 1);
-            put(&c->o, " )? ", 4);
+            strbuf_put(&c->o, " )? ", 4);
         }
     }
-    put(&c->o, "ws \"]\"\n", 7);
+    strbuf_put(&c->o, "ws \"]\"\n", 7);
     return id;
 }
 
@@ -538,8 +511,8 @@ static int string_rule(struct conv *c, const json_t *s, const char *path)
         if (grammar_gbnf_from_regex(json_string_value(pat), json_string_length(pat), true, true,
                                     name, &g, &re) != WELD_OK)
             return refuse(c, path, "\"pattern\": %s", re.msg), -1;
-        putf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, name);
-        put(&c->o, g, strlen(g));
+        strbuf_printf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, name);
+        strbuf_put(&c->o, g, strlen(g));
         wfree(g);
         return id;
     }
@@ -553,41 +526,45 @@ static int string_rule(struct conv *c, const json_t *s, const char *path)
         static const struct {
             const char *name;
             enum prim p;
-        } fmts[] = {{"date", P_DATE}, {"time", P_TIME}, {"date-time", P_DATETIME},
+        } fmts[] = {{"date", P_DATE},
+                    {"time", P_TIME},
+                    {"date-time", P_DATETIME},
                     {"uuid", P_UUID}};
         const char *fs = json_is_string(f) ? json_string_value(f) : "";
         for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++)
             if (!strcmp(fs, fmts[i].name)) {
                 if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
-                    return refuse(c, path, "\"format\" with a length bound is not supported"),
-                           -1;
+                    return refuse(c, path, "\"format\" with a length bound is not supported"), -1;
                 use(c, fmts[i].p);
-                putf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, prim_name[fmts[i].p]);
+                strbuf_printf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, prim_name[fmts[i].p]);
                 return id;
             }
-        return refuse(c, path, "format \"%s\" is not supported (supported: date, time, "
-                               "date-time, uuid)", fs),
+        return refuse(c, path,
+                      "format \"%s\" is not supported (supported: date, time, "
+                      "date-time, uuid)",
+                      fs),
                -1;
     }
     use(c, P_CHAR);
     if (!json_object_get(s, "minLength") && !json_object_get(s, "maxLength")) {
         use(c, P_STRING);
-        putf(&c->o, "r%d ::= string\n", id);
+        strbuf_printf(&c->o, "r%d ::= string\n", id);
         return id;
     }
-    putf(&c->o, "r%d ::= \"\\\"\" char", id);
+    strbuf_printf(&c->o, "r%d ::= \"\\\"\" char", id);
     put_count(c, lo, hi);
-    put(&c->o, " \"\\\"\"\n", 6);
+    strbuf_put(&c->o, " \"\\\"\"\n", 6);
     return id;
 }
 
-static int type_rule(struct conv *c, const json_t *s, const char *type, const char *path,
-                     int depth)
+static int type_rule(struct conv *c, const json_t *s, const char *type, const char *path, int depth)
 {
     static const struct {
         const char *name;
         enum prim p;
-    } simple[] = {{"number", P_NUMBER}, {"integer", P_INTEGER}, {"boolean", P_BOOLEAN},
+    } simple[] = {{"number", P_NUMBER},
+                  {"integer", P_INTEGER},
+                  {"boolean", P_BOOLEAN},
                   {"null", P_NULL}};
     if (!strcmp(type, "object"))
         return object_rule(c, s, path, depth);
@@ -599,7 +576,7 @@ static int type_rule(struct conv *c, const json_t *s, const char *type, const ch
         if (!strcmp(type, simple[i].name)) {
             use(c, simple[i].p);
             int id = c->n_rules++;
-            putf(&c->o, "r%d ::= %s\n", id, prim_name[simple[i].p]);
+            strbuf_printf(&c->o, "r%d ::= %s\n", id, prim_name[simple[i].p]);
             return id;
         }
     return refuse(c, path, "type \"%s\" is not a JSON Schema type", type), -1;
@@ -617,10 +594,10 @@ int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, str
     int top = schema_rule(&c, root, "", 0);
     if (top >= 0 && !c.rc) {
         use(&c, P_WS);
-        putf(&c.o, "root ::= ws r%d ws\n", top);
+        strbuf_printf(&c.o, "root ::= ws r%d ws\n", top);
         for (int p = 0; p < P_N; p++)
             if (c.used >> p & 1)
-                putf(&c.o, "%s ::= %s\n", prim_name[p], prim_rule[p]);
+                strbuf_printf(&c.o, "%s ::= %s\n", prim_name[p], prim_rule[p]);
     }
     json_decref(root);
     if (!c.rc && c.o.oom)
@@ -632,7 +609,8 @@ int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, str
             snprintf(why, sizeof why, "%s", e->msg);
             c.rc = err_set(e, WELD_ERR_INVALID_ARG,
                            "json_schema: no document satisfies it, or a $ref cycle consumes "
-                           "nothing (%s)", why);
+                           "nothing (%s)",
+                           why);
         }
         grammar_free(g);
     }
