@@ -569,6 +569,34 @@ static void apply_edits(const float *l, int n, const struct sampler_edits *ed, f
     memcpy(out, l, (size_t)n * sizeof *l);
     for (int k = 0; ed && k < ed->n; k++)
         out[ed->ids[k]] = ed->vals[k];
+    for (int i = 0; ed && ed->allow && i < n; i++)
+        if (!(ed->allow[i / 32] >> (i % 32) & 1))
+            out[i] = -INFINITY;
+}
+
+/* A constraint's mask over n tokens: 0 every token but a few, 1 about half, 2 about 1%,
+   3 a handful (often the row's best), 4 whole chunks off and on; at least one allowed. */
+static void random_mask(uint32_t *m, int n, struct rng *g, const struct logits_top *top)
+{
+    const int kind = (int)(rng_u64(g) % 5), W = (n + 31) / 32;
+    for (int w = 0; w < W; w++)
+        m[w] = kind == 0 ? ~0u : 0;
+    for (int i = 0; i < n; i++) {
+        const uint64_t r = rng_u64(g) % 1000;
+        bool on = kind == 0 ? r >= 5 : kind == 1 ? r < 500 : kind == 2 ? r < 10
+                : kind == 4 ? (i / 256) % 3 == 1 && r < 900 : false;
+        if (kind != 0)
+            m[i / 32] |= (uint32_t)on << (i % 32);
+        else if (!on)
+            m[i / 32] &= ~(1u << (i % 32));
+    }
+    for (int k = 0; kind == 3 && k < 6; k++) {
+        int id = k % 2 && top->n ? top->ids[rng_u64(g) % (uint64_t)top->n]
+                                 : (int)(rng_u64(g) % (uint64_t)n);
+        m[id / 32] |= 1u << (id % 32);
+    }
+    const int any = (int)(rng_u64(g) % (uint64_t)n);
+    m[any / 32] |= 1u << (any % 32);
 }
 
 /* One seeded case: the same params and history on three samplers, drawing 40 tokens each
@@ -642,9 +670,9 @@ TEST(first_pass_gives_the_full_pass_token)
     rng_seed(&g, 99);
     int32_t ids[80], hist[200];
     float vals[80];
-    int failures = 0, cases = 0;
+    int failures = 0, cases = 0, masked_cases = 0;
     long long hits = 0;
-    for (int it = 0; it < 400; it++) {
+    for (int it = 0; it < 600; it++) {
         int kind = (int)(rng_u64(&g) % 4);
         for (int i = 0; i < n; i++) /* 0: normal; 1: few levels (ties); 2: sharp; 3: NaN/inf */
             l[i] = kind == 1 ? (float)(rng_u64(&g) % 5) : (float)(rng_normal(&g) * (kind == 2 ? 8 : 1));
@@ -687,8 +715,14 @@ TEST(first_pass_gives_the_full_pass_token)
             ids[k] = id;
             vals[k] = k % 3 == 0 ? -INFINITY : l[id] + (float)(rng_normal(&g) * 5);
         }
-        struct sampler_edits ed = {ids, vals, n_ed};
-        failures += first_pass_case(l, n, p, n_ed ? &ed : NULL, hist, n_hist, &hits);
+        struct sampler_edits ed = {ids, vals, n_ed, NULL};
+        uint32_t mask[(3000 + 31) / 32];
+        if (rng_u64(&g) % 3 == 0) {
+            random_mask(mask, n, &g, &top);
+            ed.allow = mask;
+            masked_cases++;
+        }
+        failures += first_pass_case(l, n, p, n_ed || ed.allow ? &ed : NULL, hist, n_hist, &hits);
         cases++;
         if (failures) {
             fprintf(stderr, "  case %d: kind %d, T %g, top_k %d, top_p %g, min_p %g, rep %g, "
@@ -700,10 +734,12 @@ TEST(first_pass_gives_the_full_pass_token)
         }
     }
     CHECK_EQ_INT(failures, 0);
-    CHECK_EQ_INT(cases, 400);
+    CHECK_EQ_INT(cases, 600);
+    CHECK(masked_cases > 150);
     printf("first pass: %lld of %d draws from the LM head's top, %lld temperature draws "
-           "on its statistics\n", hits, 400 * 40, stats_hits);
-    CHECK(hits > 400 * 40 / 4); /* greedy or top-k <= 64 without NaN: about half the cases */
+           "on its statistics; %d cases under a mask\n", hits, 600 * 40, stats_hits,
+           masked_cases);
+    CHECK(hits > 600 * 40 / 5); /* greedy or top-k <= 64 without NaN: about half the cases */
     CHECK(stats_hits > 200); /* top_k 0, no top-p or min-p, no NaN: ~1/30 of the cases */
     free(l);
 }
@@ -829,7 +865,7 @@ TEST(temperature_path_on_statistics)
     random_logits(l, n, 11, 3.0);
     int32_t ids[6] = {5, 300, 70000, 128076, 1000, 64};
     float vals[6] = {-INFINITY, 12.0f, 9.0f, 4.0f, -INFINITY, 2.0f};
-    struct sampler_edits ed = {ids, vals, 6};
+    struct sampler_edits ed = {ids, vals, 6, NULL};
     apply_edits(l, n, &ed, edited);
     const float temps[] = {0.5f, 1.0f, 1.7f};
     double ms_top = 0.0, ms_full = 0.0;
@@ -906,7 +942,7 @@ TEST(first_pass_small_vocab)
         p.top_k = 1 + it % 45;
         p.repetition_penalty = it % 4 ? 1.0f : 1.2f; /* with penalties: the full pass */
         p.seed = (uint64_t)it;
-        struct sampler_edits ed = {ids, vals, 3};
+        struct sampler_edits ed = {ids, vals, 3, NULL};
         failures += first_pass_case(l, 40, p, it % 3 ? &ed : NULL, hist, 30, &hits);
     }
     CHECK_EQ_INT(failures, 0);

@@ -148,7 +148,7 @@ TEST(masks_equal_brute_force)
             continue;
         loaded++;
         struct gvocab *v = NULL;
-        REQUIRE(gvocab_create(&v, t, &e) == WELD_OK);
+        REQUIRE(gvocab_create(&v, t, 0, &e) == WELD_OK);
         struct gmatch *m = NULL;
         REQUIRE(gmatch_create(&m, g, &e) == WELD_OK);
         uint32_t *mask = calloc(((size_t)v->n_vocab + 31) / 32, sizeof *mask);

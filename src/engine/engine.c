@@ -21,6 +21,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "engine/constraint.h"
 #include "exec/runner.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -47,6 +48,7 @@ struct engine_req {
     struct engine_seq *seqs;     /* (r->n_seqs) */
     bool forked, abort_pending, fail_pending, counted_cached;
     bool paused;                 /* engine_pause: every sequence paused in the scheduler */
+    struct constraint *con;      /* its compiled grammar (a reference), or NULL */
     struct engine_req *prev, *next;
 };
 
@@ -68,6 +70,7 @@ struct engine {
     uint64_t seed, next_id;
     struct engine_req *head, *tail;
     int n_reqs;
+    struct constraints *cons;    /* compiled grammars, the vocabulary's bytes */
     int n_paused;                /* requests on the list with paused set */
     bool in_step;
     float *logits;               /* (cap_rows, n_vocab) */
@@ -275,6 +278,8 @@ static int engine_open_model(struct engine *eng, const struct engine_params *p,
         eng->tok = eng->own_tok;
     }
     eng->n_vocab = eng->m->cfg.n_vocab;
+    if ((rc = constraints_create(&eng->cons, eng->tok, eng->n_vocab, e)))
+        return rc;
     eng->sc.max_model_len = p->max_model_len ? p->max_model_len : eng->m->cfg.max_ctx;
     if (eng->sc.max_model_len < 1)
         return err_set(e, WELD_ERR_INVALID_ARG, "max_model_len: %d", eng->sc.max_model_len);
@@ -393,6 +398,16 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
     return WELD_OK;
 }
 
+static void req_free(struct engine *eng, struct engine_req *er)
+{
+    eng->st.mask_count += (uint64_t)er->r->n_masks;
+    eng->st.t_mask += er->r->t_masks;
+    request_free(er->r);
+    constraint_release(eng->cons, er->con);
+    wfree(er->seqs);
+    wfree(er);
+}
+
 static void req_unlink_free(struct engine *eng, struct engine_req *er)
 {
     if (er->prev)
@@ -406,9 +421,7 @@ static void req_unlink_free(struct engine *eng, struct engine_req *er)
     eng->n_reqs--;
     if (er->paused)
         eng->n_paused--;
-    request_free(er->r);
-    wfree(er->seqs);
-    wfree(er);
+    req_free(eng, er);
 }
 
 void engine_free(struct engine *eng)
@@ -423,6 +436,7 @@ void engine_free(struct engine *eng)
         req_unlink_free(eng, er);
     }
     sched_free(eng->s);
+    constraints_free(eng->cons);
     if (eng->own_prop)
         spec_proposer_free(eng->prop);
     wfree(eng->spec_asks);
@@ -509,6 +523,12 @@ static int req_build(struct engine *eng, const struct request_params *p,
         wfree(er);
         return rc;
     }
+    const struct gvocab *gv;
+    if (p->grammar && ((rc = constraint_get(eng->cons, p->grammar, &er->con, &gv, e)) ||
+                       (rc = request_constrain(er->r, constraint_grammar(er->con), gv, e)))) {
+        req_free(eng, er);
+        return rc;
+    }
     for (int i = 0; i < p->n; i++) {
         er->seqs[i].er = er;
         er->seqs[i].index = i;
@@ -549,9 +569,7 @@ int engine_add_request(struct engine *eng, const struct request_params *p,
     };
     if ((rc = sched_add(eng->s, &sp, &er->seqs[0].ss, e))) {
         eng->st.requests_rejected++;
-        request_free(r);
-        wfree(er->seqs);
-        wfree(er);
+        req_free(eng, er);
         return rc;
     }
     eng->next_id++;

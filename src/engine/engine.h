@@ -122,6 +122,9 @@ struct engine_stats {
     uint64_t spec_computed; /* positions a model proposer ran through its model */
     uint64_t spec_failures; /* its forward passes that failed */
     double t_propose;                           /* seconds inside the proposer */
+    /* constrained decoding (request_params.grammar), of finished requests */
+    uint64_t mask_count;                        /* token masks computed */
+    double t_mask;                              /* seconds computing them */
 };
 
 /* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what

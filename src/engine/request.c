@@ -12,6 +12,8 @@
 #include "core/alloc.h"
 #include "core/progress.h"
 #include "engine/stop.h"
+#include "grammar/grammar.h"
+#include "grammar/vocab.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -205,8 +207,10 @@ void request_free(struct request *r)
         stop_free(s->stop);
         wfree(s->tokens);
         wfree(s->text);
+        gmatch_free(s->gm);
     }
     wfree(r->seqs);
+    wfree(r->allow);
     for (int i = 0; i < r->p.n_stop; i++)
         wfree((char *)r->p.stop[i]);
     wfree((void *)r->p.stop);
@@ -244,6 +248,7 @@ static bool copy_params(struct request *r, const struct request_params *p)
     r->p.cache_salt = NULL;
     r->p.logit_bias_ids = NULL;
     r->p.logit_bias = NULL;
+    r->p.grammar = NULL;
     if (p->n_logit_bias) {
         int32_t *ids = wmalloc((size_t)p->n_logit_bias * sizeof *ids);
         float *b = wmalloc((size_t)p->n_logit_bias * sizeof *b);
@@ -393,6 +398,25 @@ fail:
     return rc;
 }
 
+int request_constrain(struct request *r, const struct grammar *g, const struct gvocab *v,
+                      struct weld_err *e)
+{
+    if (v->n_vocab != r->n_vocab)
+        return err_set(e, WELD_ERR_INVALID_ARG, "request: a constraint over %d tokens for a "
+                       "model of %d", v->n_vocab, r->n_vocab);
+    if (!r->allow && !(r->allow = wmalloc(((size_t)r->n_vocab + 31) / 32 * sizeof *r->allow)))
+        return err_set(e, WELD_ERR_NOMEM, "request: out of memory for a token mask");
+    for (int i = 0; i < r->n_seqs; i++) {
+        int rc;
+        gmatch_free(r->seqs[i].gm);
+        r->seqs[i].gm = NULL;
+        if ((rc = gmatch_create(&r->seqs[i].gm, g, e)))
+            return rc;
+    }
+    r->gv = v;
+    return WELD_OK;
+}
+
 int32_t request_seq_last_token(const struct request *r, int i)
 {
     const struct request_seq *s = &r->seqs[i];
@@ -495,7 +519,7 @@ static const struct sampler_edits *row_edits(struct request *r, const struct req
         }
         r->edit_vals[j] += r->p.logit_bias[k];
     }
-    *ed = (struct sampler_edits){r->edit_ids, r->edit_vals, n};
+    *ed = (struct sampler_edits){r->edit_ids, r->edit_vals, n, NULL};
     return ed;
 }
 
@@ -584,6 +608,75 @@ static bool seq_push_token(struct request_seq *s, int32_t t)
     return true;
 }
 
+/* The constraint's mask for s's next token into r->allow, less what the step's edits ban
+   (-inf: min_tokens' eog and stop ids, a -100 bias is not a ban) and eog ids under
+   ignore_eos. *any: some token is allowed. */
+static int seq_mask(struct request *r, struct request_seq *s, const struct sampler_edits *ed,
+                    bool *any, struct weld_err *e)
+{
+    const double t0 = time_now();
+    int rc = gmatch_mask(s->gm, r->gv, r->allow, e);
+    if (rc)
+        return rc;
+    for (int k = 0; ed && k < ed->n; k++)
+        if (isinf(ed->vals[k]) && ed->vals[k] < 0)
+            r->allow[ed->ids[k] / 32] &= ~(1u << (ed->ids[k] % 32));
+    for (int k = 0; r->p.ignore_eos && k < r->gv->n_eog; k++)
+        r->allow[r->gv->eog[k] / 32] &= ~(1u << (r->gv->eog[k] % 32));
+    uint32_t acc = 0;
+    for (int w = 0; w < (r->n_vocab + 31) / 32; w++)
+        acc |= r->allow[w];
+    *any = acc != 0;
+    r->n_masks++;
+    r->t_masks += time_now() - t0;
+    return WELD_OK;
+}
+
+/* Advance s's matcher over the sampled token's bytes (end-of-generation and stop ids end
+   the sequence instead). */
+static int seq_match(struct request *r, struct request_seq *s, int32_t t, struct weld_err *e)
+{
+    const struct gvocab *v = r->gv;
+    if ((!r->p.ignore_eos && r->tok && tokenizer_is_eog(r->tok, t)) || is_stop_token(r, t))
+        return WELD_OK;
+    if (!v->bytes[t] || !gmatch_accept(s->gm, (const uint8_t *)v->bytes[t], v->len[t]))
+        return err_set(e, WELD_ERR_INTERNAL, "request %llu: token %d is outside its "
+                       "constraint", (unsigned long long)r->id, (int)t);
+    return WELD_OK;
+}
+
+/* No token may follow: a complete sentence finishes "stop" (its held text flushed), an
+   incomplete one "error". */
+static int seq_constraint_end(struct request *r, struct request_seq *s, bool *finished,
+                              struct weld_err *e)
+{
+    *finished = true;
+    if (!gmatch_can_end(s->gm)) {
+        if (!r->error) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the constraint allows no token of the vocabulary "
+                     "after %d generated tokens (it needs bytes no token has)", s->n_tokens);
+            r->error = wstrdup(msg);
+        }
+        seq_finish(r, s, REQUEST_FINISH_ERROR);
+        return WELD_OK;
+    }
+    size_t used = 0;
+    bool matched;
+    int rc = text_feed(s, -1, true, &used, &matched, e);
+    if (rc)
+        return rc;
+    const char *o;
+    size_t ol;
+    stop_flush(s->stop, &o, &ol);
+    if (!text_add(s, &used, o, ol))
+        return err_set(e, WELD_ERR_NOMEM, "request: out of memory");
+    if (used && r->cb.on_delta)
+        r->cb.on_delta(r->cb.user, r->id, s->index, s->text, used, NULL, 0, NULL);
+    seq_finish(r, s, REQUEST_FINISH_STOP);
+    return WELD_OK;
+}
+
 int request_seq_step(struct request *r, int i, const float *logits,
                      const struct logits_top *top, bool at_ctx_limit, bool *finished,
                      struct weld_err *e)
@@ -595,8 +688,21 @@ int request_seq_step(struct request *r, int i, const float *logits,
     struct request_seq *s = &r->seqs[i];
     int token, rc;
     struct sampler_edits ed;
-    if ((rc = sampler_sample_ex(s->smp, logits, top, row_edits(r, s, logits, &ed), &token, e)))
+    const struct sampler_edits *edp = row_edits(r, s, logits, &ed);
+    if (s->gm) {
+        bool any;
+        if ((rc = seq_mask(r, s, edp, &any, e)))
+            return err_prefix(e, "request %llu seq %d", (unsigned long long)r->id, i);
+        if (!any)
+            return seq_constraint_end(r, s, finished, e);
+        if (!edp)
+            ed = (struct sampler_edits){0}, edp = &ed;
+        ed.allow = r->allow;
+    }
+    if ((rc = sampler_sample_ex(s->smp, logits, top, edp, &token, e)))
         return err_prefix(e, "request %llu seq %d", (unsigned long long)r->id, i);
+    if (s->gm && (rc = seq_match(r, s, token, e)))
+        return rc;
     if (!seq_push_token(s, token))
         return err_set(e, WELD_ERR_NOMEM, "request: out of memory");
     if (r->t_first_token == 0)

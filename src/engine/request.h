@@ -57,6 +57,9 @@
 struct tokenizer;
 struct stop_matcher;
 struct detok;
+struct grammar;
+struct gvocab;
+struct gmatch;
 
 #define REQUEST_MAX_N 256
 #define REQUEST_MAX_LOGPROBS 20
@@ -114,6 +117,8 @@ struct request_params {
                                         (all but the first) plus the top N */
     int priority;                    /* lower runs first under the priority policy */
     const char *cache_salt;          /* NULL or a string mixed into prefix-cache hashes */
+    const char *grammar;             /* NULL, or GBNF (grammar/) every sequence's output
+                                        must match: compiled by the engine, not copied */
 };
 
 /* One token's log-probabilities (pointers valid during the callback only). */
@@ -168,6 +173,7 @@ struct request_seq {
     int32_t stop_token;
     char *text;                      /* (cap_text) scratch for one step's delta */
     size_t cap_text;
+    struct gmatch *gm;               /* request_constrain: the output so far, matched */
 };
 
 struct request {
@@ -197,6 +203,10 @@ struct request {
     double *emb_sum;                 /* (n_emb) POOLING_MEAN: sum of the hidden states of */
     int n_emb_pos;                   /* prompt positions [0, n_emb_pos) */
     char *error;                     /* message for REQUEST_FINISH_ERROR */
+    const struct gvocab *gv;         /* request_constrain: the vocabulary's bytes */
+    uint32_t *allow;                 /* ((n_vocab + 31) / 32) one step's token mask */
+    long long n_masks;               /* masks computed, and their seconds */
+    double t_masks;
 };
 
 /* vLLM's defaults: temperature 1, max_tokens 16, n 1, logprobs off, special tokens added
@@ -217,6 +227,15 @@ int request_create(struct request **out, uint64_t id, const struct request_param
                    const int32_t *prompt, int n_prompt, const struct tokenizer *tok,
                    int n_vocab, const struct request_callbacks *cb, struct weld_err *e);
 void request_free(struct request *r);
+
+/* Constrain every sequence to sentences of g: each step samples only tokens whose bytes
+   continue a sentence (gmatch_mask), end-of-generation ids only where one may end (never
+   with ignore_eos), and a sequence whose sentence is complete and allows no more bytes
+   finishes "stop" without a token; one whose constraint allows no token of the
+   vocabulary although the sentence is incomplete finishes "error" saying so. g and v must
+   outlive r. Call before the first step. */
+int request_constrain(struct request *r, const struct grammar *g, const struct gvocab *v,
+                      struct weld_err *e);
 
 /* Sample sequence i's next token from its logits row (n_vocab floats, not modified) and
    run the output path. top: the row's largest logits from the backend (exec/logits_top.h),

@@ -23,8 +23,13 @@
  * mass reaches p, so a peaked distribution never sorts the whole vocabulary; min-p is a
  * linear filter. No full sort happens unless top-p needs most of the vocabulary.
  *
- * Deliberately not done: bad-word lists, grammar masks (they belong in front of this, as
- * edits of the logits row), and vLLM's keeping of extra tokens tied with the k-th
+ * A constraint's token mask (sampler_edits.allow) is one more edit: banned tokens count as
+ * changed (so the first pass takes only allowed candidates from top), greedy and top-k
+ * without a usable top gather just the allowed tokens (in id order, as the full pass would
+ * meet them), and the temperature path copies only chunks holding a banned token, skipping
+ * chunks with none allowed.
+ *
+ * Deliberately not done: bad-word lists and vLLM's keeping of extra tokens tied with the k-th
  * largest under top-k (exactly k survive here).
  */
 #include "engine/sampler.h"
@@ -425,6 +430,16 @@ static float penalize(const struct sampler_params *p, const struct hist_slot *h,
     return l;
 }
 
+static inline bool banned(const struct sampler_edits *ed, int32_t id)
+{
+    return ed && ed->allow && !(ed->allow[(uint32_t)id >> 5] >> ((uint32_t)id & 31) & 1u);
+}
+
+static bool has_edits(const struct sampler_edits *ed)
+{
+    return ed && (ed->n || ed->allow);
+}
+
 /* Copy logits into cand (indexed by token), apply the edits, then the penalties. */
 static int load_and_penalize(struct sampler *s, const float *logits,
                              const struct sampler_edits *ed, struct weld_err *e)
@@ -438,6 +453,12 @@ static int load_and_penalize(struct sampler *s, const float *logits,
     }
     for (int k = 0; ed && k < ed->n; k++)
         c[ed->ids[k]].v = ed->vals[k];
+    for (int w = 0; ed && ed->allow && w < (s->n_vocab + 31) / 32; w++)
+        for (uint32_t b = ~ed->allow[w]; b; b &= b - 1) {
+            const int i = w * 32 + __builtin_ctz(b);
+            if (i < s->n_vocab)
+                c[i].v = -INFINITY;
+        }
     for (int i = 0; nan && i < s->n_vocab; i++) /* an edit may have replaced it */
         if (isnan(c[i].v))
             return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
@@ -464,6 +485,8 @@ static int edit_find(const struct sampler_edits *ed, int32_t id)
 static float final_logit(const struct sampler *s, const float *logits,
                          const struct sampler_edits *ed, int32_t id)
 {
+    if (banned(ed, id))
+        return -INFINITY;
     int k = edit_find(ed, id);
     float v = k >= 0 ? ed->vals[k] : logits[id];
     if (penalties_on(&s->p)) {
@@ -476,7 +499,7 @@ static float final_logit(const struct sampler *s, const float *logits,
 
 static bool modified(const struct sampler *s, const struct sampler_edits *ed, int32_t id)
 {
-    if (edit_find(ed, id) >= 0)
+    if (banned(ed, id) || edit_find(ed, id) >= 0)
         return true;
     return penalties_on(&s->p) && hist_slot_for(s->hist, s->hist_cap, id)->token == id;
 }
@@ -595,7 +618,7 @@ static void stats_of_cand(struct sampler *s, const struct cand *c, float inv_t)
 static bool top_p_from_top(struct sampler *s, const float *logits, const struct logits_top *top,
                            const struct sampler_edits *ed, size_t *nc, double *z)
 {
-    if (!top || top->n_nan || top->n < 1 || (ed && ed->n) || penalties_on(&s->p) ||
+    if (!top || top->n_nan || top->n < 1 || has_edits(ed) || penalties_on(&s->p) ||
         isinf(top->vals[0]))
         return false;
     const float maxv = top->vals[0], inv_t = 1.0f / s->p.temperature;
@@ -636,7 +659,7 @@ static bool top_p_from_top(struct sampler *s, const float *logits, const struct 
 static bool min_p_from_top(struct sampler *s, const struct logits_top *top,
                            const struct sampler_edits *ed, size_t *nc, double *z)
 {
-    if (!top || top->n_nan || top->n < 1 || (ed && ed->n) || penalties_on(&s->p) ||
+    if (!top || top->n_nan || top->n < 1 || has_edits(ed) || penalties_on(&s->p) ||
         isinf(top->vals[0]))
         return false;
     const float maxv = top->vals[0], inv_t = 1.0f / s->p.temperature;
@@ -732,19 +755,42 @@ static int plain_modified(struct sampler *s, const struct sampler_edits *ed, int
     return WELD_OK;
 }
 
+_Static_assert(LOGITS_CHUNK % 32 == 0, "a chunk is whole mask words");
+
+/* How many of chunk c's tokens the mask allows (n: the chunk's length when no mask). */
+static int chunk_allowed(const struct sampler_edits *ed, int c, int n)
+{
+    if (!ed || !ed->allow)
+        return n;
+    const uint32_t *w = ed->allow + c * (LOGITS_CHUNK / 32);
+    int k = 0;
+    for (int i = 0; i < (n + 31) / 32; i++) {
+        uint32_t b = w[i];
+        if (n - 32 * i < 32)
+            b &= (1u << (n - 32 * i)) - 1;
+        k += __builtin_popcount(b);
+    }
+    return k;
+}
+
 /* Chunk c's values after edits and penalties: the row itself when none of mod[*mi, ...)
-   falls in it, else a copy in buf with them applied; *mi moves past the chunk's ids. */
+   falls in it and the mask allows all of it, else a copy in buf with them applied; *mi
+   moves past the chunk's ids. */
 static const float *plain_chunk(const struct sampler *s, const float *logits,
                                 const struct sampler_edits *ed, int c, int n_mod, int *mi,
                                 float *buf)
 {
     const int a = c * LOGITS_CHUNK;
     const int n = logits_chunk_len(s->n_vocab, c);
-    if (*mi >= n_mod || s->mod[*mi] >= a + n)
+    const bool masked = chunk_allowed(ed, c, n) < n;
+    if (!masked && (*mi >= n_mod || s->mod[*mi] >= a + n))
         return logits + a;
     memcpy(buf, logits + a, (size_t)n * sizeof *buf);
     for (; *mi < n_mod && s->mod[*mi] < a + n; (*mi)++)
         buf[s->mod[*mi] - a] = final_logit(s, logits, ed, s->mod[*mi]);
+    for (int j = 0; masked && j < n; j++)
+        if (banned(ed, a + j))
+            buf[j] = -INFINITY;
     return buf;
 }
 
@@ -764,7 +810,7 @@ static int plain_weights(struct sampler *s, const float *logits, const struct lo
     const bool from_top = top && top->inv_t == inv_t && top->chunk_max && top->n_nan == 0;
     if (!from_top)
         for (int i = 0; i < s->n_vocab; i++)
-            if (isnan(logits[i]) && edit_find(ed, i) < 0)
+            if (isnan(logits[i]) && edit_find(ed, i) < 0 && !banned(ed, i))
                 return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
     const struct gemm_ops *go = gemm_ops_get();
     float buf[LOGITS_CHUNK];
@@ -772,6 +818,12 @@ static int plain_weights(struct sampler *s, const float *logits, const struct lo
     for (int c = 0, mi = 0; c < nch; c++) {
         const int a = c * LOGITS_CHUNK, was = mi;
         const int n = logits_chunk_len(s->n_vocab, c);
+        if (!chunk_allowed(ed, c, n)) { /* nothing allowed: no weight */
+            while (mi < *n_mod && s->mod[mi] < a + n)
+                mi++;
+            s->cmax[c] = -INFINITY, s->csum[c] = 0.0f;
+            continue;
+        }
         const float *v = plain_chunk(s, logits, ed, c, *n_mod, &mi, buf);
         if (v == buf) {
             for (int k = was; k < mi; k++)
@@ -856,6 +908,30 @@ static void plain_probs(struct sampler *s, const float *logits, int n_mod, doubl
     }
 }
 
+/* Greedy and top-k under a mask without a usable top: only the allowed tokens, in id
+   order, after edits and penalties, into cand[0, *n) (the banned ones are -inf and would
+   never be drawn). At least one token is allowed. */
+static int load_allowed(struct sampler *s, const float *logits, const struct sampler_edits *ed,
+                        size_t *n, struct weld_err *e)
+{
+    struct cand *c = s->cand;
+    size_t k = 0;
+    for (int w = 0; w < (s->n_vocab + 31) / 32; w++)
+        for (uint32_t b = ed->allow[w]; b; b &= b - 1) {
+            const int32_t i = w * 32 + __builtin_ctz(b);
+            if (i >= s->n_vocab)
+                break;
+            const float v = final_logit(s, logits, ed, i);
+            if (isnan(v))
+                return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
+            c[k++] = (struct cand){v, i};
+        }
+    if (!k)
+        return err_set(e, WELD_ERR_INVALID_ARG, "sampler: the mask allows no token");
+    *n = k;
+    return WELD_OK;
+}
+
 /* Run steps 3-6 of sampler.h into s->cand[0, *nc) with weights summing to *z; for greedy
    *nc = 1 and the weight is 1. With top-k the survivors are in rank order (best first),
    so the sums and the draw below do not depend on how they were found. */
@@ -884,6 +960,23 @@ static int build_candidates(struct sampler *s, const float *logits,
     if ((greedy || topk) && load_from_top(s, logits, top, ed, greedy ? 1 : (size_t)s->p.top_k)) {
         n = greedy ? 1 : (size_t)s->p.top_k; /* sorted: the best is c[0] */
         s->top_hits++;
+    } else if ((greedy || topk) && ed && ed->allow) {
+        int rc = load_allowed(s, logits, ed, &n, e);
+        if (rc != WELD_OK)
+            return rc;
+        for (size_t i = 1; i < n; i++)
+            if (c[i].v > c[best].v)
+                best = i;
+        if (!greedy) {
+            if (isinf(c[best].v))
+                return err_set(e, WELD_ERR_INVALID_ARG, "sampler: logits[%d] is %s",
+                               c[best].v > 0 ? c[best].i : 0, /* the full pass's words */
+                               c[best].v > 0 ? "+inf" : "-inf, as is every logit");
+            const size_t k = (size_t)s->p.top_k < n ? (size_t)s->p.top_k : n;
+            cand_top_sorted(c, n, k);
+            n = k;
+            best = 0;
+        }
     } else {
         int rc = load_and_penalize(s, logits, ed, e);
         if (rc != WELD_OK)

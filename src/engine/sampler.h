@@ -94,11 +94,14 @@ int sampler_accept(struct sampler *s, int token, bool is_prompt);
    (outside greedy), or every logit -inf (outside greedy). */
 int sampler_sample(struct sampler *s, const float *logits, int *token, struct weld_err *e);
 /* What a request changes in a raw logits row before sampling: token ids[k]'s logit becomes
-   vals[k] (each id once, in [0, n_vocab); -INFINITY bans a token). */
+   vals[k] (each id once, in [0, n_vocab); -INFINITY bans a token); then, with allow (a
+   constraint's token mask, (n_vocab + 31) / 32 words; NULL: none), every token whose bit
+   is clear gets -INFINITY. The caller makes sure some allowed token is finite. */
 struct sampler_edits {
     const int32_t *ids;
     const float *vals;
     int n;
+    const uint32_t *allow;
 };
 
 /* sampler_sample on logits with edits ed applied (NULL: none), taking the best tokens from

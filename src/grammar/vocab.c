@@ -22,11 +22,12 @@ static int by_bytes(const void *a, const void *b)
     return lx != ly ? (lx < ly ? -1 : 1) : (x > y) - (x < y);
 }
 
-int gvocab_create(struct gvocab **out, const struct tokenizer *t, struct weld_err *e)
+int gvocab_create(struct gvocab **out, const struct tokenizer *t, int n_vocab,
+                  struct weld_err *e)
 {
     *out = NULL;
     struct gvocab *v = wcalloc(1, sizeof *v);
-    const int n = tokenizer_n_vocab(t);
+    const int n_tok = tokenizer_n_vocab(t), n = n_vocab > n_tok ? n_vocab : n_tok;
     if (!v)
         return err_set(e, WELD_ERR_NOMEM, "grammar: out of memory");
     v->n_vocab = n;
@@ -36,7 +37,7 @@ int gvocab_create(struct gvocab **out, const struct tokenizer *t, struct weld_er
     v->lcp = wmalloc(sizeof *v->lcp * ((size_t)n + 1));
     v->eog = wmalloc(sizeof *v->eog * ((size_t)n + 1));
     int rc = !v->bytes || !v->len || !v->order || !v->lcp || !v->eog ? WELD_ERR_NOMEM : WELD_OK;
-    for (int32_t id = 0; rc == WELD_OK && id < n; id++) {
+    for (int32_t id = 0; rc == WELD_OK && id < n_tok; id++) {
         if (tokenizer_is_eog(t, id)) { /* ends the generation: never text */
             v->eog[v->n_eog++] = id;
             continue;

@@ -32,7 +32,10 @@ struct gvocab {
     uint32_t max_len;
 };
 
-int gvocab_create(struct gvocab **out, const struct tokenizer *t, struct weld_err *e);
+/* n_vocab: the model's vocabulary when larger than the tokenizer's (a padded LM head: the
+   ids past the tokenizer's are never allowed); else 0. */
+int gvocab_create(struct gvocab **out, const struct tokenizer *t, int n_vocab,
+                  struct weld_err *e);
 void gvocab_free(struct gvocab *v);
 
 /* Bit i of mask ((n_vocab + 31) / 32 words): token i may come next from m's state. */
