@@ -297,17 +297,9 @@ TEST(api_ranges)
 TEST(unimplemented_fields_refused)
 {
     const char *const bad[][2] = {
-        {"\"response_format\": {\"type\": \"json_object\"}", "'response_format'"},
-        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {}}",
-         "'response_format'"},
         {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "'tools'"},
         {"\"tool_choice\": \"auto\"", "'tool_choice'"},
         {"\"tool_choice\": {\"type\": \"function\"}", "'tool_choice'"},
-        {"\"guided_json\": {}", "'guided_json'"},
-        {"\"guided_regex\": \"a+\"", "'guided_regex'"},
-        {"\"guided_choice\": [\"a\"]", "'guided_choice'"},
-        {"\"guided_grammar\": \"root ::= x\"", "'guided_grammar'"},
-        {"\"structured_outputs\": {\"json\": {}}", "'structured_outputs'"},
         {"\"suffix\": \"end\"", "'suffix'"},
         {"\"best_of\": 3", "'best_of'"},
         {"\"use_beam_search\": true", "'use_beam_search'"},
@@ -325,6 +317,65 @@ TEST(unimplemented_fields_refused)
                   "\"tool_choice\": \"none\", \"best_of\": 2, \"n\": 2}", &l) ==
             WELD_OK);
     batch_line_release(&l);
+}
+
+/* The structured-output fields become p.grammar; bad ones are refused naming the field
+   and where in it the problem is */
+TEST(structured_output_fields)
+{
+    const char *const good[][2] = {
+        {"\"response_format\": {\"type\": \"json_object\"}", "root ::="},
+        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
+         "\"x\", \"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+         "\"integer\"}}}, \"strict\": true}}",
+         "integer"},
+        {"\"guided_json\": \"{\\\"enum\\\": [1, 2]}\"", "root ::="},
+        {"\"guided_regex\": \"a+b\"", "root ::="},
+        {"\"guided_choice\": [\"yes\", \"no \\\"way\\\"\"]", "\"no \\\"way\\\"\""},
+        {"\"guided_grammar\": \"root ::= [a-z]+\"", "root ::= [a-z]+"},
+        {"\"structured_outputs\": {\"choice\": [\"a\"], \"backend\": \"auto\"}", "\"a\""},
+        {"\"structured_outputs\": {\"json_object\": true}", "root ::="},
+        {"\"grammar\": \"root ::= \\\"x\\\"\"", "root ::= \"x\""},
+        {"\"json_schema\": {\"type\": \"boolean\"}", "root ::="},
+        {"\"response_format\": {\"type\": \"text\"}, \"guided_regex\": \"x\"", "root ::="},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char line[512];
+        snprintf(line, sizeof line, "{\"prompt\": \"p\", %s}", good[i][0]);
+        struct batch_line l;
+        if (parse(line, &l) != WELD_OK || !l.p.grammar || !strstr(l.p.grammar, good[i][1])) {
+            fprintf(stderr, "  %s: %s\n", good[i][0], l.p.grammar ? l.p.grammar : "(none)");
+            CHECK(0);
+        }
+        batch_line_release(&l);
+    }
+    struct batch_line l;
+    REQUIRE(parse("{\"prompt\": \"p\", \"response_format\": {\"type\": \"text\"}}", &l) == WELD_OK);
+    CHECK(l.p.grammar == NULL);
+    batch_line_release(&l);
+    const char *const bad[][2] = {
+        {"\"response_format\": {\"type\": \"yaml\"}", "'response_format.type'"},
+        {"\"response_format\": {\"type\": \"json_schema\"}", "'response_format.json_schema'"},
+        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
+         "{\"properties\": {\"a\": {\"not\": {}}}}}}",
+         "at /properties/a: \"not\" is not supported"},
+        {"\"guided_json\": 3", "'guided_json': expected a JSON Schema"},
+        {"\"guided_json\": \"{\\\"type\\\": \"", "not JSON"},
+        {"\"guided_regex\": \"a(b\"", "'guided_regex'"},
+        {"\"guided_regex\": \"(?<=a)b\"", "offset"},
+        {"\"guided_choice\": []", "non-empty array"},
+        {"\"guided_choice\": [\"a\", 2]", "'guided_choice[1]'"},
+        {"\"guided_grammar\": 5", "GBNF"},
+        {"\"guided_json\": {}, \"guided_regex\": \"a\"", "give one"},
+        {"\"structured_outputs\": {\"json\": {}, \"regex\": \"a\"}", "give one"},
+        {"\"structured_outputs\": {\"structural_tag\": {}}", "structural_tag"},
+        {"\"guided_whitespace_pattern\": \" \"", "guided_whitespace_pattern"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[512];
+        snprintf(line, sizeof line, "{\"prompt\": \"p\", %s}", bad[i][0]);
+        expect_fail(line, bad[i][1]);
+    }
 }
 
 TEST(bad_json)
@@ -403,6 +454,7 @@ int main(void)
     RUN(unknown_fields_ignored);
     RUN(api_ranges);
     RUN(unimplemented_fields_refused);
+    RUN(structured_output_fields);
     RUN(bad_json);
     RUN(messages);
     RUN(request_parse_object);

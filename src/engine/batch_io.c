@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "engine/structured.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -294,19 +295,6 @@ static bool str_is(const json_t *v, const char *s)
    anything but their neutral value (null, false, "" or as noted). */
 static int refused(const json_t *o, struct weld_err *e)
 {
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
-                                         "guided_grammar", "structured_outputs",
-                                         "guided_decoding", "grammar", "json_schema"};
-    for (size_t i = 0; i < sizeof guided / sizeof guided[0]; i++) {
-        const json_t *v = json_object_get(o, guided[i]);
-        if (v && !json_is_null(v))
-            return err_set(e, WELD_ERR_UNSUPPORTED, "field '%s': guided decoding and "
-                           "structured outputs are not supported by weld", guided[i]);
-    }
-    const json_t *rf = json_object_get(o, "response_format");
-    if (rf && !json_is_null(rf) && !str_is(json_object_get(rf, "type"), "text"))
-        return err_set(e, WELD_ERR_UNSUPPORTED, "field 'response_format': only {\"type\": "
-                       "\"text\"} is supported (weld has no JSON mode or structured outputs)");
     const json_t *tc = json_object_get(o, "tool_choice");
     if (tc && !json_is_null(tc) && !str_is(tc, "none"))
         return err_set(e, WELD_ERR_UNSUPPORTED, "field 'tool_choice': only \"none\" is "
@@ -354,22 +342,24 @@ static int refused(const json_t *o, struct weld_err *e)
 static void list_unknown(const json_t *o, struct batch_line *l)
 {
     static const char *const known[] = {
-        "model", "prompt", "messages", "prompt_token_ids", "max_tokens",
-        "max_completion_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p",
-        "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "stop",
-        "stop_token_ids", "logit_bias", "ignore_eos", "n", "logprobs", "top_logprobs",
-        "priority", "cache_salt", "include_stop_str_in_output", "skip_special_tokens",
-        "add_special_tokens", "stream", "stream_options", "echo", "add_generation_prompt",
-        "chat_template_kwargs", "id", "user", "metadata", "store", "service_tier",
-        "request_id", "parallel_tool_calls", "spaces_between_special_tokens",
-        "mm_processor_kwargs", "custom_id", "method", "url", "body", /* batch envelope */
+        "model", "prompt", "messages", "prompt_token_ids", "max_tokens", "max_completion_tokens",
+        "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+        "frequency_penalty", "presence_penalty", "seed", "stop", "stop_token_ids", "logit_bias",
+        "ignore_eos", "n", "logprobs", "top_logprobs", "priority", "cache_salt",
+        "include_stop_str_in_output", "skip_special_tokens", "add_special_tokens", "stream",
+        "stream_options", "echo", "add_generation_prompt", "chat_template_kwargs", "id", "user",
+        "metadata", "store", "service_tier", "request_id", "parallel_tool_calls",
+        "spaces_between_special_tokens", "mm_processor_kwargs", "custom_id", "method", "url",
+        "body", /* batch envelope */
+        /* structured outputs (engine/structured.h) */
+        "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+        "guided_whitespace_pattern", "structured_outputs", "grammar", "json_schema",
+        "response_format",
         /* refused unless neutral (see refused()) */
-        "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "structured_outputs", "guided_decoding", "grammar", "json_schema", "response_format",
         "tool_choice", "tools", "functions", "function_call", "suffix", "allowed_token_ids",
-        "bad_words", "logits_processors", "truncate_prompt_tokens", "chat_template",
-        "documents", "audio", "prompt_embeds", "use_beam_search",
-        "continue_final_message", "return_tokens_as_token_ids", "best_of", "modalities"};
+        "bad_words", "logits_processors", "truncate_prompt_tokens", "chat_template", "documents",
+        "audio", "prompt_embeds", "use_beam_search", "continue_final_message",
+        "return_tokens_as_token_ids", "best_of", "modalities"};
     size_t w = 0;
     const char *k;
     const json_t *v;
@@ -402,8 +392,10 @@ static int parse_object(const json_t *o, struct batch_line *l, struct weld_err *
     }
     if (!rc && !(rc = get_stop(o, l, e)) && !(rc = get_logit_bias(o, l, e)) &&
         !(rc = get_floats(o, &l->p, e)) && !(rc = get_ints(o, &l->p, e)) &&
-        !(rc = get_flags(o, &l->p, e)) && !(rc = api_ranges(&l->p, json_is_true(json_object_get(o, "echo")), e)))
-        rc = refused(o, e);
+        !(rc = get_flags(o, &l->p, e)) &&
+        !(rc = api_ranges(&l->p, json_is_true(json_object_get(o, "echo")), e)) &&
+        !(rc = refused(o, e)) && !(rc = structured_gbnf(o, &l->gbnf, e)))
+        l->p.grammar = l->gbnf;
     if (!rc)
         list_unknown(o, l);
     return rc;
@@ -458,6 +450,7 @@ void batch_line_release(struct batch_line *l)
     wfree((void *)l->stops);
     wfree(l->bias_ids);
     wfree(l->bias);
+    wfree(l->gbnf);
     json_decref(l->root);
     memset(l, 0, sizeof *l);
     l->p = request_params_default();

@@ -10,10 +10,11 @@
  * presence_penalty, seed, stop (string or array), stop_token_ids, logit_bias (an object
  * {"token id": bias}), ignore_eos, n, logprobs
  * (int, or true with top_logprobs), priority, cache_salt, include_stop_str_in_output,
- * skip_special_tokens, add_special_tokens. JSON null is "absent". Fields that would
- * change the output but are not implemented (response_format other than text, tools
- * unless tool_choice is "none", tool_choice other than "none", guided_* and
- * structured_outputs, suffix, best_of above n, beam search, ...) are refused, naming the
+ * skip_special_tokens, add_special_tokens, and the structured-output fields
+ * (response_format, structured_outputs, guided_*: engine/structured.h, compiled to
+ * p.grammar). JSON null is "absent". Fields that would
+ * change the output but are not implemented (tools unless tool_choice is "none",
+ * tool_choice other than "none", suffix, best_of above n, beam search, ...) are refused, naming the
  * field; other unknown keys are ignored and listed in batch_line.unknown
  * (batch_line_parse logs the first line that has any, once per process).
  *
@@ -53,6 +54,7 @@ struct batch_line {
     const char **stops;       /* (p.n_stop) pointers into root */
     int32_t *bias_ids;        /* (p.n_logit_bias) */
     float *bias;              /* (p.n_logit_bias) */
+    char *gbnf;               /* p.grammar: the structured-output constraint, or NULL */
     char unknown[256];        /* "" or the ignored unknown keys, ", "-separated (cut: ", ...") */
 };
 

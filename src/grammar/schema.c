@@ -37,8 +37,7 @@
 #define WS_MAX 4
 #define MAX_DEPTH 64
 
-/* s as a GBNF "literal" (quotes, backslashes and control bytes escaped). */
-static void put_literal(struct strbuf *o, const char *s, size_t n)
+void grammar_gbnf_literal(struct strbuf *o, const char *s, size_t n)
 {
     strbuf_put(o, "\"", 1);
     for (size_t i = 0; i < n; i++) {
@@ -285,7 +284,7 @@ static int schema_rule(struct conv *c, const json_t *s, const char *path, int de
             if (!js)
                 return c->o.oom = true, -1;
             strbuf_put(&c->o, i ? " | " : "", i ? 3 : 0);
-            put_literal(&c->o, js, strlen(js));
+            grammar_gbnf_literal(&c->o, js, strlen(js));
             free(js);
         }
         strbuf_put(&c->o, "\n", 1);
@@ -419,7 +418,7 @@ static int object_rule(struct conv *c, const json_t *s, const char *path, int de
             if (!q)
                 return c->o.oom = true, -1;
             strbuf_printf(&c->o, "( %s", after ? "ws \",\" ws " : "");
-            put_literal(&c->o, q, strlen(q));
+            grammar_gbnf_literal(&c->o, q, strlen(q));
             free(q);
             strbuf_printf(&c->o, " ws \":\" ws r%d r%d )", kid[at], base + 2 * (at + 1) + 1);
             if (!need[at]) /* or skipped */
@@ -584,6 +583,12 @@ static int type_rule(struct conv *c, const json_t *s, const char *type, const ch
 
 int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, struct weld_err *e)
 {
+    return grammar_gbnf_json_schema_rule(text, len, "root", gbnf, e);
+}
+
+int grammar_gbnf_json_schema_rule(const char *text, size_t len, const char *rule, char **gbnf,
+                                  struct weld_err *e)
+{
     *gbnf = NULL;
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_DECODE_ANY, &je);
@@ -594,7 +599,7 @@ int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, str
     int top = schema_rule(&c, root, "", 0);
     if (top >= 0 && !c.rc) {
         use(&c, P_WS);
-        strbuf_printf(&c.o, "root ::= ws r%d ws\n", top);
+        strbuf_printf(&c.o, "%s ::= ws r%d ws\n", rule, top);
         for (int p = 0; p < P_N; p++)
             if (c.used >> p & 1)
                 strbuf_printf(&c.o, "%s ::= %s\n", prim_name[p], prim_rule[p]);
@@ -604,7 +609,7 @@ int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, str
         c.rc = err_set(e, WELD_ERR_NOMEM, "json_schema: out of memory");
     if (!c.rc) { /* a $ref cycle with nothing between (a schema that is only itself) */
         struct grammar *g = NULL;
-        if (grammar_parse_gbnf(&g, c.o.p, c.o.n, NULL, e) != WELD_OK) {
+        if (grammar_parse_gbnf(&g, c.o.p, c.o.n, rule, e) != WELD_OK) {
             char why[sizeof e->msg];
             snprintf(why, sizeof why, "%s", e->msg);
             c.rc = err_set(e, WELD_ERR_INVALID_ARG,

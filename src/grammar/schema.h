@@ -12,5 +12,14 @@
    white space included; *gbnf is allocated (wfree it). Errors name the keyword and its
    path in the schema. */
 int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, struct weld_err *e);
+/* The same with the start rule named rule, to embed in a larger grammar (tool calls): the
+   other rules are `rN` and the primitives' names (ws, string, value, ...), so a grammar
+   holds one such schema. */
+int grammar_gbnf_json_schema_rule(const char *text, size_t len, const char *rule, char **gbnf,
+                                  struct weld_err *e);
+/* s[0, n) as a GBNF literal ("..." with quotes, backslashes and control bytes escaped),
+   appended to *o. */
+struct strbuf;
+void grammar_gbnf_literal(struct strbuf *o, const char *s, size_t n);
 
 #endif

@@ -7,9 +7,10 @@
  * template, add_generation_prompt, and tokenized with no second BOS when the template
  * already wrote one), the sampling parameters read by engine/batch_io.h (so `weld batch`
  * and the server accept the same fields) and checked by request_params_check(), and the
- * prompt-length limit applied. Values outside the OpenAI / vLLM ranges and fields that
- * would change the output but are not implemented (response_format other than text,
- * tools unless tool_choice is "none", guided_*, ...) are a 400 naming the field; other
+ * prompt-length limit applied; the structured-output fields (response_format,
+ * structured_outputs, guided_*) become the request's grammar (engine/structured.h). Values
+ * outside the OpenAI / vLLM ranges and fields that would change the output but are not
+ * implemented are a 400 naming the field; other
  * unknown fields are ignored with one warning line per request. A failure fills struct
  * server_error: HTTP status, OpenAI error type, the offending parameter and a message
  * naming the field and the limit.
@@ -24,8 +25,7 @@
  * text_offset) or the chat shape (content: [{token, logprob, bytes, top_logprobs}]).
  *
  * Not supported (answered with 400 naming them, never silently ignored): non-text content
- * parts, tool calling (tools are rendered only with tool_choice "none"), structured
- * outputs, echo on chat.
+ * parts, tool calling (tools are rendered only with tool_choice "none"), echo on chat.
  *
  * Echo (completions) returns the prompt text; with logprobs also the prompt tokens'
  * logprobs before the completion's (vLLM's prompt_logprobs, the first token's null), and

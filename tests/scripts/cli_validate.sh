@@ -35,14 +35,14 @@ expect_contains "$(cat "$tmp/pre.err")" "in all" "preemption summary line"
 {
   echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "top_a": 1, "mirostat": 2}'
   echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 2.5}'
-  echo '{"prompt": "Once upon a time", "max_tokens": 4, "response_format": {"type": "json_object"}}'
+  echo '{"prompt": "Once upon a time", "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "not": {}}}}}'
   echo '{"prompt": "Once upon a time", "max_tokens": 4, "top_k": -3}'
   echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "other_unknown": 1}'
 } > "$tmp/val.jsonl"
 "$weld" batch -m "$model" --input "$tmp/val.jsonl" --output "$tmp/val.out" 2> "$tmp/val.err"
 out=$(cat "$tmp/val.out")
 expect_contains "$out" "field 'temperature': 2.5, must be in [0, 2]" "batch: temperature range"
-expect_contains "$out" "field 'response_format'" "batch: response_format refused"
+expect_contains "$out" "field 'response_format.json_schema.schema': json_schema: at /: \\\"not\\\" is not supported" "batch: an unsupported schema keyword refused"
 expect_contains "$out" "field 'top_k': -3" "batch: top_k range"
 expect_eq "$(grep -c '"error"' "$tmp/val.out")" "3" "batch: three lines refused"
 expect_eq "$(grep -c 'ignoring unknown fields' "$tmp/val.err")" "1" "batch: one unknown-field warning"
