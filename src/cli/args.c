@@ -47,6 +47,7 @@ static const struct {
     const char *alias, *name;
 } aliases[] = {
     {"md", "model-draft"},
+    {"jf", "json-schema-file"},
 };
 
 static const char *alias_of(const char *name)

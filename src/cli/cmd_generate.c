@@ -26,8 +26,10 @@
 #include "core/err.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/mfile.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "grammar/schema.h"
 #include "model/model.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -48,6 +50,7 @@ struct gen_opts {
     int64_t seed;
     bool chat, no_echo, ignore_eos, no_special, show_ids, interactive;
     const char *spec_config, *model_draft;
+    const char *grammar, *grammar_file, *json_schema, *json_schema_file;
     struct cli_exec_opts exec;
 };
 
@@ -121,6 +124,48 @@ static int prompt_limit_error(const struct engine *eng, const struct request_par
 
 /* Queue the request, then (only once it is accepted) say the seed, echo the prompt and run
    it to completion. */
+/* --grammar / --grammar-file / --json-schema / --json-schema-file: the GBNF constraining
+   the output into *gbnf (NULL: none). */
+static int gen_constraint(const struct gen_opts *o, char **gbnf, struct weld_err *e)
+{
+    *gbnf = NULL;
+    const char *flag = NULL;
+    const char *const given[][2] = {{"--grammar", o->grammar},
+                                    {"--grammar-file", o->grammar_file},
+                                    {"--json-schema", o->json_schema},
+                                    {"--json-schema-file", o->json_schema_file}};
+    int which = -1;
+    for (int i = 0; i < 4; i++)
+        if (given[i][1]) {
+            if (flag)
+                return err_set(e, WELD_ERR_INVALID_ARG,
+                               "%s and %s both constrain the "
+                               "output; give one",
+                               flag, given[i][0]);
+            flag = given[i][0], which = i;
+        }
+    if (which < 0)
+        return WELD_OK;
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+    if (which % 2) {
+        if ((rc = file_read_all(given[which][1], &text, &len, e)))
+            return err_prefix(e, "%s", flag);
+    } else {
+        len = strlen(given[which][1]);
+        if (!(text = wstrdup(given[which][1])))
+            return err_set(e, WELD_ERR_NOMEM, "out of memory");
+    }
+    if (which < 2) {
+        *gbnf = text;
+        return WELD_OK;
+    }
+    rc = grammar_gbnf_from_json_schema(text, len, gbnf, e);
+    wfree(text);
+    return rc ? err_prefix(e, "%s", flag) : WELD_OK;
+}
+
 static int run(struct engine *eng, const struct request_params *rp, struct gen_state *g,
                struct weld_err *e)
 {
@@ -314,6 +359,12 @@ int cmd_generate(int argc, char **argv)
          "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}', method \"mtp\" (DeepSeek's MTP layer) or '{\"model\": \"draft.gguf\"}' (same output, fewer steps)"},
         {"model-draft", 0, OPT_STR, &o.model_draft, "MODEL",
          "draft model for speculative decoding, greedy guesses checked by the model (same output)"},
+        {"grammar", 0, OPT_STR, &o.grammar, "GBNF",
+         "constrain the output to a GBNF grammar (llama.cpp's notation, start rule root)"},
+        {"grammar-file", 0, OPT_STR, &o.grammar_file, "FILE", "--grammar from a file"},
+        {"json-schema", 'j', OPT_STR, &o.json_schema, "SCHEMA",
+         "constrain the output to JSON matching a JSON Schema, e.g. '{\"type\": \"object\"}'"},
+        {"json-schema-file", 0, OPT_STR, &o.json_schema_file, "FILE", "--json-schema from a file"},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     struct cli_opt opts[N_BASE + CLI_EXEC_N_OPTS];
@@ -383,6 +434,9 @@ int cmd_generate(int argc, char **argv)
     }
     if (rc == WELD_OK && o.file && (rc = read_prompt(o.file, &file_prompt, &e)) == WELD_OK)
         o.prompt = file_prompt;
+    char *gbnf = NULL;
+    if (rc == WELD_OK)
+        rc = gen_constraint(&o, &gbnf, &e);
     if (rc == WELD_OK && implicit_stdin && !*o.prompt)
         rc = err_set(&e, WELD_ERR_INVALID_ARG, "no prompt: standard input is empty; give "
                      "-p TEXT or -f FILE (-p \"\" for an empty prompt)");
@@ -430,6 +484,7 @@ int cmd_generate(int argc, char **argv)
            context ends it (a sequence never outgrows --ctx) */
         rp.max_tokens = o.n_predict > 0 ? o.n_predict : o.n_predict == 0 ? 1 : o.ctx;
         rp.ignore_eos = o.ignore_eos;
+        rp.grammar = gbnf;
         rc = run(eng, &rp, &g, &e);
         end_text(&g);
         if (rc == WELD_OK) {
@@ -455,6 +510,7 @@ int cmd_generate(int argc, char **argv)
     }
     json_decref(msgs);
     wfree(tmpl);
+    wfree(gbnf);
     engine_free(eng);
     model_free(m);
     wfree(file_prompt);

@@ -6,6 +6,7 @@
  * (the embeddings' pooling, llama.cpp's --pooling and vLLM's pooling_type: last or mean),
  * --disable-log-requests; weld's own: --max-body, --send-timeout, --max-connections,
  * --max-connections-per-client, --stream-buffer-size, --stream-stall-timeout, --log-prompts;
+ * tool calling as vLLM: --tool-call-parser NAME, --enable-auto-tool-choice;
  * plus the engine flags every engine command shares
  * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
@@ -15,6 +16,7 @@
 #include "cli/cli.h"
 #include "core/err.h"
 #include "server/server.h"
+#include "server/tools.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -33,23 +35,42 @@ int cmd_serve(int argc, char **argv)
     uint64_t stream_buffer = so.stream_buffer;
     float stall = (float)so.stream_stall_timeout;
     bool no_log = false;
+    const char *tool_parser = NULL;
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
-        {"served-model-name", 0, OPT_STR, &so.served_model_name, "NAME", "model name clients use (default: the model path)"},
-        {"api-key", 0, OPT_STRS, &keys, "KEY", "require 'Authorization: Bearer KEY' (repeat for more keys; default: none)"},
-        {"api-key-file", 0, OPT_STR, &so.api_key_file, "FILE", "more API keys, one a line (keeps them out of ps)"},
-        {"chat-template", 0, OPT_STR, &so.chat_template, "FILE|NAME", "Jinja chat template file or a builtin (chatml, llama2, llama3, mistral, qwen, gemma) overriding the model's"},
-        {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S", "seconds running requests get after SIGTERM (default 30)"},
-        {"max-body", 0, OPT_SIZE, &max_body, "BYTES", "request body limit (default 8M; 413 beyond)"},
-        {"send-timeout", 0, OPT_FLOAT, &send_timeout, "S", "drop a client silent S s while sending, idle or not reading (default 15; never cuts a running request)"},
-        {"max-connections", 0, OPT_INT, &so.max_connections, "N", "connections held at once (default 1000; 1/16 kept for /health and /metrics)"},
-        {"max-connections-per-client", 0, OPT_INT, &so.max_connections_per_client, "N", "connections one client address may hold (default 256; 0: no limit; 429 beyond)"},
-        {"pooling-type", 0, OPT_STR, &pooling, "TYPE", "/v1/embeddings pooling: last (default) or mean"},
-        {"stream-buffer-size", 0, OPT_SIZE, &stream_buffer, "BYTES", "bytes queued for a client that stops reading before its stream is paused (default 1M; 0: no cap)"},
-        {"stream-stall-timeout", 0, OPT_FLOAT, &stall, "S", "seconds a paused stream waits for its client before it is aborted (default 60; 0: forever)"},
-        {"disable-log-requests", 0, OPT_FLAG, &no_log, NULL, "no access-log line per request on stderr"},
-        {"log-prompts", 0, OPT_FLAG, &so.log_prompts, NULL, "add the prompt text to each access-log line (default: never logged)"},
+        {"served-model-name", 0, OPT_STR, &so.served_model_name, "NAME",
+         "model name clients use (default: the model path)"},
+        {"api-key", 0, OPT_STRS, &keys, "KEY",
+         "require 'Authorization: Bearer KEY' (repeat for more keys; default: none)"},
+        {"api-key-file", 0, OPT_STR, &so.api_key_file, "FILE",
+         "more API keys, one a line (keeps them out of ps)"},
+        {"chat-template", 0, OPT_STR, &so.chat_template, "FILE|NAME",
+         "Jinja chat template file or a builtin (chatml, llama2, llama3, mistral, qwen, gemma) overriding the model's"},
+        {"shutdown-timeout", 0, OPT_FLOAT, &grace, "S",
+         "seconds running requests get after SIGTERM (default 30)"},
+        {"max-body", 0, OPT_SIZE, &max_body, "BYTES",
+         "request body limit (default 8M; 413 beyond)"},
+        {"send-timeout", 0, OPT_FLOAT, &send_timeout, "S",
+         "drop a client silent S s while sending, idle or not reading (default 15; never cuts a running request)"},
+        {"max-connections", 0, OPT_INT, &so.max_connections, "N",
+         "connections held at once (default 1000; 1/16 kept for /health and /metrics)"},
+        {"max-connections-per-client", 0, OPT_INT, &so.max_connections_per_client, "N",
+         "connections one client address may hold (default 256; 0: no limit; 429 beyond)"},
+        {"pooling-type", 0, OPT_STR, &pooling, "TYPE",
+         "/v1/embeddings pooling: last (default) or mean"},
+        {"stream-buffer-size", 0, OPT_SIZE, &stream_buffer, "BYTES",
+         "bytes queued for a client that stops reading before its stream is paused (default 1M; 0: no cap)"},
+        {"stream-stall-timeout", 0, OPT_FLOAT, &stall, "S",
+         "seconds a paused stream waits for its client before it is aborted (default 60; 0: forever)"},
+        {"disable-log-requests", 0, OPT_FLAG, &no_log, NULL,
+         "no access-log line per request on stderr"},
+        {"log-prompts", 0, OPT_FLAG, &so.log_prompts, NULL,
+         "add the prompt text to each access-log line (default: never logged)"},
+        {"tool-call-parser", 0, OPT_STR, &tool_parser, "NAME",
+         "read tool calls out of chat answers: hermes (qwen), llama3_json, mistral or deepseek_v3"},
+        {"enable-auto-tool-choice", 0, OPT_FLAG, &so.auto_tool_choice, NULL,
+         "let the model decide when to call tools (tool_choice \"auto\"; needs --tool-call-parser)"},
     };
     struct cli_opt opts[CLI_ENGINE_N_OPTS + sizeof extra / sizeof extra[0]];
     int n = cli_engine_opts_table(&eo, opts);
@@ -85,6 +106,18 @@ int cmd_serve(int argc, char **argv)
         return 2;
     }
     so.pooling = strcmp(pooling, "mean") ? REQUEST_POOLING_LAST : REQUEST_POOLING_MEAN;
+    if (tool_parser && !tool_parser_from_name(tool_parser, &so.tool_parser)) {
+        fprintf(stderr, "weld serve: --tool-call-parser %s: expected one of %s\n", tool_parser,
+                tool_parser_names());
+        return 2;
+    }
+    if (so.auto_tool_choice && so.tool_parser == TOOL_PARSER_NONE) {
+        fprintf(stderr,
+                "weld serve: --enable-auto-tool-choice needs --tool-call-parser NAME "
+                "(%s)\n",
+                tool_parser_names());
+        return 2;
+    }
     if (!(stall >= 0)) {
         fprintf(stderr, "weld serve: --stream-stall-timeout must be >= 0 (0: wait forever)\n");
         return 2;

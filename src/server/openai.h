@@ -24,8 +24,8 @@
  * and logprobs in the completions shape (tokens / token_logprobs / top_logprobs /
  * text_offset) or the chat shape (content: [{token, logprob, bytes, top_logprobs}]).
  *
- * Not supported (answered with 400 naming them, never silently ignored): non-text content
- * parts, tool calling (tools are rendered only with tool_choice "none"), echo on chat.
+ * Tool calling (chat): server/tools.h. Not supported (answered with 400 naming them,
+ * never silently ignored): non-text content parts, echo on chat.
  *
  * Echo (completions) returns the prompt text; with logprobs also the prompt tokens'
  * logprobs before the completion's (vLLM's prompt_logprobs, the first token's null), and
@@ -37,6 +37,7 @@
 
 #include "engine/batch_io.h"
 #include "engine/request.h"
+#include "server/tools.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -58,6 +59,8 @@ struct server_model {
     int n_vocab;
     int dim;                           /* hidden size: the embeddings' length */
     int max_model_len;
+    enum tool_parser tool_parser; /* --tool-call-parser (NONE: not set) */
+    bool auto_tool_choice;        /* --enable-auto-tool-choice */
 };
 
 struct server_error {
@@ -84,6 +87,7 @@ struct server_req {
     bool stream, include_usage, echo;
     int logprobs;              /* -1 off, else top-N (0: the sampled token only) */
     char model[256];           /* the model name to report */
+    struct server_tools tools; /* chat: tools and tool_choice (server/tools.h) */
 };
 
 /* Fill e and return its http status. param may be NULL. */
@@ -116,6 +120,10 @@ int server_chat_encode(const struct server_model *m, const char *text, int32_t *
 struct server_choice {
     char *text;
     size_t len, cap;
+    size_t sent;             /* streaming with tools: text bytes sent as content */
+    struct tool_call *calls; /* (n_calls) read out of the finished text, or NULL */
+    int n_calls;
+    size_t content_len;        /* with calls: the text before them, the content */
     json_t *lp;                /* logprobs being built (shape per api), or NULL */
     enum request_finish finish;
     char *stop_reason;         /* matched stop string or NULL */
@@ -158,6 +166,10 @@ json_t *server_resp_json(const struct server_req *r, const char *id, long create
 json_t *server_chunk_json(const struct server_req *r, const char *id, long created, int index,
                           const char *text, size_t len, json_t *lp, enum request_finish fin,
                           const char *stop_reason, int32_t stop_token, bool role);
+/* A streaming chunk carrying choice index's tool calls (delta.tool_calls, each with its
+   index, id, type and the whole function {name, arguments}). */
+json_t *server_tool_chunk_json(const struct server_req *r, const char *id, long created, int index,
+                               const struct tool_call *calls, int n_calls);
 /* The final usage chunk (choices: []). */
 json_t *server_usage_chunk_json(const struct server_req *r, const char *id, long created,
                                 json_t *usage);

@@ -7,7 +7,8 @@
  * string, null (an assistant turn carrying tool_calls) or a list of {"type": "text",
  * "text": ...} parts, joined with "\n" into one string (vLLM's "string" content format,
  * which every text-only template understands). Other keys (name, tool_calls,
- * tool_call_id) pass through untouched. A part of another type is refused with 400: this
+ * tool_call_id) pass through, tool calls' JSON-text arguments as objects (as templates
+ * expect them). A part of another type is refused with 400: this
  * server has no image or audio input.
  *
  * The template context: messages, add_generation_prompt (default true; a request may set
@@ -74,6 +75,27 @@ static json_t *join_parts(const json_t *parts, size_t mi, struct server_error *e
     return s;
 }
 
+/* An assistant turn's tool calls carry their arguments as JSON text (OpenAI's shape);
+   templates expect the object (Hugging Face's, and vLLM hands them over so): each
+   function.arguments that parses as a JSON object replaces its text. */
+static void args_to_objects(json_t *calls)
+{
+    size_t i;
+    json_t *tc;
+    json_array_foreach(calls, i, tc)
+    {
+        json_t *fn = json_object_get(tc, "function");
+        const json_t *a = json_object_get(fn, "arguments");
+        if (!json_is_string(a))
+            continue;
+        json_t *o = json_loads(json_string_value(a), 0, NULL);
+        if (json_is_object(o))
+            json_object_set_new(fn, "arguments", o);
+        else
+            json_decref(o);
+    }
+}
+
 /* A normalized deep copy of messages, or NULL + e. */
 static json_t *normalize(const json_t *msgs, struct server_error *e)
 {
@@ -93,6 +115,7 @@ static json_t *normalize(const json_t *msgs, struct server_error *e)
         }
         json_t *c = json_deep_copy(m);
         json_array_append_new(out, c);
+        args_to_objects(json_object_get(c, "tool_calls"));
         const json_t *content = json_object_get(m, "content");
         if (!content || json_is_null(content) || json_is_string(content))
             continue;

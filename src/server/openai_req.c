@@ -378,9 +378,26 @@ int server_req_parse(const json_t *body, enum server_api api, const struct serve
     json_object_del(r->fields, "prompt");
     json_object_del(r->fields, "messages");
     json_object_del(r->fields, "prompt_token_ids");
+    if (api == SERVER_API_CHAT) { /* tools are the chat API's (server/tools.h) */
+        if ((rc = server_tools_parse(body, m->tool_parser, m->auto_tool_choice, &r->tools, e)))
+            return rc;
+        json_object_del(r->fields, "tools");
+        json_object_del(r->fields, "tool_choice");
+        json_object_del(r->fields, "parallel_tool_calls");
+    }
     struct weld_err we = {0};
     if (batch_request_parse(r->fields, 0, &r->bl, &we))
         return from_weld_err(e, &we);
+    if (r->tools.gbnf) {
+        if (r->bl.p.grammar)
+            return server_error_set(e, 400, "tool_choice",
+                                    "field 'tool_choice': a required "
+                                    "or named tool call and a structured-output field both "
+                                    "constrain the output; give one");
+        r->bl.p.grammar = r->tools.gbnf;
+    }
+    if (r->tools.choice == TOOL_CHOICE_AUTO) /* call markers are often special tokens */
+        r->bl.p.skip_special_tokens = false;
     if (r->bl.unknown[0]) /* vLLM's warning, one line per request */
         log_warn("weld serve: the following fields were present in the request but ignored: "
                  "%s", r->bl.unknown);
@@ -419,6 +436,7 @@ void server_req_release(struct server_req *r)
     }
     wfree(r->prompts);
     batch_line_release(&r->bl);
+    server_tools_release(&r->tools);
     json_decref(r->fields);
     memset(r, 0, sizeof *r);
 }

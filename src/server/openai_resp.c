@@ -193,16 +193,25 @@ json_t *server_resp_json(const struct server_req *r, const char *id, long create
     for (int i = 0; i < n_choices; i++) {
         const struct server_choice *c = &choices[i];
         completion += c->n_generated;
-        json_t *text = str_json(c->text ? c->text : "", c->len);
+        const bool calls = chat && c->n_calls > 0;
+        json_t *text = calls && !c->content_len
+                           ? json_null()
+                           : str_json(c->text ? c->text : "", calls ? c->content_len : c->len);
         json_t *ch = json_pack("{s:i, s:o, s:s, s:o}", "index", i, "logprobs",
                                c->lp ? json_incref(c->lp) : json_null(), "finish_reason",
-                               server_finish_str(c->finish), "stop_reason",
-                               stop_reason_json(c->stop_reason, c->stop_token));
-        if (chat)
-            json_object_set_new(ch, "message", json_pack("{s:s, s:o}", "role", "assistant",
-                                                         "content", text));
-        else
+                               calls && c->finish == REQUEST_FINISH_STOP
+                                   ? "tool_calls"
+                                   : server_finish_str(c->finish),
+                               "stop_reason", stop_reason_json(c->stop_reason, c->stop_token));
+        if (chat) {
+            json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text);
+            if (calls)
+                json_object_set_new(msg, "tool_calls",
+                                    tool_calls_json(c->calls, c->n_calls, id, i));
+            json_object_set_new(ch, "message", msg);
+        } else {
             json_object_set_new(ch, "text", text);
+        }
         json_array_append_new(arr, ch);
     }
     json_object_set_new(o, "choices", arr);
@@ -231,6 +240,20 @@ json_t *server_chunk_json(const struct server_req *r, const char *id, long creat
     } else {
         json_object_set_new(ch, "text", str_json(text ? text : "", len));
     }
+    json_object_set_new(o, "choices", json_pack("[o]", ch));
+    return o;
+}
+
+json_t *server_tool_chunk_json(const struct server_req *r, const char *id, long created, int index,
+                               const struct tool_call *calls, int n_calls)
+{
+    json_t *o = envelope(r, id, created, "chat.completion.chunk");
+    json_t *tc = tool_calls_json(calls, n_calls, id, index);
+    size_t i;
+    json_t *x;
+    json_array_foreach(tc, i, x) json_object_set_new(x, "index", json_integer((json_int_t)i));
+    json_t *ch = json_pack("{s:i, s:n, s:n, s:{s:o}}", "index", index, "logprobs", "finish_reason",
+                           "delta", "tool_calls", tc);
     json_object_set_new(o, "choices", json_pack("[o]", ch));
     return o;
 }

@@ -69,6 +69,7 @@ static void ctx_free(struct gen_ctx *g)
         wfree(g->ch[i].text);
         wfree(g->ch[i].stop_reason);
         json_decref(g->ch[i].lp);
+        tool_calls_free(g->ch[i].calls, g->ch[i].n_calls);
     }
     wfree(g->ch);
     server_req_release(&g->r);
@@ -221,6 +222,11 @@ static enum MHD_Result answer_whole(struct gen_ctx *g)
             ctx_free(g);
             return r;
         }
+    for (int i = 0; g->r.tools.choice != TOOL_CHOICE_NONE && i < g->n_choices; i++) {
+        struct server_choice *c = &g->ch[i];
+        server_tools_extract(&g->r.tools, c->text ? c->text : "", c->len, &c->content_len,
+                             &c->calls, &c->n_calls);
+    }
     json_t *body = server_resp_json(&g->r, g->id, g->created, g->ch, g->n_choices,
                                     g->prompt_tokens, g->cached_tokens);
     enum MHD_Result r = http_send_json(g->s, g->c, 200, body);
@@ -245,11 +251,53 @@ static void sse(struct gen_ctx *g, json_t *chunk)
     free(txt);
 }
 
+/* A finished choice of a request with tools: what is left of its content, its calls (if
+   the text holds any) and the finish chunk ("tool_calls" when there are calls). */
+static void stream_tools_finish(struct gen_ctx *g, const struct server_event *ev)
+{
+    struct server_choice *c = &g->ch[ev->choice];
+    apply_event(g, ev);
+    server_tools_extract(&g->r.tools, c->text ? c->text : "", c->len, &c->content_len, &c->calls,
+                         &c->n_calls);
+    const size_t content = c->n_calls ? c->content_len : c->len;
+    if (content > c->sent)
+        sse(g, server_chunk_json(&g->r, g->id, g->created, ev->choice, c->text + c->sent,
+                                 content - c->sent, NULL, REQUEST_FINISH_NONE, NULL, -1, false));
+    c->sent = content > c->sent ? content : c->sent;
+    if (c->n_calls)
+        sse(g, server_tool_chunk_json(&g->r, g->id, g->created, ev->choice, c->calls, c->n_calls));
+    json_t *fin = server_chunk_json(&g->r, g->id, g->created, ev->choice, "", 0, NULL, ev->reason,
+                                    ev->stop_reason, ev->stop_token, false);
+    if (c->n_calls && ev->reason == REQUEST_FINISH_STOP)
+        json_object_set_new(json_array_get(json_object_get(fin, "choices"), 0), "finish_reason",
+                            json_string("tool_calls"));
+    sse(g, fin);
+}
+
+/* A text delta of a request with tools: kept, and sent as content as far as it cannot be
+   the start of a call (server_tools_content_prefix). */
+static void stream_tools_delta(struct gen_ctx *g, const struct server_event *ev, json_t *lp)
+{
+    struct server_choice *c = &g->ch[ev->choice];
+    text_add(&c->text, &c->len, &c->cap, ev->text, ev->len);
+    size_t ok = server_tools_content_prefix(&g->r.tools, c->text ? c->text : "", c->len);
+    size_t n = ok > c->sent ? ok - c->sent : 0;
+    if (n || lp)
+        sse(g, server_chunk_json(&g->r, g->id, g->created, ev->choice, c->text + c->sent, n, lp,
+                                 REQUEST_FINISH_NONE, NULL, -1, false));
+    c->sent += n;
+}
+
 static void stream_event(struct gen_ctx *g, const struct server_event *ev)
 {
     if (ev->choice < 0 || ev->choice >= g->n_choices)
         return;
     struct server_choice *c = &g->ch[ev->choice];
+    const bool tools = g->r.tools.choice != TOOL_CHOICE_NONE;
+    if (ev->finish && tools) {
+        stream_tools_finish(g, ev);
+        return;
+    }
     if (ev->finish) {
         apply_event(g, ev);
         sse(g, server_chunk_json(&g->r, g->id, g->created, ev->choice, "", 0, NULL, ev->reason,
@@ -261,6 +309,10 @@ static void stream_event(struct gen_ctx *g, const struct server_event *ev)
         server_lp_append(g->r.api, g->s->model.tok, &lp, ev->token, ev->logprob, ev->n_top,
                          ev->top_ids, ev->top_lps, c->text_offset);
     c->text_offset += ev->len;
+    if (tools) {
+        stream_tools_delta(g, ev, lp);
+        return;
+    }
     if (ev->len || lp)
         sse(g, server_chunk_json(&g->r, g->id, g->created, ev->choice, ev->text, ev->len, lp,
                                  REQUEST_FINISH_NONE, NULL, -1, false));

@@ -26,6 +26,7 @@
 
 #include "core/err.h"
 #include "engine/engine.h"
+#include "server/tools.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -53,6 +54,8 @@ struct server_opts {
                                       it is aborted; 0: forever */
     bool log_requests;             /* one access-log line per request (default on) */
     bool log_prompts;              /* ... with the prompt text (default off) */
+    enum tool_parser tool_parser;  /* --tool-call-parser (server/tools.h); NONE: not set */
+    bool auto_tool_choice;         /* --enable-auto-tool-choice */
 };
 
 struct server_opts server_opts_default(void);
