@@ -111,6 +111,30 @@ static const struct {
      {"\"ab1c\"", "\"b2\""},
      {"\"ab\"", "\"b\""},
      NULL},
+    {"{\"type\": \"string\", \"format\": \"date\"}",
+     {"\"2024-02-29\"", "\"2000-02-29\"", "\"1999-12-31\"", "\"2023-04-30\""},
+     {"\"2023-02-29\"", "\"1900-02-29\"", "\"2023-04-31\"", "\"2023-13-01\"", "\"2023-00-10\""},
+     NULL},
+    {"{\"type\": \"object\", \"properties\": {\"e\": {\"format\": \"email\"}, \"h\": "
+     "{\"type\": \"string\", \"format\": \"hostname\"}, \"i\": {\"type\": \"string\", "
+     "\"format\": \"ipv4\"}, \"u\": {\"type\": \"string\", \"format\": \"uri\"}}, "
+     "\"required\": [\"e\", \"h\", \"i\", \"u\"]}",
+     {"{\"e\": \"a.b+c@x-y.org\", \"h\": \"db-1.local\", \"i\": \"10.0.255.9\", \"u\": "
+      "\"https://ex.com:8080/a/b.c?q=1&r=2\"}"},
+     {"{\"e\": \"a@b\", \"h\": \"x\", \"i\": \"1.2.3.4\", \"u\": \"http://a\"}",
+      "{\"e\": \"a@b.c\", \"h\": \"-x\", \"i\": \"1.2.3.4\", \"u\": \"http://a\"}",
+      "{\"e\": \"a@b.c\", \"h\": \"x\", \"i\": \"256.2.3.4\", \"u\": \"http://a\"}",
+      "{\"e\": \"a@b.c\", \"h\": \"x\", \"i\": \"1.2.3.4\", \"u\": \"ftp://a\"}"},
+     "u"},
+    {"{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\", \"minimum\": "
+     "-5, \"exclusiveMaximum\": 120}, \"x\": {\"type\": \"number\", \"minimum\": -2, "
+     "\"maximum\": 3}, \"m\": {\"maximum\": 0}}, \"required\": [\"n\", \"x\", \"m\"]}",
+     {"{\"n\": -5, \"x\": -1.25, \"m\": -0.5}", "{\"n\": 119, \"x\": 3, \"m\": 0}",
+      "{\"n\": 0, \"x\": 2.999, \"m\": -7}"},
+     {"{\"n\": -6, \"x\": 0, \"m\": 0}", "{\"n\": 120, \"x\": 0, \"m\": 0}",
+      "{\"n\": 1, \"x\": 3.5, \"m\": 0}", "{\"n\": 1, \"x\": -2.5, \"m\": 0}",
+      "{\"n\": 1, \"x\": 1, \"m\": 0.5}", "{\"n\": 1.0, \"x\": 1, \"m\": 0}"},
+     "x"},
     {"{\"type\": \"array\", \"prefixItems\": [{\"type\": \"string\"}, {\"type\": \"number\"}], "
      "\"items\": false}",
      {"[\"a\", 1]"},
@@ -157,6 +181,62 @@ TEST(schemas_accept_and_reject)
     CHECK(derived > 1000);
 }
 
+/* Integer bounds: every integer near and between the bounds accepted exactly when inside
+   them; number bounds: random decimals accepted only inside, and every integer inside. */
+TEST(numeric_bounds_exact)
+{
+    static const struct {
+        long long lo, hi;
+        const char *kw;
+    } r[] = {{-130, 47, "\"minimum\": -130, \"maximum\": 47"},
+             {5, 5, "\"minimum\": 5, \"maximum\": 5"},
+             {0, 1000, "\"minimum\": 0, \"maximum\": 1000"},
+             {-1000, -7, "\"minimum\": -1000, \"maximum\": -7"},
+             {123, 98765, "\"exclusiveMinimum\": 122, \"maximum\": 98765"},
+             {7, 9999999999999999LL, "\"minimum\": 6.5"},
+             {-9999999999999999LL, -3, "\"exclusiveMaximum\": -2"},
+             {-19, 19, "\"exclusiveMinimum\": -20, \"exclusiveMaximum\": 20"}};
+    struct rng g;
+    rng_seed(&g, 17);
+    int checked = 0;
+    for (size_t i = 0; i < sizeof r / sizeof *r; i++)
+        for (int num = 0; num < 2; num++) {
+            if (num && (strstr(r[i].kw, "exclusive") || strstr(r[i].kw, ".5")))
+                continue;
+            char schema[256];
+            snprintf(schema, sizeof schema, "{\"type\": \"%s\", %s}", num ? "number" : "integer",
+                     r[i].kw);
+            struct grammar *gr = from_schema(schema);
+            REQUIRE(gr);
+            long long a = r[i].lo > -100000 ? r[i].lo - 60 : -100000;
+            long long b = r[i].hi < 100000 ? r[i].hi + 60 : 100000;
+            for (long long x = a; x <= b; x += (b - a > 5000 && x > a + 200 && x < b - 200) ? 97 : 1) {
+                char t[40];
+                snprintf(t, sizeof t, "%lld", x);
+                bool in = x >= r[i].lo && x <= r[i].hi;
+                if (accepts(gr, t) != in) {
+                    fprintf(stderr, "  %s: %s %s\n", schema, t, in ? "refused" : "taken");
+                    CHECK(0);
+                }
+                checked++;
+            }
+            for (int k = 0; num && k < 3000; k++) { /* decimals: taken only inside */
+                double x = (double)(a + (long long)(rng_u64(&g) % (uint64_t)(b - a + 1))) +
+                           (double)(rng_u64(&g) % 1000) / 1000.0;
+                char t[48];
+                snprintf(t, sizeof t, "%.3f", x);
+                double v = atof(t);
+                if (accepts(gr, t) && !(v >= (double)r[i].lo && v <= (double)r[i].hi)) {
+                    fprintf(stderr, "  %s: %s taken\n", schema, t);
+                    CHECK(0);
+                }
+                checked++;
+            }
+            grammar_free(gr);
+        }
+    CHECK(checked > 10000);
+}
+
 TEST(refusals_name_keyword_and_path)
 {
     static const struct {
@@ -165,13 +245,16 @@ TEST(refusals_name_keyword_and_path)
         {"{\"type\": \"number\", \"multipleOf\": 2}", "at /: \"multipleOf\" is not supported"},
         {"{\"type\": \"string\", \"pattern\": \"(a\"}",
          "\"pattern\": regex: at offset 0: unclosed ("},
-        {"{\"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 3}}}",
-         "at /properties/a: \"minimum\" is not supported"},
+        {"{\"properties\": {\"a\": {\"type\": \"number\", \"minimum\": 0.5}}}",
+         "at /properties/a: \"minimum\" 0.5 on a number is not supported"},
+        {"{\"type\": \"number\", \"exclusiveMaximum\": 3}", "\"exclusiveMaximum\" 3 on a number"},
+        {"{\"type\": \"integer\", \"minimum\": 4, \"maximum\": 3.5}", "no integer lies"},
+        {"{\"type\": \"integer\", \"minimum\": \"1\"}", "\"minimum\" must be a number"},
         {"{\"allOf\": [{}]}", "\"allOf\""},
         {"{\"type\": \"strin\"}", "type \"strin\""},
         {"{\"$ref\": \"#/$defs/missing\"}", "names nothing"},
         {"{\"$ref\": \"http://x/y\"}", "only \"#\""},
-        {"{\"type\": \"string\", \"format\": \"email\"}", "format \"email\""},
+        {"{\"type\": \"string\", \"format\": \"ipv6\"}", "format \"ipv6\""},
         {"{\"type\": \"object\", \"properties\": {}, \"required\": [\"x\"]}", "\"required\" names"},
         {"{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}", "below"},
         {"{\"type\": \"string\", \"nullable\": true}", "\"nullable\""},
@@ -194,6 +277,7 @@ int main(int argc, char **argv)
 {
     test_args(argc, argv);
     RUN(schemas_accept_and_reject);
+    RUN(numeric_bounds_exact);
     RUN(refusals_name_keyword_and_path);
     return test_summary();
 }

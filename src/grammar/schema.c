@@ -14,11 +14,17 @@
  * Supported: type (one or a list), properties, required, additionalProperties (false,
  * true, a schema), enum, const, items, prefixItems, minItems, maxItems, anyOf, oneOf (as
  * anyOf: exclusivity is not enforced), $ref/$defs/definitions, minLength, maxLength, format
- * (date, time, date-time, uuid), pattern (a search, grammar/regex.c, written as JSON
- * escapes it), and the annotations (title, description, default,
- * examples, $schema, $id, $comment, strict, nullable: false). Anything else is refused,
- * naming the keyword and where it is, never ignored: numeric bounds, allOf, not,
- * if/then/else, patternProperties, propertyNames, uniqueItems, contains, min/maxProperties.
+ * (date with each month's days, time, date-time, uuid; email, hostname, ipv4 and uri as
+ * regular expressions for a common subset), pattern (a search, grammar/regex.c, written as
+ * JSON escapes it), minimum / maximum / exclusiveMinimum / exclusiveMaximum on integers
+ * (digit-range alternatives, exact) and whole minimum / maximum on numbers (no exponent
+ * then), and the annotations (title, description, default, examples, $schema, $id,
+ * $comment, strict, nullable: false, readOnly, writeOnly, deprecated). A schema without
+ * "type" takes the type its keywords imply (minLength: string, minimum: number, ...).
+ * Anything else is refused, naming the keyword and where it is, never ignored: fractional
+ * or exclusive bounds on numbers, multipleOf, allOf, not, if/then/else, patternProperties,
+ * propertyNames, uniqueItems, contains, min/maxProperties, other formats.
+ * Numbers have at most 16 integer and 16 fraction digits, exponents 2.
  * Not yet: the key of an additional property may repeat a declared property's name, whose
  * value a validator then checks against that property's schema.
  */
@@ -30,6 +36,7 @@
 #include "grammar/grammar.h"
 #include "grammar/regex.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -87,7 +94,12 @@ static const char *const prim_rule[P_N] = {
     "object | array | string | number | boolean | null",
     "\"{\" ws ( string ws \":\" ws value ( ws \",\" ws string ws \":\" ws value )* )? ws \"}\"",
     "\"[\" ws ( value ( ws \",\" ws value )* )? ws \"]\"",
-    "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )",
+    /* each month's days; February's 29th in leap years only (by 4, centuries by 400) */
+    "[0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] ) | "
+    "( \"0\" [469] | \"11\" ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"30\" ) | "
+    "\"02-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] ) ) | "
+    "( [0-9] [0-9] ( \"0\" [48] | [2468] [048] | [13579] [26] ) | "
+    "( \"0\" [048] | [2468] [048] | [13579] [26] ) \"00\" ) \"-02-29\"",
     "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
     "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )",
     "date \"T\" time",
@@ -192,7 +204,8 @@ static const char *const known_keys[] = {
     "maxLength",   "format",     "pattern",     "title",
     "description", "default",    "examples",    "$schema",
     "$id",         "$comment",   "strict",      "nullable",
-    "readOnly",    "writeOnly",  "deprecated"};
+    "readOnly",    "writeOnly",  "deprecated", "minimum",    "maximum",
+    "exclusiveMinimum", "exclusiveMaximum"};
 
 static int check_keys(struct conv *c, const json_t *s, const char *path)
 {
@@ -308,10 +321,20 @@ static int schema_rule(struct conv *c, const json_t *s, const char *path, int de
         return alts_rule(c, kids, n);
     }
     v = json_object_get(s, "type");
-    if (!v) { /* no type: what its other keywords imply, else any value */
-        const char *t = json_object_get(s, "properties") ? "object"
-                        : json_object_get(s, "items") || json_object_get(s, "prefixItems") ? "array"
-                                                                                           : NULL;
+    if (!v) { /* no type: what its other keywords imply (a subset of what the schema allows:
+                 {"minimum": 0} becomes numbers from 0), else any value */
+        static const char *const implies[][2] = {
+            {"properties", "object"},      {"additionalProperties", "object"},
+            {"items", "array"},            {"prefixItems", "array"},
+            {"minItems", "array"},         {"maxItems", "array"},
+            {"minLength", "string"},       {"maxLength", "string"},
+            {"pattern", "string"},         {"format", "string"},
+            {"minimum", "number"},         {"maximum", "number"},
+            {"exclusiveMinimum", "number"}, {"exclusiveMaximum", "number"}};
+        const char *t = NULL;
+        for (size_t i = 0; !t && i < sizeof implies / sizeof *implies; i++)
+            if (json_object_get(s, implies[i][0]))
+                t = implies[i][1];
         if (!t) {
             use(c, P_VALUE);
             int id = c->n_rules++;
@@ -492,6 +515,20 @@ static int array_rule(struct conv *c, const json_t *s, const char *path, int dep
     return id;
 }
 
+/* Formats written as regular expressions: each a subset of what the format allows
+   (and what ajv-formats accepts), from which a model can write any common value. */
+static const char *const regex_formats[][2] = {
+    {"email", "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+)*@"
+              "([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\\.){1,3}[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}"
+              "[a-zA-Z0-9])?"},
+    {"hostname", "[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}"
+                 "[a-zA-Z0-9])?){0,2}"},
+    {"ipv4", "((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}"
+             "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"},
+    {"uri", "https?://[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?){0,3}"
+            "(:[1-9][0-9]{0,3})?(/[a-zA-Z0-9._~-]{0,30}){0,6}(\\?[a-zA-Z0-9._~=&-]{0,60})?"},
+};
+
 static int string_rule(struct conv *c, const json_t *s, const char *path)
 {
     const json_t *f = json_object_get(s, "format"), *pat = json_object_get(s, "pattern");
@@ -530,17 +567,30 @@ static int string_rule(struct conv *c, const json_t *s, const char *path)
                     {"date-time", P_DATETIME},
                     {"uuid", P_UUID}};
         const char *fs = json_is_string(f) ? json_string_value(f) : "";
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+            return refuse(c, path, "\"format\" with a length bound is not supported"), -1;
         for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++)
             if (!strcmp(fs, fmts[i].name)) {
-                if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
-                    return refuse(c, path, "\"format\" with a length bound is not supported"), -1;
                 use(c, fmts[i].p);
                 strbuf_printf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, prim_name[fmts[i].p]);
                 return id;
             }
+        for (size_t i = 0; i < sizeof regex_formats / sizeof *regex_formats; i++)
+            if (!strcmp(fs, regex_formats[i][0])) {
+                char name[32], *g = NULL;
+                snprintf(name, sizeof name, "r%df", id);
+                struct weld_err re;
+                const char *rx = regex_formats[i][1];
+                if (grammar_gbnf_from_regex(rx, strlen(rx), false, true, name, &g, &re) != WELD_OK)
+                    return refuse(c, path, "format \"%s\": %s", fs, re.msg), -1;
+                strbuf_printf(&c->o, "r%d ::= \"\\\"\" %s \"\\\"\"\n", id, name);
+                strbuf_put(&c->o, g, strlen(g));
+                wfree(g);
+                return id;
+            }
         return refuse(c, path,
-                      "format \"%s\" is not supported (supported: date, time, "
-                      "date-time, uuid)",
+                      "format \"%s\" is not supported (supported: date, time, date-time, "
+                      "uuid, email, hostname, ipv4, uri)",
                       fs),
                -1;
     }
@@ -554,6 +604,154 @@ static int string_rule(struct conv *c, const json_t *s, const char *path)
     put_count(c, lo, hi);
     strbuf_put(&c->o, " \"\\\"\"\n", 6);
     return id;
+}
+
+/* ---- numbers with bounds ------------------------------------------------------------ */
+
+#define NUM_LIM 9999999999999999LL /* 16 digits: the unbounded number rules' longest */
+
+/* Alternatives for the equal-length digit strings in [lo, hi] (n digits each). */
+static void put_same_len(struct strbuf *o, const char *lo, const char *hi, int n)
+{
+    if (n == 0)
+        return;
+    if (lo[0] == hi[0]) {
+        strbuf_printf(o, "\"%c\"", lo[0]);
+        if (n > 1) {
+            strbuf_put(o, " ", 1);
+            put_same_len(o, lo + 1, hi + 1, n - 1);
+        }
+        return;
+    }
+    bool lo_zero = true, hi_nine = true;
+    for (int i = 1; i < n; i++)
+        lo_zero &= lo[i] == '0', hi_nine &= hi[i] == '9';
+    char nines[24], zeros[24];
+    memset(nines, '9', sizeof nines), memset(zeros, '0', sizeof zeros);
+    int from = lo[0], to = hi[0];
+    const char *sep = "";
+    strbuf_put(o, "( ", 2);
+    if (!lo_zero) { /* lo's first digit, then lo's tail up to 9...9 */
+        strbuf_printf(o, "\"%c\" ", lo[0]);
+        put_same_len(o, lo + 1, nines, n - 1);
+        from++, sep = " | ";
+    }
+    if (!hi_nine)
+        to--;
+    if (from <= to) {
+        strbuf_printf(o, "%s[%c-%c]", sep, from, to);
+        if (n > 1)
+            strbuf_printf(o, " [0-9]{%d}", n - 1);
+        sep = " | ";
+    }
+    if (!hi_nine) {
+        strbuf_printf(o, "%s\"%c\" ", sep, hi[0]);
+        put_same_len(o, zeros, hi + 1, n - 1);
+    }
+    strbuf_put(o, " )", 2);
+}
+
+/* ( ... ) matching the decimal integers in [a, b] written without leading zeros,
+   0 <= a <= b <= NUM_LIM. */
+static void put_uint_range(struct strbuf *o, long long a, long long b)
+{
+    strbuf_put(o, "( ", 2);
+    long long p = 1;
+    const char *sep = "";
+    for (int d = 1; d <= 16; d++, p *= 10) {
+        long long lo = d == 1 ? 0 : p, hi = p * 10 - 1;
+        lo = a > lo ? a : lo, hi = b < hi ? b : hi;
+        if (lo > hi)
+            continue;
+        char ls[24], hs[24];
+        snprintf(ls, sizeof ls, "%lld", lo), snprintf(hs, sizeof hs, "%lld", hi);
+        strbuf_put(o, sep, strlen(sep));
+        put_same_len(o, ls, hs, d);
+        sep = " | ";
+    }
+    strbuf_put(o, " )", 2);
+}
+
+/* A bound keyword's value, as an integer (whole when must_whole, else rounded up for a
+   minimum, down for a maximum). 1: absent, 0: set, -1: refused. */
+static int get_bound(struct conv *c, const json_t *s, const char *key, bool is_min, bool integer,
+                     const char *path, long long *out)
+{
+    const json_t *v = json_object_get(s, key);
+    if (!v)
+        return 1;
+    if (!json_is_number(v))
+        return refuse(c, path, "\"%s\" must be a number", key), -1;
+    double x = json_number_value(v);
+    if (!(x > -1e16 && x < 1e16))
+        return refuse(c, path, "\"%s\" %g is beyond 16 digits", key, x), -1;
+    const bool excl = key[0] == 'e';
+    if (!integer && (excl || x != (double)(long long)x))
+        return refuse(c, path, "\"%s\" %g on a number is not supported (whole minimum and "
+                      "maximum are; any bound on an integer is)", key, x), -1;
+    double r = is_min ? ceil(x) : floor(x);
+    long long k = (long long)r;
+    if (excl && r == x)
+        k += is_min ? 1 : -1;
+    *out = k;
+    return 0;
+}
+
+/* An integer or number with minimum / maximum / exclusive bounds: -1 refused, 0 none given
+   (the plain rule), else the new rule's id + 1. */
+static int bounded_rule(struct conv *c, const json_t *s, bool integer, const char *path)
+{
+    long long lo = -NUM_LIM, hi = NUM_LIM, v;
+    int got = 0, r;
+    const char *mins[] = {"minimum", "exclusiveMinimum"}, *maxs[] = {"maximum", "exclusiveMaximum"};
+    for (int i = 0; i < 2; i++) {
+        if ((r = get_bound(c, s, mins[i], true, integer, path, &v)) < 0)
+            return -1;
+        if (!r)
+            lo = v > lo ? v : lo, got = 1;
+        if ((r = get_bound(c, s, maxs[i], false, integer, path, &v)) < 0)
+            return -1;
+        if (!r)
+            hi = v < hi ? v : hi, got = 1;
+    }
+    if (!got)
+        return 0;
+    lo = lo < -NUM_LIM ? -NUM_LIM : lo, hi = hi > NUM_LIM ? NUM_LIM : hi;
+    if (lo > hi)
+        return refuse(c, path, "no %s lies between the bounds", integer ? "integer" : "number"),
+               -1;
+    int id = c->n_rules++;
+    struct strbuf *o = &c->o;
+    const char *frac = "( \".\" [0-9]{1,16} )";
+    const char *sep = "";
+    strbuf_printf(o, "r%d ::= ", id);
+    if (hi >= 0) { /* 0 .. hi (from lo when lo > 0) */
+        long long a = lo > 0 ? lo : 0;
+        if (integer || a == hi) {
+            put_uint_range(o, a, hi);
+        } else {
+            put_uint_range(o, a, hi - 1);
+            strbuf_printf(o, " %s? | ", frac);
+            put_uint_range(o, hi, hi);
+        }
+        sep = " | ";
+    }
+    if (lo < 0) { /* -1 .. lo; a number's -k.f lies in (-k-1, -k] */
+        long long k0 = hi >= 0 ? 1 : -hi;
+        if (k0 <= -lo) {
+            strbuf_printf(o, "%s\"-\" ", sep);
+            put_uint_range(o, k0, -lo);
+            sep = " | ";
+        }
+        long long f0 = hi >= 0 ? 0 : -hi, f1 = -lo - 1;
+        if (!integer && f0 <= f1) {
+            strbuf_printf(o, "%s\"-\" ", sep);
+            put_uint_range(o, f0, f1);
+            strbuf_printf(o, " %s", frac);
+        }
+    }
+    strbuf_put(o, "\n", 1);
+    return id + 1;
 }
 
 static int type_rule(struct conv *c, const json_t *s, const char *type, const char *path, int depth)
@@ -571,6 +769,11 @@ static int type_rule(struct conv *c, const json_t *s, const char *type, const ch
         return array_rule(c, s, path, depth);
     if (!strcmp(type, "string"))
         return string_rule(c, s, path);
+    if (!strcmp(type, "integer") || !strcmp(type, "number")) {
+        int b = bounded_rule(c, s, type[0] == 'i', path);
+        if (b != 0)
+            return b < 0 ? -1 : b - 1;
+    }
     for (size_t i = 0; i < sizeof simple / sizeof *simple; i++)
         if (!strcmp(type, simple[i].name)) {
             use(c, simple[i].p);
