@@ -68,3 +68,19 @@ else()
   add_test(NAME server_pooling COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and ${weld_serve_model}'; exit 77")
   set_tests_properties(server_pooling PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+
+# Structured outputs validated by ajv over a corpus of 120 JSON schemas on three random
+# models with real vocabularies (tests/node/serve_structured.mjs; the sanitizer build runs
+# one vocabulary and 40 schemas), and tool calling through the official client
+# (tests/node/serve_tools.mjs).
+if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/ajv-formats/package.json
+   AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/package.json)
+  add_test(NAME server_structured
+           COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_structured.mjs
+                   $<TARGET_FILE:weld> ${CMAKE_CURRENT_BINARY_DIR}/server_structured_tmp ${weld_sanitize}
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
+  set_tests_properties(server_structured PROPERTIES TIMEOUT 600)
+else()
+  add_test(NAME server_structured COMMAND sh -c "echo 'skipped: needs node and tests/node/node_modules (ajv, ajv-formats, openai: npm ci in tests/node)'; exit 77")
+  set_tests_properties(server_structured PROPERTIES SKIP_RETURN_CODE 77)
+endif()

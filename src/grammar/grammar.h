@@ -17,7 +17,9 @@
  * each stack is a chain of continuation nodes whose top is the byte range to match next.
  * Nodes are interned by (element, parent), so equal stacks are one node and a repetition
  * reuses the nodes of its previous round. gmatch_accept consumes bytes (all or nothing);
- * gmatch_can_end says whether the input so far is a complete sentence.
+ * gmatch_can_end says whether the input so far is a complete sentence. The nodes live in
+ * a space (struct gspace) that matchers of one grammar may share (one thread at a time),
+ * with the states met so far, their transitions and their token masks (match.c).
  */
 #ifndef WELD_GRAMMAR_GRAMMAR_H
 #define WELD_GRAMMAR_GRAMMAR_H
@@ -54,7 +56,23 @@ int grammar_parse_gbnf(struct grammar **out, const char *text, size_t len, const
 void grammar_free(struct grammar *g);
 
 struct gmatch;
+struct gspace;
 
+/* The budget of a space's states, transitions and masks (dropped together when spent). */
+#define GSPACE_BUDGET ((size_t)64 << 20)
+
+int gspace_create(struct gspace **out, const struct grammar *g, struct weld_err *e);
+void gspace_free(struct gspace *s);
+void gspace_set_budget(struct gspace *s, size_t bytes);
+struct gspace_counts {
+    uint64_t mask_hits, mask_misses; /* masks copied from a state's cache / walked */
+    int states;
+    size_t bytes;
+};
+void gspace_counts(const struct gspace *s, struct gspace_counts *c);
+
+/* A matcher in space s (which must outlive it), or in a space of its own. */
+int gmatch_create_in(struct gmatch **out, struct gspace *s, struct weld_err *e);
 int gmatch_create(struct gmatch **out, const struct grammar *g, struct weld_err *e);
 void gmatch_free(struct gmatch *m);
 /* Consume n bytes: true if the grammar allows them here (the state advances), else false
