@@ -110,5 +110,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_bench_model(int argc, char **argv);
 /* `weld bench serve`: load generator for OpenAI-compatible servers (bench_serve.c). */
 int cmd_bench_serve(int argc, char **argv);
+/* `weld bench masks`: constrained decoding's token-mask time (bench_masks.c). */
+int cmd_bench_masks(int argc, char **argv);
 
 #endif

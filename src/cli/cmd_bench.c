@@ -544,6 +544,10 @@ int cmd_bench(int argc, char **argv)
         log_set_prefix("weld bench serve");
         return cmd_bench_serve(argc, argv); /* load generator over HTTP: bench_serve.c */
     }
+    if (argc >= 2 && !strcmp(argv[1], "masks")) {
+        log_set_prefix("weld bench masks");
+        return cmd_bench_masks(argc, argv);
+    }
     if (argc < 2 || strcmp(argv[1], "throughput"))
         return cmd_bench_model(argc, argv); /* -m MODEL, --bandwidth, --help: bench_model.c */
     log_set_prefix("weld bench throughput");

@@ -18,6 +18,7 @@ struct constraint {
     size_t len;
     uint64_t hash;
     struct grammar *g;
+    struct gspace *sp; /* its matchers' nodes, states and cached masks */
     int refs;
 };
 
@@ -43,6 +44,7 @@ int constraints_create(struct constraints **out, const struct tokenizer *tok, in
 
 static void entry_free(struct constraint *k)
 {
+    gspace_free(k->sp);
     grammar_free(k->g);
     wfree(k->text);
     wfree(k);
@@ -110,7 +112,8 @@ int constraint_get(struct constraints *c, const char *text, struct constraint **
     }
     memcpy(k->text, text, len + 1);
     k->len = len, k->hash = h;
-    if ((rc = grammar_parse_gbnf(&k->g, text, len, NULL, e))) {
+    if ((rc = grammar_parse_gbnf(&k->g, text, len, NULL, e)) ||
+        (rc = gspace_create(&k->sp, k->g, e))) {
         entry_free(k);
         return rc;
     }
@@ -131,9 +134,9 @@ void constraint_release(struct constraints *c, struct constraint *k)
     trim(c);
 }
 
-const struct grammar *constraint_grammar(const struct constraint *k)
+struct gspace *constraint_space(const struct constraint *k)
 {
-    return k->g;
+    return k->sp;
 }
 
 void constraints_counts(const struct constraints *c, uint64_t *hits, uint64_t *compiles)

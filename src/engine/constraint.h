@@ -5,7 +5,8 @@
  * Requests name their constraint by its text (request_params.grammar); a server sees the
  * same schema or tool list again and again, so compiled grammars stay in a small cache
  * (CONSTRAINT_CACHE entries, least recently used dropped first, never one a request still
- * holds). The vocabulary's bytes are made on the first constrained request (a pass over
+ * holds), each with the space its matchers share, where the token masks of the states
+ * met so far are kept (grammar/match.c). The vocabulary's bytes are made on the first constrained request (a pass over
  * the vocabulary, ~20 ms at 150k tokens) and kept.
  *
  * Not thread-safe: the engine's thread owns it.
@@ -20,7 +21,7 @@
 #define CONSTRAINT_CACHE 64
 
 struct tokenizer;
-struct grammar;
+struct gspace;
 struct gvocab;
 struct constraints;
 struct constraint;
@@ -34,7 +35,9 @@ void constraints_free(struct constraints *c);
 int constraint_get(struct constraints *c, const char *text, struct constraint **out,
                    const struct gvocab **v, struct weld_err *e);
 void constraint_release(struct constraints *c, struct constraint *k);
-const struct grammar *constraint_grammar(const struct constraint *k);
+/* The space its matchers share (grammar.h): states and token masks met by one request
+   are there for the next. */
+struct gspace *constraint_space(const struct constraint *k);
 /* Cache lookups that found the text compiled, and compiles. */
 void constraints_counts(const struct constraints *c, uint64_t *hits, uint64_t *compiles);
 

@@ -525,7 +525,7 @@ static int req_build(struct engine *eng, const struct request_params *p,
     }
     const struct gvocab *gv;
     if (p->grammar && ((rc = constraint_get(eng->cons, p->grammar, &er->con, &gv, e)) ||
-                       (rc = request_constrain(er->r, constraint_grammar(er->con), gv, e)))) {
+                       (rc = request_constrain(er->r, constraint_space(er->con), gv, e)))) {
         req_free(eng, er);
         return rc;
     }

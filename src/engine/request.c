@@ -398,7 +398,7 @@ fail:
     return rc;
 }
 
-int request_constrain(struct request *r, const struct grammar *g, const struct gvocab *v,
+int request_constrain(struct request *r, struct gspace *sp, const struct gvocab *v,
                       struct weld_err *e)
 {
     if (v->n_vocab != r->n_vocab)
@@ -410,7 +410,7 @@ int request_constrain(struct request *r, const struct grammar *g, const struct g
         int rc;
         gmatch_free(r->seqs[i].gm);
         r->seqs[i].gm = NULL;
-        if ((rc = gmatch_create(&r->seqs[i].gm, g, e)))
+        if ((rc = gmatch_create_in(&r->seqs[i].gm, sp, e)))
             return rc;
     }
     r->gv = v;

@@ -57,7 +57,7 @@
 struct tokenizer;
 struct stop_matcher;
 struct detok;
-struct grammar;
+struct gspace;
 struct gvocab;
 struct gmatch;
 
@@ -232,9 +232,10 @@ void request_free(struct request *r);
    continue a sentence (gmatch_mask), end-of-generation ids only where one may end (never
    with ignore_eos), and a sequence whose sentence is complete and allows no more bytes
    finishes "stop" without a token; one whose constraint allows no token of the
-   vocabulary although the sentence is incomplete finishes "error" saying so. g and v must
-   outlive r. Call before the first step. */
-int request_constrain(struct request *r, const struct grammar *g, const struct gvocab *v,
+   vocabulary although the sentence is incomplete finishes "error" saying so. The matchers
+   live in space sp (grammar.h: one grammar's, shared with other requests of it); sp and v
+   must outlive r. Call before the first step. */
+int request_constrain(struct request *r, struct gspace *sp, const struct gvocab *v,
                       struct weld_err *e);
 
 /* Sample sequence i's next token from its logits row (n_vocab floats, not modified) and
