@@ -79,8 +79,15 @@ if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/ajv-format
            COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_structured.mjs
                    $<TARGET_FILE:weld> ${CMAKE_CURRENT_BINARY_DIR}/server_structured_tmp ${weld_sanitize}
            WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
+  add_test(NAME server_tools
+           COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_tools.mjs
+                   $<TARGET_FILE:weld> ${CMAKE_CURRENT_BINARY_DIR}/server_tools_tmp
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
   set_tests_properties(server_structured PROPERTIES TIMEOUT 600)
+  set_tests_properties(server_tools PROPERTIES TIMEOUT 300)
 else()
-  add_test(NAME server_structured COMMAND sh -c "echo 'skipped: needs node and tests/node/node_modules (ajv, ajv-formats, openai: npm ci in tests/node)'; exit 77")
-  set_tests_properties(server_structured PROPERTIES SKIP_RETURN_CODE 77)
+  foreach(t server_structured server_tools)
+    add_test(NAME ${t} COMMAND sh -c "echo 'skipped: needs node and tests/node/node_modules (ajv, ajv-formats, openai: npm ci in tests/node)'; exit 77")
+    set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
+  endforeach()
 endif()

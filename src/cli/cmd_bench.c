@@ -20,18 +20,22 @@
  * The clock runs from the first request to the last token (model loading excluded).
  * Reported: requests, seconds, output tokens/s, total tokens/s ((prompt + output) / s),
  * prefix-cache hit rate (cached / prompt tokens), preemptions, mean TTFT; --json prints one
- * JSON object on stdout. --compare sequential|no-prefix-caching runs the same workload a
- * second time with --max-num-seqs 1 or without prefix caching, in the same invocation
- * with the same loaded model, and prints the ratio of output tokens/s.
+ * JSON object on stdout. --json-schema FILE constrains every request's output to a JSON
+ * Schema (a request ends early when its document is complete). --compare
+ * sequential|no-prefix-caching|unconstrained runs the same workload a second time with
+ * --max-num-seqs 1, without prefix caching or without the constraint, in the same
+ * invocation with the same loaded model, and prints the ratio of output tokens/s.
  */
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/mfile.h"
 #include "core/progress.h"
 #include "core/rng.h"
 #include "engine/engine.h"
+#include "grammar/schema.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -48,6 +52,8 @@ struct bench_opts {
     int top_k;
     int spec_oracle; /* >= 0: --spec-oracle PCT (the speculation ceiling); -1 off */
     bool spec_always; /* --speculate-always: guess every step (a proposer's own cost) */
+    const char *json_schema; /* --json-schema FILE: every request constrained by it */
+    char *gbnf;              /* its grammar; NULL: unconstrained */
 };
 
 /* A conversation (multi-turn) or a single prompt: its tokens so far. */
@@ -227,6 +233,7 @@ static int send_turn(struct bench_run *br, int c, struct weld_err *e)
     p.sampling.top_p = br->o->top_p;
     p.sampling.top_k = br->o->top_k;
     p.sampling.seed = (uint64_t)br->o->seed * 1000003u + (uint64_t)c;
+    p.grammar = br->o->gbnf;
     struct request_callbacks cb = {br, on_delta, on_finish};
     cv->turns_left--;
     return engine_add_request(br->eng, &p, &cb, &cv->cur_id, e);
@@ -373,9 +380,13 @@ static int check_opts(const struct bench_opts *o, struct weld_err *e)
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "--dataset '%s': expected random, shared-prefix or multi-turn",
                        o->dataset);
-    if (o->compare && strcmp(o->compare, "sequential") && strcmp(o->compare, "no-prefix-caching"))
+    if (o->compare && strcmp(o->compare, "sequential") && strcmp(o->compare, "no-prefix-caching") &&
+        strcmp(o->compare, "unconstrained"))
         return err_set(e, WELD_ERR_INVALID_ARG,
-                       "--compare '%s': expected sequential or no-prefix-caching", o->compare);
+                       "--compare '%s': expected sequential, no-prefix-caching or unconstrained",
+                       o->compare);
+    if (o->compare && !strcmp(o->compare, "unconstrained") && !o->json_schema)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--compare unconstrained needs --json-schema");
     if (o->num_prompts < 1 || o->input_len < 0 || o->output_len < 1 || o->prefix_len < 0 ||
         o->num_groups < 1)
         return err_set(e, WELD_ERR_INVALID_ARG,
@@ -422,12 +433,19 @@ static int check_fits(const struct bench_opts *o, int ctx, struct weld_err *e)
                    "lengths", o->dataset, what, need, ctx);
 }
 
-static int throughput(const struct cli_engine_opts *eo, const struct bench_opts *o,
-                      struct weld_err *e)
+static int throughput(const struct cli_engine_opts *eo, struct bench_opts *o, struct weld_err *e)
 {
     struct engine_params p;
     struct model *m = NULL;
     int rc = check_opts(o, e);
+    if (rc == WELD_OK && o->json_schema) {
+        char *text = NULL;
+        size_t len = 0;
+        if ((rc = file_read_all(o->json_schema, &text, &len, e)) == WELD_OK &&
+            (rc = grammar_gbnf_from_json_schema(text, len, &o->gbnf, e)))
+            err_prefix(e, "--json-schema %s", o->json_schema);
+        wfree(text);
+    }
     if (rc == WELD_OK)
         rc = cli_engine_params(eo, &p, e);
     if (rc == WELD_OK)
@@ -489,15 +507,20 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
     wfree(orc.rec), wfree(orc.n_rec);
     const char *cmp_label = NULL;
     if (rc == WELD_OK && o->compare) {
+        char *kept = o->gbnf;
         if (!strcmp(o->compare, "sequential")) {
             p.max_num_seqs = 1;
             cmp_label = "same requests one at a time (--max-num-seqs 1)";
+        } else if (!strcmp(o->compare, "unconstrained")) {
+            o->gbnf = NULL;
+            cmp_label = "same requests without the constraint";
         } else {
             p.prefix_caching = false;
             cmp_label = "same requests without prefix caching";
         }
         p.quiet = true;
         rc = bench_with(o, &p, &b, NULL, e);
+        o->gbnf = kept;
         if (rc == WELD_OK) {
             print_result(cmp_label, &b);
             fprintf(stderr, "ratio (output tok/s): %.2fx\n", b.out_tps > 0 ? a.out_tps / b.out_tps : 0);
@@ -535,6 +558,7 @@ static int throughput(const struct cli_engine_opts *eo, const struct bench_opts 
         json_decref(j);
     }
     model_free(m);
+    wfree(o->gbnf);
     return rc;
 }
 
@@ -579,7 +603,9 @@ int cmd_bench(int argc, char **argv)
          "shared-prefix groups / multi-turn conversations (default 16)"},
         {"seed", 's', OPT_I64, &o.seed, "S", "seed of the random prompts (default 0)"},
         {"compare", 0, OPT_STR, &o.compare, "C",
-         "also run with sequential (--max-num-seqs 1) or no-prefix-caching and print the ratio"},
+         "also run with sequential (--max-num-seqs 1), no-prefix-caching or unconstrained (with --json-schema) and print the ratio"},
+        {"json-schema", 0, OPT_STR, &o.json_schema, "FILE",
+         "constrain every request's output to the JSON Schema in FILE"},
         {"temperature", 0, OPT_FLOAT, &o.temperature, "T",
          "sampling temperature of every request (default 0: greedy)"},
         {"top-k", 0, OPT_INT, &o.top_k, "K", "top-k of every request (default 0: off)"},

@@ -6,7 +6,8 @@
  * with a role among system, developer, user, assistant and tool, and a content that is a
  * string, null (an assistant turn carrying tool_calls) or a list of {"type": "text",
  * "text": ...} parts, joined with "\n" into one string (vLLM's "string" content format,
- * which every text-only template understands). Other keys (name, tool_calls,
+ * which every text-only template understands); null (an assistant turn that only calls
+ * tools) becomes "", as templates test content as a string. Other keys (name, tool_calls,
  * tool_call_id) pass through, tool calls' JSON-text arguments as objects (as templates
  * expect them). A part of another type is refused with 400: this
  * server has no image or audio input.
@@ -117,7 +118,11 @@ static json_t *normalize(const json_t *msgs, struct server_error *e)
         json_array_append_new(out, c);
         args_to_objects(json_object_get(c, "tool_calls"));
         const json_t *content = json_object_get(m, "content");
-        if (!content || json_is_null(content) || json_is_string(content))
+        if (content && json_is_null(content)) { /* templates test it as a string */
+            json_object_set_new(c, "content", json_string(""));
+            continue;
+        }
+        if (!content || json_is_string(content))
             continue;
         if (!json_is_array(content)) {
             server_error_set(e, 400, "messages", "field 'messages[%zu].content': expected a "
