@@ -407,19 +407,25 @@ TEST(openai_ranges_and_unsupported)
         if (!expect_error(body, C, 400, bad[i][1], bad[i][2]))
             CHECK(0);
     }
-    /* chat: top_logprobs 0-20, echo refused, tools rendered only with tool_choice "none" */
+    /* chat: top_logprobs 0-20, echo refused, a malformed tool refused, "auto" (the default
+       with tools) refused without --enable-auto-tool-choice (server/tools.h has the rest) */
     g_m.tmpl = g_bos_tmpl;
     CHECK(expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
                        "\"logprobs\": true, \"top_logprobs\": 21}", H, 400, "top_logprobs", "[0, 20]"));
     CHECK(expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
                        "\"echo\": true}", H, 400, "echo", NULL));
     CHECK(expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-                       "\"tools\": [{\"type\": \"function\"}]}", H, 400, "tools", NULL));
+                       "\"tools\": [{\"type\": \"function\"}]}", H, 400, "tools",
+                       "tools[0].function"));
+    CHECK(expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+                       "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+                       H, 400, "tool_choice", "--enable-auto-tool-choice"));
     struct server_req r;
     struct server_error e;
     CHECK(parse("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": "
-                "[{\"type\": \"function\"}], \"tool_choice\": \"none\", \"top_logprobs\": 20, "
-                "\"logprobs\": true, \"response_format\": {\"type\": \"text\"}}", H, &r, &e) == 0);
+                "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": "
+                "\"none\", \"top_logprobs\": 20, \"logprobs\": true, \"response_format\": "
+                "{\"type\": \"text\"}}", H, &r, &e) == 0);
     server_req_release(&r);
     g_m.tmpl = NULL;
     /* the boundaries are accepted; temperatures below 1e-5 are greedy, as in vLLM */
