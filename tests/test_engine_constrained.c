@@ -5,8 +5,8 @@
  * grammar symbols), every output of greedy, sampled and n = 2 requests under a JSON
  * schema, a regex, a choice and a recursive GBNF grammar is a prefix the grammar allows,
  * and every one that finished "stop" a complete sentence. The same requests give the same
- * tokens one at a time, batched with chunked prefill, and with speculative decoding (the
- * model drafting for itself). A grammar that is complete with nothing left to add ends the
+ * tokens one at a time, batched with chunked prefill, with speculative decoding (the
+ * model drafting for itself), and without jump-forward (the forced text drafted). A grammar that is complete with nothing left to add ends the
  * request "stop" without an end-of-generation token; one the vocabulary cannot continue
  * ends it "error" saying so; bad grammars are refused when the request is added.
  */
@@ -69,7 +69,7 @@ static void on_finish(void *user, uint64_t id, int seq, const struct request_res
         snprintf(o->error, sizeof o->error, "%s", r->error);
 }
 
-enum how { ONE_AT_A_TIME, BATCHED_CHUNKED, SPECULATIVE };
+enum how { ONE_AT_A_TIME, BATCHED_CHUNKED, SPECULATIVE, NO_JUMP_FORWARD };
 
 static struct engine *mk(const struct model *m, enum how h)
 {
@@ -79,6 +79,7 @@ static struct engine *mk(const struct model *m, enum how h)
     p.max_num_batched_tokens = h == BATCHED_CHUNKED ? 16 : 2048;
     p.max_model_len = m->cfg.max_ctx < 256 ? m->cfg.max_ctx : 256;
     p.quiet = true;
+    p.jump_forward = h != NO_JUMP_FORWARD;
     if (h == SPECULATIVE) {
         p.spec = (struct spec_config){.method = SPEC_DRAFT_MODEL, .num_tokens = 3};
         snprintf(p.spec.draft_model, sizeof p.spec.draft_model, "%s", m->path);
@@ -201,10 +202,10 @@ static int check_outputs(const struct col *c, const struct gvocab *v, const stru
 
 static void constrained_on(const struct model *m, const char *what)
 {
-    struct col c[3];
+    struct col c[4];
     struct weld_err e;
     struct gvocab *v = NULL;
-    for (int h = 0; h < 3; h++) {
+    for (int h = 0; h < 4; h++) {
         struct engine *eng = mk(m, (enum how)h);
         REQUIRE(eng);
         if (!v)
@@ -216,16 +217,24 @@ static void constrained_on(const struct model *m, const char *what)
         CHECK_EQ_INT(check_outputs(&c[h], v, engine_tokenizer(eng), &complete), 0);
         struct engine_stats st;
         engine_stats_get(eng, &st);
-        if (h == 0)
-            printf("%s: %d of 16 outputs complete, %llu masks, %.1f us each\n", what, complete,
-                   (unsigned long long)st.mask_count, 1e6 * st.t_mask / (double)st.mask_count);
+        if (h == 0) {
+            printf("%s: %d of 16 outputs complete, %llu masks, %.1f us each; jump-forward: "
+                   "%llu of %llu forced tokens taken\n",
+                   what, complete, (unsigned long long)st.mask_count,
+                   1e6 * st.t_mask / (double)st.mask_count,
+                   (unsigned long long)st.forced_accepted_tokens,
+                   (unsigned long long)st.forced_draft_tokens);
+            CHECK(st.forced_draft_tokens > 0);
+        }
+        if (h == NO_JUMP_FORWARD)
+            CHECK_EQ_INT(st.forced_draft_tokens, 0);
         if (h == SPECULATIVE)
             CHECK(st.spec_draft_tokens > 0);
         CHECK(complete >= 4);
         engine_free(eng);
     }
     /* the same tokens whichever way they ran */
-    for (int h = 1; h < 3; h++)
+    for (int h = 1; h < 4; h++)
         for (int i = 0; i < N_REQ * N_PER; i++) {
             const struct out *a = &c[0].o[i], *b = &c[h].o[i];
             if (a->n_tokens != b->n_tokens || a->finish != b->finish ||
@@ -235,7 +244,7 @@ static void constrained_on(const struct model *m, const char *what)
                 CHECK(0);
             }
         }
-    for (int h = 0; h < 3; h++)
+    for (int h = 0; h < 4; h++)
         wfree(c[h].o);
     gvocab_free(v);
 }

@@ -41,6 +41,8 @@ struct engine_seq {
     int index;
     struct sched_seq *ss;
     int spec_k; /* its guesses per step now (0: not yet set) */
+    bool forced;             /* its draft is what its grammar forces (jump-forward) */
+    int forced_n, forced_ok; /* such drafted tokens verified, and taken */
 };
 
 struct engine_req {
@@ -49,6 +51,7 @@ struct engine_req {
     bool forked, abort_pending, fail_pending, counted_cached;
     bool paused;                 /* engine_pause: every sequence paused in the scheduler */
     struct constraint *con;      /* its compiled grammar (a reference), or NULL */
+    bool counted_con;            /* counted in engine.n_constrained */
     struct engine_req *prev, *next;
 };
 
@@ -71,6 +74,8 @@ struct engine {
     struct engine_req *head, *tail;
     int n_reqs;
     struct constraints *cons;    /* compiled grammars, the vocabulary's bytes */
+    int n_constrained;           /* requests on the list with a grammar */
+    bool jump_forward;           /* engine_params.jump_forward */
     int n_paused;                /* requests on the list with paused set */
     bool in_step;
     float *logits;               /* (cap_rows, n_vocab) */
@@ -149,6 +154,7 @@ struct engine_params engine_params_default(void)
     p.kv_dtype = DT_F16;
     p.prefix_caching = true;
     p.policy = SCHED_POLICY_FCFS;
+    p.jump_forward = true;
     return p;
 }
 
@@ -358,6 +364,7 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
         return rc;
     }
     eng->spec_always = p->spec_always;
+    eng->jump_forward = p->jump_forward;
     eng->spec_probe = SPEC_PROBE_MIN;
     eng->spec_k = p->spec.num_tokens > 0 ? p->spec.num_tokens : 4;
     eng->spec_k = eng->spec_k > SPEC_MAX_TOKENS ? SPEC_MAX_TOKENS : eng->spec_k;
@@ -400,6 +407,8 @@ int engine_create(struct engine **out, const struct engine_params *p, struct wel
 
 static void req_free(struct engine *eng, struct engine_req *er)
 {
+    if (er->con && er->counted_con)
+        eng->n_constrained--;
     eng->st.mask_count += (uint64_t)er->r->n_masks;
     eng->st.t_mask += er->r->t_masks;
     request_free(er->r);
@@ -573,6 +582,8 @@ int engine_add_request(struct engine *eng, const struct request_params *p,
         return rc;
     }
     eng->next_id++;
+    if (er->con)
+        er->counted_con = true, eng->n_constrained++;
     er->prev = eng->tail;
     if (eng->tail)
         eng->tail->next = er;
@@ -862,8 +873,15 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
     struct engine_req *er = es->er;
     const int i = es->index;
     const size_t V = (size_t)eng->n_vocab;
-    eng->st.spec_drafts++;
-    eng->st.spec_draft_tokens += (uint64_t)en->n_draft;
+    const bool forced = es->forced;
+    es->forced = false;
+    if (forced) {
+        eng->st.forced_draft_tokens += (uint64_t)en->n_draft;
+        es->forced_n += en->n_draft;
+    } else {
+        eng->st.spec_drafts++;
+        eng->st.spec_draft_tokens += (uint64_t)en->n_draft;
+    }
     int taken = 0; /* guesses accepted in this entry */
     if (!es->spec_k)
         es->spec_k = eng->spec_k;
@@ -874,12 +892,17 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
             return;
         struct sched_seq *ss = er->seqs[i].ss;
         int rc;
-        if (j < en->n_draft)
+        if (j < en->n_draft && !forced)
             eng->spec_guess_n += 1;
         if (j < en->n_draft && ss->n_draft > 0 && tok == ss->tokens[ss->n_tokens]) {
-            eng->spec_guess_ok += 1;
-            eng->st.spec_accepted_tokens++;
-            eng->st.spec_accepted_at[j]++;
+            if (forced) {
+                eng->st.forced_accepted_tokens++;
+                es->forced_ok++;
+            } else {
+                eng->spec_guess_ok += 1;
+                eng->st.spec_accepted_tokens++;
+                eng->st.spec_accepted_at[j]++;
+            }
             taken++;
             rc = sched_accept_draft(eng->s, ss, 1, &e);
             if (rc == WELD_OK)
@@ -887,9 +910,11 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
         } else {
             rc = sched_append_token(eng->s, ss, tok, &e);
             /* all taken: one more next time; else as many as were right, plus one */
-            es->spec_k = taken == en->n_draft ? es->spec_k + 1 : taken + 1;
-            es->spec_k = es->spec_k > eng->spec_k ? eng->spec_k : es->spec_k;
-            eng->spec_guess_ok *= SPEC_GUESS_DECAY, eng->spec_guess_n *= SPEC_GUESS_DECAY;
+            if (!forced) {
+                es->spec_k = taken == en->n_draft ? es->spec_k + 1 : taken + 1;
+                es->spec_k = es->spec_k > eng->spec_k ? eng->spec_k : es->spec_k;
+                eng->spec_guess_ok *= SPEC_GUESS_DECAY, eng->spec_guess_n *= SPEC_GUESS_DECAY;
+            }
         }
         if (rc != WELD_OK)
             seq_failed(eng, er, &e);
@@ -929,6 +954,38 @@ static int spec_best_k(struct engine *eng, int b)
             best_rate = rate, best = k;
     }
     return best;
+}
+
+/* Jump-forward: before a step, each decoding sequence of a constrained request that has no
+   draft gets, as one, the text its grammar forces next (request_seq_forced: the longest
+   tokens that spell it). The step verifies them like any guesses, so the output is the
+   same token for token; a model that writes the forced text as those tokens takes several
+   tokens in one step. A sequence whose forced drafts were mostly refused (fewer than half
+   taken after 16) gets no more. */
+static void forced_propose(struct engine *eng)
+{
+    for (struct engine_req *er = eng->head; er; er = er->next) {
+        struct request *r = er->r;
+        if (!er->con || er->paused || er->abort_pending || r->p.prompt_logprobs >= 0)
+            continue;
+        for (int i = 0; i < r->n_seqs; i++) {
+            struct engine_seq *es = &er->seqs[i];
+            struct sched_seq *ss = es->ss;
+            if (!ss || ss->state != SCHED_RUNNING || ss->n_computed != ss->n_tokens - 1 ||
+                ss->n_draft > 0 || (es->forced_n >= 16 && 2 * es->forced_ok < es->forced_n))
+                continue;
+            int k = SPEC_MAX_TOKENS;
+            if (r->p.max_tokens > 0) {
+                int left = r->p.max_tokens - (ss->n_tokens - ss->n_prompt) - 1;
+                k = k < left ? k : left;
+            }
+            int32_t out[SPEC_MAX_TOKENS];
+            int n = k > 0 ? request_seq_forced(r, i, out, k) : 0;
+            struct weld_err e;
+            if (n > 0 && sched_set_draft(eng->s, ss, out, n, &e) == WELD_OK)
+                es->forced = true;
+        }
+    }
 }
 
 /* Before a step: each decoding sequence of a generate request gets the proposer's guesses
@@ -1189,6 +1246,8 @@ int engine_step(struct engine *eng, struct weld_err *e)
     struct sched_plan pl;
     if (eng->prop)
         spec_propose(eng);
+    if (eng->n_constrained && eng->jump_forward)
+        forced_propose(eng);
     int rc = sched_step(eng->s, &pl, e);
     if (rc)
         return rc;

@@ -93,6 +93,8 @@ struct engine_params {
                                        still bounds its guesses */
     bool spec_always;               /* guess in every step, whatever the fitted step cost
                                        says (tests, benchmarks of the machinery) */
+    bool jump_forward;              /* constrained requests draft the text their grammar
+                                       forces, verified like guesses (default true) */
 };
 
 struct engine_stats {
@@ -125,6 +127,8 @@ struct engine_stats {
     /* constrained decoding (request_params.grammar), of finished requests */
     uint64_t mask_count;                        /* token masks computed */
     double t_mask;                              /* seconds computing them */
+    uint64_t forced_draft_tokens;               /* jump-forward: tokens drafted from forced text */
+    uint64_t forced_accepted_tokens;            /* ... and taken by the step that verified them */
 };
 
 /* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what

@@ -417,6 +417,16 @@ int request_constrain(struct request *r, struct gspace *sp, const struct gvocab 
     return WELD_OK;
 }
 
+int request_seq_forced(struct request *r, int i, int32_t *out, int max)
+{
+    struct request_seq *s = &r->seqs[i];
+    if (!s->gm || s->finish != REQUEST_FINISH_NONE)
+        return 0;
+    uint8_t buf[256];
+    const int nb = gmatch_forced(s->gm, buf, (int)sizeof buf);
+    return nb ? gvocab_greedy_tokens(r->gv, buf, nb, out, max) : 0;
+}
+
 int32_t request_seq_last_token(const struct request *r, int i)
 {
     const struct request_seq *s = &r->seqs[i];

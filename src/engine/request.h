@@ -238,6 +238,11 @@ void request_free(struct request *r);
 int request_constrain(struct request *r, struct gspace *sp, const struct gvocab *v,
                       struct weld_err *e);
 
+/* Constrained sequence i: the text its grammar forces next (grammar.h gmatch_forced) as
+   tokens, each the longest that spells what is left (at most max); 0 when nothing is
+   forced or the request has no constraint. The engine drafts them (jump-forward). */
+int request_seq_forced(struct request *r, int i, int32_t *out, int max);
+
 /* Sample sequence i's next token from its logits row (n_vocab floats, not modified) and
    run the output path. top: the row's largest logits from the backend (exec/logits_top.h),
    or NULL; with it greedy and top-k sampling skip the pass over the row (same token).

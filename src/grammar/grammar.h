@@ -82,6 +82,9 @@ bool gmatch_accept(struct gmatch *m, const uint8_t *s, size_t n);
 bool gmatch_can_end(const struct gmatch *m);
 /* Back to the start. */
 void gmatch_reset(struct gmatch *m);
+/* The bytes the grammar forces from here (each the only byte allowed, while the input may
+   not end), at most max of them into out; the state does not change. */
+int gmatch_forced(struct gmatch *m, uint8_t *out, int max);
 /* A matcher's state kept aside (a rollback point: a rejected speculative token); valid
    for the matcher it came from. */
 struct gmatch_state {

@@ -590,3 +590,31 @@ int gmatch_mask(struct gmatch *mm, const struct gvocab *v, uint32_t *mask, struc
     }
     return WELD_OK;
 }
+
+int gmatch_forced(struct gmatch *mm, uint8_t *out, int max)
+{
+    struct gspace *m = mm->sp;
+    int32_t s = state_id(m, mm->top, mm->n_top, mm->can_end);
+    int k = 0;
+    while (s >= 0 && k < max && !m->st[s].end) {
+        int32_t only = DEAD;
+        int b1 = -1;
+        for (int b = 0; b < 256; b++) {
+            const int32_t x = state_step(m, s, (uint8_t)b);
+            if (x == NOMEM)
+                return k;
+            if (x == DEAD)
+                continue;
+            if (b1 >= 0) { /* a second byte: a choice */
+                only = DEAD;
+                break;
+            }
+            b1 = b, only = x;
+        }
+        if (only == DEAD)
+            break;
+        out[k++] = (uint8_t)b1;
+        s = only;
+    }
+    return k;
+}

@@ -89,3 +89,44 @@ void gvocab_free(struct gvocab *v)
     wfree(v->eog);
     wfree(v);
 }
+
+/* The token whose bytes are exactly s[0, n), or -1 (binary search in byte order). */
+static int32_t find_exact(const struct gvocab *v, const uint8_t *s, uint32_t n)
+{
+    int lo = 0, hi = v->n_order - 1;
+    while (lo <= hi) {
+        const int mid = (lo + hi) / 2;
+        const int32_t id = v->order[mid];
+        const uint32_t l = v->len[id], k = l < n ? l : n;
+        int c = memcmp(v->bytes[id], s, k);
+        if (!c)
+            c = l < n ? -1 : l > n ? 1 : 0;
+        if (!c)
+            return id;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
+}
+
+int gvocab_greedy_tokens(const struct gvocab *v, const uint8_t *s, int n, int32_t *out, int max)
+{
+    int k = 0, p = 0;
+    while (p < n && k < max) {
+        int32_t best = -1;
+        uint32_t bl = 0;
+        for (uint32_t l = (uint32_t)(n - p) < v->max_len ? (uint32_t)(n - p) : v->max_len; l > 0;
+             l--)
+            if ((best = find_exact(v, s + p, l)) >= 0) {
+                bl = l;
+                break;
+            }
+        if (best < 0)
+            break;
+        out[k++] = best;
+        p += (int)bl;
+    }
+    return k;
+}

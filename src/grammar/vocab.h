@@ -38,6 +38,10 @@ int gvocab_create(struct gvocab **out, const struct tokenizer *t, int n_vocab,
                   struct weld_err *e);
 void gvocab_free(struct gvocab *v);
 
+/* s[0, n) as tokens, each the longest whose bytes start what is left (at most max; stops
+   where no token fits): the tokens a forced text is drafted as. */
+int gvocab_greedy_tokens(const struct gvocab *v, const uint8_t *s, int n, int32_t *out, int max);
+
 /* Bit i of mask ((n_vocab + 31) / 32 words): token i may come next from m's state. */
 int gmatch_mask(struct gmatch *m, const struct gvocab *v, uint32_t *mask, struct weld_err *e);
 
