@@ -59,18 +59,19 @@ try {
   await expect400(cmpl({ max_tokens: 0 }), 'max_tokens', 'max_tokens 0');
   await expect400(cmpl({ suffix: 'The end.' }), 'suffix', 'suffix');
   await expect400(cmpl({ best_of: 3 }), 'best_of', 'best_of 3');
-  await expect400(cmpl({ guided_regex: '[a-z]+' }), 'guided_regex', 'guided_regex');
+  await expect400(cmpl({ guided_regex: '[a-z' }), 'guided_regex', 'guided_regex unclosed class', 'offset');
   // chat
   await expect400(chat({ logprobs: true, top_logprobs: 21 }), 'top_logprobs', 'top_logprobs 21');
-  await expect400(chat({ response_format: { type: 'json_object' } }), 'response_format',
-                  'response_format json_object');
-  await expect400(chat({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }),
-                  'response_format', 'response_format json_schema');
+  await expect400(chat({ response_format: { type: 'yaml' } }), 'response_format',
+                  'response_format yaml');
+  await expect400(chat({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { allOf: [] } } } }),
+                  'response_format', 'response_format json_schema with allOf', '"allOf"');
   const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } }];
-  await expect400(chat({ tools }), 'tools', 'tools without tool_choice');
+  // tools default to tool_choice "auto", which needs --enable-auto-tool-choice (vLLM's 400)
+  await expect400(chat({ tools }), 'tool_choice', 'tools without tool_choice', '--enable-auto-tool-choice');
   await expect400(chat({ tools, tool_choice: 'auto' }), 'tool_choice', 'tool_choice auto');
-  await expect400(chat({ guided_json: { type: 'object' } }), 'guided_json', 'guided_json');
-  await expect400(chat({ guided_choice: ['yes', 'no'] }), 'guided_choice', 'guided_choice');
+  await expect400(chat({ guided_json: { type: 'object', not: {} } }), 'guided_json', 'guided_json with not');
+  await expect400(chat({ guided_choice: [] }), 'guided_choice', 'guided_choice empty');
   // accepted: boundaries, text format, tools shown with tool_choice "none", tiny temperature
   const ok = await chat({ tools, tool_choice: 'none', response_format: { type: 'text' },
                           temperature: 2, top_k: -1, presence_penalty: -2 });
