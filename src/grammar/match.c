@@ -291,7 +291,7 @@ static int32_t state_id(struct gspace *m, const int32_t *t, int n, bool end)
     while (m->shash[k]) {
         const struct gstate *s = &m->st[m->shash[k] - 1];
         if (s->hash == h && s->n == n && s->end == end &&
-            !memcmp(m->pool + s->off, t, sizeof *t * (size_t)n))
+            (!n || !memcmp(m->pool + s->off, t, sizeof *t * (size_t)n)))
             return m->shash[k] - 1;
         k = (k + 1) & (uint32_t)(m->shcap - 1);
     }
@@ -309,7 +309,8 @@ static int32_t state_id(struct gspace *m, const int32_t *t, int n, bool end)
             return NOMEM;
         m->pool = np, m->cap_pool = cap;
     }
-    memcpy(m->pool + m->n_pool, t, sizeof *t * (size_t)n);
+    if (n)
+        memcpy(m->pool + m->n_pool, t, sizeof *t * (size_t)n);
     m->st[m->n_st] = (struct gstate){(uint32_t)m->n_pool, n, end, h, NULL, NULL};
     m->n_pool += (size_t)n;
     m->bytes += sizeof(struct gstate) + sizeof *t * (size_t)n;
@@ -335,7 +336,8 @@ static int32_t state_step(struct gspace *m, int32_t s, uint8_t b)
     if (!t)
         return NOMEM;
     const int n = st->n;
-    memcpy(t, m->pool + st->off, sizeof *t * (size_t)n);
+    if (n)
+        memcpy(t, m->pool + st->off, sizeof *t * (size_t)n);
     int32_t r = step_from(m, t, n, b) ? state_id(m, m->next, m->n_next, m->next_end) : NOMEM;
     if (t != buf)
         wfree(t);
@@ -398,7 +400,8 @@ static bool set_top(struct gmatch *m, const int32_t *t, int n, bool end)
             return false;
         m->top = nt, m->cap_top = cap;
     }
-    memcpy(m->top, t, sizeof *t * (size_t)n);
+    if (n)
+        memcpy(m->top, t, sizeof *t * (size_t)n);
     m->n_top = n, m->can_end = end;
     return true;
 }
@@ -471,7 +474,8 @@ bool gmatch_accept(struct gmatch *mm, const uint8_t *s, size_t n)
         return false;
     const int n0 = mm->n_top;
     const bool end0 = mm->can_end;
-    memcpy(save, mm->top, sizeof *save * (size_t)n0);
+    if (n0)
+        memcpy(save, mm->top, sizeof *save * (size_t)n0);
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++) {
         ok = step_from(m, mm->top, mm->n_top, s[i]) &&
@@ -490,7 +494,8 @@ int gmatch_save(const struct gmatch *m, struct gmatch_state *st, struct weld_err
     st->tops = wmalloc(sizeof *st->tops * ((size_t)m->n_top + 1));
     if (!st->tops)
         return err_set(e, WELD_ERR_NOMEM, "grammar: out of memory");
-    memcpy(st->tops, m->top, sizeof *st->tops * (size_t)m->n_top);
+    if (m->n_top)
+        memcpy(st->tops, m->top, sizeof *st->tops * (size_t)m->n_top);
     st->n = m->n_top, st->can_end = m->can_end;
     return WELD_OK;
 }
