@@ -71,7 +71,7 @@ endif()
 
 # Structured outputs validated by ajv over a corpus of 120 JSON schemas on three random
 # models with real vocabularies (tests/node/serve_structured.mjs; the sanitizer build runs
-# one vocabulary and 40 schemas), and tool calling through the official client
+# one vocabulary and 20 schemas), and tool calling through the official client
 # (tests/node/serve_tools.mjs).
 if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/ajv-formats/package.json
    AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/package.json)
@@ -81,7 +81,7 @@ if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/ajv-format
            WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
   add_test(NAME server_tools
            COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_tools.mjs
-                   $<TARGET_FILE:weld> ${CMAKE_CURRENT_BINARY_DIR}/server_tools_tmp
+                   $<TARGET_FILE:weld> ${CMAKE_CURRENT_BINARY_DIR}/server_tools_tmp ${weld_sanitize}
            WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
   set_tests_properties(server_structured PROPERTIES TIMEOUT 600)
   set_tests_properties(server_tools PROPERTIES TIMEOUT 300)

@@ -8,7 +8,8 @@
 // template; response_format json_schema with strict validates; "auto" reads calls out of
 // the text (random weights write none: the answer is content).
 //
-//   node serve_tools.mjs WELD TMPDIR
+//   node serve_tools.mjs WELD TMPDIR [QUICK]
+// QUICK (the sanitizer build): fewer seeds per check.
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -18,7 +19,8 @@ import Ajv from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
 import { counter, startServer, stopServer } from './serve_lib.mjs';
 
-const [weld, tmp] = process.argv.slice(2);
+const [weld, tmp, quickArg] = process.argv.slice(2);
+const seeds = quickArg === '1' ? 2 : 6;
 const here = path.dirname(fileURLToPath(import.meta.url));
 const c = counter();
 fs.mkdirSync(tmp, { recursive: true });
@@ -65,7 +67,7 @@ const srv = await startServer(weld, model, ['--enable-auto-tool-choice', '--tool
 const client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'x' });
 const base = { model: model, messages, tools, max_tokens: 400, seed: 3, logit_bias: bias };
 
-for (let seed = 0; seed < 6; seed++) { // required
+for (let seed = 0; seed < seeds; seed++) { // required
   const r = await client.chat.completions.create({ ...base, seed, tool_choice: 'required' });
   const ch = r.choices[0];
   if (ch.finish_reason === 'length') continue; // cut before the document ended: no calls
@@ -73,7 +75,7 @@ for (let seed = 0; seed < 6; seed++) { // required
   c.check(ch.message.content === null, 'required: no content', ch.message);
   checkCalls(ch.message.tool_calls, `required (seed ${seed})`, false);
 }
-for (let seed = 0; seed < 4; seed++) { // named, and parallel_tool_calls false
+for (let seed = 0; seed < Math.max(1, seeds - 3); seed++) { // named, and parallel_tool_calls false
   const r = await client.chat.completions.create({ ...base, seed,
     tool_choice: { type: 'function', function: { name: 'search_flights' } } });
   const ch = r.choices[0];
@@ -139,7 +141,7 @@ const schema = { type: 'object', properties: { answer: { type: 'string', maxLeng
   confidence: { type: 'number', minimum: 0, maximum: 1 } }, required: ['answer', 'confidence'],
   additionalProperties: false };
 const vs = ajv.compile(schema);
-for (let seed = 0; seed < 4; seed++) {
+for (let seed = 0; seed < Math.max(1, seeds - 3); seed++) {
   const r = await client.chat.completions.create({ model, messages, max_tokens: 300, seed, logit_bias: bias,
     response_format: { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } } });
   const ch = r.choices[0];
