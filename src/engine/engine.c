@@ -76,6 +76,7 @@ struct engine {
     struct constraints *cons;    /* compiled grammars, the vocabulary's bytes */
     int n_constrained;           /* requests on the list with a grammar */
     bool jump_forward;           /* engine_params.jump_forward */
+    double forced_ok, forced_n;  /* forced tokens taken / drafted (decayed) */
     int n_paused;                /* requests on the list with paused set */
     bool in_step;
     float *logits;               /* (cap_rows, n_vocab) */
@@ -878,6 +879,8 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
     if (forced) {
         eng->st.forced_draft_tokens += (uint64_t)en->n_draft;
         es->forced_n += en->n_draft;
+        eng->forced_ok *= SPEC_GUESS_DECAY;
+        eng->forced_n = eng->forced_n * SPEC_GUESS_DECAY + en->n_draft;
     } else {
         eng->st.spec_drafts++;
         eng->st.spec_draft_tokens += (uint64_t)en->n_draft;
@@ -898,6 +901,7 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
             if (forced) {
                 eng->st.forced_accepted_tokens++;
                 es->forced_ok++;
+                eng->forced_ok += 1;
             } else {
                 eng->spec_guess_ok += 1;
                 eng->st.spec_accepted_tokens++;
@@ -929,9 +933,8 @@ static void entry_verify(struct engine *eng, struct engine_seq *es, const struct
    c0 + c1 B for B. A memory-bound step (c1 small beside c0) pays at a modest r; once the
    batch makes the step compute-bound (vLLM's disable_by_batch_size, here measured) it
    does not, nor does a draft nearly as slow as the target. */
-static int spec_best_k(struct engine *eng, int b)
+static int best_k(struct engine *eng, int b, int kmax, double r, bool prop_cost)
 {
-    const int kmax = eng->spec_k;
     const struct fit *f = &eng->step_fit;
     if (f->n < SPEC_FIT_MIN || b < 1)
         return kmax;
@@ -941,13 +944,12 @@ static int spec_best_k(struct engine *eng, int b)
         return eng->st.steps % 16 ? kmax : 0;
     double c1 = (f->xy / f->n - mx * my) / vx, c0 = my - c1 * mx;
     c1 = c1 > 0 ? c1 : 0, c0 = c0 > 0 ? c0 : 0;
-    const double r = eng->spec_guess_n > 0 ? eng->spec_guess_ok / eng->spec_guess_n : 0.5;
     double best_rate = b / (c0 + c1 * b), a = 0, rk = 1;
     int best = 0;
     for (int k = 1; k <= kmax; k++) {
         rk *= r, a += rk;
         double prop = 0; /* what asking for b * k guesses costs (0 until measured) */
-        if (!fit_at(&eng->prop_fit, (double)b * k, &prop))
+        if (!prop_cost || !fit_at(&eng->prop_fit, (double)b * k, &prop))
             prop = 0;
         double rate = b * (1.0 + a) / (c0 + c1 * b * (1.0 + k) + prop);
         if (rate > best_rate)
@@ -956,14 +958,31 @@ static int spec_best_k(struct engine *eng, int b)
     return best;
 }
 
+static int spec_best_k(struct engine *eng, int b)
+{
+    const double r = eng->spec_guess_n > 0 ? eng->spec_guess_ok / eng->spec_guess_n : 0.5;
+    return best_k(eng, b, eng->spec_k, r, true);
+}
+
 /* Jump-forward: before a step, each decoding sequence of a constrained request that has no
    draft gets, as one, the text its grammar forces next (request_seq_forced: the longest
    tokens that spell it). The step verifies them like any guesses, so the output is the
    same token for token; a model that writes the forced text as those tokens takes several
-   tokens in one step. A sequence whose forced drafts were mostly refused (fewer than half
-   taken after 16) gets no more. */
+   tokens in one step. The step-cost model decides how many pay at this batch size and at
+   the rate forced tokens have been taken (spec_best_k's reckoning, with no proposer
+   cost); a sequence whose forced drafts were mostly refused (fewer than half taken after
+   16) gets no more. */
 static void forced_propose(struct engine *eng)
 {
+    int b = 0;
+    for (struct engine_req *er = eng->head; er; er = er->next)
+        for (int i = 0; i < er->r->n_seqs; i++)
+            b += er->seqs[i].ss && er->seqs[i].ss->state == SCHED_RUNNING &&
+                 er->seqs[i].ss->n_computed == er->seqs[i].ss->n_tokens - 1;
+    const double rate = eng->forced_n > 0 ? eng->forced_ok / eng->forced_n : 0.5;
+    const int kstep = best_k(eng, b, SPEC_MAX_TOKENS, rate, false);
+    if (!kstep)
+        return;
     for (struct engine_req *er = eng->head; er; er = er->next) {
         struct request *r = er->r;
         if (!er->con || er->paused || er->abort_pending || r->p.prompt_logprobs >= 0)
@@ -974,7 +993,7 @@ static void forced_propose(struct engine *eng)
             if (!ss || ss->state != SCHED_RUNNING || ss->n_computed != ss->n_tokens - 1 ||
                 ss->n_draft > 0 || (es->forced_n >= 16 && 2 * es->forced_ok < es->forced_n))
                 continue;
-            int k = SPEC_MAX_TOKENS;
+            int k = kstep;
             if (r->p.max_tokens > 0) {
                 int left = r->p.max_tokens - (ss->n_tokens - ss->n_prompt) - 1;
                 k = k < left ? k : left;
