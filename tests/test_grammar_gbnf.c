@@ -331,6 +331,32 @@ TEST(errors_name_the_place)
     grammar_free(g);
 }
 
+/* gmatch_forced: the bytes every continuation starts with, up to a choice or a possible
+   end; the state is left as it was. */
+TEST(forced_bytes)
+{
+    static const char *g_text = "root ::= \"ab\" ( \"c\" [xy] \"de\" | \"d\" ) \"!\"?\n";
+    struct grammar *g = NULL;
+    struct weld_err e;
+    REQUIRE(grammar_parse_gbnf(&g, g_text, strlen(g_text), NULL, &e) == WELD_OK);
+    struct gmatch *m = NULL;
+    REQUIRE(gmatch_create(&m, g, &e) == WELD_OK);
+    uint8_t out[16];
+    int n = gmatch_forced(m, out, 16);
+    CHECK(n == 2 && !memcmp(out, "ab", 2));
+    CHECK(gmatch_accept(m, (const uint8_t *)"a", 1)); /* unchanged: "a" still next */
+    n = gmatch_forced(m, out, 16);
+    CHECK(n == 1 && out[0] == 'b');
+    CHECK(gmatch_accept(m, (const uint8_t *)"bcx", 3));
+    n = gmatch_forced(m, out, 16);
+    CHECK(n == 2 && !memcmp(out, "de", 2)); /* then "!" or the end: a choice */
+    CHECK_EQ_INT(gmatch_forced(m, out, 1), 1);
+    CHECK(gmatch_accept(m, (const uint8_t *)"de", 2));
+    CHECK_EQ_INT(gmatch_forced(m, out, 16), 0);
+    gmatch_free(m);
+    grammar_free(g);
+}
+
 int main(int argc, char **argv)
 {
     test_args(argc, argv);
@@ -338,5 +364,6 @@ int main(int argc, char **argv)
     RUN(matcher_against_reference);
     RUN(classes_are_utf8);
     RUN(errors_name_the_place);
+    RUN(forced_bytes);
     return test_summary();
 }

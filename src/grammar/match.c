@@ -601,25 +601,23 @@ int gmatch_forced(struct gmatch *mm, uint8_t *out, int max)
     struct gspace *m = mm->sp;
     int32_t s = state_id(m, mm->top, mm->n_top, mm->can_end);
     int k = 0;
-    while (s >= 0 && k < max && !m->st[s].end) {
-        int32_t only = DEAD;
-        int b1 = -1;
-        for (int b = 0; b < 256; b++) {
-            const int32_t x = state_step(m, s, (uint8_t)b);
-            if (x == NOMEM)
-                return k;
-            if (x == DEAD)
-                continue;
-            if (b1 >= 0) { /* a second byte: a choice */
-                only = DEAD;
-                break;
-            }
-            b1 = b, only = x;
+    /* forced: every top (the next byte's ranges) the same single byte, and no end here */
+    while (s >= 0 && k < max && !m->st[s].end && m->st[s].n > 0) {
+        const struct gstate *st = &m->st[s];
+        const struct gr_elem *e0 = &m->g->el[m->n_el[m->pool[st->off]]];
+        bool one = e0->lo == e0->hi;
+        for (int i = 1; one && i < st->n; i++) {
+            const struct gr_elem *e = &m->g->el[m->n_el[m->pool[st->off + (uint32_t)i]]];
+            one = e->lo == e0->lo && e->hi == e0->lo;
         }
-        if (only == DEAD)
+        if (!one)
             break;
-        out[k++] = (uint8_t)b1;
-        s = only;
+        const uint8_t b = e0->lo;
+        const int32_t x = state_step(m, s, b);
+        if (x < 0)
+            break;
+        out[k++] = b;
+        s = x;
     }
     return k;
 }
