@@ -62,16 +62,27 @@ void constraints_free(struct constraints *c)
     wfree(c);
 }
 
-/* Drop unreferenced entries past the first CONSTRAINT_CACHE unreferenced ones. */
+/* Drop unreferenced entries past the first CONSTRAINT_CACHE unreferenced ones, and the
+   cached states of unreferenced entries past CONSTRAINT_IDLE_BYTES of them (most recently
+   used first). */
 static void trim(struct constraints *c)
 {
     int idle = 0;
+    size_t bytes = 0;
     for (struct constraint **pp = &c->head; *pp;) {
         struct constraint *k = *pp;
         if (k->refs == 0 && ++idle > CONSTRAINT_CACHE) {
             *pp = k->next;
             entry_free(k);
             continue;
+        }
+        if (k->refs == 0) {
+            struct gspace_counts gc;
+            gspace_counts(k->sp, &gc);
+            if (bytes + gc.bytes > CONSTRAINT_IDLE_BYTES)
+                gspace_drop(k->sp);
+            else
+                bytes += gc.bytes;
         }
         pp = &k->next;
     }

@@ -6,7 +6,8 @@
  * same schema or tool list again and again, so compiled grammars stay in a small cache
  * (CONSTRAINT_CACHE entries, least recently used dropped first, never one a request still
  * holds), each with the space its matchers share, where the token masks of the states
- * met so far are kept (grammar/match.c). The vocabulary's bytes are made on the first constrained request (a pass over
+ * met so far are kept (grammar/match.c; at most GSPACE_BUDGET each, and of the grammars
+ * no request holds, CONSTRAINT_IDLE_BYTES in all). The vocabulary's bytes are made on the first constrained request (a pass over
  * the vocabulary, ~20 ms at 150k tokens) and kept.
  *
  * Not thread-safe: the engine's thread owns it.
@@ -18,7 +19,8 @@
 
 #include <stdint.h>
 
-#define CONSTRAINT_CACHE 64
+#define CONSTRAINT_CACHE 64                       /* compiled grammars kept idle */
+#define CONSTRAINT_IDLE_BYTES ((size_t)128 << 20) /* their cached states and masks */
 
 struct tokenizer;
 struct gspace;

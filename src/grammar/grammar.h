@@ -64,6 +64,8 @@ struct gspace;
 int gspace_create(struct gspace **out, const struct grammar *g, struct weld_err *e);
 void gspace_free(struct gspace *s);
 void gspace_set_budget(struct gspace *s, size_t bytes);
+/* Forget the states, transitions and masks (not the nodes): memory back, cache cold. */
+void gspace_drop(struct gspace *s);
 struct gspace_counts {
     uint64_t mask_hits, mask_misses; /* masks copied from a state's cache / walked */
     int states;

@@ -381,6 +381,11 @@ void gspace_free(struct gspace *m)
     wfree(m);
 }
 
+void gspace_drop(struct gspace *m)
+{
+    states_drop(m);
+}
+
 void gspace_set_budget(struct gspace *m, size_t bytes)
 {
     m->budget = bytes;
