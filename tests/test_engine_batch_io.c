@@ -23,7 +23,7 @@ static struct weld_err g_e;
 static int parse(const char *s, struct batch_line *l)
 {
     memset(&g_e, 0, sizeof g_e);
-    return batch_line_parse(s, strlen(s), 7, l, &g_e);
+    return batch_line_parse(s, strlen(s), 7, NULL, l, &g_e);
 }
 
 /* s must fail, with a message that starts with "line 7" and names want. */
@@ -392,7 +392,7 @@ TEST(bad_json)
     CHECK(parse("", &l) != WELD_OK);
     batch_line_release(&l);
     memset(&g_e, 0, sizeof g_e);
-    CHECK(batch_line_parse("{\"prompt\": \"a\0b\"}", 17, 1, &l, &g_e) != WELD_OK);
+    CHECK(batch_line_parse("{\"prompt\": \"a\0b\"}", 17, 1, NULL, &l, &g_e) != WELD_OK);
     batch_line_release(&l);
 }
 
@@ -431,13 +431,13 @@ TEST(request_parse_object)
     REQUIRE(o);
     struct batch_line l;
     memset(&g_e, 0, sizeof g_e);
-    REQUIRE(batch_request_parse(o, 3, &l, &g_e) == WELD_OK);
+    REQUIRE(batch_request_parse(o, 3, NULL, &l, &g_e) == WELD_OK);
     CHECK_EQ_STR(l.p.prompt, "q");
     CHECK_EQ_INT(l.p.sampling.top_k, 2);
     CHECK(l.root == NULL);
     batch_line_release(&l);
     json_object_set_new(o, "top_k", json_string("x"));
-    CHECK(batch_request_parse(o, 3, &l, &g_e) != WELD_OK);
+    CHECK(batch_request_parse(o, 3, NULL, &l, &g_e) != WELD_OK);
     CHECK(!strncmp(g_e.msg, "line 3: ", 8) && strstr(g_e.msg, "'top_k'"));
     batch_line_release(&l);
     json_decref(o);

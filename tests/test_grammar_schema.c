@@ -237,6 +237,33 @@ TEST(numeric_bounds_exact)
     CHECK(checked > 10000);
 }
 
+/* --structured-outputs-config: no blanks between tokens; objects without
+   additionalProperties take no other keys */
+TEST(options)
+{
+    const char *schema = "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+                         "\"array\", \"items\": {\"type\": \"integer\"}}}}";
+    struct schema_opts o[3] = {{false, false}, {true, false}, {false, true}};
+    const char *docs[] = {"{\"a\":[1,2]}", "{ \"a\": [1, 2] }", "{\"a\":[1],\"b\":true}"};
+    const bool want[3][3] = {{true, true, true}, {true, false, true}, {true, true, false}};
+    for (int i = 0; i < 3; i++) {
+        char *gbnf = NULL;
+        struct weld_err e;
+        REQUIRE(grammar_gbnf_json_schema_ex(schema, strlen(schema), "root", &o[i], &gbnf, &e) ==
+                WELD_OK);
+        struct grammar *g = NULL;
+        REQUIRE(grammar_parse_gbnf(&g, gbnf, strlen(gbnf), NULL, &e) == WELD_OK);
+        for (int d = 0; d < 3; d++) {
+            if (accepts(g, docs[d]) != want[i][d])
+                fprintf(stderr, "  options %d, %s: %s\n", i, docs[d],
+                        want[i][d] ? "refused" : "taken");
+            CHECK(accepts(g, docs[d]) == want[i][d]);
+        }
+        grammar_free(g);
+        free(gbnf);
+    }
+}
+
 TEST(refusals_name_keyword_and_path)
 {
     static const struct {
@@ -278,6 +305,7 @@ int main(int argc, char **argv)
     test_args(argc, argv);
     RUN(schemas_accept_and_reject);
     RUN(numeric_bounds_exact);
+    RUN(options);
     RUN(refusals_name_keyword_and_path);
     return test_summary();
 }

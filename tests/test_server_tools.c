@@ -142,7 +142,7 @@ static int parse_body(const char *body, enum tool_parser p, bool auto_ok, struct
     json_t *j = json_loads(body, 0, NULL);
     if (!j)
         return -1;
-    int rc = server_tools_parse(j, p, auto_ok, t, e);
+    int rc = server_tools_parse(j, p, auto_ok, NULL, t, e);
     json_decref(j);
     return rc;
 }

@@ -3,6 +3,9 @@
  */
 #include "cli/cli.h"
 #include "core/log.h"
+#include "grammar/schema.h"
+
+#include <jansson.h>
 
 #include <errno.h>
 #include <math.h>
@@ -216,4 +219,53 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
         }
     }
     return 0;
+}
+
+int cli_structured_outputs_config(const char *json, struct schema_opts *o, struct weld_err *e)
+{
+    memset(o, 0, sizeof *o);
+    json_error_t je;
+    json_t *j = json_loads(json, 0, &je);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--structured-outputs-config: expected a JSON "
+                       "object, e.g. '{\"disable_any_whitespace\": true}'");
+    }
+    const char *k;
+    json_t *v;
+    int rc = WELD_OK;
+    json_object_foreach(j, k, v)
+    {
+        bool is_bool = json_is_boolean(v);
+        if (!strcmp(k, "backend")) {
+            /* one backend here, whatever the name ("auto", "xgrammar", "guidance", ...) */
+            if (!json_is_string(v))
+                rc = err_set(e, WELD_ERR_INVALID_ARG,
+                             "--structured-outputs-config: "
+                             "'backend' must be a string");
+        } else if (!strcmp(k, "disable_any_whitespace") && is_bool) {
+            o->no_whitespace = json_is_true(v);
+        } else if (!strcmp(k, "disable_additional_properties") && is_bool) {
+            o->no_additional_properties = json_is_true(v);
+        } else if (!strcmp(k, "disable_fallback") && is_bool) {
+            /* nothing to fall back to */
+        } else if (!strcmp(k, "disable_any_whitespace") ||
+                   !strcmp(k, "disable_additional_properties") || !strcmp(k, "disable_fallback")) {
+            rc = err_set(e, WELD_ERR_INVALID_ARG,
+                         "--structured-outputs-config: '%s' must be "
+                         "true or false",
+                         k);
+        } else {
+            rc = err_set(e, WELD_ERR_INVALID_ARG,
+                         "--structured-outputs-config: '%s' is not "
+                         "an option (backend, disable_any_whitespace, "
+                         "disable_additional_properties, disable_fallback)",
+                         k);
+        }
+        if (rc)
+            break;
+    }
+    json_decref(j);
+    return rc;
 }

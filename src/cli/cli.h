@@ -50,6 +50,12 @@ int cli_parse(int argc, char **argv, const char *usage, const char *description,
 /* Parse "123", "512M", "4G", "1.5GiB" into bytes; 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
 
+/* vLLM's --structured-outputs-config JSON ({"backend", "disable_any_whitespace",
+   "disable_additional_properties", "disable_fallback"}) into *o; an unknown key or a value
+   of the wrong type is an error naming it. */
+struct schema_opts;
+int cli_structured_outputs_config(const char *json, struct schema_opts *o, struct weld_err *e);
+
 /* The executor option group of every command that runs a model (tuning.c): --exec NAME,
    --tune KEY=VALUE (repeatable), --accelerator NAME. Zero-initialise it. */
 struct exec_tuning;

@@ -29,6 +29,7 @@
 #include "core/progress.h"
 #include "engine/batch_io.h"
 #include "engine/engine.h"
+#include "grammar/schema.h"
 #include "template/chat_template.h"
 
 #include <errno.h>
@@ -178,6 +179,7 @@ struct batch_run {
     struct progress prog;
     int n_errors;
     const char *chat_template;      /* --chat-template source for "messages", or NULL */
+    struct schema_opts schema_opts; /* --structured-outputs-config */
 };
 
 static bool text_append(struct seq_out *s, const char *t, size_t n)
@@ -340,7 +342,7 @@ static void add_line(struct engine *eng, struct batch_run *br, const char *text,
     int idx = br->n_lines++;
     struct weld_err e;
     struct batch_line bl;
-    int rc = batch_line_parse(text, len, line_no, &bl, &e);
+    int rc = batch_line_parse(text, len, line_no, &br->schema_opts, &bl, &e);
     l->id = bl.id ? json_incref(bl.id) : json_integer(idx);
     uint64_t rid = 0;
     if (rc == WELD_OK) {
@@ -428,7 +430,7 @@ static int read_input(const char *path, struct batch_input *in, struct weld_err 
         line[k] = 0;
         struct batch_line bl;
         struct weld_err le;
-        if (batch_line_parse(line, k, line_no, &bl, &le) == WELD_OK)
+        if (batch_line_parse(line, k, line_no, NULL, &bl, &le) == WELD_OK)
             in->n_good++;
         else if (!first_err)
             first_err = wstrdup(le.msg);
@@ -504,8 +506,8 @@ int cmd_batch(int argc, char **argv)
 {
     struct cli_engine_opts eo;
     cli_engine_opts_init(&eo);
-    const char *input = NULL, *output = NULL, *chat_template = NULL;
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 3];
+    const char *input = NULL, *output = NULL, *chat_template = NULL, *so_config = NULL;
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 4];
     int n_opts = cli_engine_opts_table(&eo, opts);
     opts[n_opts++] = (struct cli_opt){"input", 'i', OPT_STR, &input, "FILE",
                                       "requests, one JSON object a line ('-': stdin; required)"};
@@ -515,6 +517,13 @@ int cmd_batch(int argc, char **argv)
     opts[n_opts++] = (struct cli_opt){"chat-template", 0, OPT_STR, &chat_template, "FILE|NAME",
                                       "Jinja chat template for \"messages\", or a builtin: chatml, "
                                       "llama2, llama3, mistral, qwen, gemma (default: the model's)"};
+    opts[n_opts++] = (struct cli_opt){"structured-outputs-config",
+                                      0,
+                                      OPT_STR,
+                                      &so_config,
+                                      "JSON",
+                                      "structured outputs, as vLLM: '{\"disable_any_whitespace\": "
+                                      "true}'"};
     const char *pos[1];
     int n_pos;
     int prc = cli_parse(argc, argv, "batch -m MODEL --input requests.jsonl [--output results.jsonl] [options]",
@@ -544,6 +553,8 @@ int cmd_batch(int argc, char **argv)
     if (rc != WELD_OK)
         err_prefix(&e, "--chat-template");
     br.chat_template = tmpl;
+    if (rc == WELD_OK && so_config)
+        rc = cli_structured_outputs_config(so_config, &br.schema_opts, &e);
     if (rc == WELD_OK)
         rc = read_input(input, &in, &e); /* before the model: a bad file costs no load */
     if (rc == WELD_OK)

@@ -6,7 +6,8 @@
  * (the embeddings' pooling, llama.cpp's --pooling and vLLM's pooling_type: last or mean),
  * --disable-log-requests; weld's own: --max-body, --send-timeout, --max-connections,
  * --max-connections-per-client, --stream-buffer-size, --stream-stall-timeout, --log-prompts;
- * tool calling as vLLM: --tool-call-parser NAME, --enable-auto-tool-choice;
+ * tool calling as vLLM: --tool-call-parser NAME, --enable-auto-tool-choice; structured
+ * outputs' --structured-outputs-config;
  * plus the engine flags every engine command shares
  * (cli_engine_opts: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
  * --kv-cache-memory, --block-size, -t ...). The model may be given as the positional
@@ -35,7 +36,7 @@ int cmd_serve(int argc, char **argv)
     uint64_t stream_buffer = so.stream_buffer;
     float stall = (float)so.stream_stall_timeout;
     bool no_log = false;
-    const char *tool_parser = NULL;
+    const char *tool_parser = NULL, *so_config = NULL;
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
@@ -69,6 +70,8 @@ int cmd_serve(int argc, char **argv)
          "add the prompt text to each access-log line (default: never logged)"},
         {"tool-call-parser", 0, OPT_STR, &tool_parser, "NAME",
          "read tool calls out of chat answers: hermes (qwen), llama3_json, mistral or deepseek_v3"},
+        {"structured-outputs-config", 0, OPT_STR, &so_config, "JSON",
+         "structured outputs, as vLLM: '{\"disable_any_whitespace\": true, \"disable_additional_properties\": true}'"},
         {"enable-auto-tool-choice", 0, OPT_FLAG, &so.auto_tool_choice, NULL,
          "let the model decide when to call tools (tool_choice \"auto\"; needs --tool-call-parser)"},
     };
@@ -109,6 +112,11 @@ int cmd_serve(int argc, char **argv)
     if (tool_parser && !tool_parser_from_name(tool_parser, &so.tool_parser)) {
         fprintf(stderr, "weld serve: --tool-call-parser %s: expected one of %s\n", tool_parser,
                 tool_parser_names());
+        return 2;
+    }
+    struct weld_err se = {0};
+    if (so_config && cli_structured_outputs_config(so_config, &so.schema_opts, &se)) {
+        fprintf(stderr, "weld serve: %s\n", se.msg);
         return 2;
     }
     if (so.auto_tool_choice && so.tool_parser == TOOL_PARSER_NONE) {

@@ -379,7 +379,8 @@ static void list_unknown(const json_t *o, struct batch_line *l)
     }
 }
 
-static int parse_object(const json_t *o, struct batch_line *l, struct weld_err *e)
+static int parse_object(const json_t *o, const struct schema_opts *opts, struct batch_line *l,
+                        struct weld_err *e)
 {
     if (!json_is_object(o))
         return err_set(e, WELD_ERR_FORMAT, "expected a JSON object");
@@ -394,26 +395,26 @@ static int parse_object(const json_t *o, struct batch_line *l, struct weld_err *
         !(rc = get_floats(o, &l->p, e)) && !(rc = get_ints(o, &l->p, e)) &&
         !(rc = get_flags(o, &l->p, e)) &&
         !(rc = api_ranges(&l->p, json_is_true(json_object_get(o, "echo")), e)) &&
-        !(rc = refused(o, e)) && !(rc = structured_gbnf(o, &l->gbnf, e)))
+        !(rc = refused(o, e)) && !(rc = structured_gbnf(o, opts, &l->gbnf, e)))
         l->p.grammar = l->gbnf;
     if (!rc)
         list_unknown(o, l);
     return rc;
 }
 
-int batch_request_parse(const json_t *o, int line_no, struct batch_line *out,
-                        struct weld_err *e)
+int batch_request_parse(const json_t *o, int line_no, const struct schema_opts *opts,
+                        struct batch_line *out, struct weld_err *e)
 {
     memset(out, 0, sizeof *out);
     out->p = request_params_default();
-    int rc = parse_object(o, out, e);
+    int rc = parse_object(o, opts, out, e);
     if (rc)
         err_prefix(e, "line %d", line_no);
     return rc;
 }
 
-int batch_line_parse(const char *text, size_t len, int line_no, struct batch_line *out,
-                     struct weld_err *e)
+int batch_line_parse(const char *text, size_t len, int line_no, const struct schema_opts *opts,
+                     struct batch_line *out, struct weld_err *e)
 {
     memset(out, 0, sizeof *out);
     out->p = request_params_default();
@@ -429,7 +430,7 @@ int batch_line_parse(const char *text, size_t len, int line_no, struct batch_lin
     out->id = json_object_get(o, "id");
     if (!out->id)
         out->id = json_object_get(out->root, "custom_id");
-    int rc = parse_object(o, out, e);
+    int rc = parse_object(o, opts, out, e);
     if (!rc && json_is_true(json_object_get(o, "echo")))
         rc = err_set(e, WELD_ERR_UNSUPPORTED, "field 'echo': not supported by weld batch");
     if (rc)

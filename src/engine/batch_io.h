@@ -41,6 +41,8 @@
 #include "core/err.h"
 #include "engine/request.h"
 
+struct schema_opts;
+
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,13 +60,14 @@ struct batch_line {
     char unknown[256];        /* "" or the ignored unknown keys, ", "-separated (cut: ", ...") */
 };
 
-/* Parse text[0..len) (one line, no newline needed) numbered line_no for messages. On
+/* Parse text[0..len) (one line, no newline needed) numbered line_no for messages; opts
+   (NULL: none) shape the JSON of structured outputs (grammar/schema.h). On
    failure *out is still safe to release, and out->id is set if the line was JSON. */
-int batch_line_parse(const char *text, size_t len, int line_no, struct batch_line *out,
-                     struct weld_err *e);
+int batch_line_parse(const char *text, size_t len, int line_no, const struct schema_opts *opts,
+                     struct batch_line *out, struct weld_err *e);
 /* Parse an already-loaded request object (no "body" unwrapping, no id). */
-int batch_request_parse(const json_t *o, int line_no, struct batch_line *out,
-                        struct weld_err *e);
+int batch_request_parse(const json_t *o, int line_no, const struct schema_opts *opts,
+                        struct batch_line *out, struct weld_err *e);
 /* Frees what the line owns and zeroes it; safe on a zeroed or failed line. */
 void batch_line_release(struct batch_line *l);
 

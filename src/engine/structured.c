@@ -33,16 +33,18 @@ static char *dup_text(const char *s)
 }
 
 /* A schema given as a JSON value (object, or text holding one) -> GBNF. */
-static int from_schema(const json_t *v, const char *field, char **gbnf, struct weld_err *e)
+static int from_schema(const json_t *v, const char *field, const struct schema_opts *opts,
+                       char **gbnf, struct weld_err *e)
 {
     int rc;
     if (json_is_string(v)) {
-        rc = grammar_gbnf_from_json_schema(json_string_value(v), json_string_length(v), gbnf, e);
+        rc = grammar_gbnf_json_schema_ex(json_string_value(v), json_string_length(v), "root", opts,
+                                         gbnf, e);
     } else if (json_is_object(v) || json_is_boolean(v)) {
         char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
         if (!t)
             return err_set(e, WELD_ERR_NOMEM, "field '%s': out of memory", field);
-        rc = grammar_gbnf_from_json_schema(t, strlen(t), gbnf, e);
+        rc = grammar_gbnf_json_schema_ex(t, strlen(t), "root", opts, gbnf, e);
         free(t);
     } else {
         return err_set(e, WELD_ERR_INVALID_ARG, "field '%s': expected a JSON Schema (an object)",
@@ -108,13 +110,14 @@ static int from_grammar(const json_t *v, const char *field, char **gbnf, struct 
     return WELD_OK;
 }
 
-static int any_object(char **gbnf, struct weld_err *e)
+static int any_object(const struct schema_opts *opts, char **gbnf, struct weld_err *e)
 {
     static const char obj[] = "{\"type\": \"object\"}";
-    return grammar_gbnf_from_json_schema(obj, sizeof obj - 1, gbnf, e);
+    return grammar_gbnf_json_schema_ex(obj, sizeof obj - 1, "root", opts, gbnf, e);
 }
 
-static int response_format(const json_t *rf, char **gbnf, struct weld_err *e)
+static int response_format(const json_t *rf, const struct schema_opts *opts, char **gbnf,
+                           struct weld_err *e)
 {
     if (!json_is_object(rf))
         return err_set(e, WELD_ERR_INVALID_ARG, "field 'response_format': expected an object");
@@ -123,7 +126,7 @@ static int response_format(const json_t *rf, char **gbnf, struct weld_err *e)
     if (!strcmp(type, "text"))
         return WELD_OK;
     if (!strcmp(type, "json_object"))
-        return any_object(gbnf, e);
+        return any_object(opts, gbnf, e);
     if (strcmp(type, "json_schema"))
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "field 'response_format.type': expected "
@@ -135,11 +138,12 @@ static int response_format(const json_t *rf, char **gbnf, struct weld_err *e)
                        "an object {\"name\", \"schema\", \"strict\"}");
     const json_t *s = json_object_get(js, "schema");
     if (!set(s))
-        return any_object(gbnf, e);
-    return from_schema(s, "response_format.json_schema.schema", gbnf, e);
+        return any_object(opts, gbnf, e);
+    return from_schema(s, "response_format.json_schema.schema", opts, gbnf, e);
 }
 
-static int structured_outputs(const json_t *so, char **gbnf, struct weld_err *e)
+static int structured_outputs(const json_t *so, const struct schema_opts *opts, char **gbnf,
+                              struct weld_err *e)
 {
     if (!json_is_object(so))
         return err_set(e, WELD_ERR_INVALID_ARG, "field 'structured_outputs': expected an object");
@@ -171,17 +175,18 @@ static int structured_outputs(const json_t *so, char **gbnf, struct weld_err *e)
     char field[64];
     snprintf(field, sizeof field, "structured_outputs.%s", which);
     if (!strcmp(which, "json"))
-        return from_schema(v, field, gbnf, e);
+        return from_schema(v, field, opts, gbnf, e);
     if (!strcmp(which, "regex"))
         return from_regex(v, field, gbnf, e);
     if (!strcmp(which, "choice"))
         return from_choice(v, field, gbnf, e);
     if (!strcmp(which, "grammar"))
         return from_grammar(v, field, gbnf, e);
-    return any_object(gbnf, e);
+    return any_object(opts, gbnf, e);
 }
 
-int structured_gbnf(const json_t *o, char **gbnf, struct weld_err *e)
+int structured_gbnf(const json_t *o, const struct schema_opts *opts, char **gbnf,
+                    struct weld_err *e)
 {
     *gbnf = NULL;
     const char *which = NULL;
@@ -209,11 +214,11 @@ int structured_gbnf(const json_t *o, char **gbnf, struct weld_err *e)
         return WELD_OK;
     const json_t *v = json_object_get(o, which);
     if (!strcmp(which, "response_format"))
-        return response_format(v, gbnf, e);
+        return response_format(v, opts, gbnf, e);
     if (!strcmp(which, "structured_outputs"))
-        return structured_outputs(v, gbnf, e);
+        return structured_outputs(v, opts, gbnf, e);
     if (!strcmp(which, "guided_json") || !strcmp(which, "json_schema"))
-        return from_schema(v, which, gbnf, e);
+        return from_schema(v, which, opts, gbnf, e);
     if (!strcmp(which, "guided_regex"))
         return from_regex(v, which, gbnf, e);
     if (!strcmp(which, "guided_choice"))

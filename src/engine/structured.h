@@ -24,8 +24,12 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-/* The constraint o's fields ask for: *gbnf (wmalloc'd; NULL: none). */
-int structured_gbnf(const json_t *o, char **gbnf, struct weld_err *e);
+struct schema_opts;
+
+/* The constraint o's fields ask for: *gbnf (wmalloc'd; NULL: none); opts (NULL: none)
+   shape JSON schemas (vLLM's --structured-outputs-config, grammar/schema.h). */
+int structured_gbnf(const json_t *o, const struct schema_opts *opts, char **gbnf,
+                    struct weld_err *e);
 /* The fields structured_gbnf reads (NULL-terminated), for unknown-field lists. */
 extern const char *const structured_fields[];
 

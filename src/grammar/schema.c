@@ -119,6 +119,7 @@ static const uint16_t prim_deps[P_N] = {
 
 struct conv {
     struct strbuf o;
+    struct schema_opts opt;
     json_t *root;
     uint16_t used; /* primitives to emit */
     int n_rules;
@@ -399,14 +400,14 @@ static int object_rule(struct conv *c, const json_t *s, const char *path, int de
             i++;
         }
     int extra = -1; /* the rule of additional values, -1: none allowed */
-    if (!addl || json_is_true(addl)) {
+    if ((!addl && !c->opt.no_additional_properties) || json_is_true(addl)) {
         use(c, P_VALUE);
         extra = -2; /* plain value */
     } else if (json_is_object(addl)) {
         snprintf(sub, sizeof sub, "%s/additionalProperties", path);
         if ((extra = schema_rule(c, addl, sub, depth + 1)) < 0)
             return -1;
-    } else if (!json_is_false(addl)) {
+    } else if (addl && !json_is_false(addl)) {
         return refuse(c, path, "\"additionalProperties\" must be a boolean or a schema"), -1;
     }
     use(c, P_WS);
@@ -792,6 +793,12 @@ int grammar_gbnf_from_json_schema(const char *text, size_t len, char **gbnf, str
 int grammar_gbnf_json_schema_rule(const char *text, size_t len, const char *rule, char **gbnf,
                                   struct weld_err *e)
 {
+    return grammar_gbnf_json_schema_ex(text, len, rule, NULL, gbnf, e);
+}
+
+int grammar_gbnf_json_schema_ex(const char *text, size_t len, const char *rule,
+                                const struct schema_opts *opts, char **gbnf, struct weld_err *e)
+{
     *gbnf = NULL;
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_DECODE_ANY, &je);
@@ -799,13 +806,16 @@ int grammar_gbnf_json_schema_rule(const char *text, size_t len, const char *rule
         return err_set(e, WELD_ERR_INVALID_ARG, "json_schema: not JSON (line %d, column %d: %s)",
                        je.line, je.column, je.text);
     struct conv c = {.root = root, .e = e};
+    if (opts)
+        c.opt = *opts;
     int top = schema_rule(&c, root, "", 0);
     if (top >= 0 && !c.rc) {
         use(&c, P_WS);
         strbuf_printf(&c.o, "%s ::= ws r%d ws\n", rule, top);
         for (int p = 0; p < P_N; p++)
             if (c.used >> p & 1)
-                strbuf_printf(&c.o, "%s ::= %s\n", prim_name[p], prim_rule[p]);
+                strbuf_printf(&c.o, "%s ::= %s\n", prim_name[p],
+                              p == P_WS && c.opt.no_whitespace ? "\"\"" : prim_rule[p]);
     }
     json_decref(root);
     if (!c.rc && c.o.oom)

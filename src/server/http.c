@@ -148,6 +148,7 @@ bool http_model(struct server *s, struct server_model *m)
             s->model.max_model_len = engine_sched_config(eng)->max_model_len;
             s->model.tool_parser = s->o.tool_parser;
             s->model.auto_tool_choice = s->o.auto_tool_choice;
+            s->model.schema_opts = s->o.schema_opts;
             const char *src = tok ? tokenizer_chat_template(tok) : NULL;
             struct weld_err we = {0};
             if (!s->tmpl && src && chat_template_parse(&s->tmpl, src, strlen(src), &we))

@@ -37,6 +37,7 @@
 
 #include "engine/batch_io.h"
 #include "engine/request.h"
+#include "grammar/schema.h"
 #include "server/tools.h"
 
 #include <jansson.h>
@@ -60,6 +61,7 @@ struct server_model {
     int dim;                           /* hidden size: the embeddings' length */
     int max_model_len;
     enum tool_parser tool_parser; /* --tool-call-parser (NONE: not set) */
+    struct schema_opts schema_opts; /* --structured-outputs-config */
     bool auto_tool_choice;        /* --enable-auto-tool-choice */
 };
 

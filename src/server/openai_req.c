@@ -379,14 +379,15 @@ int server_req_parse(const json_t *body, enum server_api api, const struct serve
     json_object_del(r->fields, "messages");
     json_object_del(r->fields, "prompt_token_ids");
     if (api == SERVER_API_CHAT) { /* tools are the chat API's (server/tools.h) */
-        if ((rc = server_tools_parse(body, m->tool_parser, m->auto_tool_choice, &r->tools, e)))
+        if ((rc = server_tools_parse(body, m->tool_parser, m->auto_tool_choice, &m->schema_opts,
+                                     &r->tools, e)))
             return rc;
         json_object_del(r->fields, "tools");
         json_object_del(r->fields, "tool_choice");
         json_object_del(r->fields, "parallel_tool_calls");
     }
     struct weld_err we = {0};
-    if (batch_request_parse(r->fields, 0, &r->bl, &we))
+    if (batch_request_parse(r->fields, 0, &m->schema_opts, &r->bl, &we))
         return from_weld_err(e, &we);
     if (r->tools.gbnf) {
         if (r->bl.p.grammar)

@@ -26,6 +26,7 @@
 
 #include "core/err.h"
 #include "engine/engine.h"
+#include "grammar/schema.h"
 #include "server/tools.h"
 
 #include <stdbool.h>
@@ -56,6 +57,7 @@ struct server_opts {
     bool log_prompts;              /* ... with the prompt text (default off) */
     enum tool_parser tool_parser;  /* --tool-call-parser (server/tools.h); NONE: not set */
     bool auto_tool_choice;         /* --enable-auto-tool-choice */
+    struct schema_opts schema_opts; /* --structured-outputs-config (grammar/schema.h) */
 };
 
 struct server_opts server_opts_default(void);

@@ -108,13 +108,14 @@ static json_t *params_of(const json_t *fn)
     return json_is_object(p) ? json_deep_copy(p) : json_pack("{s:s}", "type", "object");
 }
 
-static int compile_schema(json_t *schema, const char *field, char **gbnf, struct server_error *e)
+static int compile_schema(json_t *schema, const char *field, const struct schema_opts *opts,
+                          char **gbnf, struct server_error *e)
 {
     char *txt = json_dumps(schema, JSON_COMPACT);
     if (!txt)
         return server_error_set(e, 500, NULL, "out of memory");
     struct weld_err we = {0};
-    int rc = grammar_gbnf_from_json_schema(txt, strlen(txt), gbnf, &we);
+    int rc = grammar_gbnf_json_schema_ex(txt, strlen(txt), "root", opts, gbnf, &we);
     free(txt);
     if (rc)
         return server_error_set(e, rc == WELD_ERR_NOMEM ? 500 : 400, "tools", "field '%s': %s",
@@ -123,7 +124,8 @@ static int compile_schema(json_t *schema, const char *field, char **gbnf, struct
 }
 
 /* The grammar of "required": [{"name": NAME, "parameters": {..}}, ...]. */
-static int required_gbnf(const json_t *tools, bool parallel, char **gbnf, struct server_error *e)
+static int required_gbnf(const json_t *tools, bool parallel, const struct schema_opts *opts,
+                         char **gbnf, struct server_error *e)
 {
     json_t *alts = json_array(), *defs = json_object();
     size_t i;
@@ -162,13 +164,14 @@ static int required_gbnf(const json_t *tools, bool parallel, char **gbnf, struct
                                "anyOf", alts, "$defs", defs);
     if (!parallel)
         json_object_set_new(schema, "maxItems", json_integer(1));
-    int rc = compile_schema(schema, "tools", gbnf, e);
+    int rc = compile_schema(schema, "tools", opts, gbnf, e);
     json_decref(schema);
     return rc;
 }
 
 int server_tools_parse(const json_t *body, enum tool_parser parser, bool auto_ok,
-                       struct server_tools *t, struct server_error *e)
+                       const struct schema_opts *opts, struct server_tools *t,
+                       struct server_error *e)
 {
     memset(t, 0, sizeof *t);
     t->parallel = true;
@@ -248,7 +251,7 @@ int server_tools_parse(const json_t *body, enum tool_parser parser, bool auto_ok
             json_t *p = params_of(json_object_get(json_array_get(tools, i), "function"));
             char field[64];
             snprintf(field, sizeof field, "tools[%zu].function.parameters", i);
-            int rc = compile_schema(p, field, &t->gbnf, e);
+            int rc = compile_schema(p, field, opts, &t->gbnf, e);
             json_decref(p);
             return rc;
         }
@@ -265,7 +268,7 @@ int server_tools_parse(const json_t *body, enum tool_parser parser, bool auto_ok
         json_t *p = params_of(json_object_get(json_array_get(tools, i), "function"));
         char field[64], *g = NULL;
         snprintf(field, sizeof field, "tools[%zu].function.parameters", i);
-        int rc = compile_schema(p, field, &g, e);
+        int rc = compile_schema(p, field, opts, &g, e);
         json_decref(p);
         wfree(g);
         if (rc)
@@ -273,7 +276,7 @@ int server_tools_parse(const json_t *body, enum tool_parser parser, bool auto_ok
     }
     if (!strcmp(choice, "required")) {
         t->choice = TOOL_CHOICE_REQUIRED;
-        return required_gbnf(tools, t->parallel, &t->gbnf, e);
+        return required_gbnf(tools, t->parallel, opts, &t->gbnf, e);
     }
     if (!auto_ok || parser == TOOL_PARSER_NONE)
         return server_error_set(e, 400, "tool_choice",

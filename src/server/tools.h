@@ -66,8 +66,10 @@ struct server_tools {
 /* tools / tool_choice / parallel_tool_calls of a chat body (none given: choice NONE).
    parser and auto_ok: the server's --tool-call-parser and --enable-auto-tool-choice.
    Errors are 400s naming the field. */
+struct schema_opts;
 int server_tools_parse(const json_t *body, enum tool_parser parser, bool auto_ok,
-                       struct server_tools *t, struct server_error *e);
+                       const struct schema_opts *opts, struct server_tools *t,
+                       struct server_error *e);
 void server_tools_release(struct server_tools *t);
 
 struct tool_call {

@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         line_no++;
         struct batch_line l;
         struct weld_err e = {0};
-        if (batch_line_parse(text + start, end - start, line_no, &l, &e) == WELD_OK)
+        if (batch_line_parse(text + start, end - start, line_no, NULL, &l, &e) == WELD_OK)
             touch(&l.p);
         else
             touch_str(e.msg);
