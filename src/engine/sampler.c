@@ -757,20 +757,21 @@ static int plain_modified(struct sampler *s, const struct sampler_edits *ed, int
 
 _Static_assert(LOGITS_CHUNK % 32 == 0, "a chunk is whole mask words");
 
-/* How many of chunk c's tokens the mask allows (n: the chunk's length when no mask). */
+enum { CHUNK_ALL, CHUNK_SOME, CHUNK_NONE };
+
+/* Whether the mask allows all, some or none of chunk c's n tokens (all when no mask). */
 static int chunk_allowed(const struct sampler_edits *ed, int c, int n)
 {
     if (!ed || !ed->allow)
-        return n;
+        return CHUNK_ALL;
     const uint32_t *w = ed->allow + c * (LOGITS_CHUNK / 32);
-    int k = 0;
+    uint32_t any = 0, all = ~0u;
     for (int i = 0; i < (n + 31) / 32; i++) {
-        uint32_t b = w[i];
-        if (n - 32 * i < 32)
-            b &= (1u << (n - 32 * i)) - 1;
-        k += __builtin_popcount(b);
+        const uint32_t valid = n - 32 * i < 32 ? (1u << (n - 32 * i)) - 1 : ~0u;
+        any |= w[i] & valid;
+        all &= w[i] | ~valid;
     }
-    return k;
+    return !any ? CHUNK_NONE : all == ~0u ? CHUNK_ALL : CHUNK_SOME;
 }
 
 /* Chunk c's values after edits and penalties: the row itself when none of mod[*mi, ...)
@@ -782,15 +783,18 @@ static const float *plain_chunk(const struct sampler *s, const float *logits,
 {
     const int a = c * LOGITS_CHUNK;
     const int n = logits_chunk_len(s->n_vocab, c);
-    const bool masked = chunk_allowed(ed, c, n) < n;
+    const bool masked = chunk_allowed(ed, c, n) != CHUNK_ALL;
     if (!masked && (*mi >= n_mod || s->mod[*mi] >= a + n))
         return logits + a;
     memcpy(buf, logits + a, (size_t)n * sizeof *buf);
     for (; *mi < n_mod && s->mod[*mi] < a + n; (*mi)++)
         buf[s->mod[*mi] - a] = final_logit(s, logits, ed, s->mod[*mi]);
-    for (int j = 0; masked && j < n; j++)
-        if (banned(ed, a + j))
-            buf[j] = -INFINITY;
+    for (int w = 0; masked && w < (n + 31) / 32; w++) /* the banned ones, a word at a time */
+        for (uint32_t b = ~ed->allow[c * (LOGITS_CHUNK / 32) + w]; b; b &= b - 1) {
+            const int j = 32 * w + __builtin_ctz(b);
+            if (j < n)
+                buf[j] = -INFINITY;
+        }
     return buf;
 }
 
@@ -818,7 +822,7 @@ static int plain_weights(struct sampler *s, const float *logits, const struct lo
     for (int c = 0, mi = 0; c < nch; c++) {
         const int a = c * LOGITS_CHUNK, was = mi;
         const int n = logits_chunk_len(s->n_vocab, c);
-        if (!chunk_allowed(ed, c, n)) { /* nothing allowed: no weight */
+        if (chunk_allowed(ed, c, n) == CHUNK_NONE) { /* nothing allowed: no weight */
             while (mi < *n_mod && s->mod[mi] < a + n)
                 mi++;
             s->cmax[c] = -INFINITY, s->csum[c] = 0.0f;
