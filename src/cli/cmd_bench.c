@@ -588,8 +588,6 @@ int cmd_bench(int argc, char **argv)
                            .top_p = 1,
                            .top_k = 0,
                            .spec_oracle = -1};
-    struct cli_opt opts[CLI_ENGINE_N_OPTS + 14];
-    int n = cli_engine_opts_table(&eo, opts);
     const struct cli_opt more[] = {
         {"dataset", 0, OPT_STR, &o.dataset, "D", "random (default), shared-prefix or multi-turn"},
         {"num-prompts", 'n', OPT_INT, &o.num_prompts, "N", "requests (default 64)"},
@@ -616,6 +614,8 @@ int cmd_bench(int argc, char **argv)
         {"speculate-always", 0, OPT_FLAG, &o.spec_always, NULL,
          "guess in every step whatever the measured costs say (to measure what a proposer costs)"},
     };
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + sizeof more / sizeof more[0]];
+    int n = cli_engine_opts_table(&eo, opts);
     memcpy(opts + n, more, sizeof more);
     n += (int)(sizeof more / sizeof more[0]);
     const char *pos[1];
