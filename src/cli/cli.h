@@ -82,11 +82,12 @@ struct cli_engine_opts {
     uint64_t kv_cache_memory;
     const char *kv_dtype, *policy;
     bool no_prefix_caching;
+    bool no_jump_forward;    /* --disable-jump-forward */
     const char *spec_config; /* --speculative-config JSON (vLLM's) */
     const char *model_draft; /* --model-draft: a draft model (llama.cpp's -md) */
     struct cli_exec_opts exec;
 };
-#define CLI_ENGINE_N_OPTS (12 + CLI_EXEC_N_OPTS)
+#define CLI_ENGINE_N_OPTS (13 + CLI_EXEC_N_OPTS)
 struct engine;
 struct engine_params;
 /* --speculative-config JSON and --model-draft into p->spec (NULL, NULL: off). */

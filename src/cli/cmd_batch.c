@@ -73,6 +73,8 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
          "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}', method \"mtp\" (DeepSeek's MTP layer) or '{\"model\": \"draft.gguf\"}' (same output, fewer steps)"},
         {"model-draft", 0, OPT_STR, &o->model_draft, "MODEL",
          "draft model for speculative decoding, greedy guesses checked by the model (same output)"},
+        {"disable-jump-forward", 0, OPT_FLAG, &o->no_jump_forward, NULL,
+         "constrained requests do not draft the text their grammar forces (same output)"},
     };
     enum { N = sizeof opts / sizeof opts[0] }; /* then --exec, --tune, --accelerator */
     _Static_assert(N + CLI_EXEC_N_OPTS == CLI_ENGINE_N_OPTS, "CLI_ENGINE_N_OPTS");
@@ -105,6 +107,7 @@ int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out
     p.kv_cache_memory = o->kv_cache_memory;
     p.block_size = o->block_size;
     p.prefix_caching = !o->no_prefix_caching;
+    p.jump_forward = !o->no_jump_forward;
     p.n_threads = o->threads;
     int rc = engine_parse_kv_dtype(o->kv_dtype, &p.kv_dtype, e);
     if (rc || (rc = cli_exec_tuning(&o->exec, &p.tuning, e)) ||

@@ -979,6 +979,8 @@ static void forced_propose(struct engine *eng)
         for (int i = 0; i < er->r->n_seqs; i++)
             b += er->seqs[i].ss && er->seqs[i].ss->state == SCHED_RUNNING &&
                  er->seqs[i].ss->n_computed == er->seqs[i].ss->n_tokens - 1;
+    if (eng->step_fit.n < SPEC_FIT_MIN && b > 8)
+        return; /* until the step cost is known, only where a step is surely memory-bound */
     const double rate = eng->forced_n > 0 ? eng->forced_ok / eng->forced_n : 0.5;
     const int kstep = best_k(eng, b, SPEC_MAX_TOKENS, rate, false);
     if (!kstep)

@@ -165,6 +165,16 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
     for (int i = 0; i < SPEC_MAX_TOKENS; i++)
         bprintf(&b, "weld:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n",
                 lbl, i, (unsigned long long)st->spec_accepted_at[i]);
+    counter(&b, "structured_output_masks_total",
+            "Token masks of constrained requests (finished ones).", st->mask_count, lbl);
+    head(&b, "structured_output_mask_seconds_total", "counter",
+         "Seconds spent computing those masks.");
+    bprintf(&b, "weld:structured_output_mask_seconds_total{%s} %.6f\n", lbl, st->t_mask);
+    counter(&b, "jump_forward_draft_tokens_total",
+            "Tokens drafted from text a grammar forces (jump-forward).", st->forced_draft_tokens,
+            lbl);
+    counter(&b, "jump_forward_accepted_tokens_total", "Of them, taken by the verifying step.",
+            st->forced_accepted_tokens, lbl);
     counter(&b, "http_requests_total", "HTTP requests answered.", m->http_requests, lbl);
     counter(&b, "http_errors_total", "HTTP requests answered with status >= 400.",
             m->http_errors, lbl);

@@ -17,7 +17,7 @@ import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import Ajv from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
-import { counter, startServer, stopServer } from './serve_lib.mjs';
+import { counter, metrics, startServer, stopServer } from './serve_lib.mjs';
 
 const [weld, tmp, quickArg] = process.argv.slice(2);
 const seeds = quickArg === '1' ? 2 : 6;
@@ -162,6 +162,9 @@ for (const [body, want] of [
     c.check(err.status === 400 && err.message.includes(want), `400 for ${want}`, err.message);
   }
 }
+const mt = await metrics(srv.base);
+c.check(mt['weld:structured_output_masks_total'] > 0 && mt['weld:jump_forward_draft_tokens_total'] >= 0,
+        '/metrics: structured-output masks and jump-forward counters', mt.raw.split('\n').filter((l) => /masks|jump/.test(l)));
 const st = await stopServer(srv);
 c.check(st.code === 0, 'server exits 0', st);
 // auto without the flags: vLLM's 400
