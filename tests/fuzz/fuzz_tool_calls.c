@@ -9,6 +9,7 @@
  * per format.
  */
 #include "core/alloc.h"
+#include "core/err.h"
 #include "server/tools.h"
 
 #include <jansson.h>
