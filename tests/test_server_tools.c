@@ -55,9 +55,12 @@ TEST(hermes)
     CHECK(check(&t, "<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"k\\\": 2}\"}</tool_call>",
                 "a|{\"k\":2}", ""));
     /* broken: the whole text is content */
-    const char *bad[] = {"no calls here", "<tool_call>{\"name\": \"a\", \"arguments\": {",
+    const char *bad[] = {"no calls here",
+                         "<tool_call>{\"name\": \"a\", \"arguments\": {",
+                         "<tool_call>{\"name\": \"two words\", \"arguments\": {}}</tool_call>",
                          "<tool_call>{\"arguments\": {}}</tool_call>",
-                         "<tool_call>[1, 2]</tool_call>", "<tool_call>{\"name\": \"a\"} junk"};
+                         "<tool_call>[1, 2]</tool_call>",
+                         "<tool_call>{\"name\": \"a\"} junk"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(check(&t, bad[i], "", bad[i]));
     t.parallel = false;
@@ -85,6 +88,8 @@ TEST(mistral)
     CHECK(check(&t, "Sure.[TOOL_CALLS]f[ARGS]{\"x\": true}[TOOL_CALLS]g[ARGS]{}",
                 "f|{\"x\":true};g|{}", "Sure."));
     CHECK(check(&t, "[TOOL_CALLS] [", "", "[TOOL_CALLS] ["));
+    /* a name that is not a function name: not a call (the fuzzer's find) */
+    CHECK(check(&t, "[TOOL_CALLS]a b[ARGS]{}", "", "[TOOL_CALLS]a b[ARGS]{}"));
 }
 
 #define CB "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"

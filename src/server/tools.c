@@ -310,14 +310,23 @@ struct calls {
     bool bad;
 };
 
-static void add_call(struct calls *cs, const char *name, size_t name_len, const json_t *args)
+/* A call named name[0, name_len) (a function name: name_ok; anything else is not a call:
+   false) with arguments args. */
+static bool add_call(struct calls *cs, const char *name, size_t name_len, const json_t *args)
 {
+    char nb[65];
+    if (!name_len || name_len > 64)
+        return false;
+    memcpy(nb, name, name_len);
+    nb[name_len] = 0;
+    if (!name_ok(nb))
+        return false;
     if (cs->n == cs->cap) {
         int cap = cs->cap ? cs->cap * 2 : 4;
         struct tool_call *nc = wrealloc(cs->c, (size_t)cap * sizeof *nc);
         if (!nc) {
             cs->bad = true;
-            return;
+            return false;
         }
         cs->c = nc, cs->cap = cap;
     }
@@ -328,9 +337,10 @@ static void add_call(struct calls *cs, const char *name, size_t name_len, const 
     if (!aw || !nm) {
         wfree(aw), wfree(nm);
         cs->bad = true;
-        return;
+        return false;
     }
     cs->c[cs->n++] = (struct tool_call){nm, aw};
+    return true;
 }
 
 static size_t skip_ws(const char *s, size_t len, size_t p)
@@ -378,12 +388,11 @@ static bool call_object(struct calls *cs, const json_t *o)
         json_t *parsed = json_loads(json_string_value(a), JSON_DECODE_ANY, NULL);
         if (!parsed)
             return false;
-        add_call(cs, json_string_value(nm), json_string_length(nm), parsed);
+        bool ok = add_call(cs, json_string_value(nm), json_string_length(nm), parsed);
         json_decref(parsed);
-        return !cs->bad;
+        return ok;
     }
-    add_call(cs, json_string_value(nm), json_string_length(nm), a);
-    return !cs->bad;
+    return add_call(cs, json_string_value(nm), json_string_length(nm), a);
 }
 
 static bool parse_hermes(const char *s, size_t len, size_t p, struct calls *cs)
@@ -455,9 +464,9 @@ static bool parse_mistral(const char *s, size_t len, size_t p, struct calls *cs)
             json_t *o = json_at(s, len, q + 6, &k);
             if (!o)
                 return false;
-            add_call(cs, s + p, q - p, o);
+            bool ok = add_call(cs, s + p, q - p, o);
             json_decref(o);
-            if (cs->bad)
+            if (!ok)
                 return false;
             p = q + 6;
         }
@@ -492,9 +501,9 @@ static bool parse_deepseek(const char *s, size_t len, size_t p, struct calls *cs
         json_t *o = json_at(s, len, q, &k);
         if (!o || !nl)
             return json_decref(o), false;
-        add_call(cs, name, nl, o);
+        bool ok = add_call(cs, name, nl, o);
         json_decref(o);
-        if (cs->bad)
+        if (!ok)
             return false;
         q = skip_ws(s, len, q + k);
         if (starts(s, len, q, "```"))
@@ -534,9 +543,7 @@ int server_tools_extract(const struct server_tools *t, const char *text, size_t 
     if (t->choice == TOOL_CHOICE_NAMED) {
         size_t k;
         json_t *o = json_at(text, len, skip_ws(text, len, 0), &k);
-        if (o)
-            add_call(&cs, t->named, strlen(t->named), o);
-        ok = o && !cs.bad;
+        ok = o && add_call(&cs, t->named, strlen(t->named), o);
         json_decref(o);
     } else if (t->choice == TOOL_CHOICE_REQUIRED) {
         size_t k, i;

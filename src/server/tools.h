@@ -16,7 +16,8 @@
  *                                      <｜tool▁sep｜>NAME\n```json\n{..}\n```<｜tool▁call▁end｜>
  *                                      ...<｜tool▁calls▁end｜> (and V3.1's NAME<｜tool▁sep｜>{..})
  *               Text before the first call is the message's content; a call that does not
- *               parse leaves the whole text as content. Special tokens are kept in the
+ *               parse, or whose name is not a function name (1-64 of [A-Za-z0-9_.-]),
+ *               leaves the whole text as content. Special tokens are kept in the
  *               text (markers are often special tokens).
  *   "required"  the output is constrained to a JSON array of one or more
  *               {"name": NAME, "parameters": {..}} (one only with parallel_tool_calls
