@@ -395,19 +395,26 @@ static bool call_object(struct calls *cs, const json_t *o)
     return add_call(cs, json_string_value(nm), json_string_length(nm), a);
 }
 
+/* The {"name", "arguments"} object at s[p, len) as a call; *end: past it and the blanks
+   after it. */
+static bool object_call_at(const char *s, size_t len, size_t p, struct calls *cs, size_t *end)
+{
+    size_t k;
+    json_t *o = json_at(s, len, p, &k);
+    bool ok = o && call_object(cs, o);
+    json_decref(o);
+    if (ok)
+        *end = skip_ws(s, len, p + k);
+    return ok;
+}
+
 static bool parse_hermes(const char *s, size_t len, size_t p, struct calls *cs)
 {
     while (p < len) {
         if (!starts(s, len, p, "<tool_call>"))
             return cs->n > 0; /* text after the calls: ignored */
-        p = skip_ws(s, len, p + 11);
-        size_t k;
-        json_t *o = json_at(s, len, p, &k);
-        bool ok = o && call_object(cs, o);
-        json_decref(o);
-        if (!ok)
+        if (!object_call_at(s, len, skip_ws(s, len, p + 11), cs, &p))
             return false;
-        p = skip_ws(s, len, p + k);
         if (starts(s, len, p, "</tool_call>"))
             p = skip_ws(s, len, p + 12);
         else if (p < len)
@@ -421,13 +428,8 @@ static bool parse_llama3(const char *s, size_t len, size_t p, struct calls *cs)
     if (starts(s, len, p, "<|python_tag|>"))
         p = skip_ws(s, len, p + 14);
     for (;;) {
-        size_t k;
-        json_t *o = json_at(s, len, p, &k);
-        bool ok = o && call_object(cs, o);
-        json_decref(o);
-        if (!ok)
+        if (!object_call_at(s, len, p, cs, &p))
             return false;
-        p = skip_ws(s, len, p + k);
         if (p < len && s[p] == ';') {
             p = skip_ws(s, len, p + 1);
             if (p < len)
