@@ -27,11 +27,6 @@ static bool set(const json_t *v)
     return v && !json_is_null(v);
 }
 
-static char *dup_text(const char *s)
-{
-    return wstrdup(s);
-}
-
 /* A schema given as a JSON value (object, or text holding one) -> GBNF. */
 static int from_schema(const json_t *v, const char *field, const struct schema_opts *opts,
                        char **gbnf, struct weld_err *e)
@@ -105,7 +100,7 @@ static int from_grammar(const json_t *v, const char *field, char **gbnf, struct 
                        "field '%s': expected a GBNF grammar (a "
                        "non-empty string)",
                        field);
-    if (!(*gbnf = dup_text(json_string_value(v))))
+    if (!(*gbnf = wstrdup(json_string_value(v))))
         return err_set(e, WELD_ERR_NOMEM, "field '%s': out of memory", field);
     return WELD_OK;
 }
