@@ -51,6 +51,8 @@ static const struct {
 } aliases[] = {
     {"md", "model-draft"},
     {"jf", "json-schema-file"},
+    {"tp", "tensor-parallel-size"},
+    {"pp", "pipeline-parallel-size"},
 };
 
 static const char *alias_of(const char *name)

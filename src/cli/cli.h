@@ -59,15 +59,25 @@ int cli_structured_outputs_config(const char *json, struct schema_opts *o, struc
 /* The executor option group of every command that runs a model (tuning.c): --exec NAME,
    --tune KEY=VALUE (repeatable), --accelerator NAME. Zero-initialise it. */
 struct exec_tuning;
+struct tp_group;
 struct cli_exec_opts {
     const char *exec, *accelerator;
     struct cli_strs tune;
+    int k_parts;        /* --k-parts N (0: --tune's or none) */
+    int tp_size;        /* --tensor-parallel-size N (0: one process) */
+    float comm_timeout; /* --comm-timeout SECONDS (0: comm's default) */
 };
-#define CLI_EXEC_N_OPTS 3
+#define CLI_EXEC_N_OPTS 6
 /* Writes CLI_EXEC_N_OPTS entries to t; returns that count. */
 int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t);
-/* The tuning the options ask for (names checked; errors name the flag). */
+/* The tuning the options ask for (names checked; errors name the flag). Under mpirun, or
+   with --tensor-parallel-size N, it also starts the job's ranks (cli/tp.c): rank 0 returns
+   with t->tp set; every other rank serves rank 0's forward steps and exits the process
+   when rank 0 is done, never returning here. */
 int cli_exec_tuning(const struct cli_exec_opts *o, struct exec_tuning *t, struct weld_err *e);
+/* Tensor parallelism (cli/tp.c): start the group of tp_size ranks (0: as many as mpirun
+   started), or none in a plain process; ranks other than 0 serve and exit. */
+int cli_tp_start(int tp_size, double timeout_s, struct tp_group **out, struct weld_err *e);
 /* Apply one KEY=VALUE setting (--tune, a `bench --pair` side's @KEY=VALUE); an unknown key
    or bad value is an error listing the keys or the values. */
 int cli_tune_set(struct exec_tuning *t, const char *kv, struct weld_err *e);

@@ -116,9 +116,18 @@ void cli_tune_help(FILE *f)
 int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t)
 {
     const struct cli_opt opts[CLI_EXEC_N_OPTS] = {
-        {"exec", 0, OPT_STR, &o->exec, "NAME", "executor: mega, ops or ref (default: mega with more than one thread, else ref)"},
-        {"tune", 0, OPT_STRS, &o->tune, "KEY=VALUE", "executor and kernel setting, repeatable: kv_groups, k_parts, decode_pairs, l2_prefetch, repack, trace_steps, dump_program ('weld --help', docs/TUNING.md)"},
-        {"accelerator", 0, OPT_STR, &o->accelerator, "NAME", "backend (default: cpu; an unknown name lists those built in)"},
+        {"exec", 0, OPT_STR, &o->exec, "NAME",
+         "executor: mega, ops or ref (default: mega with more than one thread, else ref)"},
+        {"tune", 0, OPT_STRS, &o->tune, "KEY=VALUE",
+         "executor and kernel setting, repeatable: kv_groups, k_parts, decode_pairs, l2_prefetch, repack, trace_steps, dump_program ('weld --help', docs/TUNING.md)"},
+        {"accelerator", 0, OPT_STR, &o->accelerator, "NAME",
+         "backend (default: cpu; an unknown name lists those built in)"},
+        {"k-parts", 0, OPT_INT, &o->k_parts, "N",
+         "cut the attention-output and down products in N parts along K, added in part order: the numbers of --tensor-parallel-size N in one process (default: 1)"},
+        {"tensor-parallel-size", 0, OPT_INT, &o->tp_size, "N",
+         "shard the model over N MPI ranks (-tp; start with mpirun -np N; rank 0 runs everything else)"},
+        {"comm-timeout", 0, OPT_FLOAT, &o->comm_timeout, "SECONDS",
+         "with several ranks: how long an exchange waits for a rank before failing (default: 60)"},
     };
     memcpy(t, opts, sizeof opts);
     return CLI_EXEC_N_OPTS;
@@ -145,5 +154,18 @@ int cli_exec_tuning(const struct cli_exec_opts *o, struct exec_tuning *t, struct
             err_prefix(e, "--tune");
             return rc;
         }
-    return WELD_OK;
+    if (o->k_parts < 0 || o->k_parts > PROG_KPARTS_MAX)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--k-parts %d: expected 1 to %d", o->k_parts,
+                       PROG_KPARTS_MAX);
+    if (o->k_parts)
+        t->k_parts = o->k_parts;
+    if (o->tp_size < 0 || o->tp_size > PROG_KPARTS_MAX || o->comm_timeout < 0)
+        return err_set(e, WELD_ERR_INVALID_ARG, "--tensor-parallel-size %d: expected 1 to %d",
+                       o->tp_size, PROG_KPARTS_MAX);
+    if (o->tp_size > 1 && t->k_parts > 1 && t->k_parts != o->tp_size)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "--k-parts %d with --tensor-parallel-size %d: "
+                       "tensor parallelism computes in %d parts",
+                       t->k_parts, o->tp_size, o->tp_size);
+    return cli_tp_start(o->tp_size, (double)o->comm_timeout, &t->tp, e);
 }

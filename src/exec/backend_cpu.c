@@ -25,6 +25,8 @@
  */
 #include "exec/backend.h"
 
+#include "exec/backend_tp.h"
+
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/team.h"
@@ -61,6 +63,8 @@ struct cpu_ctx {
                                   whose caller wants tops, merged per row after the run */
     size_t cap_slices;
     char desc[256];
+    struct exec_comm comm; /* tensor parallelism: tuning.tp's communicator (comm.c NULL:
+                              one process) */
 };
 
 static void cpu_ctx_free(void *ctx)
@@ -113,9 +117,13 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         return err_set(e, WELD_ERR_NOMEM, "cpu backend: out of memory");
     c->m = m;
     c->params = *p;
-    int rc = exec_weights_create(&c->w, m, &p->tuning, e);
+    struct tp_group *tp = p->tuning.tp;
+    int rc = tp ? exec_weights_create_shard(&c->w, m, &p->tuning, tp_group_rank(tp),
+                                            tp_group_size(tp), e)
+                : exec_weights_create(&c->w, m, &p->tuning, e);
     if (rc)
         goto fail;
+    c->comm.c = tp ? tp_group_comm(tp) : NULL;
     struct kv_config kc = {
         .n_layer = m->cfg.n_layer,
         .max_seqs = p->max_seqs,
@@ -125,6 +133,11 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         .type = p->kv_type,
     };
     kv_shape_for(&m->cfg, &kc.kv_dim, &kc.head_dim, &kc.latent);
+    if (tp) { /* a shard's KV heads: its K part's */
+        const int grp = m->cfg.n_head / m->cfg.n_kv_head, r = tp_group_rank(tp);
+        kc.head0 = c->w->kp.head_cut[r] / grp;
+        kc.kv_dim = (c->w->kp.head_cut[r + 1] / grp - kc.head0) * kc.head_dim;
+    }
     struct exec_params xp = {
         .n_threads = p->n_threads ? p->n_threads : backend_cpu_default_threads(m, &p->tuning),
         .team_flags = p->oversubscribe ? TEAM_OVERSUBSCRIBE : 0,
@@ -201,7 +214,8 @@ static int get_program(struct cpu_ctx *c, const struct batch *b, struct program 
         }
     struct program *p;
     unsigned flags = c->ex->prog_flags ? c->ex->prog_flags(c->ex_state) : 0;
-    int rc = program_build_kp(&p, &c->m->cfg, b, c->params.n_splits, flags, &c->w->kp, e);
+    int rc = program_build_tp(&p, &c->m->cfg, b, c->params.n_splits, flags, &c->w->kp,
+                              c->comm.c ? c->w->tp_rank : -1, c->w->vocab0, c->w->vocab1, e);
     if (rc)
         return rc;
     if (c->params.tuning.dump_program)
@@ -353,8 +367,12 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
         .hidden = hidden,
         .hid_extra_tok = c->hid_extra,
         .n_hid_extra = n_extra,
+        .comm = c->comm.c ? &c->comm : NULL,
     };
     rc = c->ex->run(c->ex_state, &st, e);
+    if (rc == WELD_OK && c->comm.c && atomic_load(&c->comm.failed))
+        rc = err_set(e, c->comm.err.status ? c->comm.err.status : WELD_ERR_IO, "%s",
+                     c->comm.err.msg);
     if (rc == WELD_OK && tops) {
         const int n = exec_final_slices(p);
         for (int r = 0; r < p->n_logit_rows; r++) {

@@ -571,8 +571,9 @@ static const char *first_weights(const struct exec_step *st, const struct prog_i
     *second = NULL;
     if (in->layer < 0)
         return in->op == OP_FINAL_NORM_LOGITS
-               ? (const char *)st->w->output.data + (size_t)in->row0 * st->w->output.row_bytes
-               : NULL;
+                   ? (const char *)st->w->output.data +
+                         (size_t)(in->row0 - st->w->output.row0) * st->w->output.row_bytes
+                   : NULL;
     const struct exec_layer_mats *lm = &st->w->mats[in->layer];
     const struct exec_mat *m = NULL;
     size_t row = (size_t)in->row0;
@@ -586,17 +587,17 @@ static const char *first_weights(const struct exec_step *st, const struct prog_i
     case OP_O_PROJ_RESIDUAL: m = &lm->wo; break;
     case OP_FFN_NORM_GATE_UP_SILU:
         m = &lm->gate;
-        *second = (const char *)lm->up.data + row * lm->up.row_bytes;
+        *second = (const char *)lm->up.data + (row - (size_t)lm->up.row0) * lm->up.row_bytes;
         break;
     case OP_DOWN_PROJ_RESIDUAL: m = &lm->down; break;
     case OP_O_PART: m = &lm->wo_part[in->part]; row = 0; break;
     case OP_FFN_DOWN_PART:
         m = &lm->gate;
-        *second = (const char *)lm->up.data + row * lm->up.row_bytes;
+        *second = (const char *)lm->up.data + (row - (size_t)lm->up.row0) * lm->up.row_bytes;
         break;
     default: return NULL;
     }
-    return (const char *)m->data + row * m->row_bytes;
+    return (const char *)m->data + (row - (size_t)m->row0) * m->row_bytes;
 }
 
 /* Context of one worker's run of a step. */

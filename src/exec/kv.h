@@ -97,6 +97,9 @@ struct kv_config {
                               KV_PREFAULT_BYTES. The rest fault in on first use. */
     bool latent;           /* one plane: keys only, v aliases k (latent attention caches a
                            compressed row per position that is its key and its value) */
+    int head0;             /* the first KV head held: a tensor-parallel shard holds heads
+                              [head0, head0 + kv_dim / head_dim) of the model and is
+                              addressed by the model's head numbers (0: from the first) */
 };
 
 struct kv_seq {
@@ -111,11 +114,14 @@ struct kv_cache {
     enum weld_dtype type;
     size_t row_bytes;   /* bytes of one kv_dim row */
     size_t head_bytes;  /* bytes of one head_dim slice of a row */
-    int n_kv_head;      /* kv_dim / head_dim */
+    int n_kv_head;      /* kv_dim / head_dim: the heads held */
+    int head0;          /* the model's number of the first (kv_config.head0); the arrays
+                           below are indexed by head - head0 */
     int n_groups;       /* head groups of the layout, see above */
     size_t *head_run0;  /* (n_kv_head) per head: its tile's index in block 0 of layer 0 */
     int *head_stride;   /* (n_kv_head) tiles from one block to the next: its group's size */
-    int *head_group_end; /* (n_kv_head) first head past its group */
+    int *head_group_end; /* (n_kv_head) first head past its group (minus head0; use
+                            kv_group_end) */
     uint8_t *k, *v;      /* per the layout (block_size, head_bytes innermost),
                            wmap_huge mappings; latent: v == k */
     bool latent;
@@ -182,10 +188,16 @@ int kv_n_free_blocks(const struct kv_cache *kv);
 static inline uint8_t *kv_slot_head(const struct kv_cache *kv, uint8_t *plane, int layer,
                                     int32_t block, int slot, int head)
 {
+    head -= kv->head0;
     const size_t tiles = (size_t)layer * (size_t)kv->n_kv_head * (size_t)kv->n_blocks +
                          kv->head_run0[head] + (size_t)block * (size_t)kv->head_stride[head];
     size_t idx = tiles * (size_t)kv->block_size + (size_t)slot;
     return plane + idx * kv->head_bytes;
+}
+/* The model's number of the first head past head's group. */
+static inline int kv_group_end(const struct kv_cache *kv, int head)
+{
+    return kv->head0 + kv->head_group_end[head - kv->head0];
 }
 /* Head `head` of position pos of a sequence whose block table is `table`. */
 static inline uint8_t *kv_pos_head(const struct kv_cache *kv, uint8_t *plane, int layer,

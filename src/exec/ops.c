@@ -49,6 +49,7 @@
  * dequantized (q8_0, kv_read_head), so attention sees exactly the stored values.
  */
 #include "exec/ops.h"
+#include "comm/comm.h"
 
 #include "kernels/cpu/attn.h"
 #include "kernels/cpu/kernels.h"
@@ -219,6 +220,8 @@ static void mat_gemm(const struct exec_step *st, const struct exec_mat *M, int64
                      int64_t r1, int nt, const float *x, size_t ldx, const void *act, float *y,
                      size_t ldy, float *rowbuf)
 {
+    r0 -= M->row0, r1 -= M->row0; /* a shard's rows (weights.h) */
+    WELD_ASSERT(r0 >= 0 && r1 <= M->rows);
     if (!M->gemm) {
         for (int64_t r = r0; r < r1; r++) {
             const float *wr = kern_row_f32(M->wtype, (const uint8_t *)M->data +
@@ -535,7 +538,7 @@ static void attend_tile(const struct exec_step *st, int layer, const int32_t *ta
        the next; block-major: chunk by chunk across all heads) */
     const int nch = (n_max + ATTN_CHUNK - 1) / ATTN_CHUNK;
     for (int g0 = h0, g1; g0 < h1; g0 = g1) {
-        g1 = st->kv->head_group_end[g0] < h1 ? st->kv->head_group_end[g0] : h1;
+        g1 = kv_group_end(st->kv, g0) < h1 ? kv_group_end(st->kv, g0) : h1;
         for (int it = 0; it < (g1 - g0) * nch; it++) {
             const int h = g0 + it % (g1 - g0), c0 = it / (g1 - g0) * ATTN_CHUNK;
             const int nc = n_max - c0 < ATTN_CHUNK ? n_max - c0 : ATTN_CHUNK;
@@ -744,8 +747,10 @@ static void op_attention(const struct exec_step *st, const struct prog_instr *in
         op_attention_latent(st, in, sc, sp);
         return;
     }
-    /* the cache's heads are the model's (its layout's head groups index by them) */
-    WELD_ASSERT(st->kv->n_kv_head == c->n_kv_head && st->kv->head_dim == c->head_dim);
+    /* the cache's heads are the model's (its layout's head groups index by them), or a
+       tensor-parallel shard's, which holds the instruction's */
+    WELD_ASSERT(st->kv->head0 <= in->row0 && in->row1 <= st->kv->head0 + st->kv->n_kv_head &&
+                st->kv->head_dim == c->head_dim && (st->comm || st->kv->n_kv_head == c->n_kv_head));
     const int32_t *table = st->tables[s];
     const int t_end = p->seq_tok0[s] + sp.t1;
     const size_t hd = (size_t)c->head_dim, qd = (size_t)c->n_head * hd;
@@ -1183,6 +1188,23 @@ static void op_moe_combine(const struct exec_step *st, const struct prog_instr *
     }
 }
 
+/* ALLGATHER (tensor parallelism): rows [0, 1); in = out = a SUMS buffer (k_parts,
+   n_tokens, dim) whose part `part` this rank wrote: afterwards it holds every rank's part
+   (comm_allgather, blocks in rank order). Nothing when an earlier exchange failed. */
+static void op_allgather(const struct exec_step *st, const struct prog_instr *in)
+{
+    struct exec_comm *ec = st->comm;
+    WELD_ASSERT(ec && in->part == comm_rank(ec->c) && comm_size(ec->c) == st->p->kp.n);
+    if (atomic_load_explicit(&ec->failed, memory_order_acquire))
+        return;
+    const size_t n = (size_t)st->p->n_tokens * (size_t)st->m->cfg.dim * sizeof(float);
+    struct weld_err e = {0};
+    if (comm_allgather(ec->c, buf_ptr(st, in->out), n, &e)) {
+        ec->err = e;
+        atomic_store_explicit(&ec->failed, 1, memory_order_release);
+    }
+}
+
 int exec_final_slices(const struct program *p)
 {
     return p->n_instr - p->stage_first[p->n_stages - 1];
@@ -1254,6 +1276,7 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
         return st->p->n_logit_rows;
     case OP_EMBED:
     case OP_MOE_ROUTE:
+    case OP_ALLGATHER:
         *tile = 1 << 30; /* rows are tokens already; one piece */
         return st->p->n_tokens;
     case OP_MOE_GATE_UP:
@@ -1350,6 +1373,7 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     case OP_MOE_COMBINE: op_moe_combine(st, in, sp); break;
     case OP_MLA_PROJ_A: op_mla_proj_a(st, in, &sc, sp); break;
     case OP_MLA_Q_KV: op_mla_q_kv(st, in, &sc, sp); break;
+    case OP_ALLGATHER: op_allgather(st, in); break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }

@@ -16,6 +16,8 @@
 #include "exec/program.h"
 #include "exec/weights.h"
 
+#include <stdatomic.h>
+
 /* Everything one forward step's instructions need besides the instruction itself. */
 struct exec_step {
     const struct model *m;
@@ -50,6 +52,18 @@ struct exec_step {
     const int *hid_extra_tok; /* (n_hid_extra) tokens (not logit rows) whose hidden state is
                                  wanted too (batch_seq.all_hidden) */
     int n_hid_extra;
+    struct exec_comm *comm; /* tensor parallelism: the ranks ALLGATHER exchanges with;
+                                 NULL in one process */
+};
+
+/* The communicator of a tensor-parallel step and the first failure of its exchanges: an
+   ALLGATHER that fails records it, and every later one does nothing (the step's numbers
+   are garbage; the backend returns the error). */
+struct comm;
+struct exec_comm {
+    struct comm *c;
+    _Atomic int failed;
+    struct weld_err err;
 };
 
 /* FINAL_NORM_LOGITS instructions of program p (the last stage): the row slices of every

@@ -60,6 +60,7 @@ static const char *const op_names[OP_COUNT] = {
     "MOE_COMBINE",
     "MLA_PROJ_A",
     "MLA_Q_KV",
+    "ALLGATHER",
 };
 
 const char *prog_op_name(int op)
@@ -199,8 +200,8 @@ static struct prog_instr *emit(struct builder *bd, int op, int layer, int seq, i
 /* One stage of a row-range op over `total` units cut into n_splits slices. With align > 1
    every boundary but the last (total) is a multiple of align, so the gemm kernels may run
    weights repacked in 16-row groups (fewer slices when there are fewer groups). */
-static void emit_split_n(struct builder *bd, int op, int layer, int total, int align, int in,
-                         int out, int n_splits)
+static void emit_split_at(struct builder *bd, int op, int layer, int lo, int total, int align,
+                          int in, int out, int n_splits)
 {
     int groups = (int)(((long long)total + align - 1) / align);
     int n = n_splits < groups ? n_splits : groups;
@@ -208,9 +209,15 @@ static void emit_split_n(struct builder *bd, int op, int layer, int total, int a
     for (int i = 0; i < n; i++) {
         int r0 = (int)((long long)groups * i / n) * align;
         int r1 = i + 1 == n ? total : (int)((long long)groups * (i + 1) / n) * align;
-        emit(bd, op, layer, -1, r0, r1, in, out);
+        emit(bd, op, layer, -1, lo + r0, lo + r1, in, out);
     }
     stage_end(bd);
+}
+
+static void emit_split_n(struct builder *bd, int op, int layer, int total, int align, int in,
+                         int out, int n_splits)
+{
+    emit_split_at(bd, op, layer, 0, total, align, in, out, n_splits);
 }
 
 static void emit_split(struct builder *bd, int op, int layer, int total, int align, int in,
@@ -259,6 +266,9 @@ static int group_of_head(int h, int n_groups, int n_kv)
     return g;
 }
 
+static int emit_qkv_groups_of(struct builder *bd, const struct model_config *c, int l, int q,
+                              int lo, int nkv, int *counter0, int *n_groups);
+
 /* The QKV stage cut by KV-head groups (min(n_splits, n_kv) of them): per group, q_pieces
    ranges of its query heads (n_splits / G, at least 1, at most the smallest group's query
    heads), then its K heads, then its V heads, all signalling the group's own counter
@@ -268,8 +278,16 @@ static int group_of_head(int h, int n_groups, int n_kv)
 static int emit_qkv_groups(struct builder *bd, const struct model_config *c, int l, int q,
                            int *counter0, int *n_groups)
 {
+    return emit_qkv_groups_of(bd, c, l, q, 0, c->n_kv_head, counter0, n_groups);
+}
+
+/* The same over KV heads [lo, lo + nkv) only (a tensor-parallel rank's): groups, and
+   group_of_head, count from lo. */
+static int emit_qkv_groups_of(struct builder *bd, const struct model_config *c, int l, int q,
+                              int lo, int nkv, int *counter0, int *n_groups)
+{
     struct program *p = bd->p;
-    int nkv = c->n_kv_head, grp = c->n_head / nkv;
+    int grp = c->n_head / c->n_kv_head;
     int G = p->n_splits < nkv ? p->n_splits : nkv;
     int min_q = nkv / G * grp;
     int qp = p->n_splits / G;
@@ -278,14 +296,14 @@ static int emit_qkv_groups(struct builder *bd, const struct model_config *c, int
     p->n_counters += G;
     bd->stage_first = p->n_instr;
     for (int g = 0; g < G; g++) {
-        int h0 = group_head0(g, G, nkv), h1 = group_head0(g + 1, G, nkv);
+        int h0 = lo + group_head0(g, G, nkv), h1 = lo + group_head0(g + 1, G, nkv);
         for (int k = 0; k < qp; k++)
             emit_to(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, h0 * grp + (h1 - h0) * grp * k / qp,
                     h0 * grp + (h1 - h0) * grp * (k + 1) / qp, p->buf_x, q, base + g);
         emit_to(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, c->n_head + h0, c->n_head + h1, p->buf_x,
                 q, base + g);
-        emit_to(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, c->n_head + nkv + h0, c->n_head + nkv + h1,
-                p->buf_x, q, base + g);
+        emit_to(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, c->n_head + c->n_kv_head + h0,
+                c->n_head + c->n_kv_head + h1, p->buf_x, q, base + g);
     }
     p->n_stages++;
     *counter0 = base;
@@ -494,6 +512,10 @@ static void set_residual(struct program *p, int i, int dim, int in, int sums, in
     note_buf_at(p, xout, i);
 }
 
+static void emit_qkv_range(struct builder *bd, const struct model_config *c, int l, int q, int lo,
+                           int nkv);
+static void emit_allgather(struct builder *bd, int l, int sums);
+
 /* A layer in K parts (struct prog_kparts): QKV as emit_layer's, reading x = xmid + the
    previous layer's down sums and storing it to X (layer 0: X as EMBED wrote it); attention
    part by part (with PROG_HEAD_DEPS each part signals a counter of its own, and its O part
@@ -508,10 +530,15 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
     int att = add_buf(p, PROG_BUF_ATT, l, nt, qd);
     int hid = add_buf(p, PROG_BUF_HID, l, nt, (size_t)c->ffn_dim);
     const bool heads = p->flags & PROG_HEAD_DEPS;
-    const int grp = c->n_head / c->n_kv_head;
+    const int grp = c->n_head / c->n_kv_head, rank = p->tp_rank;
+    /* the parts this program runs: all, or a tensor-parallel rank's one */
+    const int part0 = rank >= 0 ? rank : 0, part1 = rank >= 0 ? rank + 1 : kp->n;
+    const int kv_lo = kp->head_cut[part0] / grp, kv_n = kp->head_cut[part1] / grp - kv_lo;
     int counter0 = 0, n_groups = 1, per_group = 0, first = p->n_instr;
     if (heads)
-        per_group = emit_qkv_groups(bd, c, l, q, &counter0, &n_groups);
+        per_group = emit_qkv_groups_of(bd, c, l, q, kv_lo, kv_n, &counter0, &n_groups);
+    else if (rank >= 0)
+        emit_qkv_range(bd, c, l, q, kv_lo, kv_n);
     else
         emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
     for (int i = first; l > 0 && i < p->n_instr; i++)
@@ -525,7 +552,7 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
     } else {
         stage_begin(bd);
     }
-    for (int i = 0; i < kp->n; i++) {
+    for (int i = part0; i < part1; i++) {
         const int a = kp->head_cut[i] / grp, b = kp->head_cut[i + 1] / grp;
         for (int s = 0; s < p->n_seqs; s++) {
             int per = (attn_pieces(p, c, s) + kp->n - 1) / kp->n;
@@ -533,9 +560,9 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
             for (int k = 0; k < per; k++) {
                 int h0 = a + k * (b - a) / per, h1 = a + (k + 1) * (b - a) / per;
                 if (heads) {
-                    int g0 = group_of_head(h0, n_groups, c->n_kv_head);
+                    int g0 = group_of_head(h0 - kv_lo, n_groups, kv_n);
                     bd->wait = counter0 + g0;
-                    bd->n_wait = group_of_head(h1 - 1, n_groups, c->n_kv_head) - g0 + 1;
+                    bd->n_wait = group_of_head(h1 - 1 - kv_lo, n_groups, kv_n) - g0 + 1;
                     bd->wait_count = per_group;
                 }
                 emit_to(bd, OP_ATTENTION, l, s, h0, h1, q, att,
@@ -549,7 +576,7 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
     else
         stage_end(bd);
     stage_begin(bd);
-    for (int i = 0; i < kp->n; i++) {
+    for (int i = part0; i < part1; i++) {
         if (heads) {
             bd->wait = attn_c0 + i;
             bd->n_wait = 1;
@@ -558,16 +585,49 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
         emit(bd, OP_O_PART, l, -1, 0, c->dim, att, p->buf_sums_o)->part = i;
     }
     stage_end(bd);
+    if (rank >= 0)
+        emit_allgather(bd, l, p->buf_sums_o);
     stage_begin(bd);
-    for (int i = 0; i < kp->n; i++) {
+    for (int i = part0; i < part1; i++) {
         struct prog_instr *ins = emit(bd, OP_FFN_DOWN_PART, l, -1, kp->ffn_cut[i],
                                       kp->ffn_cut[i + 1], p->buf_x, p->buf_sums_d);
         ins->part = i;
         ins->aux = hid;
         int idx = p->n_instr - 1;
         note_buf_at(p, hid, idx);
-        set_residual(p, idx, c->dim, p->buf_x, p->buf_sums_o, p->buf_xmid, i, kp->n);
+        /* a rank's one part stores the whole xmid */
+        set_residual(p, idx, c->dim, p->buf_x, p->buf_sums_o, p->buf_xmid, i - part0,
+                     part1 - part0);
     }
+    stage_end(bd);
+    if (rank >= 0)
+        emit_allgather(bd, l, p->buf_sums_d);
+}
+
+/* Tensor parallelism: the QKV stage of a rank, its query heads (those of KV heads [lo, lo
+   + nkv)) and its K and V heads, each cut into up to n_splits ranges. */
+static void emit_qkv_range(struct builder *bd, const struct model_config *c, int l, int q, int lo,
+                           int nkv)
+{
+    struct program *p = bd->p;
+    const int grp = c->n_head / c->n_kv_head;
+    const int base[3] = {lo * grp, c->n_head + lo, c->n_head + c->n_kv_head + lo};
+    const int count[3] = {nkv * grp, nkv, nkv};
+    stage_begin(bd);
+    for (int k = 0; k < 3; k++) {
+        const int n = p->n_splits < count[k] ? p->n_splits : count[k];
+        for (int i = 0; i < n; i++)
+            emit(bd, OP_ATTN_NORM_QKV_ROPE, l, -1, base[k] + count[k] * i / n,
+                 base[k] + count[k] * (i + 1) / n, p->buf_x, q);
+    }
+    stage_end(bd);
+}
+
+/* Tensor parallelism: a stage of one ALLGATHER of sums (every rank's part to every rank). */
+static void emit_allgather(struct builder *bd, int l, int sums)
+{
+    stage_begin(bd);
+    emit(bd, OP_ALLGATHER, l, -1, 0, 1, sums, sums)->part = bd->p->tp_rank;
     stage_end(bd);
 }
 
@@ -775,7 +835,20 @@ int program_build_kp(struct program **out, const struct model_config *c,
                      const struct batch *b, int n_splits, unsigned flags,
                      const struct prog_kparts *kp, struct weld_err *e)
 {
+    return program_build_tp(out, c, b, n_splits, flags, kp, -1, 0, c->n_vocab, e);
+}
+
+int program_build_tp(struct program **out, const struct model_config *c, const struct batch *b,
+                     int n_splits, unsigned flags, const struct prog_kparts *kp, int tp_rank,
+                     int vocab0, int vocab1, struct weld_err *e)
+{
     *out = NULL;
+    if (tp_rank >= 0 && (!kp || kp->n < 2 || tp_rank >= kp->n || vocab0 < 0 || vocab1 <= vocab0 ||
+                         vocab1 > c->n_vocab))
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "program: tensor-parallel rank %d needs K "
+                       "parts and a vocabulary range (%d, %d)",
+                       tp_rank, vocab0, vocab1);
     struct program *p = wcalloc(1, sizeof *p);
     if (!p || fill_shape(p, b))
         goto nomem;
@@ -787,6 +860,9 @@ int program_build_kp(struct program **out, const struct model_config *c,
     }
     p->n_splits = n_splits;
     p->flags = flags;
+    p->tp_rank = tp_rank;
+    p->vocab0 = tp_rank >= 0 ? vocab0 : 0;
+    p->vocab1 = tp_rank >= 0 ? vocab1 : c->n_vocab;
     p->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
     if (kp && kp->n > 1) {
         if (c->n_expert > 0)
@@ -829,14 +905,13 @@ int program_build_kp(struct program **out, const struct model_config *c,
        (exec_mega.c); its slices start on softmax-statistics chunks (LOGITS_CHUNK,
        logits_top.h) when the vocabulary has at least 8 of them per slice (else at
        multiples of 16, and the backend does the chunks a boundary cuts). */
+    const int nv = p->vocab1 - p->vocab0; /* a tensor-parallel rank's rows, else all */
     int n_fin = p->n_splits;
-    if (p->n_splits > 1 && p->n_logit_rows <= PROG_FINAL_FEW_ROWS &&
-        c->n_vocab / PROG_FINAL_ROWS > n_fin)
-        n_fin = c->n_vocab / PROG_FINAL_ROWS < PROG_FINAL_MAX ? c->n_vocab / PROG_FINAL_ROWS
-                                                              : PROG_FINAL_MAX;
-    const int fin_align = c->n_vocab >= LOGITS_CHUNK * 8 * n_fin ? LOGITS_CHUNK : PROG_ROW_ALIGN;
-    emit_split_n(&bd, OP_FINAL_NORM_LOGITS, -1, c->n_vocab, fin_align, p->buf_x,
-                 p->buf_logits, n_fin);
+    if (p->n_splits > 1 && p->n_logit_rows <= PROG_FINAL_FEW_ROWS && nv / PROG_FINAL_ROWS > n_fin)
+        n_fin = nv / PROG_FINAL_ROWS < PROG_FINAL_MAX ? nv / PROG_FINAL_ROWS : PROG_FINAL_MAX;
+    const int fin_align = nv >= LOGITS_CHUNK * 8 * n_fin ? LOGITS_CHUNK : PROG_ROW_ALIGN;
+    emit_split_at(&bd, OP_FINAL_NORM_LOGITS, -1, p->vocab0, nv, fin_align, p->buf_x, p->buf_logits,
+                  n_fin);
     for (int i = first_fin; parts && i < p->n_instr; i++)
         set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, -1, 0, 1);
     if (plan_buffers(p) || fill_stages(p))

@@ -72,6 +72,9 @@ enum prog_op {
                                  of h = rmsnorm(x) */
     OP_MLA_Q_KV,              /* rows = query heads, then one unit for the latent KV row:
                                  queries absorbed into the latent space; the cache row */
+    OP_ALLGATHER,             /* tensor parallelism: rows [0, 1); the SUMS buffer's part
+                                 `part` (this rank's) to every rank, every rank's to this
+                                 one (exec_step.comm) */
     OP_COUNT
 };
 
@@ -160,6 +163,9 @@ struct program {
     int n_splits;
     unsigned flags;      /* enum prog_flags it was built with */
     struct prog_kparts kp; /* K parts it was built with (kp.n == 1: none) */
+    int tp_rank;           /* tensor parallelism: the K part (rank) this program runs, -1:
+                            every part (program_build_tp) */
+    int vocab0, vocab1;    /* the LM head rows it computes: [0, n_vocab) but for a rank */
     /* instructions */
     struct prog_instr *instrs; /* (n_instr) */
     int n_instr;
@@ -192,6 +198,14 @@ int program_build_ex(struct program **out, const struct model_config *c,
 int program_build_kp(struct program **out, const struct model_config *c,
                      const struct batch *b, int n_splits, unsigned flags,
                      const struct prog_kparts *kp, struct weld_err *e);
+/* The program of tensor-parallel rank tp_rank (>= 0) of kp->n: its K part's query and KV
+   heads, attention, O part and FFN / down part, an ALLGATHER stage after each O and down
+   part (every rank then adds every part's sums in part order: the numbers of the whole
+   K-parts program), and the LM head over vocabulary rows [vocab0, vocab1). tp_rank -1:
+   program_build_kp. */
+int program_build_tp(struct program **out, const struct model_config *c, const struct batch *b,
+                     int n_splits, unsigned flags, const struct prog_kparts *kp, int tp_rank,
+                     int vocab0, int vocab1, struct weld_err *e);
 void program_free(struct program *p);
 
 /* True if p was built for the same shape as b (so it can run b). */

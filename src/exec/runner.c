@@ -6,6 +6,8 @@
  */
 #include "exec/runner.h"
 
+#include "exec/backend_tp.h"
+
 #include "core/alloc.h"
 
 #include <string.h>
@@ -27,6 +29,18 @@ int runner_create_ex(struct runner **out, const struct model *m,
     int rc = backend_find(&be, params->tuning.accelerator, e);
     if (rc)
         return rc;
+    /* the group's model runs over its ranks; any other (a draft model) on this one */
+    struct backend_params local;
+    if (params->tuning.tp) {
+        const struct model *gm = tp_group_model(params->tuning.tp);
+        if (!gm || gm == m) {
+            be = &backend_tp;
+        } else {
+            local = *params;
+            local.tuning.tp = NULL;
+            params = &local;
+        }
+    }
     struct runner *r = wcalloc(1, sizeof *r);
     if (!r)
         return err_set(e, WELD_ERR_NOMEM, "runner: out of memory");

@@ -12,13 +12,16 @@
  * that long.
  *
  * Invariant: no field changes the numbers a step computes except k_parts (another
- * summation order, the same on every executor and thread count); executors are
- * bit-identical, repacking and the kernels' streaming choices are too.
+ * summation order, the same on every executor and thread count) and tp (the numbers of
+ * k_parts equal to its size); executors are bit-identical, repacking and the kernels'
+ * streaming choices are too.
  */
 #ifndef WELD_EXEC_TUNING_H
 #define WELD_EXEC_TUNING_H
 
 #include <stdbool.h>
+
+struct tp_group;
 
 /* A setting with an automatic choice. */
 enum tune_switch { TUNE_AUTO, TUNE_OFF, TUNE_ON };
@@ -37,6 +40,9 @@ struct exec_tuning {
     enum tune_switch repack;      /* weights into the kernels' layouts; AUTO: on */
     int trace_steps;         /* steps a WELD_TRACE trace covers; 0: 4 */
     bool dump_program;       /* print every program built to stderr */
+    struct tp_group *tp;     /* tensor parallelism (exec/backend_tp.h): the ranks the
+                                group's model is sharded over; NULL: one process. Computes
+                                the numbers of k_parts = the group's size */
 };
 
 /* Every automatic choice (the zero struct). */

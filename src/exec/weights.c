@@ -22,6 +22,7 @@
 #include "core/alloc.h"
 #include "core/mfile.h"
 #include "core/progress.h"
+#include "exec/logits_top.h"
 #include "kernels/cpu/kernels.h"
 
 #include <limits.h>
@@ -294,8 +295,45 @@ static int list_add(struct exec_weights *w, int *n, struct exec_mat *x, const st
                     bool aligned, bool viewed)
 {
     if (w->list)
-        w->list[*n] = (struct exec_mat_ref){x, t, aligned, viewed};
+        w->list[*n] = (struct exec_mat_ref){x, t, aligned, viewed, 0, t->ne[1], 0, t->ne[0]};
     return ++*n;
+}
+
+/* The same for a shard: rows [r0, r1) and columns [k0, k1) of t (exec_weights.tp_size
+   > 1). */
+static int list_add_shard(struct exec_weights *w, int *n, struct exec_mat *x,
+                          const struct tensor *t, bool aligned, int64_t r0, int64_t r1, int64_t k0,
+                          int64_t k1)
+{
+    if (w->list)
+        w->list[*n] = (struct exec_mat_ref){x, t, aligned, false, r0, r1, k0, k1};
+    return ++*n;
+}
+
+/* A tensor-parallel shard's matrices (exec_weights_create_shard): the part's heads, ffn
+   rows and vocabulary rows; wo and down in columns. */
+static int list_fill_shard(struct exec_weights *w)
+{
+    const struct model *m = w->m;
+    const struct model_config *c = &m->cfg;
+    const int r = w->tp_rank, hd = c->head_dim, grp = c->n_head / c->n_kv_head;
+    const int64_t q0 = (int64_t)w->kp.head_cut[r] * hd, q1 = (int64_t)w->kp.head_cut[r + 1] * hd;
+    const int64_t f0 = w->kp.ffn_cut[r], f1 = w->kp.ffn_cut[r + 1];
+    const bool hd16 = hd % 16 == 0;
+    int n = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct layer_weights *L = &m->layers[l];
+        struct exec_layer_mats *M = &w->mats[l];
+        list_add_shard(w, &n, &M->wq, &L->wq, hd16, q0, q1, 0, c->dim);
+        list_add_shard(w, &n, &M->wk, &L->wk, hd16, q0 / grp, q1 / grp, 0, c->dim);
+        list_add_shard(w, &n, &M->wv, &L->wv, hd16, q0 / grp, q1 / grp, 0, c->dim);
+        list_add_shard(w, &n, &M->wo, &L->wo, true, 0, c->dim, q0, q1);
+        list_add_shard(w, &n, &M->gate, &L->w_gate, true, f0, f1, 0, c->dim);
+        list_add_shard(w, &n, &M->up, &L->w_up, true, f0, f1, 0, c->dim);
+        list_add_shard(w, &n, &M->down, &L->w_down, true, 0, c->dim, f0, f1);
+    }
+    list_add_shard(w, &n, &w->output, &m->output, true, w->vocab0, w->vocab1, 0, c->dim);
+    return n;
 }
 
 static int list_fill(struct exec_weights *w)
@@ -390,13 +428,16 @@ static size_t mats_plan(struct exec_weights *w)
         struct weld_err ignored;
         /* F16 is computed as BF16 (weights.h): the same row bytes, rounded when pooled */
         const int ct = exec_compute_type(t->type);
+        const struct exec_mat_ref *sh = &w->list[i];
         *x = (struct exec_mat){.wtype = ct,
-                               .data = t->data,
-                               .rows = t->ne[1],
-                               .k = t->ne[0],
-                               .row_bytes = dtype_row_bytes(t->type, t->ne[0]),
+                               .data = (const uint8_t *)t->data +
+                                       (size_t)sh->r0 * dtype_row_bytes(t->type, t->ne[0]),
+                               .row0 = sh->r0,
+                               .rows = sh->r1 - sh->r0,
+                               .k = sh->k1 - sh->k0,
+                               .row_bytes = dtype_row_bytes(t->type, sh->k1 - sh->k0),
                                .from_f16 = ct != (int)t->type};
-        x->gemm = gemm_check(ct, t->ne[0], NULL, &ignored) == WELD_OK;
+        x->gemm = gemm_check(ct, x->k, NULL, &ignored) == WELD_OK;
         if (!x->gemm) {
             x->wtype = t->type;
             x->from_f16 = false;
@@ -418,6 +459,7 @@ static size_t mats_plan(struct exec_weights *w)
    last. Guarded by pools_lock (backends may be created on different threads). */
 struct weight_pool {
     const struct model *m;
+    int tp_rank, tp_size; /* the shard it holds (exec_weights.tp_rank) */
     size_t bytes;
     int n;                /* matrices (mat_at indices) */
     int *wtype;           /* (n) each matrix's type in the pool */
@@ -437,7 +479,8 @@ static struct weight_pool *pool_find(struct exec_weights *w, size_t total, int n
     pthread_mutex_lock(&pools_lock);
     struct weight_pool *p = pools;
     for (; p; p = p->next) {
-        if (p->m != w->m || p->bytes != total || p->n != n)
+        if (p->m != w->m || p->bytes != total || p->n != n || p->tp_rank != w->tp_rank ||
+            p->tp_size != w->tp_size)
             continue;
         bool same = true;
         for (int i = 0; i < n && same; i++) {
@@ -490,6 +533,8 @@ static int pool_new(struct weight_pool **out, struct exec_weights *w, size_t tot
                        model_where(w->m), total);
     }
     p->m = w->m;
+    p->tp_rank = w->tp_rank;
+    p->tp_size = w->tp_size;
     p->bytes = total;
     p->n = n;
     p->refs = 1;
@@ -549,15 +594,29 @@ static int mats_fill_pool(struct exec_weights *w, struct weight_pool *p, struct 
         if (!nb)
             continue;
         bool ok = true;
+        /* a shard's rows start at x->data; its columns are gathered into rows of their own */
+        const uint8_t *src = x->data;
+        uint8_t *cols = NULL;
+        const struct exec_mat_ref *sh = &w->list[i];
+        if (sh->k0 != 0 || sh->k1 != t->ne[0]) {
+            const size_t full = dtype_row_bytes(t->type, t->ne[0]);
+            const size_t off = dtype_row_bytes(t->type, sh->k0);
+            if (!(cols = wmalloc(x->row_bytes * (size_t)x->rows))) {
+                progress_end(&pr);
+                return err_set(e, WELD_ERR_NOMEM, "%s: out of memory cutting '%s'",
+                               model_where(w->m), t->name ? t->name : "a matrix");
+            }
+            for (int64_t r = 0; r < x->rows; r++)
+                memcpy(cols + (size_t)r * x->row_bytes, src + (size_t)r * full + off, x->row_bytes);
+            src = cols;
+        }
         if (x->from_f16 && x->repacked) {
             /* rounded 16 rows at a time, each group repacked on its own (a group's layout
                does not depend on the others): scratch of one group, not of the matrix */
             uint8_t *g16 = wmalloc(16 * x->row_bytes);
             for (int64_t r = 0; g16 && ok && r < x->rows; r += 16) {
                 const int64_t n = x->rows - r < 16 ? x->rows - r : 16;
-                if (!(ok = mat_f16_to_bf16(w->go,
-                                           (const uint8_t *)t->data + (size_t)r * x->row_bytes, g16,
-                                           n, x->k)))
+                if (!(ok = mat_f16_to_bf16(w->go, src + (size_t)r * x->row_bytes, g16, n, x->k)))
                     break;
                 x->wtype = gemm_repack(DT_BF16, g16, x->row_bytes, n, x->k,
                                        dst + (size_t)r * x->row_bytes);
@@ -566,13 +625,14 @@ static int mats_fill_pool(struct exec_weights *w, struct weight_pool *p, struct 
             ok = ok && g16;
             wfree(g16);
         } else if (x->from_f16) {
-            ok = mat_f16_to_bf16(w->go, t->data, dst, x->rows, x->k);
+            ok = mat_f16_to_bf16(w->go, src, dst, x->rows, x->k);
         } else if (x->repacked) {
-            x->wtype = gemm_repack(t->type, t->data, x->row_bytes, x->rows, x->k, dst);
+            x->wtype = gemm_repack(t->type, src, x->row_bytes, x->rows, x->k, dst);
             WELD_ASSERT(x->wtype >= 0);
         } else {
-            memcpy(dst, t->data, x->row_bytes * (size_t)x->rows);
+            memcpy(dst, src, x->row_bytes * (size_t)x->rows);
         }
+        wfree(cols);
         if (!ok) {
             progress_end(&pr);
             return err_set(e, WELD_ERR_NOMEM, "%s: out of memory rounding '%s' to bf16",
@@ -634,7 +694,7 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
     /* A tied table whose pooled copy holds its values (not rounded from F16, and rows as
        they are or BF16's repacked form) serves the lookups from the pool instead. */
     const struct exec_mat *o = &w->output;
-    if (w->m->tok_embd.data == w->m->output.data && o->gemm && !o->from_f16 &&
+    if (w->tp_size == 1 && w->m->tok_embd.data == w->m->output.data && o->gemm && !o->from_f16 &&
         (!o->repacked || o->wtype == GEMM_BF16_R16))
         w->embed = o;
     return WELD_OK;
@@ -848,7 +908,7 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
     if (!(w->mats = wcalloc((size_t)w->m->cfg.n_layer, sizeof *w->mats)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table",
                        model_where(w->m));
-    if ((rc = kparts_choose(w, t->k_parts, e)))
+    if ((rc = kparts_choose(w, w->tp_size > 1 ? w->tp_size : t->k_parts, e)))
         return rc;
     const struct model_config *c = &w->m->cfg;
     int n_moe = 0;
@@ -860,15 +920,31 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
                        model_where(w->m));
     if ((rc = mla_build(w, e)))
         return rc;
-    w->n_list = list_fill(w);
+    const bool tp = w->tp_size > 1;
+    w->n_list = tp ? list_fill_shard(w) : list_fill(w);
     if (!(w->list = wcalloc((size_t)w->n_list, sizeof *w->list)))
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table", model_where(w->m));
-    list_fill(w);
-    rc = mats_fill(w, mats_plan(w), e);
+    tp ? list_fill_shard(w) : list_fill(w);
+    const size_t pool_bytes = mats_plan(w);
+    for (int i = 0; tp && i < w->n_list; i++) {
+        const struct exec_mat_ref *r = &w->list[i];
+        if (!r->x->gemm && (r->k0 != 0 || r->k1 != r->t->ne[0]))
+            return err_set(e, WELD_ERR_UNSUPPORTED,
+                           "%s: tensor '%s' of type %s has no product "
+                           "kernel to run it in column shards (tensor parallelism); convert "
+                           "the model to a type that has (weld convert)",
+                           model_where(w->m), r->t->name ? r->t->name : "?",
+                           dtype_name(r->t->type));
+    }
+    rc = mats_fill(w, pool_bytes, e);
     if (rc)
         return rc;
     const int hd = w->m->cfg.head_dim;
-    for (int l = 0; w->kp.n > 1 && l < w->m->cfg.n_layer; l++) {
+    for (int l = 0; tp && l < w->m->cfg.n_layer; l++) {
+        w->mats[l].wo_part[w->tp_rank] = w->mats[l].wo;
+        w->mats[l].down_part[w->tp_rank] = w->mats[l].down;
+    }
+    for (int l = 0; !tp && w->kp.n > 1 && l < w->m->cfg.n_layer; l++) {
         struct exec_layer_mats *M = &w->mats[l];
         WELD_ASSERT(!M->wo.repacked && !M->down.repacked);
         for (int i = 0; i < w->kp.n; i++) {
@@ -949,8 +1025,67 @@ static int yarn_setup(struct exec_weights *w, struct weld_err *e)
     return WELD_OK;
 }
 
+int exec_tp_vocab_cut(int n_vocab, int r, int n)
+{
+    if (r >= n)
+        return n_vocab;
+    /* whole statistics chunks where each rank gets two or more, else 16-row groups */
+    const int align = n_vocab >= 2 * n * LOGITS_CHUNK ? LOGITS_CHUNK : 16;
+    const long long units = (n_vocab + align - 1) / align;
+    const long long cut = units * r / n * align;
+    return cut < n_vocab ? (int)cut : n_vocab;
+}
+
+/* Can model m be cut into n tensor-parallel shards? */
+static int shard_check(const struct model *m, int n, struct weld_err *e)
+{
+    const struct model_config *c = &m->cfg;
+    if (c->n_expert > 0 || c->kv_lora_rank > 0)
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "tensor parallel size %d: %s has %s, which "
+                       "runs in one process only (expert parallelism is not built yet)",
+                       n, model_where(m), c->n_expert > 0 ? "experts" : "latent attention");
+    if (n > PROG_KPARTS_MAX)
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "tensor parallel size %d: at most %d ranks "
+                       "are supported",
+                       n, PROG_KPARTS_MAX);
+    if (c->n_kv_head % n || c->n_head % n)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "tensor parallel size %d: %s has %d attention "
+                       "heads and %d KV heads; both must divide by the tensor parallel size",
+                       n, model_where(m), c->n_head, c->n_kv_head);
+    if (c->n_vocab < n * 16)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "tensor parallel size %d: %s has a vocabulary "
+                       "of %d, under 16 ids per rank",
+                       n, model_where(m), c->n_vocab);
+    return WELD_OK;
+}
+
+static int weights_create(struct exec_weights **out, const struct model *m,
+                          const struct exec_tuning *t, int rank, int n_ranks, struct weld_err *e);
+
 int exec_weights_create(struct exec_weights **out, const struct model *m,
                         const struct exec_tuning *t, struct weld_err *e)
+{
+    return weights_create(out, m, t, 0, 1, e);
+}
+
+int exec_weights_create_shard(struct exec_weights **out, const struct model *m,
+                              const struct exec_tuning *t, int rank, int n, struct weld_err *e)
+{
+    *out = NULL;
+    if (n < 2 || rank < 0 || rank >= n)
+        return err_set(e, WELD_ERR_INVALID_ARG, "weights: shard %d of %d", rank, n);
+    int rc = check_model(m, &(size_t){0}, e);
+    if (rc || (rc = shard_check(m, n, e)))
+        return rc;
+    return weights_create(out, m, t, rank, n, e);
+}
+
+static int weights_create(struct exec_weights **out, const struct model *m,
+                          const struct exec_tuning *t, int rank, int n_ranks, struct weld_err *e)
 {
     *out = NULL;
     const struct exec_tuning dflt = exec_tuning_default();
@@ -969,6 +1104,10 @@ int exec_weights_create(struct exec_weights **out, const struct model *m,
                        model_where(m));
     }
     w->m = m;
+    w->tp_rank = rank;
+    w->tp_size = n_ranks;
+    w->vocab0 = exec_tp_vocab_cut(c->n_vocab, rank, n_ranks);
+    w->vocab1 = exec_tp_vocab_cut(c->n_vocab, rank + 1, n_ranks);
     w->rope_pos_scale = c->rope_scaling == ROPE_SCALING_LINEAR ? 1.0f / c->rope_factor : 1.0f;
     w->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     w->rope_factors = m->rope_freq_factors;

@@ -89,7 +89,10 @@ struct exec_mat {
     bool repacked;        /* data is the 16-row interleaved form (row ranges start at
                              multiples of 16) */
     bool from_f16;        /* an F16 tensor computed as BF16 (rounded when pooled) */
-    const void *data;     /* row r at data + r * row_bytes (repacked: see gemm.h) */
+    const void *data;     /* row row0 + r at data + r * row_bytes (repacked: see gemm.h) */
+    int64_t row0;         /* the first row held: a tensor-parallel shard holds rows [row0,
+                             row0 + rows) of the model's matrix and the ops name rows by
+                             their number in the whole matrix (0: all of it) */
     size_t row_bytes;     /* dtype row bytes of k */
     size_t act_row_bytes; /* quantized activation bytes per token (multiple of 64; 0 for
                              the float path and for !gemm) */
@@ -137,6 +140,8 @@ struct exec_mat_ref {
     bool aligned; /* every row range the ops multiply starts at a multiple of 16 (Q/K/V:
                       when head_dim is one), so it may be repacked */
     bool viewed;  /* K parts read it in column views: keep the file's layout */
+    int64_t r0, r1, k0, k1; /* the rows and columns held ([0, rows) x [0, k): all; a
+                               tensor-parallel shard holds fewer, exec_weights.tp) */
 };
 
 struct weight_pool;
@@ -167,7 +172,11 @@ struct exec_weights {
                                         (kp.n == 1: none, the default; tuning
                                         k_parts=2..4 asks for more where the model's
                                         cuts fit) */
-    struct exec_mat output;          /* (n_vocab rows of dim) */
+    struct exec_mat output;          /* (n_vocab rows of dim; a shard: rows [vocab0,
+                                        vocab1)) */
+    int tp_rank, tp_size;            /* the shard held (exec_weights_create_shard); 0, 1:
+                                        the whole model */
+    int vocab0, vocab1;              /* the LM head rows held: [0, n_vocab) unsharded */
     const struct exec_mat *embed;    /* a tied embedding table's rows read from the pool's
                                         output matrix (the same values: rows copied, or
                                         GEMM_BF16_R16), not from the file, whose pages were
@@ -206,6 +215,20 @@ size_t exec_decode_bytes(const struct model *m);
    t's decode_pairs, l2_prefetch, repack and k_parts matter here. */
 int exec_weights_create(struct exec_weights **out, const struct model *m,
                         const struct exec_tuning *t, struct weld_err *e);
+/* Tensor parallelism (exec/backend_tp.c): the shard of rank `rank` of n (n >= 2) in
+   n K parts (as t's k_parts = n asks; t->k_parts is ignored): Q rows of the part's query
+   heads, K and V rows of its KV heads, gate and up rows of its ffn rows, wo and down
+   columns of the same (compact matrices: wo_part / down_part of the part alone, the
+   others zero), LM head rows [vocab0, vocab1) (exec_tp_vocab_cut), every vector whole.
+   Only the held bytes are read from the file and pooled. Fails naming the reason when
+   the model cannot be cut so (heads or ffn rows that do not divide, a mixture of
+   experts, latent attention). */
+int exec_weights_create_shard(struct exec_weights **out, const struct model *m,
+                              const struct exec_tuning *t, int rank, int n, struct weld_err *e);
+/* The LM head rows of rank r of n: [cut(r), cut(r + 1)), near equal shares on
+   LOGITS_CHUNK boundaries (the softmax statistics' chunks) when every rank gets two or
+   more of them, else on 16-row boundaries. */
+int exec_tp_vocab_cut(int n_vocab, int r, int n);
 void exec_weights_free(struct exec_weights *w);
 
 #endif

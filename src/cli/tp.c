@@ -1,0 +1,83 @@
+/*
+ * tp (cli) - starting the ranks of a multi-process engine.
+ *
+ * `mpirun -np N weld CMD MODEL --tensor-parallel-size N ...` starts N copies of the same
+ * command. Each parses its arguments as usual; cli_exec_tuning (every command that runs a
+ * model calls it before loading anything) then calls cli_tp_start, which makes the group
+ * (exec/backend_tp.h). Rank 0 goes on to run the command, its backend spanning the
+ * ranks. Every other rank serves rank 0's steps (tp_worker_run) and exits the process
+ * when rank 0 says stop, so only rank 0 ever writes the command's output. Rank 0 stops
+ * the others at exit (atexit); if the group broke (a rank died or hung past
+ * --comm-timeout), it aborts the job instead (MPI_Abort), so mpirun returns non-zero
+ * and no rank is left waiting.
+ *
+ * A process started by mpirun without --tensor-parallel-size is refused when the job has
+ * several ranks (N copies of a whole engine are not what anyone means).
+ */
+#include "cli/cli.h"
+
+#include "comm/comm.h"
+#include "core/log.h"
+#include "exec/backend_tp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static struct tp_group *group;
+
+static void tp_atexit(void)
+{
+    if (!group)
+        return;
+    if (tp_group_broken(group)) {
+        fflush(stdout);
+        fprintf(stderr, "weld: the tensor-parallel ranks lost each other; ending the job\n");
+        comm_abort(1);
+    }
+    tp_group_free(group);
+    group = NULL;
+    comm_finalize();
+}
+
+int cli_tp_start(int tp_size, double timeout_s, struct tp_group **out, struct weld_err *e)
+{
+    *out = NULL;
+    if (group) { /* a second command in one process (tests): the same group */
+        *out = group;
+        return WELD_OK;
+    }
+    if (tp_size <= 1 && !comm_launched())
+        return WELD_OK;
+    int rc = comm_init(e);
+    if (rc)
+        return rc;
+    if (tp_size <= 1) {
+        if (comm_world_size() > 1)
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "started as %d MPI ranks: pass "
+                           "--tensor-parallel-size %d to shard the model over them",
+                           comm_world_size(), comm_world_size());
+        return WELD_OK;
+    }
+    struct tp_group *g;
+    if ((rc = tp_group_create(&g, tp_size, timeout_s, e)))
+        return rc;
+    if (tp_group_rank(g) != 0) {
+        struct weld_err we = {0};
+        rc = tp_worker_run(g, &we);
+        if (rc)
+            fprintf(stderr, "weld: tensor parallel rank %d (%s): %s\n", tp_group_rank(g),
+                    comm_node_name(), we.msg);
+        bool broken = tp_group_broken(g);
+        tp_group_free(g);
+        if (broken)
+            comm_abort(1);
+        comm_finalize();
+        exit(rc ? 1 : 0);
+    }
+    group = g;
+    atexit(tp_atexit);
+    log_debug("tensor parallel: %d ranks, rank 0 on %s", tp_size, comm_node_name());
+    *out = g;
+    return WELD_OK;
+}

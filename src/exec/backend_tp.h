@@ -1,0 +1,62 @@
+/*
+ * backend_tp - tensor parallelism: one engine's forward pass over N processes (MPI ranks).
+ *
+ * Rank 0 runs everything a single process runs (server, engine, scheduler, KV block
+ * manager, sampler); ranks 1..N-1 only run forward steps. Every rank holds a shard of the
+ * weights (exec_weights_create_shard: its part of the query and KV heads, of the ffn rows,
+ * of the LM head's vocabulary) and the KV cache of its KV heads, and runs its part of each
+ * step's program (program_build_tp), Megatron's layout: column-parallel Q/K/V and
+ * gate/up, row-parallel O and down whose partial sums every rank gathers (ALLGATHER
+ * instructions) and adds in rank order. So the logits are exactly those of one process
+ * with K parts = N (`--k-parts N`), the oracle every test compares with.
+ *
+ * Protocol (one communicator, the group's): rank 0's backend (`backend_tp`, which the
+ * runner picks when the tuning names a group and the model is the group's) broadcasts
+ * each call that changes state: CREATE (the backend parameters, so every rank sizes the
+ * same KV block pool), FORWARD (the batch: tokens, positions, block tables, copies, the
+ * rows wanting softmax statistics), DROP, RESET, FREE, and at the end STOP. Each rank
+ * runs the call on its own cpu context; after a FORWARD, rank r sends rank 0 its columns
+ * [vocab0, vocab1) of the logits rows, its merged top candidates per row and the softmax
+ * statistics of its chunks, which rank 0 merges into the caller's buffers (the same top
+ * and statistics one process computes: they are exact per id range). CREATE and FORWARD
+ * answer with a status, so a failure on any rank is rank 0's error, naming the rank.
+ *
+ * Faults: every exchange but a worker's wait for the next call has comm's deadline; a
+ * rank that dies or hangs makes rank 0's step fail with WELD_ERR_IO after it, and the
+ * group is then broken: every later call fails at once (tp_group_broken), so the engine
+ * fails its requests and the command exits non-zero (comm_abort ends the other ranks).
+ *
+ * Contexts of other models (a draft model) run on rank 0 alone, as plain cpu contexts.
+ * Threading: rank 0 calls from one thread at a time, like any backend context.
+ */
+#ifndef WELD_EXEC_BACKEND_TP_H
+#define WELD_EXEC_BACKEND_TP_H
+
+#include "comm/comm.h"
+#include "exec/backend.h"
+
+struct tp_group;
+
+/* The group of every rank of the job (comm_world_size() must be tp_size). Its model is
+   the first one rank 0 makes a context of; the other ranks load the same path (the model
+   file must be at that path on every machine). timeout_s: comm's deadline (0: its
+   default). */
+int tp_group_create(struct tp_group **out, int tp_size, double timeout_s, struct weld_err *e);
+/* Rank 0: tells the other ranks to stop (tp_worker_run returns). Then frees. */
+void tp_group_free(struct tp_group *g);
+int tp_group_rank(const struct tp_group *g);
+int tp_group_size(const struct tp_group *g);
+struct comm *tp_group_comm(const struct tp_group *g);
+/* The group's model (NULL before rank 0's first context). */
+const struct model *tp_group_model(const struct tp_group *g);
+bool tp_group_broken(const struct tp_group *g);
+/* Ranks other than 0: serve rank 0's calls until it sends STOP (WELD_OK) or the group
+   breaks (the error). */
+int tp_worker_run(struct tp_group *g, struct weld_err *e);
+
+/* Communication counters of the group's communicator on this rank, reset if asked. */
+void tp_group_stats(struct tp_group *g, struct comm_stats *out, bool reset);
+
+extern const struct backend_iface backend_tp;
+
+#endif
