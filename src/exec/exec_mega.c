@@ -197,14 +197,14 @@ static double instr_cost(const struct exec_step *st, const struct prog_instr *in
         break;
     case OP_O_PART: { /* rows of the part's columns */
         const struct exec_mat *m = &lm->wo_part[in->part];
-        bytes = rows * (double)m->k * ((double)m->row_bytes / (double)lm->wo.k);
+        bytes = mat_bytes(m, (int)rows);
         flops = 2.0 * rows * (double)m->k * nt;
         break;
     }
     case OP_FFN_DOWN_PART: {
         const struct exec_mat *m = &lm->down_part[in->part];
         bytes = mat_bytes(&lm->gate, (int)rows) + mat_bytes(&lm->up, (int)rows) +
-                (double)c->dim * (double)m->k * ((double)m->row_bytes / (double)lm->down.k);
+                mat_bytes(m, c->dim);
         flops = 4.0 * rows * c->dim * nt + 2.0 * c->dim * (double)m->k * nt;
         break;
     }

@@ -306,7 +306,8 @@ static int list_add_shard(struct exec_weights *w, int *n, struct exec_mat *x,
                           int64_t k1)
 {
     if (w->list)
-        w->list[*n] = (struct exec_mat_ref){x, t, aligned, false, r0, r1, k0, k1};
+        w->list[*n] = (struct exec_mat_ref){x,  t,  aligned, k0 != 0 || k1 != t->ne[0],
+                                            r0, r1, k0,      k1};
     return ++*n;
 }
 
