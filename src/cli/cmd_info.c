@@ -21,6 +21,7 @@
 #include "core/err.h"
 #include "exec/backend.h"
 #include "exec/kv.h"
+#include "exec/weights.h"
 #include "format/dtype.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
@@ -351,19 +352,89 @@ static void print_memory(const struct model_config *c, uint64_t weights)
     printf("  total at context   %s\n", d);
 }
 
+/* How a matrix is cut over tensor-parallel ranks (exec_weights_create_shard): by heads,
+   by ffn rows, by vocabulary rows, or not at all (held whole: norms, embeddings read in
+   place). */
+enum tp_cut { CUT_NONE, CUT_HEADS, CUT_FFN, CUT_VOCAB };
+
+static enum tp_cut tp_cut_of(const char *name, bool tied)
+{
+    static const char *const heads[] = {"attn_q.", "attn_k.", "attn_v.", "attn_output.",
+                                        "q_proj.", "k_proj.", "v_proj.", "o_proj."};
+    static const char *const ffn[] = {"ffn_gate.",  "ffn_up.",  "ffn_down.",
+                                      "gate_proj.", "up_proj.", "down_proj."};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
+        if (strstr(name, heads[i]))
+            return CUT_HEADS;
+    for (size_t i = 0; i < sizeof ffn / sizeof ffn[0]; i++)
+        if (strstr(name, ffn[i]))
+            return CUT_FFN;
+    if (!strcmp(name, "output.weight") || !strcmp(name, "lm_head.weight") ||
+        (tied && (!strcmp(name, "token_embd.weight") || strstr(name, "embed_tokens."))))
+        return CUT_VOCAB;
+    return CUT_NONE;
+}
+
+/* --tensor-parallel-size N: each rank's weight bytes (its heads, ffn rows and vocabulary
+   rows of every matrix; what is held whole, each rank holds) and KV bytes per token. */
+static void print_tp(const struct info *in, int n)
+{
+    const struct model_config *c = &in->c;
+    printf("tensor parallel %d (per rank):\n", n);
+    if (c->n_expert > 0 || c->kv_lora_rank > 0 || c->n_head % n || c->n_kv_head % n ||
+        c->n_vocab < 16 * n) {
+        printf("  not possible: %s\n", c->n_expert > 0       ? "a mixture of experts"
+                                       : c->kv_lora_rank > 0 ? "latent attention"
+                                       : c->n_vocab < 16 * n ? "vocabulary too small"
+                                                             : "heads do not divide");
+        return;
+    }
+    int block = 1; /* the largest block of a down matrix sets the ffn cut */
+    for (int i = 0; i < in->n_tensors; i++)
+        if (tp_cut_of(in->t[i].name, false) == CUT_FFN && dtype_get(in->t[i].type) &&
+            dtype_get(in->t[i].type)->block_size > block)
+            block = dtype_get(in->t[i].type)->block_size;
+    const uint64_t kv = backend_kv_block_bytes(c, DT_F16, 1) / (uint64_t)n;
+    for (int r = 0; r < n; r++) {
+        const int f0 = exec_kparts_ffn_cut(c->ffn_dim, block, r, n);
+        const int f1 = exec_kparts_ffn_cut(c->ffn_dim, block, r + 1, n);
+        const int v0 = exec_tp_vocab_cut(c->n_vocab, r, n),
+                  v1 = exec_tp_vocab_cut(c->n_vocab, r + 1, n);
+        double bytes = 0;
+        for (int i = 0; i < in->n_tensors; i++) {
+            const struct info_tensor *t = &in->t[i];
+            switch (tp_cut_of(t->name, c->tied_embeddings)) {
+            case CUT_HEADS: bytes += (double)t->nbytes / n; break;
+            case CUT_FFN: bytes += (double)t->nbytes * (f1 - f0) / c->ffn_dim; break;
+            case CUT_VOCAB: bytes += (double)t->nbytes * (v1 - v0) / c->n_vocab; break;
+            default: bytes += (double)t->nbytes;
+            }
+        }
+        char b[32];
+        human(bytes, b, sizeof b);
+        printf("  rank %-2d            weights %s (query heads %d-%d, ffn rows %d-%d, vocab "
+               "%d-%d); kv cache (f16) %" PRIu64 " bytes per token\n",
+               r, b, c->n_head / n * r, c->n_head / n * (r + 1) - 1, f0, f1 - 1, v0, v1 - 1, kv);
+    }
+}
+
 int cmd_info(int argc, char **argv)
 {
     bool tensors = false, whole_template = false;
+    int tp = 0;
     const struct cli_opt opts[] = {
         {"tensors", 0, OPT_FLAG, &tensors, NULL, "list every tensor: name, type, shape, bytes"},
         {"template", 0, OPT_FLAG, &whole_template, NULL, "print the whole chat template"},
+        {"tensor-parallel-size", 0, OPT_INT, &tp, "N",
+         "also each of N ranks' weight and KV bytes (-tp)"},
     };
     const char *pos[1];
     int n_pos = 0;
-    int r = cli_parse(argc, argv, "info MODEL [--tensors] [--template]",
+    int r = cli_parse(argc, argv, "info MODEL [--tensors] [--template] [-tp N]",
                       "Show a model's architecture, parameters, tensors, tokenizer, chat "
                       "template and memory needs.\nMODEL is a GGUF file or a Hugging Face "
-                      "directory.", opts, 2, pos, 1, &n_pos);
+                      "directory.",
+                      opts, 3, pos, 1, &n_pos);
     if (r)
         return r == 1 ? 0 : 2;
     if (n_pos != 1) {
@@ -392,6 +463,8 @@ int cmd_info(int argc, char **argv)
             info_check_tokenizer(&in);
         print_tokenizer(&in, whole_template);
         print_memory(&in.c, wbytes);
+        if (tp > 1)
+            print_tp(&in, tp);
     } else {
         fprintf(stderr, "weld info: %s\n", e.msg);
     }

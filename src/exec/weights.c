@@ -766,6 +766,14 @@ static bool cut_fits(int t, bool gemm, int64_t k0, int64_t k1)
            (!gemm || gemm_check(t, k1 - k0, NULL, &ignored) == WELD_OK);
 }
 
+int exec_kparts_ffn_cut(int ffn_dim, int block, int i, int n)
+{
+    int64_t a = 16;
+    while (block > 0 && a % block)
+        a += 16;
+    return i >= n ? ffn_dim : (int)(((int64_t)ffn_dim * i / n + a / 2) / a * a);
+}
+
 /* The cuts of n K parts for model m: KV-head boundaries for wo, multiples of 16 rows and
    of down's blocks near the equal split for the ffn. False if some layer's types do not
    allow them (or n is not in [2, min(n_kv_head, PROG_KPARTS_MAX)]). */
@@ -785,13 +793,10 @@ static bool kparts_cut(const struct model *m, int n, struct prog_kparts *kp)
         const struct dtype_info *d = dtype_get(dn->type);
         if (!d)
             return false;
-        int64_t a = 16;
-        while (a % d->block_size)
-            a += 16;
         for (int i = 1; i < n; i++) {
-            int64_t cut = ((int64_t)c->ffn_dim * i / n + a / 2) / a * a;
+            int cut = exec_kparts_ffn_cut(c->ffn_dim, d->block_size, i, n);
             if (cut > kp->ffn_cut[i])
-                kp->ffn_cut[i] = (int)cut;
+                kp->ffn_cut[i] = cut;
         }
         struct weld_err ignored;
         bool g_wo = gemm_check(wo->type, wo->ne[0], NULL, &ignored) == WELD_OK;

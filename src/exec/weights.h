@@ -229,6 +229,10 @@ int exec_weights_create_shard(struct exec_weights **out, const struct model *m,
    LOGITS_CHUNK boundaries (the softmax statistics' chunks) when every rank gets two or
    more of them, else on 16-row boundaries. */
 int exec_tp_vocab_cut(int n_vocab, int r, int n);
+/* The ffn row where K part i of n starts when the down matrices' blocks are `block`
+   elements (the largest over the layers is the model's cut): near the equal share, on a
+   multiple of 16 and of the block. */
+int exec_kparts_ffn_cut(int ffn_dim, int block, int i, int n);
 void exec_weights_free(struct exec_weights *w);
 
 #endif

