@@ -1279,6 +1279,11 @@ int engine_step(struct engine *eng, struct weld_err *e)
     return rc;
 }
 
+bool engine_broken(const struct engine *eng)
+{
+    return runner_broken(eng->run);
+}
+
 void engine_stats_get(const struct engine *eng, struct engine_stats *st)
 {
     *st = eng->st;

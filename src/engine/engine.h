@@ -165,6 +165,9 @@ int engine_resume(struct engine *eng, uint64_t id, struct weld_err *e);
 int engine_step(struct engine *eng, struct weld_err *e);
 /* Some live request is not paused. */
 bool engine_has_work(const struct engine *eng);
+/* True once the backend is lost for good (a rank of a tensor-parallel engine died or
+   hung): every later step fails its sequences at once; the caller should stop. */
+bool engine_broken(const struct engine *eng);
 void engine_stats_get(const struct engine *eng, struct engine_stats *st);
 
 const struct model *engine_model(const struct engine *eng);

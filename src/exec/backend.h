@@ -106,6 +106,9 @@ struct backend_iface {
     void (*park)(void *ctx);
     /* optional: a one-line description of the context ("cpu: mega executor, 2 threads, ...") */
     const char *(*describe)(void *ctx);
+    /* optional: true once the device is lost for good (a rank of a multi-process backend
+       died or hung): every later step fails, so callers fail their work and stop */
+    bool (*broken)(void *ctx);
 };
 
 extern const struct backend_iface backend_cpu;

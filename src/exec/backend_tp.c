@@ -685,6 +685,12 @@ static void tp_park(void *ctx)
     backend_cpu.park(t->cpu);
 }
 
+static bool tp_broken(void *ctx)
+{
+    struct tp_ctx *t = ctx;
+    return comm_broken(t->g->c);
+}
+
 static const char *tp_describe(void *ctx)
 {
     struct tp_ctx *t = ctx;
@@ -701,4 +707,5 @@ const struct backend_iface backend_tp = {
     .reset = tp_reset,
     .park = tp_park,
     .describe = tp_describe,
+    .broken = tp_broken,
 };

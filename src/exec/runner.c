@@ -83,6 +83,11 @@ int runner_forward_hidden(struct runner *r, const struct batch *b, float *logits
     return r->be->forward(r->ctx, b, logits, tops, hidden, e);
 }
 
+bool runner_broken(const struct runner *r)
+{
+    return r->be->broken && r->be->broken(r->ctx);
+}
+
 void runner_park(struct runner *r)
 {
     if (r->be->park)

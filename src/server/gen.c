@@ -490,8 +490,17 @@ static bool gen_round(struct server_gen *g)
             abort_job(g, g->active);
     if (engine_has_work(g->eng)) {
         struct weld_err we = {0};
-        if (engine_step(g->eng, &we))
+        if (engine_step(g->eng, &we)) {
             log_error("weld serve: step failed: %s", we.msg);
+            if (engine_broken(g->eng)) {
+                pthread_mutex_lock(&g->mu);
+                if (g->state == SERVER_GEN_READY) {
+                    g->state = SERVER_GEN_BROKEN;
+                    snprintf(g->load_err, sizeof g->load_err, "%s", we.msg);
+                }
+                pthread_mutex_unlock(&g->mu);
+            }
+        }
     }
     publish_stats(g);
     if (!quit)
@@ -783,7 +792,8 @@ bool server_gen_drain(struct server_gen *g, double timeout)
     double t_end = time_now() + timeout;
     for (;;) {
         pthread_mutex_lock(&g->mu);
-        bool idle = g->state != SERVER_GEN_READY || (!g->busy && !g->in_head && !g->active);
+        bool idle = (g->state != SERVER_GEN_READY && g->state != SERVER_GEN_BROKEN) ||
+                    (!g->busy && !g->in_head && !g->active);
         pthread_mutex_unlock(&g->mu);
         if (idle)
             return true;

@@ -43,7 +43,13 @@
 struct server_gen;
 struct server_job;
 
-enum server_gen_state { SERVER_GEN_LOADING, SERVER_GEN_READY, SERVER_GEN_FAILED };
+enum server_gen_state {
+    SERVER_GEN_LOADING,
+    SERVER_GEN_READY,
+    SERVER_GEN_FAILED,
+    SERVER_GEN_BROKEN /* the engine lost its backend (engine_broken):
+                                             requests fail, the server stops */
+};
 
 /* One item of a job's outbox: a text delta (maybe with the token's logprobs), a choice's
    result (prompt logprobs, embedding) or its finish. */

@@ -528,6 +528,8 @@ static int wait_signal(struct server *s, const sigset_t *set, struct weld_err *e
         enum server_gen_state st = server_gen_state(s->gen, msg, sizeof msg);
         if (st == SERVER_GEN_FAILED)
             return err_set(e, WELD_ERR_FORMAT, "loading the model failed: %s", msg);
+        if (st == SERVER_GEN_BROKEN)
+            return err_set(e, WELD_ERR_IO, "the engine lost its backend (%s): stopping", msg);
         if (st == SERVER_GEN_READY && !announced) {
             /* only now: a model that fails to load never shows a "listening" line */
             fprintf(stderr, "weld serve: listening on http://%s:%d\n", s->o.host, s->port);

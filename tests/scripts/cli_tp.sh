@@ -12,7 +12,7 @@ weld=$1 tmp=$2
 . "$(dirname "$0")/lib.sh"
 
 require_stories
-for c in mpirun node; do
+for c in mpirun node curl; do
   if ! command -v $c >/dev/null; then
     echo "skipped: $c not found (scripts/install-deps.sh installs it)"
     exit 77
@@ -133,6 +133,29 @@ for sig in STOP KILL; do
   expect_eq "$([ "$took" -le 30 ] && echo bounded)" "bounded" "rank 1 $sig: ended in ${took}s"
 done
 expect_contains "$(cat "$tmp/fault-STOP.err")" "no answer from the other ranks within 3 s" "a hung rank is named"
+
+# serve: a completion over two ranks equals one process in 2 parts; a rank that hangs
+# fails the request in flight with the reason, and the server stops non-zero
+req='{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}'
+port=$((20000 + $$ % 20000))
+k2=$("$weld" generate -m "$tmp/l2.gguf" -p "Once upon a time" -n 12 --temp 0 --k-parts 2 -t 1 2>/dev/null)
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 \
+  "$weld" serve -m "$tmp/l2.gguf" --port $port -tp 2 -t 1 --comm-timeout 3 > /dev/null 2> "$tmp/serve.err" &
+job=$!
+for _ in $(seq 1 300); do
+  curl -sf "localhost:$port/health" > /dev/null && break
+  sleep 0.1
+done
+out=$(curl -s "localhost:$port/v1/completions" -H 'content-type: application/json' -d "$req")
+text=$(node -e 'process.stdout.write(JSON.parse(process.argv[1]).choices[0].text)' "$out" 2>/dev/null)
+expect_eq "Once upon a time$text" "$k2" "serve -tp 2 completion equals --k-parts 2"
+r1=$(rank1 $job)
+[ -n "$r1" ] && kill -STOP "$r1"
+out=$(curl -s -m 30 "localhost:$port/v1/completions" -H 'content-type: application/json' -d "$req")
+expect_contains "$out" "no answer from the other ranks" "serve: the request in flight fails with the reason"
+wait $job
+expect_eq "$([ $? != 0 ] && echo nonzero)" "nonzero" "serve: the job ends non-zero"
+[ -n "$r1" ] && kill -CONT "$r1" 2>/dev/null
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
