@@ -33,6 +33,7 @@
  * Not here: the engine's scheduling (see `weld bench throughput`).
  */
 #include "cli/cli.h"
+#include "comm/comm.h"
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/json.h"
@@ -84,7 +85,28 @@ struct bm_run {
     int batch;
     struct exec_stats tg_stats; /* summed over the timed decode steps */
     bool have_stats;            /* the executor keeps stats */
+    /* several ranks (--tensor-parallel-size): rank 0's communication over the timed
+       prefills and decodes, their tokens and seconds */
+    bool have_comm;
+    struct comm_stats pp_comm, tg_comm;
+    double pp_tokens, tg_tokens, pp_s, tg_s;
 };
+
+/* Add the communication since the last reset to *acc (several ranks only). */
+static void bm_comm_add(struct bm_run *b, struct comm_stats *acc, double tokens, double s,
+                        double *acc_tokens, double *acc_s)
+{
+    struct comm_stats c;
+    if (!runner_comm_stats(b->r, &c, true))
+        return;
+    b->have_comm = true;
+    acc->bytes_sent += c.bytes_sent;
+    acc->bytes_recv += c.bytes_recv;
+    acc->calls += c.calls;
+    acc->wait_s += c.wait_s;
+    *acc_tokens += tokens;
+    *acc_s += s;
+}
 
 static int32_t bm_token(struct bm_run *b)
 {
@@ -125,9 +147,12 @@ static int bm_prefill(struct bm_run *b, int depth, int n, double *dt, struct wel
     int rc = depth > 0 ? bm_step_all(b, 1, 0, depth, e) : WELD_OK;
     if (rc)
         return rc;
+    struct comm_stats skip;
+    (void)runner_comm_stats(b->r, &skip, true);
     double t0 = time_now();
     rc = bm_step_all(b, 1, depth, n, e);
     *dt = time_now() - t0;
+    bm_comm_add(b, &b->pp_comm, n, *dt, &b->pp_tokens, &b->pp_s);
     runner_drop_seq(b->r, 0);
     return rc;
 }
@@ -167,10 +192,14 @@ static int bm_decode(struct bm_run *b, int depth, int n, bool stats, double *dt,
     const int ctx = depth > 1 ? depth : 1;
     int rc = bm_step_all(b, b->batch, 0, ctx, e);
     (void)runner_exec_stats(b->r, &skip, true, e); /* the prompt's step is not counted */
+    struct comm_stats cskip;
+    (void)runner_comm_stats(b->r, &cskip, true);
     double t0 = time_now();
     for (int i = 0; rc == WELD_OK && i < n; i++)
         rc = bm_step_all(b, b->batch, ctx + i, 1, e);
     *dt = time_now() - t0;
+    if (stats)
+        bm_comm_add(b, &b->tg_comm, (double)n * b->batch, *dt, &b->tg_tokens, &b->tg_s);
     if (stats && rc == WELD_OK)
         bm_add_stats(b);
     bm_drop_all(b);
@@ -451,6 +480,20 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
                                           ops / 1e9, "matmul_share", ops > 0 ? mat / ops : 0,
                                           "gops", gops, "instr", c->peak.instr, "peak_gops",
                                           c->peak.gops_best, "share", pshare, "no_peak", c->why));
+        if (j && b->have_comm)
+            json_object_set_new(
+                j, "comm",
+                json_pack(
+                    "{s:f, s:f, s:f, s:f}", "pp_bytes_per_token",
+                    b->pp_tokens > 0
+                        ? (double)(b->pp_comm.bytes_sent + b->pp_comm.bytes_recv) / b->pp_tokens
+                        : 0.0,
+                    "tg_bytes_per_token",
+                    b->tg_tokens > 0
+                        ? (double)(b->tg_comm.bytes_sent + b->tg_comm.bytes_recv) / b->tg_tokens
+                        : 0.0,
+                    "pp_wait_share", b->pp_s > 0 ? b->pp_comm.wait_s / b->pp_s : 0.0,
+                    "tg_wait_share", b->tg_s > 0 ? b->tg_comm.wait_s / b->tg_s : 0.0));
         if (j && ex) {
             json_object_set_new(j, "executor", json_string(b->tg_stats.executor));
             json_object_set_new(j, "bubble", json_real(bubble));
@@ -481,6 +524,18 @@ static void bm_report(const struct bm_opts *o, const struct bm_run *b, int threa
     if (ex)
         printf("executor %s: bubble %.1f%% (batch %d), %.1f syncs/token\n",
                b->tg_stats.executor, 100 * bubble, o->batch, syncs);
+    if (b->have_comm)
+        printf("communication (rank 0): decode %.1f KB per token, %.1f%% of the time waiting "
+               "in exchanges (%.1f per token); prefill %.1f KB per token, %.1f%% waiting\n",
+               b->tg_tokens > 0
+                   ? (double)(b->tg_comm.bytes_sent + b->tg_comm.bytes_recv) / b->tg_tokens / 1e3
+                   : 0.0,
+               b->tg_s > 0 ? 100 * b->tg_comm.wait_s / b->tg_s : 0.0,
+               b->tg_tokens > 0 ? (double)b->tg_comm.calls / b->tg_tokens : 0.0,
+               b->pp_tokens > 0
+                   ? (double)(b->pp_comm.bytes_sent + b->pp_comm.bytes_recv) / b->pp_tokens / 1e3
+                   : 0.0,
+               b->pp_s > 0 ? 100 * b->pp_comm.wait_s / b->pp_s : 0.0);
     printf("prefill compute: %.1f GFLOP/s (%.2f GFLOP per prefill, %.0f%% in matrix products)",
            gops, ops / 1e9, ops > 0 ? 100 * mat / ops : 0);
     if (c->peak.op != PEAK_NONE)

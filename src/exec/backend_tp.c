@@ -685,6 +685,16 @@ static void tp_park(void *ctx)
     backend_cpu.park(t->cpu);
 }
 
+struct tp_group *backend_tp_group(void *ctx)
+{
+    return ((struct tp_ctx *)ctx)->g;
+}
+
+void *backend_tp_local(void *ctx)
+{
+    return ((struct tp_ctx *)ctx)->cpu;
+}
+
 static bool tp_broken(void *ctx)
 {
     struct tp_ctx *t = ctx;

@@ -58,5 +58,8 @@ int tp_worker_run(struct tp_group *g, struct weld_err *e);
 void tp_group_stats(struct tp_group *g, struct comm_stats *out, bool reset);
 
 extern const struct backend_iface backend_tp;
+/* The group of a backend_tp context, and rank 0's own cpu context in it. */
+struct tp_group *backend_tp_group(void *ctx);
+void *backend_tp_local(void *ctx);
 
 #endif

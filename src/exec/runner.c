@@ -83,6 +83,14 @@ int runner_forward_hidden(struct runner *r, const struct batch *b, float *logits
     return r->be->forward(r->ctx, b, logits, tops, hidden, e);
 }
 
+bool runner_comm_stats(const struct runner *r, struct comm_stats *out, bool reset)
+{
+    if (r->be != &backend_tp)
+        return false;
+    tp_group_stats(backend_tp_group(r->ctx), out, reset);
+    return true;
+}
+
 bool runner_broken(const struct runner *r)
 {
     return r->be->broken && r->be->broken(r->ctx);
@@ -124,7 +132,10 @@ const char *runner_describe(const struct runner *r)
 int runner_exec_stats(struct runner *r, struct exec_stats *out, bool reset,
                       struct weld_err *e)
 {
-    /* only the cpu backend has executors; a backend_iface member would generalise this */
+    /* only the cpu backend has executors (rank 0's, of a tensor-parallel group); a
+       backend_iface member would generalise this */
+    if (r->be == &backend_tp)
+        return backend_cpu_exec_stats(backend_tp_local(r->ctx), out, reset, e);
     if (r->be != &backend_cpu) {
         memset(out, 0, sizeof *out);
         return err_set(e, WELD_ERR_UNSUPPORTED, "backend %s keeps no executor stats",

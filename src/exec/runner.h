@@ -49,6 +49,10 @@ int runner_forward_hidden(struct runner *r, const struct batch *b, float *logits
 void runner_drop_seq(struct runner *r, int seq_id);
 /* The backend's threads sleep now instead of spinning for the next step (no-op where the
    backend has none). */
+/* A multi-process backend's communication counters on this rank (comm.h), reset if
+   asked: false (nothing written) for a backend of one process. */
+struct comm_stats;
+bool runner_comm_stats(const struct runner *r, struct comm_stats *out, bool reset);
 /* True once the backend is lost for good (backend_iface.broken): fail the work, stop. */
 bool runner_broken(const struct runner *r);
 void runner_park(struct runner *r);

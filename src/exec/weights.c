@@ -292,10 +292,10 @@ static int check_model(const struct model *m, size_t *nf, struct weld_err *e)
    FFN's gate, up, down or the MoE layer's router, each expert's gate, up, down and the
    shared expert's gate, up, down; then the output. Its order is the pool's. */
 static int list_add(struct exec_weights *w, int *n, struct exec_mat *x, const struct tensor *t,
-                    bool aligned, bool viewed)
+                    bool aligned)
 {
     if (w->list)
-        w->list[*n] = (struct exec_mat_ref){x, t, aligned, viewed, 0, t->ne[1], 0, t->ne[0]};
+        w->list[*n] = (struct exec_mat_ref){x, t, aligned, 0, t->ne[1], 0, t->ne[0]};
     return ++*n;
 }
 
@@ -306,8 +306,7 @@ static int list_add_shard(struct exec_weights *w, int *n, struct exec_mat *x,
                           int64_t k1)
 {
     if (w->list)
-        w->list[*n] = (struct exec_mat_ref){x,  t,  aligned, k0 != 0 || k1 != t->ne[0],
-                                            r0, r1, k0,      k1};
+        w->list[*n] = (struct exec_mat_ref){x, t, aligned, r0, r1, k0, k1};
     return ++*n;
 }
 
@@ -328,10 +327,10 @@ static int list_fill_shard(struct exec_weights *w)
         list_add_shard(w, &n, &M->wq, &L->wq, hd16, q0, q1, 0, c->dim);
         list_add_shard(w, &n, &M->wk, &L->wk, hd16, q0 / grp, q1 / grp, 0, c->dim);
         list_add_shard(w, &n, &M->wv, &L->wv, hd16, q0 / grp, q1 / grp, 0, c->dim);
-        list_add_shard(w, &n, &M->wo, &L->wo, true, 0, c->dim, q0, q1);
+        list_add_shard(w, &n, &M->wo_part[r], &L->wo, true, 0, c->dim, q0, q1);
         list_add_shard(w, &n, &M->gate, &L->w_gate, true, f0, f1, 0, c->dim);
         list_add_shard(w, &n, &M->up, &L->w_up, true, f0, f1, 0, c->dim);
-        list_add_shard(w, &n, &M->down, &L->w_down, true, 0, c->dim, f0, f1);
+        list_add_shard(w, &n, &M->down_part[r], &L->w_down, true, 0, c->dim, f0, f1);
     }
     list_add_shard(w, &n, &w->output, &m->output, true, w->vocab0, w->vocab1, 0, c->dim);
     return n;
@@ -350,50 +349,59 @@ static int list_fill(struct exec_weights *w)
         const bool hd16 = c->head_dim % 16 == 0; /* Q/K/V products start on heads */
         if (c->kv_lora_rank > 0) {
             if (c->q_lora_rank > 0) {
-                list_add(w, &n, &M->wq_a, &L->wq_a, true, false);
-                list_add(w, &n, &M->wq_b, &L->wq_b, hd16, false);
+                list_add(w, &n, &M->wq_a, &L->wq_a, true);
+                list_add(w, &n, &M->wq_b, &L->wq_b, hd16);
             } else {
-                list_add(w, &n, &M->wq, &L->wq, hd16, false);
+                list_add(w, &n, &M->wq, &L->wq, hd16);
             }
-            list_add(w, &n, &M->wkv_a, &L->wkv_a, true, false);
+            list_add(w, &n, &M->wkv_a, &L->wkv_a, true);
             if (L->wkv_b.data) { /* value rows of head h start at h * (nope + v) + nope */
                 list_add(w, &n, &M->vb, &L->wkv_b,
-                         c->qk_nope_dim % 16 == 0 && c->v_head_dim % 16 == 0, false);
+                         c->qk_nope_dim % 16 == 0 && c->v_head_dim % 16 == 0);
                 M->vb_stride = c->qk_nope_dim + c->v_head_dim, M->vb_off = c->qk_nope_dim;
             } else { /* the file's per-head matrices, as 2-d views */
-                list_add(w, &n, &M->kbt, &w->mla_views[2 * l], c->kv_lora_rank % 16 == 0, false);
-                list_add(w, &n, &M->vb, &w->mla_views[2 * l + 1], c->v_head_dim % 16 == 0, false);
+                list_add(w, &n, &M->kbt, &w->mla_views[2 * l], c->kv_lora_rank % 16 == 0);
+                list_add(w, &n, &M->vb, &w->mla_views[2 * l + 1], c->v_head_dim % 16 == 0);
                 M->vb_stride = c->v_head_dim, M->vb_off = 0;
             }
         } else {
-            list_add(w, &n, &M->wq, &L->wq, hd16, false);
-            list_add(w, &n, &M->wk, &L->wk, hd16, false);
-            list_add(w, &n, &M->wv, &L->wv, hd16, false);
+            list_add(w, &n, &M->wq, &L->wq, hd16);
+            list_add(w, &n, &M->wk, &L->wk, hd16);
+            list_add(w, &n, &M->wv, &L->wv, hd16);
         }
-        list_add(w, &n, &M->wo, &L->wo, true, kp);
+        for (int i = 0; i < w->kp.n && kp; i++) /* K parts: each part's columns */
+            list_add_shard(w, &n, &M->wo_part[i], &L->wo, true, 0, c->dim,
+                           (int64_t)w->kp.head_cut[i] * c->head_dim,
+                           (int64_t)w->kp.head_cut[i + 1] * c->head_dim);
+        if (!kp)
+            list_add(w, &n, &M->wo, &L->wo, true);
         if (!model_layer_moe(c, l)) {
-            list_add(w, &n, &M->gate, &L->w_gate, true, false);
-            list_add(w, &n, &M->up, &L->w_up, true, false);
-            list_add(w, &n, &M->down, &L->w_down, true, kp);
+            list_add(w, &n, &M->gate, &L->w_gate, true);
+            list_add(w, &n, &M->up, &L->w_up, true);
+            for (int i = 0; i < w->kp.n && kp; i++)
+                list_add_shard(w, &n, &M->down_part[i], &L->w_down, true, 0, c->dim,
+                               w->kp.ffn_cut[i], w->kp.ffn_cut[i + 1]);
+            if (!kp)
+                list_add(w, &n, &M->down, &L->w_down, true);
             continue;
         }
-        list_add(w, &n, &M->router, &L->router, true, false);
+        list_add(w, &n, &M->router, &L->router, true);
         if (em) {
             M->egate = em, M->eup = em + c->n_expert, M->edown = em + 2 * c->n_expert;
             em += 3 * c->n_expert;
         }
         for (int x = 0; x < c->n_expert; x++) {
-            list_add(w, &n, M->egate ? &M->egate[x] : NULL, &L->exp_gate[x], true, false);
-            list_add(w, &n, M->eup ? &M->eup[x] : NULL, &L->exp_up[x], true, false);
-            list_add(w, &n, M->edown ? &M->edown[x] : NULL, &L->exp_down[x], true, false);
+            list_add(w, &n, M->egate ? &M->egate[x] : NULL, &L->exp_gate[x], true);
+            list_add(w, &n, M->eup ? &M->eup[x] : NULL, &L->exp_up[x], true);
+            list_add(w, &n, M->edown ? &M->edown[x] : NULL, &L->exp_down[x], true);
         }
         if (c->shared_ffn_dim > 0) {
-            list_add(w, &n, &M->sh_gate, &L->sh_gate, true, false);
-            list_add(w, &n, &M->sh_up, &L->sh_up, true, false);
-            list_add(w, &n, &M->sh_down, &L->sh_down, true, false);
+            list_add(w, &n, &M->sh_gate, &L->sh_gate, true);
+            list_add(w, &n, &M->sh_up, &L->sh_up, true);
+            list_add(w, &n, &M->sh_down, &L->sh_down, true);
         }
     }
-    list_add(w, &n, &w->output, &m->output, true, false);
+    list_add(w, &n, &w->output, &m->output, true);
     return n;
 }
 
@@ -430,24 +438,25 @@ static size_t mats_plan(struct exec_weights *w)
         /* F16 is computed as BF16 (weights.h): the same row bytes, rounded when pooled */
         const int ct = exec_compute_type(t->type);
         const struct exec_mat_ref *sh = &w->list[i];
+        const size_t full = dtype_row_bytes(t->type, t->ne[0]);
         *x = (struct exec_mat){.wtype = ct,
-                               .data = (const uint8_t *)t->data +
-                                       (size_t)sh->r0 * dtype_row_bytes(t->type, t->ne[0]),
+                               .data = (const uint8_t *)t->data + (size_t)sh->r0 * full,
                                .row0 = sh->r0,
                                .rows = sh->r1 - sh->r0,
                                .k = sh->k1 - sh->k0,
                                .row_bytes = dtype_row_bytes(t->type, sh->k1 - sh->k0),
                                .from_f16 = ct != (int)t->type};
         x->gemm = gemm_check(ct, x->k, NULL, &ignored) == WELD_OK;
-        if (!x->gemm) {
+        if (!x->gemm) { /* read in place: columns as a view, rows `full` bytes apart */
             x->wtype = t->type;
             x->from_f16 = false;
+            if (sh->k0 != 0 || sh->k1 != t->ne[0]) {
+                x->data = (const uint8_t *)x->data + dtype_row_bytes(t->type, sh->k0);
+                x->row_bytes = full;
+            }
             continue;
         }
-        bool aligned = w->list[i].aligned;
-        /* K parts read wo and down in column ranges: their views need the file's layout */
-        bool viewed = w->list[i].viewed;
-        x->repacked = w->repack && aligned && !viewed && gemm_repack_pays(w->go, ct) &&
+        x->repacked = w->repack && w->list[i].aligned && gemm_repack_pays(w->go, ct) &&
                       gemm_repack_bytes(ct, x->rows, x->k) > 0;
         total += mat_pool_bytes(x, t);
     }
@@ -746,16 +755,6 @@ static void tuning_settings(struct exec_weights *w, const struct exec_tuning *t)
     w->repack = t->repack != TUNE_OFF;
 }
 
-/* Columns [k0, k1) of matrix x (not repacked; k0 a whole number of its blocks). */
-static struct exec_mat mat_view(const struct exec_mat *x, int64_t k0, int64_t k1)
-{
-    struct exec_mat v = *x;
-    v.data = (const uint8_t *)x->data + gemm_view_offset(x->wtype, k0);
-    v.k = k1 - k0;
-    v.act_row_bytes = v.gemm ? (gemm_act_row_bytes(v.wtype, v.k) + 63) / 64 * 64 : 0;
-    return v;
-}
-
 /* Can a matrix of type t (gemm: one the gemm kernels run) be viewed as its columns
    [k0, k1): k0 on a block boundary, and the width one its path takes? */
 static bool cut_fits(int t, bool gemm, int64_t k0, int64_t k1)
@@ -932,33 +931,9 @@ static int mats_create(struct exec_weights *w, const struct exec_tuning *t, stru
         return err_set(e, WELD_ERR_NOMEM, "%s: out of memory for matrix table", model_where(w->m));
     tp ? list_fill_shard(w) : list_fill(w);
     const size_t pool_bytes = mats_plan(w);
-    for (int i = 0; tp && i < w->n_list; i++) {
-        const struct exec_mat_ref *r = &w->list[i];
-        if (!r->x->gemm && (r->k0 != 0 || r->k1 != r->t->ne[0]))
-            return err_set(e, WELD_ERR_UNSUPPORTED,
-                           "%s: tensor '%s' of type %s has no product "
-                           "kernel to run it in column shards (tensor parallelism); convert "
-                           "the model to a type that has (weld convert)",
-                           model_where(w->m), r->t->name ? r->t->name : "?",
-                           dtype_name(r->t->type));
-    }
     rc = mats_fill(w, pool_bytes, e);
     if (rc)
         return rc;
-    const int hd = w->m->cfg.head_dim;
-    for (int l = 0; tp && l < w->m->cfg.n_layer; l++) {
-        w->mats[l].wo_part[w->tp_rank] = w->mats[l].wo;
-        w->mats[l].down_part[w->tp_rank] = w->mats[l].down;
-    }
-    for (int l = 0; !tp && w->kp.n > 1 && l < w->m->cfg.n_layer; l++) {
-        struct exec_layer_mats *M = &w->mats[l];
-        WELD_ASSERT(!M->wo.repacked && !M->down.repacked);
-        for (int i = 0; i < w->kp.n; i++) {
-            M->wo_part[i] = mat_view(&M->wo, (int64_t)w->kp.head_cut[i] * hd,
-                                     (int64_t)w->kp.head_cut[i + 1] * hd);
-            M->down_part[i] = mat_view(&M->down, w->kp.ffn_cut[i], w->kp.ffn_cut[i + 1]);
-        }
-    }
     bool all_float = true;
     for (int i = 0; i < w->n_list; i++) {
         const struct exec_mat *x = w->list[i].x;

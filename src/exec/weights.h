@@ -51,10 +51,14 @@
  * K parts (struct prog_kparts, program.h), asked for with tuning k_parts=N: the O and down
  * products run in N parts along K, cut at KV-head boundaries and at 16-row (and block)
  * boundaries near equal shares of the ffn, so a layer needs two exchanges between workers
- * instead of four. wo and down then stay in the file's layout and each part is a view of
- * its columns (same row stride, k = the part's width). The cuts depend on the model and N
- * only, never on the executor or the thread count, so the contract above holds: the same
- * numbers everywhere (other numbers than without parts: another summation order).
+ * instead of four. Each part's columns of wo and down are then a matrix of their own in
+ * the pool (k = the part's width, repacked like any other), exactly what a
+ * tensor-parallel shard holds of them (exec_weights_create_shard), so one process in N
+ * parts and N ranks compute the same bits (repacked Q8_0 / Q4_0 have a numeric contract
+ * of their own, gemm.h, so the layouts must match, not just the cuts). The cuts depend on
+ * the model and N only, never on the executor or the thread count, so the contract above
+ * holds: the same numbers everywhere (other numbers than without parts: another
+ * summation order).
  */
 #ifndef WELD_EXEC_WEIGHTS_H
 #define WELD_EXEC_WEIGHTS_H
@@ -117,8 +121,9 @@ struct exec_layer_mats {
        file's attn_v_b: stride v_head_dim, offset 0) */
     struct exec_mat vb;
     int vb_stride, vb_off;
-    /* with K parts (exec_weights.kp): views of wo and down restricted to each part's
-       columns (same rows and row stride, k = the part's width) */
+    /* with K parts (exec_weights.kp): each part's columns of wo and down, matrices of
+       their own (k = the part's width; wo and down themselves then unset); a
+       tensor-parallel shard holds its part's only */
     struct exec_mat wo_part[PROG_KPARTS_MAX], down_part[PROG_KPARTS_MAX];
 };
 
@@ -137,11 +142,12 @@ struct exec_layer_vecs {
 struct exec_mat_ref {
     struct exec_mat *x;
     const struct tensor *t;
-    bool aligned; /* every row range the ops multiply starts at a multiple of 16 (Q/K/V:
+    bool aligned;           /* every row range the ops multiply starts at a multiple of 16 (Q/K/V:
                       when head_dim is one), so it may be repacked */
-    bool viewed;  /* K parts read it in column views: keep the file's layout */
     int64_t r0, r1, k0, k1; /* the rows and columns held ([0, rows) x [0, k): all; a
-                               tensor-parallel shard holds fewer, exec_weights.tp) */
+                               K part or a tensor-parallel shard holds fewer: pooled as a
+                               matrix of its own, or for a type without a product kernel
+                               read in place, its rows the file's row bytes apart) */
 };
 
 struct weight_pool;
