@@ -455,6 +455,12 @@ int tp_worker_run(struct tp_group *g, struct weld_err *e)
         if (rc)
             break;
     }
+    struct comm_stats cs;
+    comm_stats_get(g->c, &cs, false);
+    log_debug("tensor parallel rank %d: %.3f s in %llu exchanges, %.1f MB sent, %.1f MB "
+              "received",
+              g->rank, cs.wait_s, (unsigned long long)cs.calls, (double)cs.bytes_sent / 1e6,
+              (double)cs.bytes_recv / 1e6);
     for (int i = 0; i < TP_MAX_CTX; i++)
         if (w.ctx[i])
             backend_cpu.ctx_free(w.ctx[i]);

@@ -53,7 +53,7 @@ done
 rx0=$(ip -n $b -s link show $vb | awk '/RX:/ {getline; print $1}')
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 ip netns exec $a \
   mpirun --hostfile "$tmp/hosts" --mca plm_rsh_agent "$tmp/rsh.sh" --mca btl tcp,self \
-  --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 -np 2 \
+  --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none -np 2 \
   "$weld" batch -m "$model" --input "$in" --output "$tmp/tcp.jsonl" -tp 2 -t 1 2> "$tmp/tcp.err"
 expect_eq "$?" "0" "mpirun over TCP between namespaces ($(tail -2 "$tmp/tcp.err"))"
 rx1=$(ip -n $b -s link show $vb | awk '/RX:/ {getline; print $1}')
