@@ -39,28 +39,32 @@ static void tp_atexit(void)
     comm_finalize();
 }
 
-int cli_tp_start(int tp_size, double timeout_s, struct tp_group **out, struct weld_err *e)
+int cli_tp_start(int tp_size, int pp_size, double timeout_s, struct tp_group **out,
+                 struct weld_err *e)
 {
     *out = NULL;
     if (group) { /* a second command in one process (tests): the same group */
         *out = group;
         return WELD_OK;
     }
-    if (tp_size <= 1 && !comm_launched())
+    tp_size = tp_size < 1 ? 1 : tp_size;
+    pp_size = pp_size < 1 ? 1 : pp_size;
+    if (tp_size * pp_size == 1 && !comm_launched())
         return WELD_OK;
     int rc = comm_init(e);
     if (rc)
         return rc;
-    if (tp_size <= 1) {
+    if (tp_size * pp_size == 1) {
         if (comm_world_size() > 1)
             return err_set(e, WELD_ERR_INVALID_ARG,
                            "started as %d MPI ranks: pass "
-                           "--tensor-parallel-size %d to shard the model over them",
+                           "--tensor-parallel-size %d (or a pipeline of --pipeline-parallel-size "
+                           "stages) to spread the model over them",
                            comm_world_size(), comm_world_size());
         return WELD_OK;
     }
     struct tp_group *g;
-    if ((rc = tp_group_create(&g, tp_size, timeout_s, e)))
+    if ((rc = tp_group_create(&g, tp_size, pp_size, timeout_s, e)))
         return rc;
     if (tp_group_rank(g) != 0) {
         struct weld_err we = {0};
@@ -77,7 +81,8 @@ int cli_tp_start(int tp_size, double timeout_s, struct tp_group **out, struct we
     }
     group = g;
     atexit(tp_atexit);
-    log_debug("tensor parallel: %d ranks, rank 0 on %s", tp_size, comm_node_name());
+    log_debug("%d ranks (tensor parallel %d x pipeline %d), rank 0 on %s", tp_size * pp_size,
+              tp_size, pp_size, comm_node_name());
     *out = g;
     return WELD_OK;
 }

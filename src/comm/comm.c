@@ -278,6 +278,42 @@ int comm_recv(struct comm *c, void *buf, size_t n, int peer, int tag, struct wel
     return rc;
 }
 
+struct comm_req {
+    MPI_Request r;
+    size_t n;
+};
+
+int comm_isend(struct comm *c, const void *buf, size_t n, int peer, int tag, struct comm_req **req,
+               struct weld_err *e)
+{
+    *req = NULL;
+    int rc = check_usable(c, "send", n, e);
+    if (rc)
+        return rc;
+    struct comm_req *q = wcalloc(1, sizeof *q);
+    if (!q)
+        return err_set(e, WELD_ERR_NOMEM, "comm: out of memory");
+    q->n = n;
+    if (MPI_Isend(buf, (int)n, MPI_BYTE, peer, tag, c->mc, &q->r) != MPI_SUCCESS) {
+        wfree(q);
+        c->broken = true;
+        return err_set(e, WELD_ERR_IO, "comm: send to rank %d failed to start", peer);
+    }
+    *req = q;
+    return WELD_OK;
+}
+
+int comm_wait(struct comm *c, struct comm_req *req, struct weld_err *e)
+{
+    if (!req)
+        return WELD_OK;
+    int rc = wait_req(c, &req->r, "send", false, MPI_SUCCESS, e);
+    if (!rc)
+        c->st.bytes_sent += req->n;
+    wfree(req);
+    return rc;
+}
+
 int comm_barrier(struct comm *c, struct weld_err *e)
 {
     int rc = check_usable(c, "barrier", 0, e);

@@ -76,6 +76,13 @@ int comm_bcast(struct comm *c, void *buf, size_t n, int root, bool wait_forever,
 int comm_allgather(struct comm *c, void *buf, size_t n, struct weld_err *e);
 int comm_send(struct comm *c, const void *buf, size_t n, int peer, int tag, struct weld_err *e);
 int comm_recv(struct comm *c, void *buf, size_t n, int peer, int tag, struct weld_err *e);
+/* A send that returns at once: buf must stay untouched until comm_wait(*req) (which frees
+   the request; the deadline counts from there). A pipeline's last stage sends each
+   micro-batch's result this way, so it can take the next one before rank 0 receives. */
+struct comm_req;
+int comm_isend(struct comm *c, const void *buf, size_t n, int peer, int tag, struct comm_req **req,
+               struct weld_err *e);
+int comm_wait(struct comm *c, struct comm_req *req, struct weld_err *e);
 /* Wait until every rank reached this point. */
 int comm_barrier(struct comm *c, struct weld_err *e);
 

@@ -63,6 +63,7 @@ struct cpu_ctx {
                                   whose caller wants tops, merged per row after the run */
     size_t cap_slices;
     char desc[256];
+    struct exec_part part; /* what of the model this context runs (tuning.tp's part) */
     struct exec_comm comm; /* tensor parallelism: tuning.tp's communicator (comm.c NULL:
                               one process) */
 };
@@ -118,14 +119,21 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
     c->m = m;
     c->params = *p;
     struct tp_group *tp = p->tuning.tp;
-    int rc = tp ? exec_weights_create_shard(&c->w, m, &p->tuning, tp_group_rank(tp),
-                                            tp_group_size(tp), e)
+    c->part = tp ? tp_group_part(tp, &m->cfg) : exec_part_whole(&m->cfg);
+    int rc = tp ? exec_weights_create_shard(&c->w, m, &p->tuning, &c->part, e)
                 : exec_weights_create(&c->w, m, &p->tuning, e);
     if (rc)
         goto fail;
-    c->comm.c = tp ? tp_group_comm(tp) : NULL;
+    if (tp && c->part.tp_size > 1)
+        c->comm.c = tp_group_tp_comm(tp);
+    if (tp && tp_group_pp_size(tp) > 1) { /* stage to stage: the same TP rank's */
+        c->comm.pipe = tp_group_comm(tp);
+        c->comm.prev = tp_group_rank(tp) - c->part.tp_size;
+        c->comm.next = tp_group_rank(tp) + c->part.tp_size;
+    }
     struct kv_config kc = {
-        .n_layer = m->cfg.n_layer,
+        .n_layer = c->part.layer1 - c->part.layer0, /* a stage's layers */
+        .layer0 = c->part.layer0,
         .max_seqs = p->max_seqs,
         .max_ctx = p->max_ctx,
         .block_size = p->kv_block_size,
@@ -133,8 +141,8 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         .type = p->kv_type,
     };
     kv_shape_for(&m->cfg, &kc.kv_dim, &kc.head_dim, &kc.latent);
-    if (tp) { /* a shard's KV heads: its K part's */
-        const int grp = m->cfg.n_head / m->cfg.n_kv_head, r = tp_group_rank(tp);
+    if (c->part.tp_size > 1) { /* a shard's KV heads: its K part's */
+        const int grp = m->cfg.n_head / m->cfg.n_kv_head, r = c->part.tp_rank;
         kc.head0 = c->w->kp.head_cut[r] / grp;
         kc.kv_dim = (c->w->kp.head_cut[r + 1] / grp - kc.head0) * kc.head_dim;
     }
@@ -214,8 +222,7 @@ static int get_program(struct cpu_ctx *c, const struct batch *b, struct program 
         }
     struct program *p;
     unsigned flags = c->ex->prog_flags ? c->ex->prog_flags(c->ex_state) : 0;
-    int rc = program_build_tp(&p, &c->m->cfg, b, c->params.n_splits, flags, &c->w->kp,
-                              c->comm.c ? c->w->tp_rank : -1, c->w->vocab0, c->w->vocab1, e);
+    int rc = program_build_tp(&p, &c->m->cfg, b, c->params.n_splits, flags, &c->w->kp, &c->part, e);
     if (rc)
         return rc;
     if (c->params.tuning.dump_program)
@@ -367,10 +374,10 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
         .hidden = hidden,
         .hid_extra_tok = c->hid_extra,
         .n_hid_extra = n_extra,
-        .comm = c->comm.c ? &c->comm : NULL,
+        .comm = c->comm.c || c->comm.pipe ? &c->comm : NULL,
     };
     rc = c->ex->run(c->ex_state, &st, e);
-    if (rc == WELD_OK && c->comm.c && atomic_load(&c->comm.failed))
+    if (rc == WELD_OK && (c->comm.c || c->comm.pipe) && atomic_load(&c->comm.failed))
         rc = err_set(e, c->comm.err.status ? c->comm.err.status : WELD_ERR_IO, "%s",
                      c->comm.err.msg);
     if (rc == WELD_OK && tops) {

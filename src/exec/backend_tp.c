@@ -38,7 +38,7 @@ struct tp_status {
 struct tp_create {
     int32_t max_seqs, max_ctx, n_splits, n_threads, kv_block_size, kv_blocks, kv_type;
     int32_t oversubscribe, kv_groups, decode_pairs, l2_prefetch, repack, trace_steps;
-    int32_t dump_program;
+    int32_t dump_program, k_parts;
     char executor[16];
     char model[1024]; /* the model's path */
 };
@@ -51,35 +51,70 @@ struct tp_top {
 };
 
 struct tp_group {
-    struct comm *c;
+    struct comm *c;        /* every rank: steps, results, stage to stage */
+    struct comm *tpc;      /* this rank's stage: the ALLGATHERs */
     const struct model *m; /* the model sharded: rank 0's first context's */
     struct model *own;     /* other ranks: loaded from rank 0's path */
-    int rank, size;
-    bool stopped;
+    int rank, size;        /* in the world */
+    int tp, pp, stage, tp_rank; /* rank = stage * tp + tp_rank */
 };
 
-int tp_group_create(struct tp_group **out, int tp_size, double timeout_s, struct weld_err *e)
+int tp_group_create(struct tp_group **out, int tp_size, int pp_size, double timeout_s,
+                    struct weld_err *e)
 {
     *out = NULL;
     int rc = comm_init(e);
     if (rc)
         return rc;
-    if (comm_world_size() != tp_size)
+    tp_size = tp_size < 1 ? 1 : tp_size;
+    pp_size = pp_size < 1 ? 1 : pp_size;
+    if (comm_world_size() != tp_size * pp_size)
         return err_set(e, WELD_ERR_INVALID_ARG,
-                       "--tensor-parallel-size %d, but this job has "
-                       "%d rank%s (start it with mpirun -np %d)",
-                       tp_size, comm_world_size(), comm_world_size() == 1 ? "" : "s", tp_size);
+                       "--tensor-parallel-size %d x --pipeline-parallel-size %d is %d ranks, "
+                       "but this job has %d (start it with mpirun -np %d)",
+                       tp_size, pp_size, tp_size * pp_size, comm_world_size(), tp_size * pp_size);
     struct tp_group *g = wcalloc(1, sizeof *g);
     if (!g)
         return err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory");
-    if ((rc = comm_create(&g->c, 0, comm_world_rank(), timeout_s, e))) {
+    const int wr = comm_world_rank();
+    if ((rc = comm_create(&g->c, 0, wr, timeout_s, e)) ||
+        (rc = comm_create(&g->tpc, wr / tp_size, wr, timeout_s, e))) {
+        comm_free(g->c);
         wfree(g);
         return rc;
     }
     g->rank = comm_rank(g->c);
     g->size = comm_size(g->c);
+    g->tp = tp_size, g->pp = pp_size;
+    g->stage = g->rank / tp_size, g->tp_rank = g->rank % tp_size;
     *out = g;
     return WELD_OK;
+}
+
+struct exec_part tp_group_part(const struct tp_group *g, const struct model_config *c)
+{
+    const int L = c->n_layer;
+    return (struct exec_part){.tp_rank = g->tp_rank,
+                              .tp_size = g->tp,
+                              .layer0 = (int)((long long)L * g->stage / g->pp),
+                              .layer1 = (int)((long long)L * (g->stage + 1) / g->pp),
+                              .vocab0 = exec_tp_vocab_cut(c->n_vocab, g->tp_rank, g->tp),
+                              .vocab1 = exec_tp_vocab_cut(c->n_vocab, g->tp_rank + 1, g->tp),
+                              .first = g->stage == 0,
+                              .last = g->stage == g->pp - 1};
+}
+
+int tp_group_tp_size(const struct tp_group *g)
+{
+    return g->tp;
+}
+int tp_group_pp_size(const struct tp_group *g)
+{
+    return g->pp;
+}
+struct comm *tp_group_tp_comm(const struct tp_group *g)
+{
+    return g->tpc;
 }
 
 static int send_msg(struct tp_group *g, int op, int slot, int arg, const void *payload, size_t n,
@@ -99,6 +134,7 @@ void tp_group_free(struct tp_group *g)
     struct weld_err e = {0};
     if (g->rank == 0 && !comm_broken(g->c) && send_msg(g, TP_STOP, 0, 0, NULL, 0, &e))
         log_warn("tensor parallel: could not stop the other ranks: %s", e.msg);
+    comm_free(g->tpc);
     comm_free(g->c);
     model_free(g->own);
     wfree(g);
@@ -122,7 +158,7 @@ const struct model *tp_group_model(const struct tp_group *g)
 }
 bool tp_group_broken(const struct tp_group *g)
 {
-    return comm_broken(g->c);
+    return comm_broken(g->c) || comm_broken(g->tpc);
 }
 
 void tp_group_stats(struct tp_group *g, struct comm_stats *out, bool reset)
@@ -136,7 +172,7 @@ void tp_group_stats(struct tp_group *g, struct comm_stats *out, bool reset)
    (int32), inv_t per logit row (when tops are wanted) and embedding rows (floats). */
 struct tp_fwd {
     int32_t n_seqs, n_copies, copies_fill, want_tops, has_embeds, has_tables;
-    int32_t n_rows, n_tokens, n_blocks;
+    int32_t n_rows, n_tokens, n_blocks, want_hidden;
 };
 
 static size_t fwd_bytes(const struct tp_fwd *f, int dim)
@@ -147,8 +183,8 @@ static size_t fwd_bytes(const struct tp_fwd *f, int dim)
            (f->has_embeds ? (size_t)f->n_tokens * (size_t)dim * 4 : 0);
 }
 
-static int fwd_pack(const struct batch *b, const struct logits_top *tops, int dim, uint8_t **buf,
-                    size_t *cap, size_t *len, struct weld_err *e)
+static int fwd_pack(const struct batch *b, const struct logits_top *tops, bool hidden, int dim,
+                    uint8_t **buf, size_t *cap, size_t *len, struct weld_err *e)
 {
     struct tp_fwd f = {.n_seqs = b->n_seqs,
                        .n_copies = b->n_copies,
@@ -157,7 +193,8 @@ static int fwd_pack(const struct batch *b, const struct logits_top *tops, int di
                        .has_embeds = b->seqs[0].embeds != NULL,
                        .has_tables = batch_has_tables(b),
                        .n_rows = batch_n_logit_rows(b),
-                       .n_tokens = batch_n_tokens(b)};
+                       .n_tokens = batch_n_tokens(b),
+                       .want_hidden = hidden};
     for (int s = 0; f.has_tables && s < b->n_seqs; s++)
         f.n_blocks += b->seqs[s].n_blocks;
     *len = fwd_bytes(&f, dim);
@@ -195,6 +232,40 @@ static int fwd_pack(const struct batch *b, const struct logits_top *tops, int di
 
 /* ---- a worker's state ------------------------------------------------------------------ */
 
+/* Pipeline parallelism: the step's sequences in micro-batches [mb[k], mb[k + 1]), k < the
+   count returned, near equal in tokens, so stage s runs micro-batch k while stage s + 1
+   runs k - 1. One (the whole step) with one stage, when hidden states are wanted, or for
+   one sequence (a prompt is not cut across micro-batches). Rank 0 and the workers cut
+   the same way. mb: room for pp + 1. */
+static int mb_split(const struct batch *b, int pp, bool hidden, int *mb)
+{
+    const int want = pp > 1 && !hidden ? (b->n_seqs < pp ? b->n_seqs : pp) : 1;
+    const long long total = batch_n_tokens(b);
+    long long acc = 0;
+    int k = 1;
+    mb[0] = 0;
+    for (int s = 0; s < b->n_seqs && k < want; s++) {
+        acc += b->seqs[s].n_tokens;
+        if (acc * want >= total * k && b->n_seqs - (s + 1) >= want - k)
+            mb[k++] = s + 1;
+    }
+    mb[k] = b->n_seqs;
+    return k;
+}
+
+/* Micro-batch k of b (sequences [mb[k], mb[k + 1]); the block copies go with the first). */
+static struct batch mb_batch(const struct batch *b, const int *mb, int k, int *row0)
+{
+    struct batch s = {.seqs = b->seqs + mb[k],
+                      .n_seqs = mb[k + 1] - mb[k],
+                      .copies = k ? NULL : b->copies,
+                      .n_copies = k ? 0 : b->n_copies,
+                      .copies_fill = b->copies_fill};
+    struct batch before = {.seqs = b->seqs, .n_seqs = mb[k]};
+    *row0 = mb[k] ? batch_n_logit_rows(&before) : 0;
+    return s;
+}
+
 struct tp_worker {
     struct tp_group *g;
     void *ctx[TP_MAX_CTX];
@@ -209,8 +280,11 @@ struct tp_worker {
     struct logits_top *tops;
     float *stats; /* (rows, 2, n_chunks) */
     int cap_rows;
-    uint8_t *out; /* the result */
-    size_t cap_out, out_len;
+    float *hidden; /* (hidden rows, dim) */
+    size_t cap_hidden;
+    uint8_t *out[PROG_KPARTS_MAX + 1]; /* each micro-batch's result (a pipeline holds at
+                                          most PROG_KPARTS_MAX stages) */
+    size_t cap_out[PROG_KPARTS_MAX + 1];
 };
 
 /* Bytes of a worker's FORWARD result: logits columns [v0, v1) of every row, a tp_top per
@@ -307,10 +381,10 @@ static int worker_forward(struct tp_worker *w, void *ctx, size_t n, struct weld_
         void *t = wrealloc(w->tops, (size_t)f.n_rows * sizeof *w->tops);
         if (t)
             w->tops = t;
-        void *s = wrealloc(w->stats, (size_t)f.n_rows * 2 * (size_t)nch * sizeof(float));
-        if (s)
-            w->stats = s;
-        if (!t || !s)
+        void *st = wrealloc(w->stats, (size_t)f.n_rows * 2 * (size_t)nch * sizeof(float));
+        if (st)
+            w->stats = st;
+        if (!t || !st)
             return err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory");
         w->cap_rows = f.n_rows;
     }
@@ -320,42 +394,91 @@ static int worker_forward(struct tp_worker *w, void *ctx, size_t n, struct weld_
         return err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory for logits");
     if (w->cap_logits > old_cap) /* other ranks' columns are never written here */
         memset(w->logits, 0, w->cap_logits);
-    int n_stat = 0;
-    for (int i = 0; f.want_tops && i < f.n_rows; i++) {
+    const struct tp_group *g = w->g;
+    const bool last = g->stage == g->pp - 1, hid = f.want_hidden && last && g->tp_rank == 0;
+    const int n_hid = hid ? batch_n_hidden_rows(&b) : 0;
+    if (hid &&
+        grow((void **)&w->hidden, &w->cap_hidden, (size_t)n_hid * (size_t)c->dim * sizeof(float)))
+        return err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory for hidden states");
+    for (int i = 0; f.want_tops && i < f.n_rows; i++)
         w->tops[i] = (struct logits_top){.inv_t = inv_t[i],
                                          .chunk_max = w->stats + (size_t)i * 2 * nch,
                                          .chunk_sum = w->stats + (size_t)i * 2 * nch + nch};
-        n_stat += inv_t[i] > 0.0f;
-    }
-    int rc = backend_cpu.forward(ctx, &b, w->logits, f.want_tops ? w->tops : NULL, NULL, e);
-    if (rc)
-        return rc;
-    const int v0 = exec_tp_vocab_cut(c->n_vocab, w->g->rank, w->g->size);
-    const int v1 = exec_tp_vocab_cut(c->n_vocab, w->g->rank + 1, w->g->size);
-    const size_t len = result_bytes(c->n_vocab, f.n_rows, v0, v1, f.want_tops, n_stat);
-    if (grow((void **)&w->out, &w->cap_out, len))
-        return err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory for a result");
-    uint8_t *o = w->out;
-    for (int i = 0; i < f.n_rows; i++, o += (size_t)(v1 - v0) * 4)
-        memcpy(o, w->logits + (size_t)i * c->n_vocab + v0, (size_t)(v1 - v0) * 4);
-    for (int i = 0; f.want_tops && i < f.n_rows; i++, o += sizeof(struct tp_top)) {
-        struct tp_top t = {.n = w->tops[i].n, .n_nan = w->tops[i].n_nan};
-        memcpy(t.ids, w->tops[i].ids, sizeof t.ids);
-        memcpy(t.vals, w->tops[i].vals, sizeof t.vals);
-        memcpy(o, &t, sizeof t);
-    }
-    int c0, c1;
-    stat_chunks(c->n_vocab, v0, v1, &c0, &c1);
-    for (int i = 0; f.want_tops && i < f.n_rows; i++) {
-        if (!(inv_t[i] > 0.0f))
+    int mb[PROG_KPARTS_MAX + 1];
+    const int M = mb_split(&b, g->pp, f.want_hidden != 0, mb);
+    const int v0 = exec_tp_vocab_cut(c->n_vocab, g->tp_rank, g->tp);
+    const int v1 = exec_tp_vocab_cut(c->n_vocab, g->tp_rank + 1, g->tp);
+    struct comm_req *reqs[2 * (PROG_KPARTS_MAX + 1)] = {0};
+    struct tp_status sts[PROG_KPARTS_MAX + 1];
+    int rc = WELD_OK, send_rc = WELD_OK;
+    struct weld_err err = {0};
+    for (int k = 0; k < M; k++) {
+        int r0;
+        const struct batch bk = mb_batch(&b, mb, k, &r0);
+        const int rows = batch_n_logit_rows(&bk);
+        if (!rc)
+            rc = backend_cpu.forward(ctx, &bk, w->logits + (size_t)r0 * c->n_vocab,
+                                     f.want_tops ? w->tops + r0 : NULL, hid ? w->hidden : NULL,
+                                     &err);
+        if (!last)
             continue;
-        memcpy(o, w->tops[i].chunk_max + c0, (size_t)(c1 - c0) * 4);
-        o += (size_t)(c1 - c0) * 4;
-        memcpy(o, w->tops[i].chunk_sum + c0, (size_t)(c1 - c0) * 4);
-        o += (size_t)(c1 - c0) * 4;
+        /* the last stage: this micro-batch's status, then its result, sent at once */
+        sts[k] = (struct tp_status){.rc = rc};
+        if (rc)
+            snprintf(sts[k].msg, sizeof sts[k].msg, "%s", err.msg);
+        if (!send_rc)
+            send_rc = comm_isend(g->c, &sts[k], sizeof sts[k], 0, TP_TAG_STATUS, &reqs[2 * k], e);
+        if (rc || send_rc)
+            continue;
+        int n_stat = 0;
+        for (int i = r0; f.want_tops && i < r0 + rows; i++)
+            n_stat += inv_t[i] > 0.0f;
+        const size_t len = result_bytes(c->n_vocab, rows, v0, v1, f.want_tops, n_stat) +
+                           (size_t)n_hid * (size_t)c->dim * sizeof(float);
+        if (grow((void **)&w->out[k], &w->cap_out[k], len)) {
+            send_rc = err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory for a result");
+            continue;
+        }
+        uint8_t *o = w->out[k];
+        for (int i = r0; i < r0 + rows; i++, o += (size_t)(v1 - v0) * 4)
+            memcpy(o, w->logits + (size_t)i * c->n_vocab + v0, (size_t)(v1 - v0) * 4);
+        for (int i = r0; f.want_tops && i < r0 + rows; i++, o += sizeof(struct tp_top)) {
+            struct tp_top t = {.n = w->tops[i].n, .n_nan = w->tops[i].n_nan};
+            memcpy(t.ids, w->tops[i].ids, sizeof t.ids);
+            memcpy(t.vals, w->tops[i].vals, sizeof t.vals);
+            memcpy(o, &t, sizeof t);
+        }
+        int c0, c1;
+        stat_chunks(c->n_vocab, v0, v1, &c0, &c1);
+        for (int i = r0; f.want_tops && i < r0 + rows; i++) {
+            if (!(inv_t[i] > 0.0f))
+                continue;
+            memcpy(o, w->tops[i].chunk_max + c0, (size_t)(c1 - c0) * 4);
+            o += (size_t)(c1 - c0) * 4;
+            memcpy(o, w->tops[i].chunk_sum + c0, (size_t)(c1 - c0) * 4);
+            o += (size_t)(c1 - c0) * 4;
+        }
+        if (n_hid) { /* one micro-batch when hidden states are wanted */
+            memcpy(o, w->hidden, (size_t)n_hid * (size_t)c->dim * sizeof(float));
+            o += (size_t)n_hid * (size_t)c->dim * sizeof(float);
+        }
+        WELD_ASSERT((size_t)(o - w->out[k]) == len);
+        send_rc = comm_isend(g->c, w->out[k], len, 0, TP_TAG_RESULT, &reqs[2 * k + 1], e);
     }
-    WELD_ASSERT((size_t)(o - w->out) == len);
-    w->out_len = len;
+    for (int i = 0; i < 2 * M; i++) {
+        struct weld_err we;
+        int wr = comm_wait(g->c, reqs[i], &we);
+        if (wr && !send_rc)
+            send_rc = err_set(e, wr, "%s", we.msg);
+    }
+    if (send_rc)
+        return send_rc; /* the group is broken: the worker loop ends */
+    if (!last) {        /* one status for the whole step */
+        struct tp_status st = {.rc = rc};
+        if (rc)
+            snprintf(st.msg, sizeof st.msg, "%s", err.msg);
+        return comm_send(g->c, &st, sizeof st, 0, TP_TAG_STATUS, e);
+    }
     return WELD_OK;
 }
 
@@ -401,6 +524,7 @@ static int worker_create(struct tp_worker *w, int slot, size_t n, struct weld_er
                                     .repack = (enum tune_switch)cr.repack,
                                     .trace_steps = cr.trace_steps,
                                     .dump_program = cr.dump_program != 0,
+                                    .k_parts = cr.k_parts,
                                     .tp = w->g};
     return backend_cpu.ctx_create(&w->ctx[slot], w->g->m, &p, e);
 }
@@ -430,11 +554,9 @@ int tp_worker_run(struct tp_group *g, struct weld_err *e)
             rc = send_status(g, r, &err, e);
             break;
         case TP_FORWARD:
-            r = ctx ? worker_forward(&w, ctx, (size_t)h.payload, &err)
-                    : err_set(&err, WELD_ERR_INTERNAL, "tensor parallel: no context %d", h.slot);
-            rc = send_status(g, r, &err, e);
-            if (!rc && !r)
-                rc = comm_send(g->c, w.out, w.out_len, 0, TP_TAG_RESULT, e);
+            /* statuses and results go to rank 0 from inside; an error here is the group's */
+            rc = ctx ? worker_forward(&w, ctx, (size_t)h.payload, e)
+                     : err_set(e, WELD_ERR_INTERNAL, "tensor parallel: no context %d", h.slot);
             break;
         case TP_DROP:
             if (ctx)
@@ -465,7 +587,9 @@ int tp_worker_run(struct tp_group *g, struct weld_err *e)
         if (w.ctx[i])
             backend_cpu.ctx_free(w.ctx[i]);
     wfree(w.in), wfree(w.seqs), wfree(w.copies), wfree(w.logits), wfree(w.tops);
-    wfree(w.stats), wfree(w.out);
+    wfree(w.stats), wfree(w.hidden);
+    for (int i = 0; i <= PROG_KPARTS_MAX; i++)
+        wfree(w.out[i]);
     return rc;
 }
 
@@ -559,7 +683,8 @@ static int tp_ctx_create(void **out, const struct model *m, const struct backend
                            .l2_prefetch = (int32_t)u->l2_prefetch,
                            .repack = (int32_t)u->repack,
                            .trace_steps = u->trace_steps,
-                           .dump_program = u->dump_program};
+                           .dump_program = u->dump_program,
+                           .k_parts = u->k_parts};
     if (u->executor)
         snprintf(cr.executor, sizeof cr.executor, "%s", u->executor);
     if (!m->path || strlen(m->path) >= sizeof cr.model) {
@@ -590,13 +715,14 @@ static int tp_ctx_create(void **out, const struct model *m, const struct backend
     return WELD_OK;
 }
 
-/* Merge worker r's result (in t->res) into the caller's buffers. */
-static void merge_result(struct tp_ctx *t, int r, const struct batch *b, float *logits,
-                         struct logits_top *tops)
+/* Merge the result (in t->res) of the last stage's TP rank tr for rows of one
+   micro-batch (logits, tops: its first row's; hidden: NULL or its hidden rows) into the
+   caller's buffers. */
+static void merge_result(struct tp_ctx *t, int tr, int n_rows, float *logits,
+                         struct logits_top *tops, float *hidden, int n_hidden)
 {
-    const int V = t->m->cfg.n_vocab, n_rows = batch_n_logit_rows(b);
-    const int v0 = exec_tp_vocab_cut(V, r, t->g->size),
-              v1 = exec_tp_vocab_cut(V, r + 1, t->g->size);
+    const int V = t->m->cfg.n_vocab, n = t->g->tp;
+    const int v0 = exec_tp_vocab_cut(V, tr, n), v1 = exec_tp_vocab_cut(V, tr + 1, n);
     const uint8_t *o = t->res;
     for (int i = 0; i < n_rows; i++, o += (size_t)(v1 - v0) * 4)
         memcpy(logits + (size_t)i * V + v0, o, (size_t)(v1 - v0) * 4);
@@ -618,41 +744,85 @@ static void merge_result(struct tp_ctx *t, int r, const struct batch *b, float *
         memcpy(tops[i].chunk_sum + c0, o, (size_t)(c1 - c0) * 4);
         o += (size_t)(c1 - c0) * 4;
     }
+    if (hidden)
+        memcpy(hidden, o, (size_t)n_hidden * (size_t)t->m->cfg.dim * sizeof(float));
 }
 
+/* Rank 0's step: broadcast it, run this rank's part of every micro-batch, then take each
+   micro-batch's status and result from every rank of the last stage (in micro-batch
+   order, as they sent them) and the status of every other rank. */
 static int tp_forward(void *ctx, const struct batch *b, float *logits, struct logits_top *tops,
                       float *hidden, struct weld_err *e)
 {
     struct tp_ctx *t = ctx;
+    const struct tp_group *g = t->g;
     const struct model_config *c = &t->m->cfg;
     int rc = batch_validate(b, INT32_MAX, INT32_MAX, c->n_vocab, e);
     if (rc)
         return rc;
     size_t len = 0;
-    if ((rc = fwd_pack(b, tops, c->dim, &t->msg, &t->cap_msg, &len, e)) ||
+    if ((rc = fwd_pack(b, tops, hidden != NULL, c->dim, &t->msg, &t->cap_msg, &len, e)) ||
         (rc = send_msg(t->g, TP_FORWARD, t->slot, 0, t->msg, len, e)))
         return rc;
-    rc = backend_cpu.forward(t->cpu, b, logits, tops, hidden, e);
-    rc = collect_status(t, rc, e);
+    int mb[PROG_KPARTS_MAX + 1];
+    const int M = mb_split(b, g->pp, hidden != NULL, mb);
+    for (int k = 0; k < M && !rc; k++) {
+        int r0;
+        const struct batch bk = mb_batch(b, mb, k, &r0);
+        rc = backend_cpu.forward(t->cpu, &bk, logits + (size_t)r0 * c->n_vocab,
+                                 tops ? tops + r0 : NULL, g->pp == 1 ? hidden : NULL, e);
+    }
+    const int n_hid = hidden ? batch_n_hidden_rows(b) : 0;
+    for (int k = 0; k < M; k++) {
+        int r0;
+        const struct batch bk = mb_batch(b, mb, k, &r0);
+        const int rows = batch_n_logit_rows(&bk);
+        int n_stat = 0;
+        for (int i = r0; tops && i < r0 + rows; i++)
+            n_stat += tops[i].inv_t > 0.0f;
+        for (int tr = 0; tr < g->tp; tr++) {
+            const int src = (g->pp - 1) * g->tp + tr;
+            if (src == 0)
+                continue; /* rank 0's own part */
+            struct tp_status st;
+            struct weld_err ce = {0};
+            if (comm_recv(g->c, &st, sizeof st, src, TP_TAG_STATUS, &ce))
+                return err_set(e, WELD_ERR_IO, "%s", ce.msg);
+            st.msg[sizeof st.msg - 1] = '\0';
+            if (st.rc) {
+                if (!rc)
+                    rc = err_set(e, st.rc, "tensor parallel rank %d: %s", src, st.msg);
+                continue;
+            }
+            const bool hid = hidden && tr == 0 && g->pp > 1;
+            const size_t n = result_bytes(c->n_vocab, rows,
+                                          exec_tp_vocab_cut(c->n_vocab, tr, g->tp),
+                                          exec_tp_vocab_cut(c->n_vocab, tr + 1, g->tp),
+                                          tops != NULL, n_stat) +
+                             (hid ? (size_t)n_hid * (size_t)c->dim * sizeof(float) : 0);
+            if (grow((void **)&t->res, &t->cap_res, n))
+                return err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory for a result");
+            if (comm_recv(g->c, t->res, n, src, TP_TAG_RESULT, &ce))
+                return err_set(e, WELD_ERR_IO, "%s", ce.msg);
+            merge_result(t, tr, rows, logits + (size_t)r0 * c->n_vocab, tops ? tops + r0 : NULL,
+                         hid ? hidden : NULL, n_hid);
+        }
+    }
+    for (int src = 1; src < (g->pp - 1) * g->tp; src++) { /* the stages before the last */
+        struct tp_status st;
+        struct weld_err ce = {0};
+        if (comm_recv(g->c, &st, sizeof st, src, TP_TAG_STATUS, &ce))
+            return err_set(e, WELD_ERR_IO, "%s", ce.msg);
+        st.msg[sizeof st.msg - 1] = '\0';
+        if (st.rc && !rc)
+            rc = err_set(e, st.rc, "tensor parallel rank %d: %s", src, st.msg);
+    }
     if (rc)
         return rc;
-    const int n_rows = batch_n_logit_rows(b);
-    int n_stat = 0;
-    for (int i = 0; tops && i < n_rows; i++)
-        n_stat += tops[i].inv_t > 0.0f;
-    for (int r = 1; r < t->g->size; r++) {
-        const int v0 = exec_tp_vocab_cut(c->n_vocab, r, t->g->size);
-        const int v1 = exec_tp_vocab_cut(c->n_vocab, r + 1, t->g->size);
-        const size_t n = result_bytes(c->n_vocab, n_rows, v0, v1, tops != NULL, n_stat);
-        if (grow((void **)&t->res, &t->cap_res, n))
-            return err_set(e, WELD_ERR_NOMEM, "tensor parallel: out of memory for a result");
-        if ((rc = comm_recv(t->g->c, t->res, n, r, TP_TAG_RESULT, e)))
-            return rc;
-        merge_result(t, r, b, logits, tops);
-    }
     /* the statistics chunks a rank boundary cuts, from the merged rows */
-    for (int r = 1; tops && r < t->g->size; r++) {
-        const int v = exec_tp_vocab_cut(c->n_vocab, r, t->g->size), ch = v / LOGITS_CHUNK;
+    const int n_rows = batch_n_logit_rows(b);
+    for (int r = 1; tops && r < g->tp; r++) {
+        const int v = exec_tp_vocab_cut(c->n_vocab, r, g->tp), ch = v / LOGITS_CHUNK;
         for (int i = 0; v % LOGITS_CHUNK && i < n_rows; i++)
             if (tops[i].inv_t > 0.0f)
                 logits_stats_chunks(&tops[i], logits + (size_t)i * c->n_vocab, c->n_vocab, ch,

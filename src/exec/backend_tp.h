@@ -34,14 +34,25 @@
 
 #include "comm/comm.h"
 #include "exec/backend.h"
+#include "exec/program.h"
 
 struct tp_group;
 
-/* The group of every rank of the job (comm_world_size() must be tp_size). Its model is
-   the first one rank 0 makes a context of; the other ranks load the same path (the model
-   file must be at that path on every machine). timeout_s: comm's deadline (0: its
-   default). */
-int tp_group_create(struct tp_group **out, int tp_size, double timeout_s, struct weld_err *e);
+/* The group of every rank of the job (comm_world_size() must be tp_size x pp_size):
+   world rank = stage x tp_size + tp rank, so a stage's TP ranks are adjacent (one
+   machine, shared memory) and only one residual row per token crosses between stages.
+   Its model is the first one rank 0 makes a context of; the other ranks load the same
+   path (the model file must be at that path on every machine). timeout_s: comm's
+   deadline (0: its default). */
+int tp_group_create(struct tp_group **out, int tp_size, int pp_size, double timeout_s,
+                    struct weld_err *e);
+/* What of model config c this rank runs: its K part, its stage's layers (an even split),
+   its LM head rows (last stage). */
+struct exec_part tp_group_part(const struct tp_group *g, const struct model_config *c);
+int tp_group_tp_size(const struct tp_group *g);
+int tp_group_pp_size(const struct tp_group *g);
+/* The ranks of this rank's stage (the ALLGATHERs); tp_group_comm: every rank. */
+struct comm *tp_group_tp_comm(const struct tp_group *g);
 /* Rank 0: tells the other ranks to stop (tp_worker_run returns). Then frees. */
 void tp_group_free(struct tp_group *g);
 int tp_group_rank(const struct tp_group *g);

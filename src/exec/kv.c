@@ -141,6 +141,7 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, struct weld_er
     kv->head_bytes = dtype_row_bytes(cfg->type, hd);
     kv->n_kv_head = cfg->kv_dim / hd;
     kv->head0 = cfg->head0;
+    kv->layer0 = cfg->layer0;
     size_t nbs = nb ? (size_t)nb : 1;
     kv->plane_bytes = plane;
     int G = cfg->n_groups ? cfg->n_groups : cfg->max_seqs == 1 ? kv->n_kv_head : 1;
@@ -300,12 +301,13 @@ void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
         for (int h = 0; h < kv->n_kv_head; h = kv->head_group_end[h]) {
             const size_t run = (size_t)kv->block_size * kv->head_bytes *
                                (size_t)kv->head_stride[h];
-            const int gh = kv->head0 + h; /* kv_slot_head takes the model's numbers */
-            memcpy(kv_slot_head(kv, kv->k, l, dst, 0, gh), kv_slot_head(kv, kv->k, l, src, 0, gh),
+            /* kv_slot_head takes the model's numbers */
+            const int gh = kv->head0 + h, gl = kv->layer0 + l;
+            memcpy(kv_slot_head(kv, kv->k, gl, dst, 0, gh), kv_slot_head(kv, kv->k, gl, src, 0, gh),
                    run);
             if (!kv->latent)
-                memcpy(kv_slot_head(kv, kv->v, l, dst, 0, gh),
-                       kv_slot_head(kv, kv->v, l, src, 0, gh), run);
+                memcpy(kv_slot_head(kv, kv->v, gl, dst, 0, gh),
+                       kv_slot_head(kv, kv->v, gl, src, 0, gh), run);
         }
 }
 

@@ -97,6 +97,9 @@ struct kv_config {
                               KV_PREFAULT_BYTES. The rest fault in on first use. */
     bool latent;           /* one plane: keys only, v aliases k (latent attention caches a
                            compressed row per position that is its key and its value) */
+    int layer0;            /* the first layer held: a pipeline stage's cache holds layers
+                              [layer0, layer0 + n_layer), addressed by the model's layer
+                              numbers (0: from the first) */
     int head0;             /* the first KV head held: a tensor-parallel shard holds heads
                               [head0, head0 + kv_dim / head_dim) of the model and is
                               addressed by the model's head numbers (0: from the first) */
@@ -115,6 +118,7 @@ struct kv_cache {
     size_t row_bytes;   /* bytes of one kv_dim row */
     size_t head_bytes;  /* bytes of one head_dim slice of a row */
     int n_kv_head;      /* kv_dim / head_dim: the heads held */
+    int layer0;         /* the model's number of the first layer held (kv_config.layer0) */
     int head0;          /* the model's number of the first (kv_config.head0); the arrays
                            below are indexed by head - head0 */
     int n_groups;       /* head groups of the layout, see above */
@@ -189,6 +193,7 @@ static inline uint8_t *kv_slot_head(const struct kv_cache *kv, uint8_t *plane, i
                                     int32_t block, int slot, int head)
 {
     head -= kv->head0;
+    layer -= kv->layer0;
     const size_t tiles = (size_t)layer * (size_t)kv->n_kv_head * (size_t)kv->n_blocks +
                          kv->head_run0[head] + (size_t)block * (size_t)kv->head_stride[head];
     size_t idx = tiles * (size_t)kv->block_size + (size_t)slot;

@@ -1205,8 +1205,36 @@ static void op_allgather(const struct exec_step *st, const struct prog_instr *in
     }
 }
 
+/* SEND_X (pipeline parallelism): rows [0, 1). X[t] = in[t] + sums[0][t] + .. (residual_row:
+   with K parts xmid + sums_d; without, X as it is) for every token, then X (n_tokens,
+   dim) to the next stage. RECV_X: X from the previous stage. Nothing when an earlier
+   exchange failed. */
+static void op_pipe(const struct exec_step *st, const struct prog_instr *in,
+                    const struct scratch *sc)
+{
+    struct exec_comm *ec = st->comm;
+    WELD_ASSERT(ec && ec->pipe);
+    if (atomic_load_explicit(&ec->failed, memory_order_acquire))
+        return;
+    const int dim = st->m->cfg.dim;
+    float *x = buf_ptr(st, in->out);
+    if (in->op == OP_SEND_X && in->sums >= 0)
+        for (int t = 0; t < st->p->n_tokens; t++)
+            (void)residual_row(st, in, buf_ptr(st, in->in), t, sc->h);
+    const size_t n = (size_t)st->p->n_tokens * (size_t)dim * sizeof(float);
+    struct weld_err e = {0};
+    int rc = in->op == OP_SEND_X ? comm_send(ec->pipe, x, n, ec->next, 21, &e)
+                                 : comm_recv(ec->pipe, x, n, ec->prev, 21, &e);
+    if (rc) {
+        ec->err = e;
+        atomic_store_explicit(&ec->failed, 1, memory_order_release);
+    }
+}
+
 int exec_final_slices(const struct program *p)
 {
+    if (p->instrs[p->stage_first[p->n_stages - 1]].op != OP_FINAL_NORM_LOGITS)
+        return 0; /* a pipeline stage before the last */
     return p->n_instr - p->stage_first[p->n_stages - 1];
 }
 
@@ -1277,6 +1305,8 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
     case OP_EMBED:
     case OP_MOE_ROUTE:
     case OP_ALLGATHER:
+    case OP_SEND_X:
+    case OP_RECV_X:
         *tile = 1 << 30; /* rows are tokens already; one piece */
         return st->p->n_tokens;
     case OP_MOE_GATE_UP:
@@ -1374,6 +1404,8 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     case OP_MLA_PROJ_A: op_mla_proj_a(st, in, &sc, sp); break;
     case OP_MLA_Q_KV: op_mla_q_kv(st, in, &sc, sp); break;
     case OP_ALLGATHER: op_allgather(st, in); break;
+    case OP_SEND_X:
+    case OP_RECV_X: op_pipe(st, in, &sc); break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }

@@ -52,8 +52,8 @@ struct exec_step {
     const int *hid_extra_tok; /* (n_hid_extra) tokens (not logit rows) whose hidden state is
                                  wanted too (batch_seq.all_hidden) */
     int n_hid_extra;
-    struct exec_comm *comm; /* tensor parallelism: the ranks ALLGATHER exchanges with;
-                                 NULL in one process */
+    struct exec_comm *comm; /* several processes: the ranks ALLGATHER, SEND_X and
+                                 RECV_X exchange with; NULL in one process */
 };
 
 /* The communicator of a tensor-parallel step and the first failure of its exchanges: an
@@ -61,7 +61,9 @@ struct exec_step {
    are garbage; the backend returns the error). */
 struct comm;
 struct exec_comm {
-    struct comm *c;
+    struct comm *c;    /* the stage's ranks (ALLGATHER), NULL: none */
+    struct comm *pipe; /* every rank (SEND_X / RECV_X), NULL: one stage */
+    int prev, next;    /* pipe ranks of the stages before and after */
     _Atomic int failed;
     struct weld_err err;
 };

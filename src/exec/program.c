@@ -61,6 +61,8 @@ static const char *const op_names[OP_COUNT] = {
     "MLA_PROJ_A",
     "MLA_Q_KV",
     "ALLGATHER",
+    "SEND_X",
+    "RECV_X",
 };
 
 const char *prog_op_name(int op)
@@ -541,7 +543,7 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
         emit_qkv_range(bd, c, l, q, kv_lo, kv_n);
     else
         emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
-    for (int i = first; l > 0 && i < p->n_instr; i++)
+    for (int i = first; l > p->part.layer0 && i < p->n_instr; i++)
         set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, p->buf_x, i - first,
                      p->n_instr - first);
     /* attention, part-major so each part's counter has consecutive signallers */
@@ -835,20 +837,27 @@ int program_build_kp(struct program **out, const struct model_config *c,
                      const struct batch *b, int n_splits, unsigned flags,
                      const struct prog_kparts *kp, struct weld_err *e)
 {
-    return program_build_tp(out, c, b, n_splits, flags, kp, -1, 0, c->n_vocab, e);
+    return program_build_tp(out, c, b, n_splits, flags, kp, NULL, e);
 }
 
 int program_build_tp(struct program **out, const struct model_config *c, const struct batch *b,
-                     int n_splits, unsigned flags, const struct prog_kparts *kp, int tp_rank,
-                     int vocab0, int vocab1, struct weld_err *e)
+                     int n_splits, unsigned flags, const struct prog_kparts *kp,
+                     const struct exec_part *part, struct weld_err *e)
 {
     *out = NULL;
-    if (tp_rank >= 0 && (!kp || kp->n < 2 || tp_rank >= kp->n || vocab0 < 0 || vocab1 <= vocab0 ||
-                         vocab1 > c->n_vocab))
+    const struct exec_part whole = exec_part_whole(c);
+    if (!part)
+        part = &whole;
+    const int tp_rank = part->tp_size > 1 ? part->tp_rank : -1;
+    if ((tp_rank >= 0 && (!kp || kp->n != part->tp_size || tp_rank >= kp->n)) || part->layer0 < 0 ||
+        part->layer1 > c->n_layer || part->layer0 >= part->layer1 ||
+        (part->last &&
+         (part->vocab0 < 0 || part->vocab1 <= part->vocab0 || part->vocab1 > c->n_vocab)))
         return err_set(e, WELD_ERR_INVALID_ARG,
-                       "program: tensor-parallel rank %d needs K "
-                       "parts and a vocabulary range (%d, %d)",
-                       tp_rank, vocab0, vocab1);
+                       "program: part %d of %d, layers [%d, %d), "
+                       "vocabulary [%d, %d) do not fit the model (or its K parts)",
+                       part->tp_rank, part->tp_size, part->layer0, part->layer1, part->vocab0,
+                       part->vocab1);
     struct program *p = wcalloc(1, sizeof *p);
     if (!p || fill_shape(p, b))
         goto nomem;
@@ -861,8 +870,7 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
     p->n_splits = n_splits;
     p->flags = flags;
     p->tp_rank = tp_rank;
-    p->vocab0 = tp_rank >= 0 ? vocab0 : 0;
-    p->vocab1 = tp_rank >= 0 ? vocab1 : c->n_vocab;
+    p->part = *part;
     p->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
     if (kp && kp->n > 1) {
         if (c->n_expert > 0)
@@ -891,12 +899,24 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
         p->buf_sums_d = add_buf(p, PROG_BUF_SUMS, -1, (size_t)p->kp.n * (size_t)p->n_tokens,
                                 (size_t)c->dim);
     }
-    emit_split(&bd, OP_EMBED, -1, p->n_tokens, 1, -1, p->buf_x);
-    for (int l = 0; l < c->n_layer; l++) {
+    if (part->first)
+        emit_split(&bd, OP_EMBED, -1, p->n_tokens, 1, -1, p->buf_x);
+    else
+        emit_split(&bd, OP_RECV_X, -1, 1, 1, -1, p->buf_x);
+    for (int l = part->layer0; l < part->layer1; l++) {
         if (parts)
             emit_layer_kp(&bd, c, l);
         else
             emit_layer(&bd, c, l);
+    }
+    if (!part->last) { /* the residual stream to the next stage */
+        emit_split(&bd, OP_SEND_X, -1, 1, 1, p->buf_x, p->buf_x);
+        if (parts)
+            set_residual(p, p->n_instr - 1, c->dim, p->buf_xmid, p->buf_sums_d, p->buf_x, 0, 1);
+        if (plan_buffers(p) || fill_stages(p))
+            goto nomem;
+        *out = p;
+        return WELD_OK;
     }
     const int first_fin = p->n_instr;
     /* The LM head is the step's last and largest matrix: with at most PROG_FINAL_FEW_ROWS
@@ -905,13 +925,13 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
        (exec_mega.c); its slices start on softmax-statistics chunks (LOGITS_CHUNK,
        logits_top.h) when the vocabulary has at least 8 of them per slice (else at
        multiples of 16, and the backend does the chunks a boundary cuts). */
-    const int nv = p->vocab1 - p->vocab0; /* a tensor-parallel rank's rows, else all */
+    const int nv = part->vocab1 - part->vocab0; /* a tensor-parallel rank's rows, else all */
     int n_fin = p->n_splits;
     if (p->n_splits > 1 && p->n_logit_rows <= PROG_FINAL_FEW_ROWS && nv / PROG_FINAL_ROWS > n_fin)
         n_fin = nv / PROG_FINAL_ROWS < PROG_FINAL_MAX ? nv / PROG_FINAL_ROWS : PROG_FINAL_MAX;
     const int fin_align = nv >= LOGITS_CHUNK * 8 * n_fin ? LOGITS_CHUNK : PROG_ROW_ALIGN;
-    emit_split_at(&bd, OP_FINAL_NORM_LOGITS, -1, p->vocab0, nv, fin_align, p->buf_x, p->buf_logits,
-                  n_fin);
+    emit_split_at(&bd, OP_FINAL_NORM_LOGITS, -1, part->vocab0, nv, fin_align, p->buf_x,
+                  p->buf_logits, n_fin);
     for (int i = first_fin; parts && i < p->n_instr; i++)
         set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, -1, 0, 1);
     if (plan_buffers(p) || fill_stages(p))

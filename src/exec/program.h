@@ -74,7 +74,10 @@ enum prog_op {
                                  queries absorbed into the latent space; the cache row */
     OP_ALLGATHER,             /* tensor parallelism: rows [0, 1); the SUMS buffer's part
                                  `part` (this rank's) to every rank, every rank's to this
-                                 one (exec_step.comm) */
+                                                                  one (exec_step.comm) */
+    OP_SEND_X,                /* pipeline parallelism: rows [0, 1); the residual stream
+                                 (in + sums) into X, sent to the next stage */
+    OP_RECV_X,                /* rows [0, 1); X from the previous stage */
     OP_COUNT
 };
 
@@ -112,6 +115,22 @@ struct prog_kparts {
     int head_cut[PROG_KPARTS_MAX + 1]; /* query heads: 0 = head_cut[0] < .. < head_cut[n] */
     int ffn_cut[PROG_KPARTS_MAX + 1];  /* ffn dims: 0 = ffn_cut[0] < .. < ffn_cut[n] */
 };
+
+/* What of the model one rank of a multi-process engine runs (exec/backend_tp.h): its K
+   part of the layers it holds (tensor parallelism) and its layers (pipeline parallelism).
+   exec_part_whole(): everything. */
+struct exec_part {
+    int tp_rank, tp_size; /* K part tp_rank of tp_size; tp_size 1: whole layers */
+    int layer0, layer1;   /* the layers held: [layer0, layer1) */
+    int vocab0, vocab1;   /* the LM head rows held (last stage): [vocab0, vocab1) */
+    bool first, last;     /* holds the embedding (first stage), the final norm and LM head
+                             (last stage) */
+};
+
+static inline struct exec_part exec_part_whole(const struct model_config *c)
+{
+    return (struct exec_part){0, 1, 0, c->n_layer, 0, c->n_vocab, true, true};
+}
 
 struct prog_instr {
     uint8_t op;         /* enum prog_op */
@@ -165,7 +184,8 @@ struct program {
     struct prog_kparts kp; /* K parts it was built with (kp.n == 1: none) */
     int tp_rank;           /* tensor parallelism: the K part (rank) this program runs, -1:
                             every part (program_build_tp) */
-    int vocab0, vocab1;    /* the LM head rows it computes: [0, n_vocab) but for a rank */
+    struct exec_part part; /* what of the model it runs: exec_part_whole, or a rank's
+                              (layers, LM head rows, first / last stage) */
     /* instructions */
     struct prog_instr *instrs; /* (n_instr) */
     int n_instr;
@@ -198,14 +218,17 @@ int program_build_ex(struct program **out, const struct model_config *c,
 int program_build_kp(struct program **out, const struct model_config *c,
                      const struct batch *b, int n_splits, unsigned flags,
                      const struct prog_kparts *kp, struct weld_err *e);
-/* The program of tensor-parallel rank tp_rank (>= 0) of kp->n: its K part's query and KV
-   heads, attention, O part and FFN / down part, an ALLGATHER stage after each O and down
-   part (every rank then adds every part's sums in part order: the numbers of the whole
-   K-parts program), and the LM head over vocabulary rows [vocab0, vocab1). tp_rank -1:
-   program_build_kp. */
+/* The program of one rank of a multi-process engine (part; NULL: exec_part_whole, as
+   program_build_kp). With part->tp_size > 1 (kp->n must equal it), its K part's query and
+   KV heads, attention, O part and FFN / down part, an ALLGATHER stage after each O and
+   down part (every rank then adds every part's sums in part order: the numbers of the
+   whole K-parts program). Layers [layer0, layer1) only: the first stage starts with
+   EMBED, the others with RECV_X (the residual stream from the stage before); the last
+   stage ends with the LM head over vocabulary rows [vocab0, vocab1), the others with
+   SEND_X (the residual stream to the stage after). */
 int program_build_tp(struct program **out, const struct model_config *c, const struct batch *b,
-                     int n_splits, unsigned flags, const struct prog_kparts *kp, int tp_rank,
-                     int vocab0, int vocab1, struct weld_err *e);
+                     int n_splits, unsigned flags, const struct prog_kparts *kp,
+                     const struct exec_part *part, struct weld_err *e);
 void program_free(struct program *p);
 
 /* True if p was built for the same shape as b (so it can run b). */

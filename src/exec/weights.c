@@ -321,7 +321,7 @@ static int list_fill_shard(struct exec_weights *w)
     const int64_t f0 = w->kp.ffn_cut[r], f1 = w->kp.ffn_cut[r + 1];
     const bool hd16 = hd % 16 == 0;
     int n = 0;
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = w->part.layer0; l < w->part.layer1; l++) {
         const struct layer_weights *L = &m->layers[l];
         struct exec_layer_mats *M = &w->mats[l];
         list_add_shard(w, &n, &M->wq, &L->wq, hd16, q0, q1, 0, c->dim);
@@ -332,7 +332,8 @@ static int list_fill_shard(struct exec_weights *w)
         list_add_shard(w, &n, &M->up, &L->w_up, true, f0, f1, 0, c->dim);
         list_add_shard(w, &n, &M->down_part[r], &L->w_down, true, 0, c->dim, f0, f1);
     }
-    list_add_shard(w, &n, &w->output, &m->output, true, w->vocab0, w->vocab1, 0, c->dim);
+    if (w->part.last)
+        list_add_shard(w, &n, &w->output, &m->output, true, w->vocab0, w->vocab1, 0, c->dim);
     return n;
 }
 
@@ -343,7 +344,8 @@ static int list_fill(struct exec_weights *w)
     const bool kp = w->kp.n > 1;
     int n = 0;
     struct exec_mat *em = w->expert_mats;
-    for (int l = 0; l < c->n_layer; l++) {
+    /* a pipeline stage's layers (experts and latent layers only ever run whole) */
+    for (int l = w->part.layer0; l < w->part.layer1; l++) {
         const struct layer_weights *L = &m->layers[l];
         struct exec_layer_mats *M = &w->mats[l];
         const bool hd16 = c->head_dim % 16 == 0; /* Q/K/V products start on heads */
@@ -401,7 +403,8 @@ static int list_fill(struct exec_weights *w)
             list_add(w, &n, &M->sh_down, &L->sh_down, true);
         }
     }
-    list_add(w, &n, &w->output, &m->output, true);
+    if (w->part.last)
+        list_add(w, &n, &w->output, &m->output, true);
     return n;
 }
 
@@ -469,7 +472,7 @@ static size_t mats_plan(struct exec_weights *w)
    last. Guarded by pools_lock (backends may be created on different threads). */
 struct weight_pool {
     const struct model *m;
-    int tp_rank, tp_size; /* the shard it holds (exec_weights.tp_rank) */
+    struct exec_part part; /* the part of the model it holds (exec_weights.part) */
     size_t bytes;
     int n;                /* matrices (mat_at indices) */
     int *wtype;           /* (n) each matrix's type in the pool */
@@ -489,8 +492,11 @@ static struct weight_pool *pool_find(struct exec_weights *w, size_t total, int n
     pthread_mutex_lock(&pools_lock);
     struct weight_pool *p = pools;
     for (; p; p = p->next) {
-        if (p->m != w->m || p->bytes != total || p->n != n || p->tp_rank != w->tp_rank ||
-            p->tp_size != w->tp_size)
+        if (p->m != w->m || p->bytes != total || p->n != n || p->part.tp_rank != w->part.tp_rank ||
+            p->part.tp_size != w->part.tp_size || p->part.layer0 != w->part.layer0 ||
+            p->part.layer1 != w->part.layer1 || p->part.vocab0 != w->part.vocab0 ||
+            p->part.vocab1 != w->part.vocab1 || p->part.first != w->part.first ||
+            p->part.last != w->part.last)
             continue;
         bool same = true;
         for (int i = 0; i < n && same; i++) {
@@ -543,8 +549,7 @@ static int pool_new(struct weight_pool **out, struct exec_weights *w, size_t tot
                        model_where(w->m), total);
     }
     p->m = w->m;
-    p->tp_rank = w->tp_rank;
-    p->tp_size = w->tp_size;
+    p->part = w->part;
     p->bytes = total;
     p->n = n;
     p->refs = 1;
@@ -704,7 +709,8 @@ static int mats_fill(struct exec_weights *w, size_t total, struct weld_err *e)
     /* A tied table whose pooled copy holds its values (not rounded from F16, and rows as
        they are or BF16's repacked form) serves the lookups from the pool instead. */
     const struct exec_mat *o = &w->output;
-    if (w->tp_size == 1 && w->m->tok_embd.data == w->m->output.data && o->gemm && !o->from_f16 &&
+    if (w->tp_size == 1 && w->part.first && w->part.last &&
+        w->m->tok_embd.data == w->m->output.data && o->gemm && !o->from_f16 &&
         (!o->repacked || o->wtype == GEMM_BF16_R16))
         w->embed = o;
     return WELD_OK;
@@ -1045,28 +1051,53 @@ static int shard_check(const struct model *m, int n, struct weld_err *e)
 }
 
 static int weights_create(struct exec_weights **out, const struct model *m,
-                          const struct exec_tuning *t, int rank, int n_ranks, struct weld_err *e);
+                          const struct exec_tuning *t, const struct exec_part *part,
+                          struct weld_err *e);
 
 int exec_weights_create(struct exec_weights **out, const struct model *m,
                         const struct exec_tuning *t, struct weld_err *e)
 {
-    return weights_create(out, m, t, 0, 1, e);
+    const struct exec_part whole = exec_part_whole(&m->cfg);
+    return weights_create(out, m, t, &whole, e);
 }
 
 int exec_weights_create_shard(struct exec_weights **out, const struct model *m,
-                              const struct exec_tuning *t, int rank, int n, struct weld_err *e)
+                              const struct exec_tuning *t, const struct exec_part *part,
+                              struct weld_err *e)
 {
     *out = NULL;
-    if (n < 2 || rank < 0 || rank >= n)
-        return err_set(e, WELD_ERR_INVALID_ARG, "weights: shard %d of %d", rank, n);
+    const struct model_config *c = &m->cfg;
     int rc = check_model(m, &(size_t){0}, e);
-    if (rc || (rc = shard_check(m, n, e)))
+    if (rc)
         return rc;
-    return weights_create(out, m, t, rank, n, e);
+    if (part->layer0 >= part->layer1 && part->layer0 >= 0 && part->layer1 <= c->n_layer)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "pipeline stages: %s has %d layers, fewer "
+                       "than the stages (each needs one or more); use fewer stages",
+                       model_where(m), c->n_layer);
+    if (part->tp_size < 1 || part->tp_rank < 0 || part->tp_rank >= part->tp_size ||
+        part->layer0 < 0 || part->layer1 > c->n_layer || part->layer0 >= part->layer1 ||
+        (part->last &&
+         (part->vocab0 < 0 || part->vocab1 <= part->vocab0 || part->vocab1 > c->n_vocab)))
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "weights: part %d of %d, layers [%d, %d), "
+                       "vocabulary [%d, %d) of %s",
+                       part->tp_rank, part->tp_size, part->layer0, part->layer1, part->vocab0,
+                       part->vocab1, model_where(m));
+    if (part->tp_size > 1 && (rc = shard_check(m, part->tp_size, e)))
+        return rc;
+    if (part->tp_size == 1 && (part->layer0 > 0 || part->layer1 < c->n_layer) &&
+        (c->n_expert > 0 || c->kv_lora_rank > 0))
+        return err_set(e, WELD_ERR_UNSUPPORTED,
+                       "pipeline stages: %s has %s, which runs in "
+                       "one process only",
+                       model_where(m), c->n_expert > 0 ? "experts" : "latent attention");
+    return weights_create(out, m, t, part, e);
 }
 
 static int weights_create(struct exec_weights **out, const struct model *m,
-                          const struct exec_tuning *t, int rank, int n_ranks, struct weld_err *e)
+                          const struct exec_tuning *t, const struct exec_part *part,
+                          struct weld_err *e)
 {
     *out = NULL;
     const struct exec_tuning dflt = exec_tuning_default();
@@ -1085,10 +1116,11 @@ static int weights_create(struct exec_weights **out, const struct model *m,
                        model_where(m));
     }
     w->m = m;
-    w->tp_rank = rank;
-    w->tp_size = n_ranks;
-    w->vocab0 = exec_tp_vocab_cut(c->n_vocab, rank, n_ranks);
-    w->vocab1 = exec_tp_vocab_cut(c->n_vocab, rank + 1, n_ranks);
+    w->part = *part;
+    w->tp_rank = part->tp_size > 1 ? part->tp_rank : 0;
+    w->tp_size = part->tp_size;
+    w->vocab0 = part->last ? part->vocab0 : 0;
+    w->vocab1 = part->last ? part->vocab1 : 0;
     w->rope_pos_scale = c->rope_scaling == ROPE_SCALING_LINEAR ? 1.0f / c->rope_factor : 1.0f;
     w->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     w->rope_factors = m->rope_freq_factors;

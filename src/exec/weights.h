@@ -180,8 +180,11 @@ struct exec_weights {
                                         cuts fit) */
     struct exec_mat output;          /* (n_vocab rows of dim; a shard: rows [vocab0,
                                         vocab1)) */
-    int tp_rank, tp_size;            /* the shard held (exec_weights_create_shard); 0, 1:
-                                        the whole model */
+    struct exec_part part;           /* what of the model it holds (exec_part_whole, or
+                                        exec_weights_create_shard's): layers outside
+                                        [layer0, layer1) and, unless last, the LM head
+                                        are left unset */
+    int tp_rank, tp_size;            /* part's K part (0, 1: whole layers) */
     int vocab0, vocab1;              /* the LM head rows held: [0, n_vocab) unsharded */
     const struct exec_mat *embed;    /* a tied embedding table's rows read from the pool's
                                         output matrix (the same values: rows copied, or
@@ -221,16 +224,18 @@ size_t exec_decode_bytes(const struct model *m);
    t's decode_pairs, l2_prefetch, repack and k_parts matter here. */
 int exec_weights_create(struct exec_weights **out, const struct model *m,
                         const struct exec_tuning *t, struct weld_err *e);
-/* Tensor parallelism (exec/backend_tp.c): the shard of rank `rank` of n (n >= 2) in
-   n K parts (as t's k_parts = n asks; t->k_parts is ignored): Q rows of the part's query
-   heads, K and V rows of its KV heads, gate and up rows of its ffn rows, wo and down
-   columns of the same (compact matrices: wo_part / down_part of the part alone, the
-   others zero), LM head rows [vocab0, vocab1) (exec_tp_vocab_cut), every vector whole.
-   Only the held bytes are read from the file and pooled. Fails naming the reason when
-   the model cannot be cut so (heads or ffn rows that do not divide, a mixture of
-   experts, latent attention). */
+/* One rank's part of the model (exec/backend_tp.c, struct exec_part). Tensor parallelism
+   (part->tp_size >= 2): K part tp_rank of tp_size (t's k_parts is ignored): Q rows of the
+   part's query heads, K and V rows of its KV heads, gate and up rows of its ffn rows, wo
+   and down columns of the same (wo_part / down_part of the part alone, the others
+   zero), LM head rows [vocab0, vocab1) (exec_tp_vocab_cut). Pipeline parallelism: the
+   matrices of layers [layer0, layer1) only, and the LM head only on the last stage.
+   Every vector is held whole; only the held matrices are read from the file and pooled.
+   Fails naming the reason when the model cannot be cut so (heads that do not divide,
+   a mixture of experts, latent attention). */
 int exec_weights_create_shard(struct exec_weights **out, const struct model *m,
-                              const struct exec_tuning *t, int rank, int n, struct weld_err *e);
+                              const struct exec_tuning *t, const struct exec_part *part,
+                              struct weld_err *e);
 /* The LM head rows of rank r of n: [cut(r), cut(r + 1)), near equal shares on
    LOGITS_CHUNK boundaries (the softmax statistics' chunks) when every rank gets two or
    more of them, else on 16-row boundaries. */

