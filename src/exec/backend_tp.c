@@ -19,6 +19,7 @@
 #include <string.h>
 
 #define TP_MAX_CTX 8
+#define TP_MB_TOKENS 64 /* fewest tokens a pipeline micro-batch is worth (mb_split) */
 #define TP_TAG_STATUS 11
 #define TP_TAG_RESULT 12
 
@@ -239,8 +240,12 @@ static int fwd_pack(const struct batch *b, const struct logits_top *tops, bool h
    the same way. mb: room for pp + 1. */
 static int mb_split(const struct batch *b, int pp, bool hidden, int *mb)
 {
-    const int want = pp > 1 && !hidden ? (b->n_seqs < pp ? b->n_seqs : pp) : 1;
     const long long total = batch_n_tokens(b);
+    int want = pp > 1 && !hidden ? (b->n_seqs < pp ? b->n_seqs : pp) : 1;
+    /* a micro-batch re-reads the stage's weights: below TP_MB_TOKENS tokens each (decode
+       steps) that costs more than the overlap gives */
+    while (want > 1 && total < (long long)want * TP_MB_TOKENS)
+        want--;
     long long acc = 0;
     int k = 1;
     mb[0] = 0;
