@@ -27,6 +27,7 @@
  * invocation with the same loaded model, and prints the ratio of output tokens/s.
  */
 #include "cli/cli.h"
+#include "comm/comm.h"
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/json.h"
@@ -115,6 +116,9 @@ struct bench_result {
     uint64_t steps, spec_asked;
     double t_forward, t_propose;               /* seconds in the target's passes, in the proposer */
     uint64_t peak_rss, weight_bytes, kv_bytes; /* process peak resident set; budget parts */
+    bool have_comm;                            /* several ranks: rank 0's exchanges */
+    uint64_t comm_bytes;                       /* sent and received */
+    double comm_wait_s;
 };
 
 /* Peak resident set size of this process since the last peak_rss_reset (VmHWM), in
@@ -275,6 +279,8 @@ static int bench_once(struct bench_run *br, struct bench_result *res, struct wel
         return rc;
     int total = br->n_convs * br->convs[0].turns_left;
     progress_start(&br->prog, "bench", (uint64_t)total);
+    struct comm_stats cs;
+    (void)engine_comm_stats(br->eng, &cs, true);
     double t0 = time_now();
     while (rc == WELD_OK && (br->n_pending || engine_has_work(br->eng))) {
         int n = br->n_pending;
@@ -290,7 +296,11 @@ static int bench_once(struct bench_run *br, struct bench_result *res, struct wel
         return rc;
     struct engine_stats st;
     engine_stats_get(br->eng, &st);
+    const bool comm = engine_comm_stats(br->eng, &cs, false);
     *res = (struct bench_result){
+        .have_comm = comm,
+        .comm_bytes = comm ? cs.bytes_sent + cs.bytes_recv : 0,
+        .comm_wait_s = comm ? cs.wait_s : 0,
         .seconds = dt,
         .requests = st.requests_finished,
         .prompt_tokens = st.prompt_tokens,
@@ -359,6 +369,13 @@ static void print_result(const char *label, const struct bench_result *r)
             "%s: memory: peak RSS %.1f MiB = %.2fx (weights %.1f MiB + KV pool %.1f MiB)\n",
             label, (double)r->peak_rss / 1048576.0, budget > 0 ? (double)r->peak_rss / budget : 0,
             (double)r->weight_bytes / 1048576.0, (double)r->kv_bytes / 1048576.0);
+    const double tok = (double)(r->prompt_tokens + r->generated_tokens);
+    if (r->have_comm)
+        fprintf(stderr,
+                "%s: communication (rank 0): %.1f KB per token (prompt and output), "
+                "%.1f%% of the run waiting in exchanges\n",
+                label, tok > 0 ? (double)r->comm_bytes / tok / 1e3 : 0.0,
+                r->seconds > 0 ? 100 * r->comm_wait_s / r->seconds : 0.0);
 }
 
 static json_t *result_json(const struct bench_result *r)

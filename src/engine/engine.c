@@ -1284,6 +1284,11 @@ bool engine_broken(const struct engine *eng)
     return runner_broken(eng->run);
 }
 
+bool engine_comm_stats(const struct engine *eng, struct comm_stats *out, bool reset)
+{
+    return runner_comm_stats(eng->run, out, reset);
+}
+
 void engine_stats_get(const struct engine *eng, struct engine_stats *st)
 {
     *st = eng->st;

@@ -168,6 +168,10 @@ bool engine_has_work(const struct engine *eng);
 /* True once the backend is lost for good (a rank of a tensor-parallel engine died or
    hung): every later step fails its sequences at once; the caller should stop. */
 bool engine_broken(const struct engine *eng);
+/* Several processes: this rank's communication counters (comm.h), reset if asked; false
+   in one process. */
+struct comm_stats;
+bool engine_comm_stats(const struct engine *eng, struct comm_stats *out, bool reset);
 void engine_stats_get(const struct engine *eng, struct engine_stats *st);
 
 const struct model *engine_model(const struct engine *eng);
