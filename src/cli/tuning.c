@@ -48,6 +48,8 @@ static const struct tune_key keys[] = {
      "N: steps a WELD_TRACE=FILE trace covers (default 4)"},
     {"dump_program", KEY_BOOL, 0, F(dump_program),
      "0 or 1: print every program built to stderr (default 0)"},
+    {"tp_overlap", KEY_SWITCH, 0, F(tp_overlap),
+     "0 or 1: tensor parallelism overlaps a prefill's exchanges with its products (default 1)"},
 };
 #undef F
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -119,7 +121,7 @@ int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t)
         {"exec", 0, OPT_STR, &o->exec, "NAME",
          "executor: mega, ops or ref (default: mega with more than one thread, else ref)"},
         {"tune", 0, OPT_STRS, &o->tune, "KEY=VALUE",
-         "executor and kernel setting, repeatable: kv_groups, k_parts, decode_pairs, l2_prefetch, repack, trace_steps, dump_program ('weld --help', docs/TUNING.md)"},
+         "executor and kernel setting, repeatable: kv_groups, k_parts, decode_pairs, l2_prefetch, repack, trace_steps, dump_program, tp_overlap ('weld --help', docs/TUNING.md)"},
         {"accelerator", 0, OPT_STR, &o->accelerator, "NAME",
          "backend (default: cpu; an unknown name lists those built in)"},
         {"k-parts", 0, OPT_INT, &o->k_parts, "N",

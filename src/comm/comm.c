@@ -280,7 +280,8 @@ int comm_recv(struct comm *c, void *buf, size_t n, int peer, int tag, struct wel
 
 struct comm_req {
     MPI_Request r;
-    size_t n;
+    size_t sent, recv;    /* bytes, counted when it completes */
+    int *counts, *displs; /* an allgatherv's: MPI reads them until it completes */
 };
 
 int comm_isend(struct comm *c, const void *buf, size_t n, int peer, int tag, struct comm_req **req,
@@ -293,7 +294,7 @@ int comm_isend(struct comm *c, const void *buf, size_t n, int peer, int tag, str
     struct comm_req *q = wcalloc(1, sizeof *q);
     if (!q)
         return err_set(e, WELD_ERR_NOMEM, "comm: out of memory");
-    q->n = n;
+    q->sent = n;
     if (MPI_Isend(buf, (int)n, MPI_BYTE, peer, tag, c->mc, &q->r) != MPI_SUCCESS) {
         wfree(q);
         c->broken = true;
@@ -307,11 +308,54 @@ int comm_wait(struct comm *c, struct comm_req *req, struct weld_err *e)
 {
     if (!req)
         return WELD_OK;
-    int rc = wait_req(c, &req->r, "send", false, MPI_SUCCESS, e);
-    if (!rc)
-        c->st.bytes_sent += req->n;
+    int rc = wait_req(c, &req->r, req->counts ? "allgather" : "send", false, MPI_SUCCESS, e);
+    if (!rc) {
+        c->st.bytes_sent += req->sent;
+        c->st.bytes_recv += req->recv;
+    }
+    wfree(req->counts), wfree(req->displs);
     wfree(req);
     return rc;
+}
+
+int comm_iallgather_rows(struct comm *c, void *buf, size_t stride, size_t off, size_t n,
+                         struct comm_req **req, struct weld_err *e)
+{
+    *req = NULL;
+    int rc = check_usable(c, "allgather", n, e);
+    if (rc)
+        return rc;
+    if ((size_t)c->size * stride > INT_MAX)
+        return err_set(e, WELD_ERR_LIMIT,
+                       "comm: allgather over %zu bytes is over MPI's count "
+                       "limit",
+                       (size_t)c->size * stride);
+    struct comm_req *q = wcalloc(1, sizeof *q);
+    int *counts = wcalloc((size_t)c->size, sizeof *counts);
+    int *displs = wcalloc((size_t)c->size, sizeof *displs);
+    if (!q || !counts || !displs) {
+        wfree(q), wfree(counts), wfree(displs);
+        return err_set(e, WELD_ERR_NOMEM, "comm: out of memory");
+    }
+    for (int r = 0; r < c->size; r++)
+        counts[r] = (int)n, displs[r] = (int)((size_t)r * stride + off);
+    q->sent = q->recv = n * (size_t)(c->size - 1);
+    q->counts = counts, q->displs = displs;
+    rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buf, counts, displs, MPI_BYTE, c->mc, &q->r);
+    if (rc != MPI_SUCCESS) {
+        wfree(counts), wfree(displs), wfree(q);
+        c->broken = true;
+        return err_set(e, WELD_ERR_IO, "comm: allgather failed to start (MPI error %d)", rc);
+    }
+    *req = q;
+    return WELD_OK;
+}
+
+void comm_test(struct comm *c, struct comm_req *req)
+{
+    int done = 0;
+    if (req && !c->broken)
+        MPI_Test(&req->r, &done, MPI_STATUS_IGNORE);
 }
 
 int comm_barrier(struct comm *c, struct weld_err *e)

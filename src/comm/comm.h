@@ -83,6 +83,14 @@ struct comm_req;
 int comm_isend(struct comm *c, const void *buf, size_t n, int peer, int tag, struct comm_req **req,
                struct weld_err *e);
 int comm_wait(struct comm *c, struct comm_req *req, struct weld_err *e);
+/* In place, started and returned at once: rank r's n bytes at buf + r * stride + off go to
+   every rank (an allgather of one slice of each rank's block, MPI_Iallgatherv); complete
+   it with comm_wait. */
+int comm_iallgather_rows(struct comm *c, void *buf, size_t stride, size_t off, size_t n,
+                         struct comm_req **req, struct weld_err *e);
+/* Let MPI move req's bytes now (a test, never a wait): computation between a start and
+   its wait calls this so the exchange progresses under it. */
+void comm_test(struct comm *c, struct comm_req *req);
 /* Wait until every rank reached this point. */
 int comm_barrier(struct comm *c, struct weld_err *e);
 

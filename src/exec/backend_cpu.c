@@ -222,6 +222,8 @@ static int get_program(struct cpu_ctx *c, const struct batch *b, struct program 
         }
     struct program *p;
     unsigned flags = c->ex->prog_flags ? c->ex->prog_flags(c->ex_state) : 0;
+    if (c->params.tuning.tp_overlap == TUNE_OFF)
+        flags |= PROG_NO_OVERLAP;
     int rc = program_build_tp(&p, &c->m->cfg, b, c->params.n_splits, flags, &c->w->kp, &c->part, e);
     if (rc)
         return rc;

@@ -39,7 +39,7 @@ struct tp_status {
 struct tp_create {
     int32_t max_seqs, max_ctx, n_splits, n_threads, kv_block_size, kv_blocks, kv_type;
     int32_t oversubscribe, kv_groups, decode_pairs, l2_prefetch, repack, trace_steps;
-    int32_t dump_program, k_parts;
+    int32_t dump_program, k_parts, tp_overlap;
     char executor[16];
     char model[1024]; /* the model's path */
 };
@@ -530,6 +530,7 @@ static int worker_create(struct tp_worker *w, int slot, size_t n, struct weld_er
                                     .trace_steps = cr.trace_steps,
                                     .dump_program = cr.dump_program != 0,
                                     .k_parts = cr.k_parts,
+                                    .tp_overlap = (enum tune_switch)cr.tp_overlap,
                                     .tp = w->g};
     return backend_cpu.ctx_create(&w->ctx[slot], w->g->m, &p, e);
 }
@@ -689,7 +690,8 @@ static int tp_ctx_create(void **out, const struct model *m, const struct backend
                            .repack = (int32_t)u->repack,
                            .trace_steps = u->trace_steps,
                            .dump_program = u->dump_program,
-                           .k_parts = u->k_parts};
+                           .k_parts = u->k_parts,
+                           .tp_overlap = (int32_t)u->tp_overlap};
     if (u->executor)
         snprintf(cr.executor, sizeof cr.executor, "%s", u->executor);
     if (!m->path || strlen(m->path) >= sizeof cr.model) {

@@ -55,6 +55,7 @@
 #include "kernels/cpu/kernels.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define OPS_TILE EXEC_TILE_FLOAT /* the most tokens a tile has (scratch sizes) */
@@ -255,6 +256,8 @@ static bool same_act(const struct exec_mat *a, const struct exec_mat *b)
 {
     return a && a->gemm == b->gemm && a->wtype == b->wtype && a->k == b->k;
 }
+
+static void comm_poke(const struct exec_step *st);
 
 /* ---- opcodes ------------------------------------------------------------------------
    What each computes; every executor must give exactly these results. T = tokens of the
@@ -784,6 +787,7 @@ static void proj_rows(const struct exec_step *st, const struct exec_mat *M, cons
     const int T = st->w->tok_tile;
     for (int tt = t0; tt < t1; tt += T) {
         int nt = t1 - tt < T ? t1 - tt : T;
+        comm_poke(st);
         const float *xs = src + (size_t)tt * ld_src;
         if (!prep_memo(st, memo_in, tt, sc))
             mat_quant(st, M, xs, ld_src, nt, sc->act, sc);
@@ -849,6 +853,7 @@ static void ffn_rows(const struct exec_step *st, const struct prog_instr *in, fl
     const int T = st->w->tok_tile;
     for (int t0 = sp.t0; t0 < sp.t1; t0 += T) {
         int nt = sp.t1 - t0 < T ? sp.t1 - t0 : T;
+        comm_poke(st);
         if (!prep_memo(st, in, t0, sc)) {
             norm_tile(st, in, x, st->w->layers[in->layer].ffn_norm, NULL, t0, nt, sc);
             mat_quant(st, &L->gate, sc->h, ld, nt, sc->act, sc);
@@ -1231,6 +1236,70 @@ static void op_pipe(const struct exec_step *st, const struct prog_instr *in,
     }
 }
 
+static void comm_lock(struct exec_comm *ec)
+{
+    int expect = 0;
+    while (!atomic_compare_exchange_weak_explicit(&ec->lock, &expect, 1, memory_order_acquire,
+                                                  memory_order_relaxed))
+        expect = 0;
+}
+
+static void comm_unlock(struct exec_comm *ec)
+{
+    atomic_store_explicit(&ec->lock, 0, memory_order_release);
+}
+
+/* Between token tiles of a product: let exchanges in flight progress (MPI moves bytes only
+   inside its calls), if no other worker is doing it now. */
+static void comm_poke(const struct exec_step *st)
+{
+    struct exec_comm *ec = st->comm;
+    if (!ec || !atomic_load_explicit(&ec->n_pending, memory_order_relaxed))
+        return;
+    int expect = 0;
+    if (!atomic_compare_exchange_strong_explicit(&ec->lock, &expect, 1, memory_order_acquire,
+                                                 memory_order_relaxed))
+        return;
+    for (int i = 0; i < 4; i++)
+        if (ec->slot[i])
+            comm_test(ec->c, ec->slot[i]);
+    comm_unlock(ec);
+}
+
+/* AG_START (tensor parallelism, a step in token groups): rows [0, 1); starts the exchange
+   of tokens [tok0, tok1) of every part of the SUMS buffer out (this rank's part `part` to
+   every rank, theirs here) in slot aux, and returns. AG_WAIT: completes slot aux's
+   exchange. Nothing when an earlier exchange failed. */
+static void op_ag(const struct exec_step *st, const struct prog_instr *in)
+{
+    struct exec_comm *ec = st->comm;
+    WELD_ASSERT(ec && ec->c && in->aux >= 0 && in->aux < 4 && in->tok1 > in->tok0);
+    if (atomic_load_explicit(&ec->failed, memory_order_acquire))
+        return;
+    const size_t row = (size_t)st->m->cfg.dim * sizeof(float);
+    struct weld_err e = {0};
+    int rc;
+    comm_lock(ec);
+    if (in->op == OP_AG_START) {
+        WELD_ASSERT(!ec->slot[in->aux]);
+        rc = comm_iallgather_rows(ec->c, buf_ptr(st, in->out), (size_t)st->p->n_tokens * row,
+                                  (size_t)in->tok0 * row, (size_t)(in->tok1 - in->tok0) * row,
+                                  &ec->slot[in->aux], &e);
+        if (!rc)
+            atomic_fetch_add_explicit(&ec->n_pending, 1, memory_order_relaxed);
+    } else {
+        rc = comm_wait(ec->c, ec->slot[in->aux], &e);
+        if (ec->slot[in->aux])
+            atomic_fetch_sub_explicit(&ec->n_pending, 1, memory_order_relaxed);
+        ec->slot[in->aux] = NULL;
+    }
+    comm_unlock(ec);
+    if (rc) {
+        ec->err = e;
+        atomic_store_explicit(&ec->failed, 1, memory_order_release);
+    }
+}
+
 int exec_final_slices(const struct program *p)
 {
     if (p->instrs[p->stage_first[p->n_stages - 1]].op != OP_FINAL_NORM_LOGITS)
@@ -1307,6 +1376,8 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
     case OP_ALLGATHER:
     case OP_SEND_X:
     case OP_RECV_X:
+    case OP_AG_START:
+    case OP_AG_WAIT:
         *tile = 1 << 30; /* rows are tokens already; one piece */
         return st->p->n_tokens;
     case OP_MOE_GATE_UP:
@@ -1315,8 +1386,8 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
         if (st->p->n_tokens > *tile)
             *tile = 1 << 30;
         return st->p->n_tokens;
-    default:
-        return st->p->n_tokens;
+    default: /* a token group's instruction: its tokens */
+        return in->tok1 > 0 ? in->tok1 - in->tok0 : st->p->n_tokens;
     }
 }
 
@@ -1369,6 +1440,8 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
         sp.t0 = (int)((int64_t)tile0 * tile > n ? n : (int64_t)tile0 * tile);
         sp.t1 = (int)((int64_t)tile1 * tile > n ? n : (int64_t)tile1 * tile);
     }
+    if (in->tok1 > 0) /* a token group: the span's tokens count from tok0 */
+        sp.t0 += in->tok0, sp.t1 += in->tok0;
     switch (in->op) {
     case OP_EMBED:
         op_embed(st, in);
@@ -1406,6 +1479,8 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     case OP_ALLGATHER: op_allgather(st, in); break;
     case OP_SEND_X:
     case OP_RECV_X: op_pipe(st, in, &sc); break;
+    case OP_AG_START:
+    case OP_AG_WAIT: op_ag(st, in); break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }

@@ -64,6 +64,10 @@ struct exec_comm {
     struct comm *c;    /* the stage's ranks (ALLGATHER), NULL: none */
     struct comm *pipe; /* every rank (SEND_X / RECV_X), NULL: one stage */
     int prev, next;    /* pipe ranks of the stages before and after */
+    struct comm_req *slot[4]; /* AG_START's exchanges in flight, by instruction aux */
+    _Atomic int n_pending;    /* of them */
+    _Atomic int lock;         /* held to touch slot: AG_START, AG_WAIT and the ops' pokes
+                                 (exec_comm_poke) may run on different workers */
     _Atomic int failed;
     struct weld_err err;
 };

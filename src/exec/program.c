@@ -43,6 +43,8 @@
 #define PROG_FINAL_ROWS 2048 /* LM head rows per slice when a step has few logit rows... */
 #define PROG_FINAL_FEW_ROWS 16 /* ... at most this many */
 #define PROG_FINAL_MAX 64    /* and at most this many slices */
+#define PROG_OVERLAP_TOKENS 64 /* tensor parallelism: token groups of at least this many */
+#define PROG_OVERLAP_ALIGN 16  /* start on a token tile (exec/weights.h EXEC_TILE) */
 
 static const char *const op_names[OP_COUNT] = {
     "EMBED",
@@ -63,6 +65,8 @@ static const char *const op_names[OP_COUNT] = {
     "ALLGATHER",
     "SEND_X",
     "RECV_X",
+    "AG_START",
+    "AG_WAIT",
 };
 
 const char *prog_op_name(int op)
@@ -187,6 +191,7 @@ static struct prog_instr *emit_to(struct builder *bd, int op, int layer, int seq
     ins->wait_count = bd->n_wait ? bd->wait_count : 0;
     ins->sums = ins->xout = ins->aux = ins->part = ins->in2 = -1;
     ins->x0 = ins->x1 = 0;
+    ins->tok0 = ins->tok1 = 0;
     note_buf(p, in);
     note_buf(p, out);
     p->n_instr++;
@@ -517,6 +522,8 @@ static void set_residual(struct program *p, int i, int dim, int in, int sums, in
 static void emit_qkv_range(struct builder *bd, const struct model_config *c, int l, int q, int lo,
                            int nkv);
 static void emit_allgather(struct builder *bd, int l, int sums);
+static void emit_parts_overlapped(struct builder *bd, const struct model_config *c, int l, int rank,
+                                  int hid, int att);
 
 /* A layer in K parts (struct prog_kparts): QKV as emit_layer's, reading x = xmid + the
    previous layer's down sums and storing it to X (layer 0: X as EMBED wrote it); attention
@@ -577,6 +584,15 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
         p->n_stages++;
     else
         stage_end(bd);
+    if (rank >= 0 && !(p->flags & PROG_NO_OVERLAP) && p->n_tokens >= 2 * PROG_OVERLAP_TOKENS) {
+        if (heads) {
+            bd->wait = attn_c0 + rank;
+            bd->n_wait = 1;
+            bd->wait_count = part_count[rank];
+        }
+        emit_parts_overlapped(bd, c, l, rank, hid, att);
+        return;
+    }
     stage_begin(bd);
     for (int i = part0; i < part1; i++) {
         if (heads) {
@@ -631,6 +647,54 @@ static void emit_allgather(struct builder *bd, int l, int sums)
     stage_begin(bd);
     emit(bd, OP_ALLGATHER, l, -1, 0, 1, sums, sums)->part = bd->p->tp_rank;
     stage_end(bd);
+}
+
+/* One instruction in a stage of its own over tokens [t0, t1). */
+static struct prog_instr *emit_one(struct builder *bd, int op, int l, int row0, int row1, int in,
+                                   int out, int t0, int t1, int part, int aux)
+{
+    stage_begin(bd);
+    struct prog_instr *ins = emit(bd, op, l, -1, row0, row1, in, out);
+    ins->tok0 = t0, ins->tok1 = t1, ins->part = part, ins->aux = aux;
+    stage_end(bd);
+    return ins;
+}
+
+/* Tensor parallelism, a step of many tokens: a rank's O part and FFN / down part in two
+   token groups, each group's exchange started as soon as its sums exist and completed
+   only where they are read, so the first group's exchange runs under the second group's
+   product (the ops poke MPI's progress between token tiles, exec/ops.c):
+     O(g0) START_o(g0) O(g1) START_o(g1) WAIT_o(g0) FFN_DOWN(g0) START_d(g0)
+     WAIT_o(g1) FFN_DOWN(g1) START_d(g1) WAIT_d(g0) WAIT_d(g1)
+   Every token's numbers are those of the one-group program (the same products, the same
+   sums in part order); only the order of work changes. Exchange slots: o g -> g, d g ->
+   2 + g. */
+static void emit_parts_overlapped(struct builder *bd, const struct model_config *c, int l, int rank,
+                                  int hid, int att)
+{
+    struct program *p = bd->p;
+    const struct prog_kparts *kp = &p->kp;
+    const int n = p->n_tokens;
+    const int mid = n / 2 / PROG_OVERLAP_ALIGN * PROG_OVERLAP_ALIGN;
+    const int g[3] = {0, mid, n};
+    for (int k = 0; k < 2; k++) {
+        emit_one(bd, OP_O_PART, l, 0, c->dim, att, p->buf_sums_o, g[k], g[k + 1], rank, -1);
+        emit_one(bd, OP_AG_START, l, 0, 1, p->buf_sums_o, p->buf_sums_o, g[k], g[k + 1], rank, k);
+    }
+    for (int k = 0; k < 2; k++) {
+        emit_one(bd, OP_AG_WAIT, l, 0, 1, p->buf_sums_o, p->buf_sums_o, g[k], g[k + 1], rank, k);
+        struct prog_instr *ins = emit_one(bd, OP_FFN_DOWN_PART, l, kp->ffn_cut[rank],
+                                          kp->ffn_cut[rank + 1], p->buf_x, p->buf_sums_d, g[k],
+                                          g[k + 1], rank, hid);
+        const int idx = (int)(ins - p->instrs);
+        note_buf_at(p, hid, idx);
+        set_residual(p, idx, c->dim, p->buf_x, p->buf_sums_o, p->buf_xmid, 0, 1);
+        emit_one(bd, OP_AG_START, l, 0, 1, p->buf_sums_d, p->buf_sums_d, g[k], g[k + 1], rank,
+                 2 + k);
+    }
+    for (int k = 0; k < 2; k++)
+        emit_one(bd, OP_AG_WAIT, l, 0, 1, p->buf_sums_d, p->buf_sums_d, g[k], g[k + 1], rank,
+                 2 + k);
 }
 
 /* Is kp a valid set of K parts for config c? */
@@ -783,7 +847,7 @@ static int check_sizes(const struct model_config *c, const struct program *p, in
                        "n_kv_head %d", c->n_head, c->n_kv_head);
     /* QKV: at most 3 * n_splits (head groups), O / FFN / DOWN n_splits each (or O and
        FFN_DOWN parts) */
-    long long per_layer = 6LL * n_splits + 2LL * PROG_KPARTS_MAX +
+    long long per_layer = 6LL * n_splits + 2LL * PROG_KPARTS_MAX + 12 /* overlapped parts */ +
                           (long long)p->n_seqs * c->n_kv_head;
     if (c->n_expert > 0) {
         if (c->n_expert_used < 1 || c->n_expert_used > c->n_expert || c->moe_ffn_dim < 1 ||

@@ -78,6 +78,10 @@ enum prog_op {
     OP_SEND_X,                /* pipeline parallelism: rows [0, 1); the residual stream
                                  (in + sums) into X, sent to the next stage */
     OP_RECV_X,                /* rows [0, 1); X from the previous stage */
+    OP_AG_START,              /* tensor parallelism, overlapped: rows [0, 1); starts the
+                                 ALLGATHER of the SUMS buffer's tokens [tok0, tok1) (exchange
+                                 slot aux) and returns */
+    OP_AG_WAIT,               /* rows [0, 1); completes the exchange of slot aux */
     OP_COUNT
 };
 
@@ -151,6 +155,9 @@ struct prog_instr {
                      latent ATTENTION: its LAT buffer; else -1 */
     int32_t in2;  /* a second input: MOE_COMBINE the shared expert's output (-1: none),
                      MLA_Q_KV the kv_a buffer; else -1 */
+    int32_t tok0, tok1; /* tokens [tok0, tok1) only (O_PART, FFN_DOWN_PART, AG_START,
+                           AG_WAIT of a tensor-parallel prefill cut in token groups); tok1
+                           0: every token */
     int32_t part; /* O_PART / FFN_DOWN_PART: the K part; MOE_GATE_UP / MOE_DOWN: the
                            expert's rank among the step's active experts (-1: the shared
                            expert); else -1 */
@@ -158,8 +165,10 @@ struct prog_instr {
 
 /* program_build_ex flags */
 enum prog_flags {
-    PROG_HEAD_DEPS = 1, /* QKV cut by KV-head groups, one counter each; ATTENTION waits
+    PROG_HEAD_DEPS = 1,  /* QKV cut by KV-head groups, one counter each; ATTENTION waits
                            only on its own groups (see above) */
+    PROG_NO_OVERLAP = 2, /* tensor parallelism: no token groups in a prefill (each exchange
+                            one ALLGATHER stage) */
 };
 
 struct prog_buf {

@@ -40,6 +40,9 @@ struct exec_tuning {
     enum tune_switch repack;      /* weights into the kernels' layouts; AUTO: on */
     int trace_steps;         /* steps a WELD_TRACE trace covers; 0: 4 */
     bool dump_program;       /* print every program built to stderr */
+    enum tune_switch tp_overlap; /* tensor parallelism: a prefill's O and down parts in two
+                                    token groups, each group's exchange under the other's
+                                    product; AUTO: on (program.h PROG_NO_OVERLAP) */
     struct tp_group *tp;     /* tensor parallelism (exec/backend_tp.h): the ranks the
                                 group's model is sharded over; NULL: one process. Computes
                                 the numbers of k_parts = the group's size */

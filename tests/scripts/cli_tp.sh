@@ -82,6 +82,22 @@ tp_case l2 "$tmp/l2.gguf" 2 -t 1
 tp_case q2 "$tmp/q2.gguf" 2 -t 1 --exec ops
 tp_case l8 "$tmp/l8.gguf" 4 -t 1
 tp_case l8mega "$tmp/l8.gguf" 2 -t 2 --exec mega
+# prefills of 128 tokens or more: each exchange under the other token group's product
+# (tp_overlap, the default), or not; the numbers are the same
+long_in="$tmp/long-in.jsonl"
+for i in 0 1 2 3; do
+  echo "{\"prompt\": \"$(printf 'Once upon a time %.0s' $(seq $((30 + 9 * i))))\", \"max_tokens\": 4, \"temperature\": 0.7, \"seed\": $i, \"logprobs\": 2}"
+done > "$long_in"
+"$weld" batch -m "$tmp/l8.gguf" --input "$long_in" --output "$tmp/long-k2.jsonl" -t 1 --k-parts 2 2> /dev/null
+for ov in 1 0; do
+  mpi -np 2 "$weld" batch -m "$tmp/l8.gguf" --input "$long_in" --output "$tmp/long-tp-$ov.jsonl" \
+      -tp 2 -t 1 --tune tp_overlap=$ov 2> "$tmp/long-tp-$ov.err"
+  expect_eq "$(same "$tmp/long-k2.jsonl" "$tmp/long-tp-$ov.jsonl")" "same" "long prompts, tp_overlap=$ov"
+done
+out=$(mpi -np 2 "$weld" generate -m "$tmp/l8.gguf" -p "$(printf 'Once upon a time %.0s' $(seq 40))" \
+      -n 1 -tp 2 -t 1 --tune dump_program=1 2>&1)
+expect_contains "$out" "AG_START" "a long prefill's program overlaps its exchanges"
+
 # pipeline stages: the layers cut over ranks, micro-batches in flight; the numbers are one
 # process's (no parts), or with tensor parallelism inside each stage K parts'
 pp_case() {
