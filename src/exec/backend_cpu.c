@@ -385,7 +385,8 @@ static int cpu_forward(void *ctx, const struct batch *b, float *logits,
     if (rc == WELD_OK && tops) {
         const int n = exec_final_slices(p);
         for (int r = 0; r < p->n_logit_rows; r++) {
-            logits_top_merge(&tops[r], c->slices + (size_t)r * n, n);
+            /* a pipeline stage before the last has no slices: an empty top */
+            logits_top_merge(&tops[r], n ? c->slices + (size_t)r * n : NULL, n);
             if (tops[r].inv_t > 0.0f)
                 stats_cut_chunks(c, p, &tops[r], logits + (size_t)r * c->m->cfg.n_vocab);
         }
