@@ -164,7 +164,13 @@ bool tp_group_broken(const struct tp_group *g)
 
 void tp_group_stats(struct tp_group *g, struct comm_stats *out, bool reset)
 {
+    struct comm_stats s;
     comm_stats_get(g->c, out, reset);
+    comm_stats_get(g->tpc, &s, reset); /* the stage's exchanges */
+    out->bytes_sent += s.bytes_sent;
+    out->bytes_recv += s.bytes_recv;
+    out->calls += s.calls;
+    out->wait_s += s.wait_s;
 }
 
 /* ---- the batch on the wire ----------------------------------------------------------- */
