@@ -66,9 +66,10 @@ struct cli_exec_opts {
     int k_parts;        /* --k-parts N (0: --tune's or none) */
     int tp_size;        /* --tensor-parallel-size N (0: one process) */
     int pp_size;        /* --pipeline-parallel-size N (0: one stage) */
+    bool ep;            /* --enable-expert-parallel */
     float comm_timeout; /* --comm-timeout SECONDS (0: comm's default) */
 };
-#define CLI_EXEC_N_OPTS 7
+#define CLI_EXEC_N_OPTS 8
 /* Writes CLI_EXEC_N_OPTS entries to t; returns that count. */
 int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t);
 /* The tuning the options ask for (names checked; errors name the flag). Under mpirun, or
@@ -78,7 +79,7 @@ int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t);
 int cli_exec_tuning(const struct cli_exec_opts *o, struct exec_tuning *t, struct weld_err *e);
 /* Several processes (cli/tp.c): start the group of tp_size x pp_size ranks (tensor x
    pipeline parallel), or none in a plain process; ranks other than 0 serve and exit. */
-int cli_tp_start(int tp_size, int pp_size, double timeout_s, struct tp_group **out,
+int cli_tp_start(int tp_size, int pp_size, bool ep, double timeout_s, struct tp_group **out,
                  struct weld_err *e);
 /* Apply one KEY=VALUE setting (--tune, a `bench --pair` side's @KEY=VALUE); an unknown key
    or bad value is an error listing the keys or the values. */

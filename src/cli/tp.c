@@ -39,7 +39,7 @@ static void tp_atexit(void)
     comm_finalize();
 }
 
-int cli_tp_start(int tp_size, int pp_size, double timeout_s, struct tp_group **out,
+int cli_tp_start(int tp_size, int pp_size, bool ep, double timeout_s, struct tp_group **out,
                  struct weld_err *e)
 {
     *out = NULL;
@@ -64,7 +64,7 @@ int cli_tp_start(int tp_size, int pp_size, double timeout_s, struct tp_group **o
         return WELD_OK;
     }
     struct tp_group *g;
-    if ((rc = tp_group_create(&g, tp_size, pp_size, timeout_s, e)))
+    if ((rc = tp_group_create(&g, tp_size, pp_size, ep, timeout_s, e)))
         return rc;
     if (tp_group_rank(g) != 0) {
         struct weld_err we = {0};

@@ -130,6 +130,8 @@ int cli_exec_opts_table(struct cli_exec_opts *o, struct cli_opt *t)
          "shard the model over N MPI ranks (-tp; start with mpirun -np N; rank 0 runs everything else)"},
         {"pipeline-parallel-size", 0, OPT_INT, &o->pp_size, "N",
          "cut the layers into N stages over MPI ranks (-pp; ranks = tp x pp; micro-batches of a step overlap across stages)"},
+        {"enable-expert-parallel", 0, OPT_FLAG, &o->ep, NULL,
+         "with -tp N, place a mixture of experts' routed experts whole over the N ranks (attention stays tensor-parallel)"},
         {"comm-timeout", 0, OPT_FLOAT, &o->comm_timeout, "SECONDS",
          "with several ranks: how long an exchange waits for a rank before failing (default: 60)"},
     };
@@ -174,5 +176,5 @@ int cli_exec_tuning(const struct cli_exec_opts *o, struct exec_tuning *t, struct
     if (o->pp_size < 0 || o->pp_size > PROG_KPARTS_MAX)
         return err_set(e, WELD_ERR_INVALID_ARG, "--pipeline-parallel-size %d: expected 1 to %d",
                        o->pp_size, PROG_KPARTS_MAX);
-    return cli_tp_start(o->tp_size, o->pp_size, (double)o->comm_timeout, &t->tp, e);
+    return cli_tp_start(o->tp_size, o->pp_size, o->ep, (double)o->comm_timeout, &t->tp, e);
 }

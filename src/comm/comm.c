@@ -253,6 +253,41 @@ int comm_allgather(struct comm *c, void *buf, size_t n, struct weld_err *e)
     return rc;
 }
 
+int comm_allgatherv(struct comm *c, const void *send, void *recv, const size_t *counts,
+                    const size_t *displs, struct weld_err *e)
+{
+    int rc = check_usable(c, "allgather", 0, e);
+    if (rc)
+        return rc;
+    int *cn = wcalloc((size_t)c->size, sizeof *cn), *ds = wcalloc((size_t)c->size, sizeof *ds);
+    if (!cn || !ds) {
+        wfree(cn), wfree(ds);
+        return err_set(e, WELD_ERR_NOMEM, "comm: out of memory");
+    }
+    size_t got = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (counts[r] > INT_MAX || displs[r] > INT_MAX) {
+            wfree(cn), wfree(ds);
+            return err_set(e, WELD_ERR_LIMIT,
+                           "comm: allgather of %zu bytes is over MPI's "
+                           "count limit",
+                           counts[r]);
+        }
+        cn[r] = (int)counts[r], ds[r] = (int)displs[r];
+        got += r == c->rank ? 0 : counts[r];
+    }
+    MPI_Request q;
+    rc = wait_req(c, &q, "allgather", false,
+                  MPI_Iallgatherv(send, cn[c->rank], MPI_BYTE, recv, cn, ds, MPI_BYTE, c->mc, &q),
+                  e);
+    wfree(cn), wfree(ds);
+    if (!rc) {
+        c->st.bytes_sent += counts[c->rank] * (size_t)(c->size - 1);
+        c->st.bytes_recv += got;
+    }
+    return rc;
+}
+
 int comm_send(struct comm *c, const void *buf, size_t n, int peer, int tag, struct weld_err *e)
 {
     int rc = check_usable(c, "send", n, e);

@@ -87,6 +87,7 @@ static void cpu_ctx_free(void *ctx)
     wfree(c->arena);
     wfree(c->rope);
     wfree(c->slices);
+    wfree(c->comm.xbuf);
     wfree(c);
 }
 

@@ -58,9 +58,10 @@ struct tp_group {
     struct model *own;     /* other ranks: loaded from rank 0's path */
     int rank, size;        /* in the world */
     int tp, pp, stage, tp_rank; /* rank = stage * tp + tp_rank */
+    bool ep;                    /* experts placed whole over a stage's TP ranks */
 };
 
-int tp_group_create(struct tp_group **out, int tp_size, int pp_size, double timeout_s,
+int tp_group_create(struct tp_group **out, int tp_size, int pp_size, bool ep, double timeout_s,
                     struct weld_err *e)
 {
     *out = NULL;
@@ -87,6 +88,7 @@ int tp_group_create(struct tp_group **out, int tp_size, int pp_size, double time
     g->rank = comm_rank(g->c);
     g->size = comm_size(g->c);
     g->tp = tp_size, g->pp = pp_size;
+    g->ep = ep;
     g->stage = g->rank / tp_size, g->tp_rank = g->rank % tp_size;
     *out = g;
     return WELD_OK;
@@ -102,7 +104,8 @@ struct exec_part tp_group_part(const struct tp_group *g, const struct model_conf
                               .vocab0 = exec_tp_vocab_cut(c->n_vocab, g->tp_rank, g->tp),
                               .vocab1 = exec_tp_vocab_cut(c->n_vocab, g->tp_rank + 1, g->tp),
                               .first = g->stage == 0,
-                              .last = g->stage == g->pp - 1};
+                              .last = g->stage == g->pp - 1,
+                              .ep = g->ep && g->tp > 1};
 }
 
 int tp_group_tp_size(const struct tp_group *g)

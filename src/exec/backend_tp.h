@@ -42,9 +42,10 @@ struct tp_group;
    world rank = stage x tp_size + tp rank, so a stage's TP ranks are adjacent (one
    machine, shared memory) and only one residual row per token crosses between stages.
    Its model is the first one rank 0 makes a context of; the other ranks load the same
-   path (the model file must be at that path on every machine). timeout_s: comm's
-   deadline (0: its default). */
-int tp_group_create(struct tp_group **out, int tp_size, int pp_size, double timeout_s,
+   path (the model file must be at that path on every machine). ep: expert parallelism, a
+   mixture of experts' routed experts placed whole over the TP ranks (exec_part.ep).
+   timeout_s: comm's deadline (0: its default). */
+int tp_group_create(struct tp_group **out, int tp_size, int pp_size, bool ep, double timeout_s,
                     struct weld_err *e);
 /* What of model config c this rank runs: its K part, its stage's layers (an even split),
    its LM head rows (last stage). */

@@ -50,6 +50,7 @@
  */
 #include "exec/ops.h"
 #include "comm/comm.h"
+#include "core/alloc.h"
 
 #include "kernels/cpu/attn.h"
 #include "kernels/cpu/kernels.h"
@@ -258,6 +259,7 @@ static bool same_act(const struct exec_mat *a, const struct exec_mat *b)
 }
 
 static void comm_poke(const struct exec_step *st);
+static bool expert_here(const struct exec_step *st, int e);
 
 /* ---- opcodes ------------------------------------------------------------------------
    What each computes; every executor must give exactly these results. T = tokens of the
@@ -1096,7 +1098,7 @@ static void op_moe_gate_up(const struct exec_step *st, const struct prog_instr *
     const struct model_config *c = &st->m->cfg;
     const struct exec_layer_mats *L = &st->w->mats[in->layer];
     const int e = in->part < 0 ? -1 : moe_rank_expert(st, in);
-    if (in->part >= 0 && e < 0)
+    if (in->part >= 0 && (e < 0 || !expert_here(st, e)))
         return;
     const struct exec_mat *G = e < 0 ? &L->sh_gate : &L->egate[e];
     const struct exec_mat *U = e < 0 ? &L->sh_up : &L->eup[e];
@@ -1139,7 +1141,7 @@ static void op_moe_down(const struct exec_step *st, const struct prog_instr *in,
     const struct model_config *c = &st->m->cfg;
     const struct exec_layer_mats *L = &st->w->mats[in->layer];
     const int e = in->part < 0 ? -1 : moe_rank_expert(st, in);
-    if (in->part >= 0 && e < 0)
+    if (in->part >= 0 && (e < 0 || !expert_here(st, e)))
         return;
     const struct exec_mat *D = e < 0 ? &L->sh_down : &L->edown[e];
     const int K = c->n_expert_used;
@@ -1300,6 +1302,73 @@ static void op_ag(const struct exec_step *st, const struct prog_instr *in)
     }
 }
 
+/* Expert parallelism: does this rank hold routed expert e (weights.h: experts [E r / N,
+   E (r + 1) / N) of rank r of N)? Always in one process. */
+static bool expert_here(const struct exec_step *st, int e)
+{
+    const struct exec_part *pt = &st->w->part;
+    const int E = st->m->cfg.n_expert;
+    return !pt->ep || pt->tp_size < 2 ||
+           (e >= E * pt->tp_rank / pt->tp_size && e < E * (pt->tp_rank + 1) / pt->tp_size);
+}
+
+/* MOE_EXCHANGE (expert parallelism): rows [0, 1); in = out = MOE_OUT (n_tokens * K, dim),
+   aux = ROUTE. Each (token, slot) row was written by the rank holding its expert; every
+   rank packs its rows in (token, slot) order, an allgather in rank order hands every rank
+   every rank's, and each row is put back in its place. The route is the same on every rank
+   (ROUTE ran on every rank from the same residual), so every rank knows who sends what. */
+static void op_moe_exchange(const struct exec_step *st, const struct prog_instr *in)
+{
+    struct exec_comm *ec = st->comm;
+    WELD_ASSERT(ec && ec->c);
+    if (atomic_load_explicit(&ec->failed, memory_order_acquire))
+        return;
+    const struct model_config *c = &st->m->cfg;
+    const struct exec_part *pt = &st->w->part;
+    const int K = c->n_expert_used, N = pt->tp_size, E = c->n_expert;
+    const int rows = st->p->n_tokens * K;
+    const size_t rb = (size_t)c->dim * sizeof(float);
+    const float *route = buf_ptr(st, in->aux);
+    float *out = buf_ptr(st, in->out);
+    size_t counts[PROG_KPARTS_MAX] = {0}, displs[PROG_KPARTS_MAX] = {0};
+    for (int i = 0; i < rows; i++) {
+        const int e = route_id(route + (size_t)(i / K) * (size_t)(2 * K + 1), i % K);
+        counts[(int)((long long)e * N / E)] += rb;
+    }
+    for (int r = 1; r < N; r++)
+        displs[r] = displs[r - 1] + counts[r - 1];
+    struct weld_err err = {0};
+    const size_t need = (size_t)rows * rb * 2;
+    if (need > ec->xcap) {
+        void *p = wrealloc(ec->xbuf, need);
+        if (!p) {
+            err_set(&err, WELD_ERR_NOMEM, "expert exchange: out of memory for %d rows", rows);
+            goto fail;
+        }
+        ec->xbuf = p, ec->xcap = need;
+    }
+    uint8_t *mine = ec->xbuf, *all = (uint8_t *)ec->xbuf + (size_t)rows * rb, *w = mine;
+    for (int i = 0; i < rows; i++) {
+        const int e = route_id(route + (size_t)(i / K) * (size_t)(2 * K + 1), i % K);
+        if ((int)((long long)e * N / E) == pt->tp_rank)
+            memcpy(w, out + (size_t)i * c->dim, rb), w += rb;
+    }
+    if (comm_allgatherv(ec->c, mine, all, counts, displs, &err))
+        goto fail;
+    size_t next[PROG_KPARTS_MAX];
+    memcpy(next, displs, sizeof next);
+    for (int i = 0; i < rows; i++) {
+        const int e = route_id(route + (size_t)(i / K) * (size_t)(2 * K + 1), i % K);
+        const int r = (int)((long long)e * N / E);
+        memcpy(out + (size_t)i * c->dim, all + next[r], rb);
+        next[r] += rb;
+    }
+    return;
+fail:
+    ec->err = err;
+    atomic_store_explicit(&ec->failed, 1, memory_order_release);
+}
+
 int exec_final_slices(const struct program *p)
 {
     if (p->instrs[p->stage_first[p->n_stages - 1]].op != OP_FINAL_NORM_LOGITS)
@@ -1378,6 +1447,7 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
     case OP_RECV_X:
     case OP_AG_START:
     case OP_AG_WAIT:
+    case OP_MOE_EXCHANGE:
         *tile = 1 << 30; /* rows are tokens already; one piece */
         return st->p->n_tokens;
     case OP_MOE_GATE_UP:
@@ -1481,6 +1551,7 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     case OP_RECV_X: op_pipe(st, in, &sc); break;
     case OP_AG_START:
     case OP_AG_WAIT: op_ag(st, in); break;
+    case OP_MOE_EXCHANGE: op_moe_exchange(st, in); break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }

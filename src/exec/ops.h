@@ -68,6 +68,8 @@ struct exec_comm {
     _Atomic int n_pending;    /* of them */
     _Atomic int lock;         /* held to touch slot: AG_START, AG_WAIT and the ops' pokes
                                  (exec_comm_poke) may run on different workers */
+    void *xbuf;               /* MOE_EXCHANGE's packed rows: this rank's, then everyone's */
+    size_t xcap;
     _Atomic int failed;
     struct weld_err err;
 };

@@ -67,6 +67,7 @@ static const char *const op_names[OP_COUNT] = {
     "RECV_X",
     "AG_START",
     "AG_WAIT",
+    "MOE_EXCHANGE",
 };
 
 const char *prog_op_name(int op)
@@ -349,7 +350,20 @@ static void emit_expert(struct builder *bd, int op, int l, int rank, int total, 
    experts are known only when the step runs (ops.c): a program has min(n_expert,
    n_tokens * n_expert_used) ranks, each cut so the stage has about n_splits slices, and
    a rank past the step's active experts does nothing. */
+static void set_residual(struct program *p, int i, int dim, int in, int sums, int xout, int k,
+                         int n);
+
+/* A MoE layer's FFN; with K parts (sums >= 0, the attention's O sums) ROUTE reads X + the
+   sums and stores that residual to X, which COMBINE then adds to; on an expert-parallel
+   rank an EXCHANGE stage after DOWN gives every rank every expert's outputs. */
+static void emit_moe_kp(struct builder *bd, const struct model_config *c, int l, int sums);
+
 static void emit_moe(struct builder *bd, const struct model_config *c, int l)
+{
+    emit_moe_kp(bd, c, l, -1);
+}
+
+static void emit_moe_kp(struct builder *bd, const struct model_config *c, int l, int sums)
 {
     struct program *p = bd->p;
     const size_t nt = (size_t)p->n_tokens, K = (size_t)c->n_expert_used;
@@ -368,6 +382,8 @@ static void emit_moe(struct builder *bd, const struct model_config *c, int l)
              (int)((long long)p->n_tokens * (i + 1) / n), p->buf_x, route)
             ->aux = h;
         note_buf_at(p, h, p->n_instr - 1);
+        if (sums >= 0) /* all dims of its tokens */
+            set_residual(p, p->n_instr - 1, c->dim, p->buf_x, sums, p->buf_x, 0, 1);
     }
     stage_end(bd);
     stage_begin(bd);
@@ -382,6 +398,14 @@ static void emit_moe(struct builder *bd, const struct model_config *c, int l)
     if (sf > 0)
         emit_expert(bd, OP_MOE_DOWN, l, -1, c->dim, p->n_splits, shid, sout, route);
     stage_end(bd);
+    if (p->part.ep && p->part.tp_size > 1) {
+        stage_begin(bd);
+        struct prog_instr *ins = emit(bd, OP_MOE_EXCHANGE, l, -1, 0, 1, out, out);
+        ins->aux = route;
+        ins->part = p->part.tp_rank;
+        note_buf_at(p, route, p->n_instr - 1);
+        stage_end(bd);
+    }
     stage_begin(bd);
     int groups = (c->dim + PROG_ROW_ALIGN - 1) / PROG_ROW_ALIGN;
     n = p->n_splits < groups ? p->n_splits : groups;
@@ -550,7 +574,7 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
         emit_qkv_range(bd, c, l, q, kv_lo, kv_n);
     else
         emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
-    for (int i = first; l > p->part.layer0 && i < p->n_instr; i++)
+    for (int i = first; l > p->part.layer0 && !model_layer_moe(c, l - 1) && i < p->n_instr; i++)
         set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, p->buf_x, i - first,
                      p->n_instr - first);
     /* attention, part-major so each part's counter has consecutive signallers */
@@ -584,6 +608,22 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
         p->n_stages++;
     else
         stage_end(bd);
+    if (model_layer_moe(c, l)) { /* the O parts, then the experts (which add to X) */
+        stage_begin(bd);
+        for (int i = part0; i < part1; i++) {
+            if (heads) {
+                bd->wait = attn_c0 + i;
+                bd->n_wait = 1;
+                bd->wait_count = part_count[i];
+            }
+            emit(bd, OP_O_PART, l, -1, 0, c->dim, att, p->buf_sums_o)->part = i;
+        }
+        stage_end(bd);
+        if (rank >= 0)
+            emit_allgather(bd, l, p->buf_sums_o);
+        emit_moe_kp(bd, c, l, p->buf_sums_o);
+        return;
+    }
     if (rank >= 0 && !(p->flags & PROG_NO_OVERLAP) && p->n_tokens >= 2 * PROG_OVERLAP_TOKENS) {
         if (heads) {
             bd->wait = attn_c0 + rank;
@@ -937,8 +977,8 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
     p->part = *part;
     p->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
     if (kp && kp->n > 1) {
-        if (c->n_expert > 0)
-            rc = err_set(e, WELD_ERR_INVALID_ARG, "program: a mixture of experts has no K parts");
+        if (c->kv_lora_rank > 0)
+            rc = err_set(e, WELD_ERR_INVALID_ARG, "program: latent attention has no K parts");
         if (rc || (rc = check_kparts(c, kp, e))) {
             program_free(p);
             return rc;
@@ -975,7 +1015,7 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
     }
     if (!part->last) { /* the residual stream to the next stage */
         emit_split(&bd, OP_SEND_X, -1, 1, 1, p->buf_x, p->buf_x);
-        if (parts)
+        if (parts && !model_layer_moe(c, part->layer1 - 1))
             set_residual(p, p->n_instr - 1, c->dim, p->buf_xmid, p->buf_sums_d, p->buf_x, 0, 1);
         if (plan_buffers(p) || fill_stages(p))
             goto nomem;
@@ -996,7 +1036,7 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
     const int fin_align = nv >= LOGITS_CHUNK * 8 * n_fin ? LOGITS_CHUNK : PROG_ROW_ALIGN;
     emit_split_at(&bd, OP_FINAL_NORM_LOGITS, -1, part->vocab0, nv, fin_align, p->buf_x,
                   p->buf_logits, n_fin);
-    for (int i = first_fin; parts && i < p->n_instr; i++)
+    for (int i = first_fin; parts && !model_layer_moe(c, part->layer1 - 1) && i < p->n_instr; i++)
         set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, -1, 0, 1);
     if (plan_buffers(p) || fill_stages(p))
         goto nomem;

@@ -82,6 +82,8 @@ enum prog_op {
                                  ALLGATHER of the SUMS buffer's tokens [tok0, tok1) (exchange
                                  slot aux) and returns */
     OP_AG_WAIT,               /* rows [0, 1); completes the exchange of slot aux */
+    OP_MOE_EXCHANGE,          /* expert parallelism: rows [0, 1); every rank's experts'
+                                 outputs (MOE_OUT rows) to every rank (aux: ROUTE) */
     OP_COUNT
 };
 
@@ -129,11 +131,13 @@ struct exec_part {
     int vocab0, vocab1;   /* the LM head rows held (last stage): [vocab0, vocab1) */
     bool first, last;     /* holds the embedding (first stage), the final norm and LM head
                              (last stage) */
+    bool ep;              /* expert parallelism: routed experts placed whole, experts
+                             [E tp_rank / tp_size, E (tp_rank + 1) / tp_size) here */
 };
 
 static inline struct exec_part exec_part_whole(const struct model_config *c)
 {
-    return (struct exec_part){0, 1, 0, c->n_layer, 0, c->n_vocab, true, true};
+    return (struct exec_part){0, 1, 0, c->n_layer, 0, c->n_vocab, true, true, false};
 }
 
 struct prog_instr {

@@ -320,6 +320,9 @@ static int list_fill_shard(struct exec_weights *w)
     const int64_t q0 = (int64_t)w->kp.head_cut[r] * hd, q1 = (int64_t)w->kp.head_cut[r + 1] * hd;
     const int64_t f0 = w->kp.ffn_cut[r], f1 = w->kp.ffn_cut[r + 1];
     const bool hd16 = hd % 16 == 0;
+    /* expert parallelism: this rank's routed experts, whole */
+    const int e0 = c->n_expert * r / w->tp_size, e1 = c->n_expert * (r + 1) / w->tp_size;
+    struct exec_mat *em = w->expert_mats;
     int n = 0;
     for (int l = w->part.layer0; l < w->part.layer1; l++) {
         const struct layer_weights *L = &m->layers[l];
@@ -328,6 +331,24 @@ static int list_fill_shard(struct exec_weights *w)
         list_add_shard(w, &n, &M->wk, &L->wk, hd16, q0 / grp, q1 / grp, 0, c->dim);
         list_add_shard(w, &n, &M->wv, &L->wv, hd16, q0 / grp, q1 / grp, 0, c->dim);
         list_add_shard(w, &n, &M->wo_part[r], &L->wo, true, 0, c->dim, q0, q1);
+        if (model_layer_moe(c, l)) { /* router and shared expert whole, on every rank */
+            list_add(w, &n, &M->router, &L->router, true);
+            if (em) {
+                M->egate = em, M->eup = em + c->n_expert, M->edown = em + 2 * c->n_expert;
+                em += 3 * c->n_expert;
+            }
+            for (int x = e0; x < e1; x++) {
+                list_add(w, &n, M->egate ? &M->egate[x] : NULL, &L->exp_gate[x], true);
+                list_add(w, &n, M->eup ? &M->eup[x] : NULL, &L->exp_up[x], true);
+                list_add(w, &n, M->edown ? &M->edown[x] : NULL, &L->exp_down[x], true);
+            }
+            if (c->shared_ffn_dim > 0) {
+                list_add(w, &n, &M->sh_gate, &L->sh_gate, true);
+                list_add(w, &n, &M->sh_up, &L->sh_up, true);
+                list_add(w, &n, &M->sh_down, &L->sh_down, true);
+            }
+            continue;
+        }
         list_add_shard(w, &n, &M->gate, &L->w_gate, true, f0, f1, 0, c->dim);
         list_add_shard(w, &n, &M->up, &L->w_up, true, f0, f1, 0, c->dim);
         list_add_shard(w, &n, &M->down_part[r], &L->w_down, true, 0, c->dim, f0, f1);
@@ -798,7 +819,7 @@ static bool kparts_cut(const struct model *m, int n, struct prog_kparts *kp)
         const struct dtype_info *d = dtype_get(dn->type);
         if (!d)
             return false;
-        for (int i = 1; i < n; i++) {
+        for (int i = 1; i < n && !model_layer_moe(c, l); i++) { /* dense layers' ffn */
             int cut = exec_kparts_ffn_cut(c->ffn_dim, d->block_size, i, n);
             if (cut > kp->ffn_cut[i])
                 kp->ffn_cut[i] = cut;
@@ -812,7 +833,12 @@ static bool kparts_cut(const struct model *m, int n, struct prog_kparts *kp)
                 return false;
         }
     }
+    for (int i = 1; i < n; i++) /* a model of MoE layers only: cuts no layer uses */
+        if (!kp->ffn_cut[i])
+            kp->ffn_cut[i] = exec_kparts_ffn_cut(c->ffn_dim, 32, i, n);
     for (int l = 0; l < c->n_layer; l++) {
+        if (model_layer_moe(c, l))
+            continue;
         const struct tensor *dn = &m->layers[l].w_down;
         struct weld_err ignored;
         bool g_dn = gemm_check(dn->type, dn->ne[0], NULL, &ignored) == WELD_OK;
@@ -835,9 +861,9 @@ static int kparts_choose(struct exec_weights *w, int n, struct weld_err *e)
     w->kp = (struct prog_kparts){.n = 1, .head_cut = {0, c->n_head}, .ffn_cut = {0, c->ffn_dim}};
     if (n <= 1)
         return WELD_OK;
-    if (c->n_expert > 0)
+    if (c->kv_lora_rank > 0)
         return err_set(e, WELD_ERR_INVALID_ARG,
-                       "k_parts=%d: %s is a mixture of experts, "
+                       "k_parts=%d: %s has latent attention, "
                        "which runs without K parts; use 1",
                        n, model_where(m));
     struct prog_kparts kp;
@@ -1024,14 +1050,23 @@ int exec_tp_vocab_cut(int n_vocab, int r, int n)
 }
 
 /* Can model m be cut into n tensor-parallel shards? */
-static int shard_check(const struct model *m, int n, struct weld_err *e)
+static int shard_check(const struct model *m, int n, bool ep, struct weld_err *e)
 {
     const struct model_config *c = &m->cfg;
-    if (c->n_expert > 0 || c->kv_lora_rank > 0)
+    if (c->kv_lora_rank > 0)
         return err_set(e, WELD_ERR_UNSUPPORTED,
-                       "tensor parallel size %d: %s has %s, which "
-                       "runs in one process only (expert parallelism is not built yet)",
-                       n, model_where(m), c->n_expert > 0 ? "experts" : "latent attention");
+                       "tensor parallel size %d: %s has latent attention, which runs in one "
+                       "process only",
+                       n, model_where(m));
+    if (c->n_expert > 0 && !ep)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "tensor parallel size %d: %s is a mixture of experts; add "
+                       "--enable-expert-parallel to place its experts whole on the ranks",
+                       n, model_where(m));
+    if (c->n_expert > 0 && c->n_expert % n)
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "expert parallel size %d: %s has %d experts, which must divide by it", n,
+                       model_where(m), c->n_expert);
     if (n > PROG_KPARTS_MAX)
         return err_set(e, WELD_ERR_UNSUPPORTED,
                        "tensor parallel size %d: at most %d ranks "
@@ -1084,7 +1119,7 @@ int exec_weights_create_shard(struct exec_weights **out, const struct model *m,
                        "vocabulary [%d, %d) of %s",
                        part->tp_rank, part->tp_size, part->layer0, part->layer1, part->vocab0,
                        part->vocab1, model_where(m));
-    if (part->tp_size > 1 && (rc = shard_check(m, part->tp_size, e)))
+    if (part->tp_size > 1 && (rc = shard_check(m, part->tp_size, part->ep, e)))
         return rc;
     if (part->tp_size == 1 && (part->layer0 > 0 || part->layer1 < c->n_layer) &&
         (c->n_expert > 0 || c->kv_lora_rank > 0))
