@@ -355,10 +355,12 @@ static void print_memory(const struct model_config *c, uint64_t weights)
 /* How a matrix is cut over tensor-parallel ranks (exec_weights_create_shard): by heads,
    by ffn rows, by vocabulary rows, or not at all (held whole: norms, embeddings read in
    place). */
-enum tp_cut { CUT_NONE, CUT_HEADS, CUT_FFN, CUT_VOCAB };
+enum tp_cut { CUT_NONE, CUT_HEADS, CUT_FFN, CUT_VOCAB, CUT_EXPERTS };
 
 static enum tp_cut tp_cut_of(const char *name, bool tied)
 {
+    if (strstr(name, "_exps.") || strstr(name, ".experts.")) /* routed experts, placed whole */
+        return CUT_EXPERTS;
     static const char *const heads[] = {"attn_q.", "attn_k.", "attn_v.", "attn_output.",
                                         "q_proj.", "k_proj.", "v_proj.", "o_proj."};
     static const char *const ffn[] = {"ffn_gate.",  "ffn_up.",  "ffn_down.",
@@ -381,14 +383,16 @@ static void print_tp(const struct info *in, int n)
 {
     const struct model_config *c = &in->c;
     printf("tensor parallel %d (per rank):\n", n);
-    if (c->n_expert > 0 || c->kv_lora_rank > 0 || c->n_head % n || c->n_kv_head % n ||
-        c->n_vocab < 16 * n) {
-        printf("  not possible: %s\n", c->n_expert > 0       ? "a mixture of experts"
-                                       : c->kv_lora_rank > 0 ? "latent attention"
+    if (c->kv_lora_rank > 0 || c->n_head % n || c->n_kv_head % n || c->n_vocab < 16 * n ||
+        (c->n_expert > 0 && c->n_expert % n)) {
+        printf("  not possible: %s\n", c->kv_lora_rank > 0   ? "latent attention"
                                        : c->n_vocab < 16 * n ? "vocabulary too small"
+                                       : c->n_expert % n     ? "experts do not divide"
                                                              : "heads do not divide");
         return;
     }
+    if (c->n_expert > 0)
+        printf("  (experts placed whole: --enable-expert-parallel)\n");
     int block = 1; /* the largest block of a down matrix sets the ffn cut */
     for (int i = 0; i < in->n_tensors; i++)
         if (tp_cut_of(in->t[i].name, false) == CUT_FFN && dtype_get(in->t[i].type) &&
@@ -407,14 +411,20 @@ static void print_tp(const struct info *in, int n)
             case CUT_HEADS: bytes += (double)t->nbytes / n; break;
             case CUT_FFN: bytes += (double)t->nbytes * (f1 - f0) / c->ffn_dim; break;
             case CUT_VOCAB: bytes += (double)t->nbytes * (v1 - v0) / c->n_vocab; break;
+            case CUT_EXPERTS: bytes += (double)t->nbytes / n; break;
             default: bytes += (double)t->nbytes;
             }
         }
         char b[32];
         human(bytes, b, sizeof b);
-        printf("  rank %-2d            weights %s (query heads %d-%d, ffn rows %d-%d, vocab "
+        char ex[48] = "";
+        if (c->n_expert > 0)
+            snprintf(ex, sizeof ex, ", experts %d-%d", c->n_expert * r / n,
+                     c->n_expert * (r + 1) / n - 1);
+        printf("  rank %-2d            weights %s (query heads %d-%d, ffn rows %d-%d%s, vocab "
                "%d-%d); kv cache (f16) %" PRIu64 " bytes per token\n",
-               r, b, c->n_head / n * r, c->n_head / n * (r + 1) - 1, f0, f1 - 1, v0, v1 - 1, kv);
+               r, b, c->n_head / n * r, c->n_head / n * (r + 1) - 1, f0, f1 - 1, ex, v0, v1 - 1,
+               kv);
     }
 }
 

@@ -42,7 +42,15 @@ rank_pid() { # rank_pid MPIRUN_PID RANK: the pid of that rank of the job
   --ctx 256 --tokenizer "$tok/tokenizer-llama2/models" --out "$tmp/l8.gguf" 2>/dev/null
 "$weld" mkmodel --preset tiny --arch qwen3-moe --dtype q8_0 --seed 4 --ctx 256 \
   --tokenizer "$tok/tokenizer-qwen3/models" --out "$tmp/moe.gguf" 2>/dev/null
-for f in l2 q2 l8 moe; do
+# mixtures of experts: Qwen2-MoE's shared expert, Mixtral's F16 experts; DeepSeek's latent
+# attention (refused over ranks)
+"$weld" mkmodel --preset tiny --arch qwen2-moe --dtype q8_0 --seed 6 --ctx 256 \
+  --tokenizer "$tok/tokenizer-llama3/models" --out "$tmp/moe2.gguf" 2>/dev/null
+"$weld" mkmodel --preset tiny --arch mixtral --dtype f16 --seed 7 --ctx 256 \
+  --tokenizer "$tok/tokenizer-llama2/models" --out "$tmp/mix.gguf" 2>/dev/null
+"$weld" mkmodel --preset tiny --arch deepseek-v3 --dtype q8_0 --seed 8 --ctx 256 \
+  --tokenizer "$tok/tokenizer-deepseek_v3/models" --out "$tmp/ds.gguf" 2>/dev/null
+for f in l2 q2 l8 moe moe2 mix ds; do
   [ -f "$tmp/$f.gguf" ] || bad "mkmodel $f"
 done
 
@@ -173,7 +181,19 @@ expect_contains "$out" "--tensor-parallel-size 2" "ranks without -tp"
 out=$(mpi -np 3 "$weld" generate -m "$tmp/l8.gguf" -p hi -n 2 -tp 3 2>&1)
 expect_contains "$out" "must divide" "8 heads over 3 ranks refused"
 out=$(mpi -np 2 "$weld" generate -m "$tmp/moe.gguf" -p hi -n 2 -tp 2 2>&1)
-expect_contains "$out" "experts" "a mixture of experts refused"
+expect_contains "$out" "add --enable-expert-parallel" "experts over ranks need --enable-expert-parallel"
+out=$(mpi -np 2 "$weld" generate -m "$tmp/ds.gguf" -p hi -n 2 -tp 2 --enable-expert-parallel 2>&1)
+expect_contains "$out" "latent attention" "latent attention over ranks refused"
+
+# expert parallelism: experts placed whole over the ranks, attention tensor-parallel; the
+# numbers of one process with K parts (the attention's; experts run whole either way)
+for mm in moe moe2 mix; do
+  "$weld" batch -m "$tmp/$mm.gguf" --input "$in" --output "$tmp/$mm-k2.jsonl" -t 1 --k-parts 2 2> /dev/null
+  pp_case "$mm-ep" "$tmp/$mm.gguf" 2 "$tmp/$mm-k2.jsonl" -tp 2 --enable-expert-parallel -t 1
+done
+pp_case moe2-ep-pp "$tmp/moe2.gguf" 4 "$tmp/moe2-k2.jsonl" -tp 2 -pp 2 --enable-expert-parallel -t 1
+"$weld" batch -m "$tmp/moe2.gguf" --input "$long_in" --output "$tmp/moe2-long-k2.jsonl" -t 1 --k-parts 2 2> /dev/null
+pp_case moe2-ep-mega "$tmp/moe2.gguf" 2 "$tmp/moe2-long-k2.jsonl" -tp 2 --enable-expert-parallel -t 2 --exec mega --input "$long_in"
 
 # faults: a rank that hangs (SIGSTOP) or dies (SIGKILL) mid-run ends the job non-zero
 long="$tmp/long.jsonl"
