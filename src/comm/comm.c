@@ -278,11 +278,45 @@ int comm_allgatherv(struct comm *c, const void *send, void *recv, const size_t *
     }
     MPI_Request q;
     rc = wait_req(c, &q, "allgather", false,
-                  MPI_Iallgatherv(send, cn[c->rank], MPI_BYTE, recv, cn, ds, MPI_BYTE, c->mc, &q),
+                  MPI_Iallgatherv(send ? send : MPI_IN_PLACE, send ? cn[c->rank] : 0, MPI_BYTE,
+                                  recv, cn, ds, MPI_BYTE, c->mc, &q),
                   e);
     wfree(cn), wfree(ds);
     if (!rc) {
         c->st.bytes_sent += counts[c->rank] * (size_t)(c->size - 1);
+        c->st.bytes_recv += got;
+    }
+    return rc;
+}
+
+int comm_alltoallv(struct comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                   void *recv, const size_t *rcounts, const size_t *rdispls, struct weld_err *e)
+{
+    int rc = check_usable(c, "all-to-all", 0, e);
+    if (rc)
+        return rc;
+    int *v = wcalloc(4 * (size_t)c->size, sizeof *v);
+    if (!v)
+        return err_set(e, WELD_ERR_NOMEM, "comm: out of memory");
+    int *sc = v, *sd = v + c->size, *rcn = v + 2 * c->size, *rd = v + 3 * c->size;
+    size_t sent = 0, got = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (scounts[r] > INT_MAX || sdispls[r] > INT_MAX || rcounts[r] > INT_MAX ||
+            rdispls[r] > INT_MAX) {
+            wfree(v);
+            return err_set(e, WELD_ERR_LIMIT, "comm: all-to-all over MPI's count limit");
+        }
+        sc[r] = (int)scounts[r], sd[r] = (int)sdispls[r];
+        rcn[r] = (int)rcounts[r], rd[r] = (int)rdispls[r];
+        sent += r == c->rank ? 0 : scounts[r];
+        got += r == c->rank ? 0 : rcounts[r];
+    }
+    MPI_Request q;
+    rc = wait_req(c, &q, "all-to-all", false,
+                  MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rcn, rd, MPI_BYTE, c->mc, &q), e);
+    wfree(v);
+    if (!rc) {
+        c->st.bytes_sent += sent;
         c->st.bytes_recv += got;
     }
     return rc;

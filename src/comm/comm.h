@@ -75,10 +75,15 @@ int comm_bcast(struct comm *c, void *buf, size_t n, int root, bool wait_forever,
    has every block. */
 int comm_allgather(struct comm *c, void *buf, size_t n, struct weld_err *e);
 int comm_send(struct comm *c, const void *buf, size_t n, int peer, int tag, struct weld_err *e);
-/* Every rank's `counts[rank]` bytes (send) into recv at displs[rank], on every rank, in
-   rank order (MPI_Allgatherv); counts and displs the same on every rank. */
+/* Every rank's `counts[rank]` bytes (send; NULL: already at recv + displs[rank]) into recv
+   at displs[rank], on every rank, in rank order (MPI_Allgatherv); counts and displs the
+   same on every rank. */
 int comm_allgatherv(struct comm *c, const void *send, void *recv, const size_t *counts,
                     const size_t *displs, struct weld_err *e);
+/* Rank r's sdispls[q] .. + scounts[q] bytes of send to rank q, which puts them at
+   rdispls[r] of its recv (MPI_Alltoallv); every rank's rcounts must match. */
+int comm_alltoallv(struct comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                   void *recv, const size_t *rcounts, const size_t *rdispls, struct weld_err *e);
 int comm_recv(struct comm *c, void *buf, size_t n, int peer, int tag, struct weld_err *e);
 /* A send that returns at once: buf must stay untouched until comm_wait(*req) (which frees
    the request; the deadline counts from there). A pipeline's last stage sends each

@@ -1369,6 +1369,76 @@ fail:
     atomic_store_explicit(&ec->failed, 1, memory_order_release);
 }
 
+/* REDUCE (tensor parallelism over more than 2 ranks): rows [0, 1). out[t] = in[t] +
+   sums[0][t] + sums[1][t] + .. in part order, for every token, by a reduce-scatter and a
+   gather: rank q is sent every rank's part for its dims [dim q / N, dim (q + 1) / N)
+   (all-to-all), adds them to in over those dims in part order (the very additions
+   residual_row makes), and the sums of every rank's dims are gathered into out. in may be
+   out. Nothing when an earlier exchange failed. */
+static void op_reduce(const struct exec_step *st, const struct prog_instr *in)
+{
+    struct exec_comm *ec = st->comm;
+    WELD_ASSERT(ec && ec->c && in->sums >= 0);
+    if (atomic_load_explicit(&ec->failed, memory_order_acquire))
+        return;
+    const int N = comm_size(ec->c), r = comm_rank(ec->c), T = st->p->n_tokens;
+    const int dim = st->m->cfg.dim;
+    WELD_ASSERT(N <= PROG_KPARTS_MAX && N == st->p->kp.n);
+    int d[PROG_KPARTS_MAX + 1];
+    for (int q = 0; q <= N; q++)
+        d[q] = (int)((long long)dim * q / N);
+    const size_t all = (size_t)T * (size_t)dim;
+    struct weld_err err = {0};
+    if (3 * all * sizeof(float) > ec->xcap) {
+        void *p = wrealloc(ec->xbuf, 3 * all * sizeof(float));
+        if (!p) {
+            err_set(&err, WELD_ERR_NOMEM, "reduce: out of memory for %d tokens", T);
+            goto fail;
+        }
+        ec->xbuf = p, ec->xcap = 3 * all * sizeof(float);
+    }
+    float *snd = ec->xbuf, *rcv = snd + all, *gat = rcv + all;
+    const float *mine = buf_ptr(st, in->sums) + (size_t)r * all;
+    size_t sc[PROG_KPARTS_MAX], sd[PROG_KPARTS_MAX], rc_[PROG_KPARTS_MAX], rd[PROG_KPARTS_MAX];
+    const int w = d[r + 1] - d[r]; /* this rank's dims */
+    for (int q = 0; q < N; q++) {  /* my part, dims of rank q, token-major */
+        float *o = snd + (size_t)T * (size_t)d[q];
+        for (int t = 0; t < T; t++)
+            memcpy(o + (size_t)t * (d[q + 1] - d[q]), mine + (size_t)t * dim + d[q],
+                   sizeof(float) * (size_t)(d[q + 1] - d[q]));
+        sc[q] = sizeof(float) * (size_t)T * (size_t)(d[q + 1] - d[q]);
+        sd[q] = sizeof(float) * (size_t)T * (size_t)d[q];
+        rc_[q] = sizeof(float) * (size_t)T * (size_t)w;
+        rd[q] = rc_[q] * (size_t)q;
+    }
+    if (comm_alltoallv(ec->c, snd, sc, sd, rcv, rc_, rd, &err))
+        goto fail;
+    const float *x = buf_ptr(st, in->in);
+    float *y = gat + (size_t)T * (size_t)d[r]; /* my dims of every token, token-major */
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < w; j++) {
+            float v = x[(size_t)t * dim + d[r] + j] + rcv[(size_t)t * w + j];
+            for (int q = 1; q < N; q++)
+                v += rcv[((size_t)q * T + t) * w + j];
+            y[(size_t)t * w + j] = v;
+        }
+    size_t gc[PROG_KPARTS_MAX], gd[PROG_KPARTS_MAX];
+    for (int q = 0; q < N; q++)
+        gc[q] = sc[q], gd[q] = sd[q];
+    if (comm_allgatherv(ec->c, NULL, gat, gc, gd, &err)) /* y is already in place */
+        goto fail;
+    float *out = buf_ptr(st, in->out);
+    for (int q = 0; q < N; q++)
+        for (int t = 0; t < T; t++)
+            memcpy(out + (size_t)t * dim + d[q],
+                   gat + (size_t)T * d[q] + (size_t)t * (d[q + 1] - d[q]),
+                   sizeof(float) * (size_t)(d[q + 1] - d[q]));
+    return;
+fail:
+    ec->err = err;
+    atomic_store_explicit(&ec->failed, 1, memory_order_release);
+}
+
 int exec_final_slices(const struct program *p)
 {
     if (p->instrs[p->stage_first[p->n_stages - 1]].op != OP_FINAL_NORM_LOGITS)
@@ -1448,6 +1518,7 @@ static int op_extent(const struct exec_step *st, const struct prog_instr *in, in
     case OP_AG_START:
     case OP_AG_WAIT:
     case OP_MOE_EXCHANGE:
+    case OP_REDUCE:
         *tile = 1 << 30; /* rows are tokens already; one piece */
         return st->p->n_tokens;
     case OP_MOE_GATE_UP:
@@ -1552,6 +1623,7 @@ void exec_op_run_tiles(const struct exec_step *st, const struct prog_instr *in, 
     case OP_AG_START:
     case OP_AG_WAIT: op_ag(st, in); break;
     case OP_MOE_EXCHANGE: op_moe_exchange(st, in); break;
+    case OP_REDUCE: op_reduce(st, in); break;
     default:
         WELD_ASSERT(!"unknown opcode");
     }

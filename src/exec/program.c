@@ -45,6 +45,7 @@
 #define PROG_FINAL_MAX 64    /* and at most this many slices */
 #define PROG_OVERLAP_TOKENS 64 /* tensor parallelism: token groups of at least this many */
 #define PROG_OVERLAP_ALIGN 16  /* start on a token tile (exec/weights.h EXEC_TILE) */
+#define PROG_RS_BYTES (64u << 10) /* reduce-scatter exchanges from this size of a block on */
 
 static const char *const op_names[OP_COUNT] = {
     "EMBED",
@@ -68,6 +69,7 @@ static const char *const op_names[OP_COUNT] = {
     "AG_START",
     "AG_WAIT",
     "MOE_EXCHANGE",
+    "REDUCE",
 };
 
 const char *prog_op_name(int op)
@@ -136,6 +138,9 @@ struct builder {
     int wait, n_wait, wait_count; /* what the current stage's instructions wait on */
     int stage_counter;            /* counter the current stage signals (single-counter) */
     int stage_first;              /* first instruction of the current stage */
+    bool x_whole;                 /* K parts: the residual stream after the layers emitted
+                                     so far is whole in X (EMBED / RECV_X, a MoE layer, a
+                                     reduce-scatter layer); false: xmid + the down sums */
 };
 
 /* A stage whose instructions all signal one new counter. */
@@ -546,6 +551,7 @@ static void set_residual(struct program *p, int i, int dim, int in, int sums, in
 static void emit_qkv_range(struct builder *bd, const struct model_config *c, int l, int q, int lo,
                            int nkv);
 static void emit_allgather(struct builder *bd, int l, int sums);
+static void emit_reduce(struct builder *bd, int l, int in, int sums, int out);
 static void emit_parts_overlapped(struct builder *bd, const struct model_config *c, int l, int rank,
                                   int hid, int att);
 
@@ -574,7 +580,7 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
         emit_qkv_range(bd, c, l, q, kv_lo, kv_n);
     else
         emit_split(bd, OP_ATTN_NORM_QKV_ROPE, l, c->n_head + 2 * c->n_kv_head, 1, p->buf_x, q);
-    for (int i = first; l > p->part.layer0 && !model_layer_moe(c, l - 1) && i < p->n_instr; i++)
+    for (int i = first; !bd->x_whole && i < p->n_instr; i++)
         set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, p->buf_x, i - first,
                      p->n_instr - first);
     /* attention, part-major so each part's counter has consecutive signallers */
@@ -622,8 +628,35 @@ static void emit_layer_kp(struct builder *bd, const struct model_config *c, int 
         if (rank >= 0)
             emit_allgather(bd, l, p->buf_sums_o);
         emit_moe_kp(bd, c, l, p->buf_sums_o);
+        bd->x_whole = true;
         return;
     }
+    /* many ranks and large exchanges: the reduce-scatter form (each rank adds the parts of
+       1/N of the dims, then they are gathered whole) moves 2 (N - 1) / N of a block per rank
+       instead of N - 1 */
+    if (rank >= 0 && kp->n > 2 &&
+        (size_t)p->n_tokens * (size_t)c->dim * sizeof(float) >= PROG_RS_BYTES) {
+        stage_begin(bd);
+        if (heads) {
+            bd->wait = attn_c0 + rank;
+            bd->n_wait = 1;
+            bd->wait_count = part_count[rank];
+        }
+        emit(bd, OP_O_PART, l, -1, 0, c->dim, att, p->buf_sums_o)->part = rank;
+        stage_end(bd);
+        emit_reduce(bd, l, p->buf_x, p->buf_sums_o, p->buf_xmid);
+        stage_begin(bd);
+        struct prog_instr *ins = emit(bd, OP_FFN_DOWN_PART, l, -1, kp->ffn_cut[rank],
+                                      kp->ffn_cut[rank + 1], p->buf_xmid, p->buf_sums_d);
+        ins->part = rank;
+        ins->aux = hid;
+        note_buf_at(p, hid, p->n_instr - 1);
+        stage_end(bd);
+        emit_reduce(bd, l, p->buf_xmid, p->buf_sums_d, p->buf_x);
+        bd->x_whole = true;
+        return;
+    }
+    bd->x_whole = false;
     if (rank >= 0 && !(p->flags & PROG_NO_OVERLAP) && p->n_tokens >= 2 * PROG_OVERLAP_TOKENS) {
         if (heads) {
             bd->wait = attn_c0 + rank;
@@ -682,6 +715,18 @@ static void emit_qkv_range(struct builder *bd, const struct model_config *c, int
 }
 
 /* Tensor parallelism: a stage of one ALLGATHER of sums (every rank's part to every rank). */
+/* A stage of one REDUCE: out = in + every rank's part of sums, in part order. */
+static void emit_reduce(struct builder *bd, int l, int in, int sums, int out)
+{
+    struct program *p = bd->p;
+    stage_begin(bd);
+    struct prog_instr *ins = emit(bd, OP_REDUCE, l, -1, 0, 1, in, out);
+    ins->sums = sums;
+    ins->part = p->tp_rank;
+    note_buf_at(p, sums, p->n_instr - 1);
+    stage_end(bd);
+}
+
 static void emit_allgather(struct builder *bd, int l, int sums)
 {
     stage_begin(bd);
@@ -990,7 +1035,7 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
     p->bufs = wcalloc(12 * (size_t)c->n_layer + 5, sizeof *p->bufs);
     if (!p->instrs || !p->bufs)
         goto nomem;
-    struct builder bd = {.p = p, .cap = (int)max_instr};
+    struct builder bd = {.p = p, .cap = (int)max_instr, .x_whole = true};
     p->buf_x = add_buf(p, PROG_BUF_X, -1, (size_t)p->n_tokens, (size_t)c->dim);
     p->buf_logits = add_buf(p, PROG_BUF_LOGITS, -1, (size_t)p->n_logit_rows,
                             (size_t)c->n_vocab);
@@ -1015,7 +1060,7 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
     }
     if (!part->last) { /* the residual stream to the next stage */
         emit_split(&bd, OP_SEND_X, -1, 1, 1, p->buf_x, p->buf_x);
-        if (parts && !model_layer_moe(c, part->layer1 - 1))
+        if (parts && !bd.x_whole)
             set_residual(p, p->n_instr - 1, c->dim, p->buf_xmid, p->buf_sums_d, p->buf_x, 0, 1);
         if (plan_buffers(p) || fill_stages(p))
             goto nomem;
@@ -1036,7 +1081,7 @@ int program_build_tp(struct program **out, const struct model_config *c, const s
     const int fin_align = nv >= LOGITS_CHUNK * 8 * n_fin ? LOGITS_CHUNK : PROG_ROW_ALIGN;
     emit_split_at(&bd, OP_FINAL_NORM_LOGITS, -1, part->vocab0, nv, fin_align, p->buf_x,
                   p->buf_logits, n_fin);
-    for (int i = first_fin; parts && !model_layer_moe(c, part->layer1 - 1) && i < p->n_instr; i++)
+    for (int i = first_fin; parts && !bd.x_whole && i < p->n_instr; i++)
         set_residual(p, i, c->dim, p->buf_xmid, p->buf_sums_d, -1, 0, 1);
     if (plan_buffers(p) || fill_stages(p))
         goto nomem;

@@ -84,6 +84,9 @@ enum prog_op {
     OP_AG_WAIT,               /* rows [0, 1); completes the exchange of slot aux */
     OP_MOE_EXCHANGE,          /* expert parallelism: rows [0, 1); every rank's experts'
                                  outputs (MOE_OUT rows) to every rank (aux: ROUTE) */
+    OP_REDUCE,                /* tensor parallelism, more than 2 ranks: rows [0, 1); out =
+                                 in + sums[0] + .. (every rank's part, in part order): each
+                                 rank adds 1/N of the dims, then all are gathered */
     OP_COUNT
 };
 

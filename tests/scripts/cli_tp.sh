@@ -102,6 +102,14 @@ for ov in 1 0; do
       -tp 2 -t 1 --tune tp_overlap=$ov 2> "$tmp/long-tp-$ov.err"
   expect_eq "$(same "$tmp/long-k2.jsonl" "$tmp/long-tp-$ov.jsonl")" "same" "long prompts, tp_overlap=$ov"
 done
+# 4 ranks and long prompts: the reduce-scatter form (each rank adds a quarter of the dims)
+"$weld" batch -m "$tmp/l8.gguf" --input "$long_in" --output "$tmp/long-k4.jsonl" -t 1 --k-parts 4 2> /dev/null
+mpi -np 4 "$weld" batch -m "$tmp/l8.gguf" --input "$long_in" --output "$tmp/long-tp4.jsonl" -tp 4 -t 1 \
+    2> "$tmp/long-tp4.err"
+expect_eq "$(same "$tmp/long-k4.jsonl" "$tmp/long-tp4.jsonl")" "same" "long prompts over 4 ranks (reduce-scatter)"
+out=$(mpi -np 4 "$weld" generate -m "$tmp/l8.gguf" -p "$(printf 'Once upon a time %.0s' $(seq 40))" \
+      -n 1 -tp 4 -t 1 --tune dump_program=1 2>&1)
+expect_contains "$out" " REDUCE " "4 ranks reduce-scatter a long prefill's sums"
 out=$(mpi -np 2 "$weld" generate -m "$tmp/l8.gguf" -p "$(printf 'Once upon a time %.0s' $(seq 40))" \
       -n 1 -tp 2 -t 1 --tune dump_program=1 2>&1)
 expect_contains "$out" "AG_START" "a long prefill's program overlaps its exchanges"
