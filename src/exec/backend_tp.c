@@ -1,12 +1,15 @@
 /*
- * backend_tp - rank 0's backend over a tensor-parallel group, and the other ranks' loop.
+ * backend_tp - rank 0's backend over a group of ranks, and the other ranks' loop.
  *
  * Messages: a fixed header (struct tp_msg) broadcast by rank 0, then, when the header
- * says so, a payload of that many bytes broadcast the same way. The workers' answers are
- * point-to-point to rank 0: a status (struct tp_status), then for a FORWARD that went
- * well its result (logits columns, tops, statistics; forward_result_bytes says how many
- * bytes, which both sides compute from the batch). Context slots (TP_MAX_CTX) let rank 0
- * hold several contexts of the model at once (a server's runner and a benchmark's).
+ * says so, a payload of that many bytes broadcast the same way. The answers are
+ * point-to-point to rank 0: for CREATE a status from every rank; for FORWARD, from each
+ * last-stage rank a status and a result per micro-batch (logits columns, tops,
+ * statistics, hidden states; result_bytes says how many bytes, which both sides compute
+ * from the batch), sent without waiting (comm_isend) so the stage takes the next
+ * micro-batch at once, and from every other rank one status. Context slots (TP_MAX_CTX)
+ * let rank 0 hold several contexts of the model at once (a server's runner and a
+ * benchmark's).
  */
 #include "exec/backend_tp.h"
 

@@ -1,25 +1,29 @@
 /*
- * backend_tp - tensor parallelism: one engine's forward pass over N processes (MPI ranks).
+ * backend_tp - one engine's forward pass over N processes (MPI ranks): tensor, pipeline
+ * and expert parallelism.
  *
  * Rank 0 runs everything a single process runs (server, engine, scheduler, KV block
- * manager, sampler); ranks 1..N-1 only run forward steps. Every rank holds a shard of the
- * weights (exec_weights_create_shard: its part of the query and KV heads, of the ffn rows,
- * of the LM head's vocabulary) and the KV cache of its KV heads, and runs its part of each
- * step's program (program_build_tp), Megatron's layout: column-parallel Q/K/V and
- * gate/up, row-parallel O and down whose partial sums every rank gathers (ALLGATHER
- * instructions) and adds in rank order. So the logits are exactly those of one process
- * with K parts = N (`--k-parts N`), the oracle every test compares with.
+ * manager, sampler); the other ranks only run forward steps. Ranks = TP x PP: a pipeline
+ * stage's layers (`--pipeline-parallel-size`) over TP ranks, each holding a shard of the
+ * stage's weights (exec_weights_create_shard: its part of the query and KV heads, of the
+ * ffn rows, of the LM head's vocabulary; with `--enable-expert-parallel` whole routed
+ * experts) and the KV cache of its heads and layers, and running its part of each step's
+ * program (program_build_tp), Megatron's layout: column-parallel Q/K/V and gate/up,
+ * row-parallel O and down whose partial sums the stage's ranks exchange and add in rank
+ * order. So the logits are exactly those of one process with K parts = TP (`--k-parts`),
+ * the oracle every test compares with.
  *
- * Protocol (one communicator, the group's): rank 0's backend (`backend_tp`, which the
+ * Protocol (the group's world communicator): rank 0's backend (`backend_tp`, which the
  * runner picks when the tuning names a group and the model is the group's) broadcasts
  * each call that changes state: CREATE (the backend parameters, so every rank sizes the
  * same KV block pool), FORWARD (the batch: tokens, positions, block tables, copies, the
  * rows wanting softmax statistics), DROP, RESET, FREE, and at the end STOP. Each rank
- * runs the call on its own cpu context; after a FORWARD, rank r sends rank 0 its columns
- * [vocab0, vocab1) of the logits rows, its merged top candidates per row and the softmax
- * statistics of its chunks, which rank 0 merges into the caller's buffers (the same top
- * and statistics one process computes: they are exact per id range). CREATE and FORWARD
- * answer with a status, so a failure on any rank is rank 0's error, naming the rank.
+ * runs the call on its own cpu context, the step cut into micro-batches when there are
+ * stages (the same cut everywhere); after each micro-batch every rank of the last stage
+ * sends rank 0 its status and its columns [vocab0, vocab1) of the logits rows, its merged
+ * top candidates and the softmax statistics of its chunks (and hidden states when asked),
+ * which rank 0 merges (exact: tops and statistics are per id range); the other ranks send
+ * one status. A failure on any rank is rank 0's error, naming the rank.
  *
  * Faults: every exchange but a worker's wait for the next call has comm's deadline; a
  * rank that dies or hangs makes rank 0's step fail with WELD_ERR_IO after it, and the
