@@ -18,6 +18,8 @@
  */
 #include "engine/engine.h"
 
+#include "exec/backend_tp.h"
+
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/progress.h"
@@ -215,14 +217,17 @@ static int pool_blocks(const struct engine *eng, const struct engine_params *p, 
     if (p->kv_blocks > 0)
         return p->kv_blocks;
     const size_t both = block_bytes + spec_bytes;
+    /* several ranks: this rank holds a share of every block and of the weights */
+    const double share = p->tuning.tp ? tp_group_share(p->tuning.tp, &eng->m->cfg) : 1.0;
     uint64_t bytes = p->kv_cache_memory;
     if (!bytes)
         bytes = engine_kv_auto_bytes((uint64_t)per_seq * both, p->max_num_seqs, mem_available(),
-                                     model_weight_bytes(eng->m) + spec_weights);
+                                     (uint64_t)((double)model_weight_bytes(eng->m) * share) +
+                                         spec_weights);
     uint64_t n64 = bytes / both;
-    int n = spec_bytes ? (int)(n64 < INT_MAX ? n64 : INT_MAX)
-                       : backend_kv_blocks_for_bytes(&eng->m->cfg, p->kv_dtype, p->block_size,
-                                                     (size_t)bytes);
+    int n = spec_bytes || share < 1.0 ? (int)(n64 < INT_MAX ? n64 : INT_MAX)
+                                      : backend_kv_blocks_for_bytes(&eng->m->cfg, p->kv_dtype,
+                                                                    p->block_size, (size_t)bytes);
     if (n < 1)
         err_set(e, WELD_ERR_LIMIT,
                 "--kv-cache-memory %llu bytes: not even one KV block (%zu bytes) fits",
@@ -306,6 +311,9 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
                        "--kv-cache-dtype %s cannot hold this model's attention heads "
                        "(head_dim %d; q8_0 needs a multiple of 32)",
                        dtype_name(p->kv_dtype), eng->m->cfg.head_dim);
+    if (p->tuning.tp) /* a rank's KV heads and layers of each block (exec/backend_tp.h) */
+        block_bytes = (size_t)((double)block_bytes * tp_group_share(p->tuning.tp, &eng->m->cfg) +
+                               0.5);
     /* a proposer's KV pool is indexed by the same block ids: both share the budget */
     size_t spec_bytes = 0, spec_weights = 0;
     int rc;

@@ -111,6 +111,13 @@ struct exec_part tp_group_part(const struct tp_group *g, const struct model_conf
                               .ep = g->ep && g->tp > 1};
 }
 
+double tp_group_share(const struct tp_group *g, const struct model_config *c)
+{
+    const struct exec_part pt = tp_group_part(g, c);
+    const double layers = c->n_layer > 0 ? (double)(pt.layer1 - pt.layer0) / c->n_layer : 1.0;
+    return layers / (double)(pt.tp_size > 0 ? pt.tp_size : 1);
+}
+
 int tp_group_tp_size(const struct tp_group *g)
 {
     return g->tp;

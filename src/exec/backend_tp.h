@@ -55,6 +55,9 @@ int tp_group_create(struct tp_group **out, int tp_size, int pp_size, bool ep, do
    its LM head rows (last stage). */
 struct exec_part tp_group_part(const struct tp_group *g, const struct model_config *c);
 int tp_group_tp_size(const struct tp_group *g);
+/* The share of model config c's KV cache (and, near enough, of its layers' weights) that
+   one rank holds: its KV heads' of every head times its stage's layers' of every layer. */
+double tp_group_share(const struct tp_group *g, const struct model_config *c);
 int tp_group_pp_size(const struct tp_group *g);
 /* The ranks of this rank's stage (the ALLGATHERs); tp_group_comm: every rank. */
 struct comm *tp_group_tp_comm(const struct tp_group *g);
