@@ -114,7 +114,9 @@ struct exec_part tp_group_part(const struct tp_group *g, const struct model_conf
 double tp_group_share(const struct tp_group *g, const struct model_config *c)
 {
     const struct exec_part pt = tp_group_part(g, c);
-    const double layers = c->n_layer > 0 ? (double)(pt.layer1 - pt.layer0) / c->n_layer : 1.0;
+    /* (a stage without layers is refused when its weights are made; never a zero here) */
+    const int nl = pt.layer1 > pt.layer0 ? pt.layer1 - pt.layer0 : 1;
+    const double layers = c->n_layer > 0 ? (double)nl / c->n_layer : 1.0;
     return layers / (double)(pt.tp_size > 0 ? pt.tp_size : 1);
 }
 
