@@ -81,6 +81,12 @@ int cli_exec_tuning(const struct cli_exec_opts *o, struct exec_tuning *t, struct
    pipeline parallel), or none in a plain process; ranks other than 0 serve and exit. */
 int cli_tp_start(int tp_size, int pp_size, bool ep, double timeout_s, struct tp_group **out,
                  struct weld_err *e);
+/* Under mpirun, before a command reads anything (a prompt or requests on standard input
+   reach rank 0 only): the group's flags taken from argv (--tensor-parallel-size / -tp,
+   --pipeline-parallel-size / -pp, --enable-expert-parallel, --comm-timeout) and the
+   group started, so every other rank serves from here and never runs the command. A
+   plain process, or a command line without those flags: nothing. */
+void cli_tp_early(int argc, char **argv);
 /* Apply one KEY=VALUE setting (--tune, a `bench --pair` side's @KEY=VALUE); an unknown key
    or bad value is an error listing the keys or the values. */
 int cli_tune_set(struct exec_tuning *t, const char *kv, struct weld_err *e);

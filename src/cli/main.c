@@ -68,6 +68,7 @@ int main(int argc, char **argv)
             char prefix[32]; /* every message of the command starts "weld <cmd>: " */
             snprintf(prefix, sizeof prefix, "weld %s", commands[i].name);
             log_set_prefix(prefix);
+            cli_tp_early(argc - 1, argv + 1); /* ranks other than 0 serve from here */
             return commands[i].fn(argc - 1, argv + 1);
         }
     fprintf(stderr, "weld: unknown command '%s'\n\n", cmd);

@@ -22,6 +22,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static struct tp_group *group;
 
@@ -85,4 +86,44 @@ int cli_tp_start(int tp_size, int pp_size, bool ep, double timeout_s, struct tp_
               tp_size, pp_size, comm_node_name());
     *out = g;
     return WELD_OK;
+}
+
+/* The value of option `name` (or its alias) in argv: "--name V", "--name=V", "-alias V". */
+static const char *arg_value(int argc, char **argv, const char *name, const char *alias)
+{
+    const size_t n = strlen(name);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--"))
+            break;
+        if (a[0] == '-' && a[1] == '-' && !strncmp(a + 2, name, n) && a[2 + n] == '=')
+            return a + 3 + n;
+        if (((a[0] == '-' && a[1] == '-' && !strcmp(a + 2, name)) ||
+             (alias && a[0] == '-' && !strcmp(a + 1, alias))) &&
+            i + 1 < argc)
+            return argv[i + 1];
+    }
+    return NULL;
+}
+
+void cli_tp_early(int argc, char **argv)
+{
+    if (!comm_launched())
+        return;
+    const char *tp = arg_value(argc, argv, "tensor-parallel-size", "tp");
+    const char *pp = arg_value(argc, argv, "pipeline-parallel-size", "pp");
+    const char *to = arg_value(argc, argv, "comm-timeout", NULL);
+    bool ep = false;
+    for (int i = 1; i < argc && !ep; i++)
+        ep = !strcmp(argv[i], "--enable-expert-parallel");
+    const int t = tp ? atoi(tp) : 1, p = pp ? atoi(pp) : 1;
+    if (t < 1 || p < 1 || t > 64 || p > 64 || t * p == 1)
+        return; /* the command's own parser says what is wrong, or runs one process */
+    struct tp_group *g;
+    struct weld_err e = {0};
+    if (cli_tp_start(t, p, ep, to ? atof(to) : 0.0, &g, &e)) {
+        fprintf(stderr, "weld: %s\n", e.msg);
+        comm_finalize();
+        exit(1);
+    }
 }

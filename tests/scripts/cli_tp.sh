@@ -176,6 +176,13 @@ a=$("$weld" generate -m "$model" -p "Once upon a time" -n 24 --temp 0 --k-parts 
 b=$(mpi -np 2 "$weld" generate -m "$model" -p "Once upon a time" -n 24 --temp 0 -tp 2 2>/dev/null)
 expect_eq "$b" "$a" "generate -tp 2"
 
+# standard input reaches rank 0 only: a prompt or requests read from it still run
+c=$(echo "Once upon a time" | mpi -np 2 "$weld" generate -m "$model" -n 24 --temp 0 -tp 2 2>/dev/null)
+expect_eq "$c" "$a" "generate -tp 2, the prompt on standard input"
+c=$(echo '{"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}' |
+    mpi -np 2 "$weld" batch -m "$model" --input - -tp 2 2>/dev/null)
+expect_contains "$c" '", there was a little girl"' "batch -tp 2 --input -"
+
 # weld info: each rank's share
 out=$("$weld" info "$tmp/l8.gguf" --tensor-parallel-size 4 2>&1)
 expect_contains "$out" "tensor parallel 4" "info -tp 4"
