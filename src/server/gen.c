@@ -78,6 +78,7 @@ struct server_gen {
     struct server_job *finished;          /* all choices over, not yet marked done */
     bool go, closed, quit, busy;
     struct server_metrics m;
+    uint64_t success_pending[5];          /* finished since the last snapshot */
     size_t stream_buffer;                 /* 0: no cap */
     double stall_timeout;                 /* 0: none */
     struct server_job *resume_head;       /* jobs whose HTTP side asked for a resume */
@@ -268,7 +269,7 @@ static void on_finish(void *user, uint64_t req_id, int seq, const struct request
     if (rev)
         push_locked(j, rev);
     if (r->finish > 0 && r->finish < 5)
-        g->m.success[r->finish]++;
+        g->success_pending[r->finish]++;
     if (seq == 0) {
         if (r->t_first_token > 0)
             server_hist_observe(&g->m.ttft, r->t_first_token);
@@ -430,6 +431,11 @@ static void publish_stats(struct server_gen *g)
     engine_stats_get(g->eng, &st);
     pthread_mutex_lock(&g->mu);
     g->m.st = st;
+    /* finish counts join the snapshot that no longer holds their requests' blocks */
+    for (int i = 0; i < 5; i++) {
+        g->m.success[i] += g->success_pending[i];
+        g->success_pending[i] = 0;
+    }
     finish_jobs_locked(g);
     pthread_mutex_unlock(&g->mu);
 }

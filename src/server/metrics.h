@@ -13,7 +13,9 @@
  * not reading) and stream_stall_aborts_total (streams aborted after the stall timeout).
  *
  * request_success_total counts finished choices (one per sequence: n > 1 counts n) by
- * finished_reason: stop, length, abort, error.
+ * finished_reason: stop, length, abort, error. It moves with the gauges: a finish is
+ * counted in the snapshot taken after its request left the engine, so a scrape that sees
+ * it also sees that request's blocks returned.
  */
 #ifndef WELD_SERVER_METRICS_H
 #define WELD_SERVER_METRICS_H
