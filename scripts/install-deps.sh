@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev clang-format
       libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev
-      libmicrohttpd-dev libcurl4-openssl-dev libopenmpi-dev openmpi-bin tmux nodejs npm)
+      libmicrohttpd-dev libcurl4-openssl-dev libopenmpi-dev openmpi-bin
+      libhiredis-dev redis-server tmux nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   # nodejs/npm may come from elsewhere (e.g. a newer Node); a working command is enough.

@@ -104,9 +104,12 @@ struct cli_engine_opts {
     bool no_jump_forward;    /* --disable-jump-forward */
     const char *spec_config; /* --speculative-config JSON (vLLM's) */
     const char *model_draft; /* --model-draft: a draft model (llama.cpp's -md) */
+    const char *kv_offload_dir; /* --kv-offload-dir: the KV tier's file tier */
+    uint64_t kv_offload_size;   /* --kv-offload-size */
+    const char *kv_store;       /* --kv-store: its shared store (Redis URL) */
     struct cli_exec_opts exec;
 };
-#define CLI_ENGINE_N_OPTS (13 + CLI_EXEC_N_OPTS)
+#define CLI_ENGINE_N_OPTS (16 + CLI_EXEC_N_OPTS)
 struct engine;
 struct engine_params;
 /* --speculative-config JSON and --model-draft into p->spec (NULL, NULL: off). */

@@ -75,6 +75,14 @@ int cli_engine_opts_table(struct cli_engine_opts *o, struct cli_opt *t)
          "draft model for speculative decoding, greedy guesses checked by the model (same output)"},
         {"disable-jump-forward", 0, OPT_FLAG, &o->no_jump_forward, NULL,
          "constrained requests do not draft the text their grammar forces (same output)"},
+        {"kv-offload-dir", 0, OPT_STR, &o->kv_offload_dir, "DIR",
+         "KV blocks evicted from the pool (and the pool's at exit) are kept in DIR and loaded "
+         "back, not recomputed, when a prompt shares their prefix (same output)"},
+        {"kv-offload-size", 0, OPT_SIZE, &o->kv_offload_size, "BYTES",
+         "budget of --kv-offload-dir, least recently used out first (default 16G)"},
+        {"kv-store", 0, OPT_STR, &o->kv_store, "URL",
+         "a Redis server shared by workers as a KV tier (redis://HOST[:PORT][/DB] or "
+         "unix:///PATH): what one worker saved, another loads"},
     };
     enum { N = sizeof opts / sizeof opts[0] }; /* then --exec, --tune, --accelerator */
     _Static_assert(N + CLI_EXEC_N_OPTS == CLI_ENGINE_N_OPTS, "CLI_ENGINE_N_OPTS");
@@ -109,6 +117,9 @@ int cli_engine_params(const struct cli_engine_opts *o, struct engine_params *out
     p.prefix_caching = !o->no_prefix_caching;
     p.jump_forward = !o->no_jump_forward;
     p.n_threads = o->threads;
+    p.kv_offload_dir = o->kv_offload_dir;
+    p.kv_offload_bytes = o->kv_offload_size;
+    p.kv_store = o->kv_store;
     int rc = engine_parse_kv_dtype(o->kv_dtype, &p.kv_dtype, e);
     if (rc || (rc = cli_exec_tuning(&o->exec, &p.tuning, e)) ||
         (rc = cli_spec_params(o->spec_config, o->model_draft, &p, e)))

@@ -18,6 +18,8 @@
  */
 #include "engine/engine.h"
 
+#include "engine/offload.h"
+
 #include "exec/backend_tp.h"
 
 #include "core/alloc.h"
@@ -99,6 +101,7 @@ struct engine {
     struct kv_block_copy *copies; /* (cap_copies) */
     int cap_copies;
     size_t kv_bytes;
+    struct offload *off;         /* the KV tier, or NULL */
     struct engine_stats st;      /* counters kept here; the rest filled by stats_get */
     struct spec_proposer *prop;  /* speculative decoding's proposer, or NULL: off */
     bool own_prop, spec_always;
@@ -331,9 +334,6 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
     eng->sc.max_num_batched_tokens = p->max_num_batched_tokens;
     eng->sc.max_num_seqs = p->max_num_seqs;
     eng->sc.policy = p->policy;
-    rc = sched_create(&eng->s, &eng->sc, e);
-    if (rc)
-        return rc;
     struct backend_params bp;
     backend_params_init(&bp, p->max_num_batched_tokens, eng->sc.max_model_len);
     bp.kv_block_size = p->block_size;
@@ -342,6 +342,32 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
     bp.n_threads = p->n_threads;
     bp.tuning = p->tuning;
     if ((rc = runner_create_ex(&eng->run, eng->m, &bp, e)))
+        return rc;
+    if (p->kv_offload_dir || p->kv_store) {
+        if (p->proposer || p->spec.method != SPEC_NONE)
+            return err_set(e, WELD_ERR_UNSUPPORTED,
+                           "--kv-offload-dir / --kv-store cannot be combined with a draft "
+                           "model or MTP speculation yet (its own KV would be missing for "
+                           "loaded blocks); drop one of them (ngram speculation works)");
+        if (!p->prefix_caching)
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "--kv-offload-dir / --kv-store need prefix caching (blocks are "
+                           "found by their prefix hash): drop --no-enable-prefix-caching");
+        struct offload_params op = {.dir = p->kv_offload_dir,
+                                    .dir_bytes = p->kv_offload_bytes,
+                                    .store = p->kv_store};
+        if ((rc = offload_create(&eng->off, &op, eng->m, eng->run, p->kv_dtype, p->block_size, e)))
+            return rc;
+        eng->sc.kv.log_evictions = true;
+        eng->sc.tier = (struct sched_tier){eng->off, offload_lookup, offload_place};
+        if (!p->quiet) {
+            char d[1024];
+            offload_describe(eng->off, d, sizeof d);
+            log_info("kv tier: %s", d);
+        }
+    }
+    rc = sched_create(&eng->s, &eng->sc, e);
+    if (rc)
         return rc;
     if (!p->quiet)
         log_info("kv cache: %d blocks x %d tokens, %s, %.1f MiB%s (%s); max_model_len %d, "
@@ -442,6 +468,21 @@ static void req_unlink_free(struct engine *eng, struct engine_req *er)
     req_free(eng, er);
 }
 
+/* Save every block the pool holds with a known prefix to the KV tier, so a restarted
+   engine finds them (at exit). */
+static void save_pool(struct engine *eng)
+{
+    struct kvm *kvm = sched_kvm(eng->s);
+    int n = kvm_hashed_blocks(kvm, NULL, 0);
+    struct kvm_evicted *v = n > 0 ? wmalloc((size_t)n * sizeof *v) : NULL;
+    if (!v)
+        return;
+    n = kvm_hashed_blocks(kvm, v, n);
+    offload_apply(eng->off, kvm); /* evictions not saved yet come first */
+    offload_save(eng->off, v, n);
+    wfree(v);
+}
+
 void engine_free(struct engine *eng)
 {
     if (!eng)
@@ -453,6 +494,9 @@ void engine_free(struct engine *eng)
                 sched_abort(eng->s, er->seqs[i].ss);
         req_unlink_free(eng, er);
     }
+    if (eng->off && eng->s)
+        save_pool(eng);
+    offload_free(eng->off);
     sched_free(eng->s);
     constraints_free(eng->cons);
     if (eng->own_prop)
@@ -1280,6 +1324,13 @@ int engine_step(struct engine *eng, struct weld_err *e)
     int rc = sched_step(eng->s, &pl, e);
     if (rc)
         return rc;
+    if (eng->off) {
+        /* evicted blocks out to the tier, then loaded ones in: before the forward pass */
+        double t0, t1;
+        if (fit_at(&eng->step_fit, 0, &t0) && fit_at(&eng->step_fit, 1024, &t1))
+            offload_set_token_cost(eng->off, (t1 - t0) / 1024);
+        offload_apply(eng->off, sched_kvm(eng->s));
+    }
     eng->in_step = true;
     rc = step_run(eng, &pl, e);
     eng->in_step = false;
@@ -1320,6 +1371,12 @@ void engine_stats_get(const struct engine *eng, struct engine_stats *st)
     st->block_size = ss.kv.block_size;
     st->kv_usage = ss.kv.usage;
     st->kv_bytes = eng->kv_bytes;
+    st->tier_on = eng->off != NULL;
+    st->tier_query_tokens = ss.tier_query_tokens;
+    st->tier_hit_tokens = ss.tier_hit_tokens;
+    if (eng->off)
+        offload_stats(eng->off, &st->tier, &st->tier_blocks_loaded, &st->tier_blocks_saved,
+                      &st->tier_load_seconds);
 }
 
 int engine_check(const struct engine *eng, struct weld_err *e)

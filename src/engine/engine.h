@@ -55,6 +55,7 @@
 #include "core/err.h"
 #include "engine/request.h"
 #include "engine/sched.h"
+#include "kvtier/kvtier.h"
 #include "spec/spec.h"
 #include "exec/tuning.h"
 #include "format/dtype.h"
@@ -95,6 +96,12 @@ struct engine_params {
                                        says (tests, benchmarks of the machinery) */
     bool jump_forward;              /* constrained requests draft the text their grammar
                                        forces, verified like guesses (default true) */
+    /* the KV tier (engine/offload.h, kvtier/): blocks evicted from the pool are saved, and
+       prompts load them back instead of computing them; at exit the pool's cached blocks
+       are saved too */
+    const char *kv_offload_dir; /* --kv-offload-dir: a local directory, or NULL */
+    uint64_t kv_offload_bytes;  /* --kv-offload-size: its budget; 0: 16 GiB */
+    const char *kv_store;       /* --kv-store: redis://HOST[:PORT][/DB] or unix:///PATH */
 };
 
 struct engine_stats {
@@ -129,6 +136,13 @@ struct engine_stats {
     double t_mask;                              /* seconds computing them */
     uint64_t forced_draft_tokens;               /* jump-forward: tokens drafted from forced text */
     uint64_t forced_accepted_tokens;            /* ... and taken by the step that verified them */
+    /* the KV tier (kv_offload_dir / kv_store), tier = file, store */
+    bool tier_on;
+    uint64_t tier_query_tokens; /* prompt tokens past the pool's hit offered to it */
+    uint64_t tier_hit_tokens;   /* of them, loaded instead of computed */
+    uint64_t tier_blocks_loaded, tier_blocks_saved;
+    double tier_load_seconds; /* copying loaded blocks into the pool */
+    struct kvtier_stats tier;
 };
 
 /* Defaults above; the automatic pool size is min(50% of (MemAvailable - weights), what

@@ -60,6 +60,8 @@ struct kvm {
     struct kvm_copy *copies; /* (cap_copies) */
     int n_copies, cap_copies;
     uint64_t lookups, query_tokens, hit_tokens, evictions, cow_copies;
+    struct kvm_evicted *evicted; /* (n_blocks) with log_evictions */
+    int n_evicted;
 };
 
 /* ---- lists ---------------------------------------------------------------------------- */
@@ -190,7 +192,9 @@ int kvm_create(struct kvm **out, const struct kvm_config *c, struct weld_err *e)
     m->bucket_mask = (uint32_t)(nb - 1);
     m->blocks = wcalloc((size_t)c->n_blocks, sizeof *m->blocks);
     m->buckets = wmalloc((size_t)nb * sizeof *m->buckets);
-    if (!m->blocks || !m->buckets)
+    if (c->log_evictions)
+        m->evicted = wmalloc((size_t)c->n_blocks * sizeof *m->evicted);
+    if (!m->blocks || !m->buckets || (c->log_evictions && !m->evicted))
         goto nomem;
     memset(m->buckets, 0xff, (size_t)nb * sizeof *m->buckets);
     m->free_list = m->lru = (struct kvm_list){-1, -1, 0};
@@ -213,6 +217,7 @@ void kvm_free(struct kvm *m)
     wfree(m->blocks);
     wfree(m->buckets);
     wfree(m->copies);
+    wfree(m->evicted);
     wfree(m);
 }
 
@@ -242,6 +247,8 @@ static int block_alloc(struct kvm *m)
         WELD_ASSERT(m->lru.n > 0);
         id = m->lru.head;
         list_remove(m, &m->lru, id);
+        if (m->evicted && m->blocks[id].registered && m->n_evicted < m->cfg.n_blocks)
+            m->evicted[m->n_evicted++] = (struct kvm_evicted){id, m->blocks[id].hash};
         map_remove(m, id);
         m->evictions++;
     }
@@ -530,6 +537,37 @@ const struct kvm_copy *kvm_copies(const struct kvm *m, int *n)
 }
 
 void kvm_copies_clear(struct kvm *m) { m->n_copies = 0; }
+
+const struct kvm_evicted *kvm_evictions(const struct kvm *m, int *n)
+{
+    *n = m->n_evicted;
+    return m->evicted;
+}
+
+void kvm_evictions_clear(struct kvm *m)
+{
+    m->n_evicted = 0;
+}
+
+void kvm_prefix_hashes(const struct kvm_table *t, const int32_t *tokens, int block_size,
+                       int n_blocks, struct kvm_hash *out)
+{
+    struct kvm_hash parent = root_hash(t);
+    for (int b = 0; b < n_blocks; b++)
+        parent = out[b] = block_hash(parent, tokens + (size_t)b * block_size, block_size);
+}
+
+int kvm_hashed_blocks(const struct kvm *m, struct kvm_evicted *out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < m->cfg.n_blocks; i++)
+        if (m->blocks[i].hashed && m->blocks[i].registered) {
+            if (n < max)
+                out[n] = (struct kvm_evicted){i, m->blocks[i].hash};
+            n++;
+        }
+    return n;
+}
 
 void kvm_stats_get(const struct kvm *m, struct kvm_stats *st)
 {

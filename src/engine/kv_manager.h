@@ -51,8 +51,12 @@
  * all-or-nothing and returns WELD_ERR_LIMIT with nothing changed. Single-threaded: the
  * caller (the scheduler) serializes all calls.
  *
- * Deliberately not done: token-level (radix) sharing of partial blocks, swapping blocks to
- * host memory, and deduplicating a block that turns out identical to a cached one after it
+ * Second tier. With log_evictions every eviction of a cached block is logged with its hash
+ * (kvm_evictions), so the engine can save the block's KV to the KV tier (kvtier/) before
+ * it is overwritten; blocks loaded back from that tier enter a table like computed ones
+ * (kvm_table_reserve, then kvm_table_commit registers them).
+ *
+ * Deliberately not done: token-level (radix) sharing of partial blocks, and deduplicating a block that turns out identical to a cached one after it
  * was computed.
  */
 #ifndef WELD_ENGINE_KV_MANAGER_H
@@ -70,10 +74,19 @@ struct kvm_config {
     int n_blocks;        /* >= 1: physical blocks in the pool */
     int block_size;      /* [1, KVM_MAX_BLOCK_SIZE] token slots per block; 16 by default */
     bool prefix_caching; /* false: nothing is registered, matches always miss */
+    bool log_evictions;  /* keep the (block, hash) of every cached block evicted, for a
+                            second tier to save before the block is written again */
 };
 
 struct kvm_hash {
     uint64_t lo, hi;
+};
+
+/* A cached block that was evicted: its KV is still in the pool until the next forward
+   pass writes the block (kvm_evictions). */
+struct kvm_evicted {
+    int32_t block;
+    struct kvm_hash hash;
 };
 
 /* One block copy to do before a step's forward pass: dst's slots get src's KV. */
@@ -174,6 +187,19 @@ void kvm_table_free(struct kvm *m, struct kvm_table *t);
    allocates), and emptying that queue once the exec side has them. */
 const struct kvm_copy *kvm_copies(const struct kvm *m, int *n);
 void kvm_copies_clear(struct kvm *m);
+
+/* Cached blocks evicted since the last kvm_evictions_clear, oldest first (with
+   log_evictions; otherwise none). The caller saves their KV before the next forward pass
+   and clears the log. */
+const struct kvm_evicted *kvm_evictions(const struct kvm *m, int *n);
+void kvm_evictions_clear(struct kvm *m);
+/* The chained hashes of the first n_blocks full blocks of tokens for table t (only its
+   salt is used): the prefix-cache keys those blocks have or would have. */
+void kvm_prefix_hashes(const struct kvm_table *t, const int32_t *tokens, int block_size,
+                       int n_blocks, struct kvm_hash *out);
+/* Every block whose hash is known (full of computed tokens), used or cached, into out
+   (up to max); returns how many there are. For saving what the pool holds at shutdown. */
+int kvm_hashed_blocks(const struct kvm *m, struct kvm_evicted *out, int max);
 
 void kvm_stats_get(const struct kvm *m, struct kvm_stats *st);
 /* Drop every cached block from the prefix cache (they become free). Used blocks keep their

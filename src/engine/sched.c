@@ -58,6 +58,9 @@ struct sched {
     bool plan_pending;
     uint64_t n_steps, n_preemptions, n_added, n_finished, n_aborted, n_rejected;
     uint64_t n_prefix_waits;
+    uint64_t tier_lookups, tier_query_tokens, tier_hit_tokens;
+    struct kvm_hash *tier_keys; /* (cap_tier_keys) admission scratch */
+    int cap_tier_keys;
     int n_paused;            /* sequences with paused set, any state */
     /* preemption log (at most one line per SCHED_PREEMPT_LOG_S seconds) */
     double preempt_log_t;    /* time_now() of the last line; 0: none yet */
@@ -242,6 +245,7 @@ void sched_free(struct sched *s)
     wfree(s->preempted);
     wfree(s->plan_failed);
     kvm_free(s->kvm);
+    wfree(s->tier_keys);
     wfree(s);
 }
 
@@ -640,6 +644,44 @@ static bool prefix_in_flight(const struct sched *s, const struct sched_seq *seq,
     return false;
 }
 
+/* The second tier's part of seq's admission after a pool hit of `hit` tokens, with n
+   tokens planned to compute (which fit): asks the tier for the full blocks after the hit
+   and keeps the leading ones that still fit with the chunk that then follows (less to
+   compute, maybe a longer chunk within *budget), updating *n. Returns the tokens to load. */
+static int tier_lookup(struct sched *s, struct sched_seq *seq, int hit, const int *budget, int *n,
+                       int evictable)
+{
+    const int bs = s->cfg.kv.block_size;
+    if (!s->cfg.tier.lookup || !s->cfg.kv.prefix_caching)
+        return 0;
+    int first = hit / bs, last = (seq->n_tokens - 1) / bs;
+    if (last <= first)
+        return 0;
+    if (last > s->cap_tier_keys) {
+        struct kvm_hash *k = wrealloc(s->tier_keys, (size_t)last * sizeof *k);
+        if (!k)
+            return 0; /* compute instead */
+        s->tier_keys = k;
+        s->cap_tier_keys = last;
+    }
+    kvm_prefix_hashes(&seq->table, seq->tokens, bs, last, s->tier_keys);
+    s->tier_lookups++;
+    s->tier_query_tokens += (uint64_t)(last - first) * (uint64_t)bs;
+    int k = s->cfg.tier.lookup(s->cfg.tier.u, s->tier_keys + first, last - first);
+    for (; k > 0; k--) {
+        int from = hit + k * bs, m = seq->n_tokens - from;
+        m = m < *budget ? m : *budget;
+        m = m < seq->max_chunk ? m : seq->max_chunk;
+        int need = kvm_blocks_for(s->kvm, from + m) - first;
+        if (need <= kvm_n_available(s->kvm) - evictable) {
+            *n = m;
+            break;
+        }
+    }
+    s->tier_hit_tokens += (uint64_t)k * (uint64_t)bs;
+    return k * bs;
+}
+
 /* Step 3: admit waiting sequences in key order while they fit; paused ones are passed
    over and do not count against max_num_seqs. Blocks held by paused running sequences are
    taken (by preempting them) when a sequence cannot be admitted without them. */
@@ -677,11 +719,18 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
             preempt(s, p, victim); /* not in the plan: nothing to refund */
             continue;
         }
+        int loaded = seq->no_prefix_hit ? 0 : tier_lookup(s, seq, hit, budget, &n, evictable);
         int cached = 0;
         int rc = seq->no_prefix_hit ? WELD_OK
                  : kvm_prefix_take(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &cached, e);
         if (!rc)
-            rc = kvm_table_reserve(s->kvm, &seq->table, cached + n, e);
+            rc = kvm_table_reserve(s->kvm, &seq->table, cached + loaded + n, e);
+        if (!rc && loaded) {
+            rc = kvm_table_commit(s->kvm, &seq->table, seq->tokens, cached + loaded, e);
+            if (!rc)
+                s->cfg.tier.place(s->cfg.tier.u, seq->table.blocks + cached / s->cfg.kv.block_size,
+                                  loaded / s->cfg.kv.block_size);
+        }
         if (rc) {
             kvm_table_free(s->kvm, &seq->table);
             if (rc == WELD_ERR_LIMIT)
@@ -691,9 +740,10 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
             return rc;
         }
         WELD_ASSERT(cached == hit);
-        seq->n_computed = cached;
+        seq->n_computed = cached + loaded;
         if (!seq->admitted_once) {
-            seq->n_cached = cached;
+            seq->n_cached = cached + loaded;
+            seq->n_tier_cached = loaded;
             seq->admitted_once = true;
         }
         seq_move(s, seq, SCHED_RUNNING);
@@ -778,6 +828,9 @@ void sched_stats_get(const struct sched *s, struct sched_stats *st)
     st->n_failed = s->failed.n;
     st->n_paused = s->n_paused;
     st->n_steps = s->n_steps;
+    st->tier_lookups = s->tier_lookups;
+    st->tier_query_tokens = s->tier_query_tokens;
+    st->tier_hit_tokens = s->tier_hit_tokens;
     st->n_preemptions = s->n_preemptions;
     st->n_added = s->n_added;
     st->n_finished = s->n_finished;

@@ -32,7 +32,10 @@
  *   3. if nothing was preempted in this step, waiting sequences are admitted in key order
  *      while running < max_num_seqs and budget is left: a prefix-cache hit skips its full
  *      blocks (never the whole token list; none for a no_prefix_hit sequence), then a
- *      chunk of min(rest, budget left, its max_chunk) tokens.
+ *      chunk of min(rest, budget left, its max_chunk) tokens. With a second tier
+ *      (sched_config.tier) the full blocks after the pool's hit are offered to it once
+ *      the sequence is known to fit without them; the leading ones it holds are loaded
+ *      instead of computed (they take blocks but no token budget).
  *      Admission stops at the first sequence whose chunk's blocks are not available (no
  *      preemption for admission: head-of-line order is kept), and at the first one whose
  *      next block after its cache hit is one that a running sequence is still to compute
@@ -80,8 +83,21 @@ enum sched_policy { SCHED_POLICY_FCFS = 0, SCHED_POLICY_PRIORITY };
 
 enum sched_state { SCHED_WAITING = 0, SCHED_RUNNING, SCHED_FAILED };
 
+/* A second tier of KV blocks (the engine's KV tier) asked at admission, after the pool's
+   own prefix hit: lookup gets the keys of the blocks that follow the hit (up to the last
+   full block before the last token) and returns how many leading ones it holds, ready
+   to load (0: none, or loading them would cost more than computing them); when the
+   sequence is then admitted, place gets the physical blocks those loads must go to before
+   the next forward pass. A lookup not followed by place is forgotten. */
+struct sched_tier {
+    void *u;
+    int (*lookup)(void *u, const struct kvm_hash *keys, int n);
+    void (*place)(void *u, const int32_t *blocks, int n);
+};
+
 struct sched_config {
     struct kvm_config kv;       /* the block pool */
+    struct sched_tier tier;     /* lookup NULL: no second tier */
     int max_num_batched_tokens; /* >= 1: tokens per step (default 2048) */
     int max_num_seqs;           /* >= 1: running sequences (default 256) */
     int max_model_len;          /* >= 1: tokens per sequence, prompt + generated */
@@ -99,7 +115,9 @@ struct sched_seq {
     int n_tokens;
     int n_prompt;           /* tokens given to sched_add */
     int n_computed;         /* == table.n_computed once stepped: tokens with KV */
-    int n_cached;           /* tokens served from the prefix cache at the first admission */
+    int n_cached;           /* tokens served from the prefix cache at the first admission
+                               (pool and second tier) */
+    int n_tier_cached;      /* of them, loaded from the second tier */
     int n_preemptions;      /* times this sequence was preempted */
     int n_draft;            /* drafted tokens after tokens[n_tokens] (sched_set_draft) */
     int n_planned_draft;    /* of them, in the latest plan (sched_accept_draft may take
@@ -164,6 +182,9 @@ struct sched_stats {
     uint64_t n_preemptions;
     uint64_t n_added, n_finished, n_aborted, n_rejected;
     uint64_t n_prefix_waits;    /* steps admission waited for a prefix being computed */
+    uint64_t tier_lookups;      /* admissions that asked the second tier */
+    uint64_t tier_query_tokens; /* tokens past the pool's hit offered to it */
+    uint64_t tier_hit_tokens;   /* of those, loaded from it */
     struct kvm_stats kv;
 };
 

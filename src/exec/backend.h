@@ -109,6 +109,13 @@ struct backend_iface {
     /* optional: true once the device is lost for good (a rank of a multi-process backend
        died or hung): every later step fails, so callers fail their work and stop */
     bool (*broken)(void *ctx);
+    /* optional, all three or none (engine tables only): the bytes of one KV block in the
+       layout-independent order of kv_block_save, and copying n blocks' contents out of the
+       pool into dst (n * block_bytes) or into it from src; ids already valid. The KV tier
+       (kvtier/) moves blocks through these between steps. */
+    size_t (*block_bytes)(void *ctx);
+    void (*block_save)(void *ctx, const int32_t *blocks, int n, void *dst);
+    void (*block_load)(void *ctx, const int32_t *blocks, int n, const void *src);
 };
 
 extern const struct backend_iface backend_cpu;

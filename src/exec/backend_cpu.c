@@ -434,6 +434,28 @@ static void cpu_park(void *ctx)
         c->ex->park(c->ex_state);
 }
 
+static size_t cpu_block_bytes(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    return kv_block_io_bytes(c->kv);
+}
+
+static void cpu_block_save(void *ctx, const int32_t *blocks, int n, void *dst)
+{
+    struct cpu_ctx *c = ctx;
+    const size_t bb = kv_block_io_bytes(c->kv);
+    for (int i = 0; i < n; i++)
+        kv_block_save(c->kv, blocks[i], (uint8_t *)dst + (size_t)i * bb);
+}
+
+static void cpu_block_load(void *ctx, const int32_t *blocks, int n, const void *src)
+{
+    struct cpu_ctx *c = ctx;
+    const size_t bb = kv_block_io_bytes(c->kv);
+    for (int i = 0; i < n; i++)
+        kv_block_load(c->kv, blocks[i], (const uint8_t *)src + (size_t)i * bb);
+}
+
 static const char *cpu_describe(void *ctx)
 {
     struct cpu_ctx *c = ctx;
@@ -452,4 +474,7 @@ const struct backend_iface backend_cpu = {
     .buffer_free = NULL,
     .park = cpu_park,
     .describe = cpu_describe,
+    .block_bytes = cpu_block_bytes,
+    .block_save = cpu_block_save,
+    .block_load = cpu_block_load,
 };

@@ -311,6 +311,43 @@ void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst)
         }
 }
 
+/* Canonical order of a block's bytes: layer, then K and V (K alone when latent), then head,
+   slot. A head group's tiles of one block are one run in head order, so walking the groups
+   visits the heads in order whatever the layout's n_groups. */
+static void block_io(struct kv_cache *kv, int32_t block, uint8_t *buf, bool save)
+{
+    size_t off = 0;
+    for (int l = 0; l < kv->n_layer; l++)
+        for (int p = 0; p < (kv->latent ? 1 : 2); p++)
+            for (int h = 0; h < kv->n_kv_head; h = kv->head_group_end[h]) {
+                const size_t run = (size_t)kv->block_size * kv->head_bytes *
+                                   (size_t)kv->head_stride[h];
+                uint8_t *at = kv_slot_head(kv, p ? kv->v : kv->k, kv->layer0 + l, block, 0,
+                                           kv->head0 + h);
+                if (save)
+                    memcpy(buf + off, at, run);
+                else
+                    memcpy(at, buf + off, run);
+                off += run;
+            }
+}
+
+size_t kv_block_io_bytes(const struct kv_cache *kv)
+{
+    return (size_t)kv->n_layer * (kv->latent ? 1u : 2u) * (size_t)kv->n_kv_head *
+           (size_t)kv->block_size * kv->head_bytes;
+}
+
+void kv_block_save(struct kv_cache *kv, int32_t block, void *dst)
+{
+    block_io(kv, block, dst, true);
+}
+
+void kv_block_load(struct kv_cache *kv, int32_t block, const void *src)
+{
+    block_io(kv, block, (uint8_t *)(uintptr_t)src, false);
+}
+
 /* ---- engine tables --------------------------------------------------------------------- */
 
 static int n_used_blocks(const struct kv_cache *kv, const struct batch_seq *s)

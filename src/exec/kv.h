@@ -165,6 +165,13 @@ bool kv_type_supported(enum weld_dtype type, int head_dim);
 int kv_check_tables(struct kv_cache *kv, const struct batch *b, struct weld_err *e);
 /* Copy block src to dst in every layer, K and V (ids already checked). */
 void kv_copy_block(struct kv_cache *kv, int32_t src, int32_t dst);
+/* A block's whole contents (every layer held, K then V, each head's block_size slots) in
+   an order that does not depend on the layout's head groups, so a block saved from one
+   cache loads into any cache of the same model, shard and type: kv_block_io_bytes bytes
+   (equal to kv_block_bytes of the shape). The KV tier (kvtier/) stores these. */
+size_t kv_block_io_bytes(const struct kv_cache *kv);
+void kv_block_save(struct kv_cache *kv, int32_t block, void *dst);
+void kv_block_load(struct kv_cache *kv, int32_t block, const void *src);
 
 /* ---- internal allocator ---------------------------------------------------------------- */
 

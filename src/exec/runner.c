@@ -102,6 +102,21 @@ void runner_park(struct runner *r)
         r->be->park(r->ctx);
 }
 
+size_t runner_block_bytes(const struct runner *r)
+{
+    return r->be->block_bytes ? r->be->block_bytes(r->ctx) : 0;
+}
+
+void runner_block_save(struct runner *r, const int32_t *blocks, int n, void *dst)
+{
+    r->be->block_save(r->ctx, blocks, n, dst);
+}
+
+void runner_block_load(struct runner *r, const int32_t *blocks, int n, const void *src)
+{
+    r->be->block_load(r->ctx, blocks, n, src);
+}
+
 void runner_drop_seq(struct runner *r, int seq_id)
 {
     if (r)

@@ -56,6 +56,11 @@ bool runner_comm_stats(const struct runner *r, struct comm_stats *out, bool rese
 /* True once the backend is lost for good (backend_iface.broken): fail the work, stop. */
 bool runner_broken(const struct runner *r);
 void runner_park(struct runner *r);
+/* KV blocks in and out of the pool (backend_iface.block_*): 0 bytes when the backend
+   cannot move blocks (then save and load must not be called). */
+size_t runner_block_bytes(const struct runner *r);
+void runner_block_save(struct runner *r, const int32_t *blocks, int n, void *dst);
+void runner_block_load(struct runner *r, const int32_t *blocks, int n, const void *src);
 void runner_free(struct runner *r);
 
 int runner_n_vocab(const struct runner *r);

@@ -1,0 +1,71 @@
+/*
+ * offload - the engine's side of the KV tier (kvtier/): what the pool evicts is saved
+ * there, and what a new prompt finds there is loaded instead of computed.
+ *
+ * Save. The block manager logs every cached block it evicts (kv_manager.h,
+ * log_evictions); before each forward pass (which is what would overwrite them)
+ * offload_apply copies those blocks out of the pool (backend block_save) and queues them
+ * for the tier's writer, under their prefix hashes. A block the tier already holds is not
+ * written again (the tier checks); a full write queue drops saves (counted), never waits.
+ *
+ * Load. At admission the scheduler asks offload_lookup for the blocks past the pool's own
+ * hit (sched.h, struct sched_tier); the run the tier holds is read at once into staging
+ * memory and checked (kvtier.h: fingerprint, key, checksums), so a damaged entry is a miss,
+ * never wrong KV. When the sequence is admitted, offload_place names the pool blocks,
+ * and offload_apply copies them in after the saves (a load may go to a block whose old
+ * content is being saved) and before the forward pass, which may already read them.
+ *
+ * Cheaper only. Loading a block costs the tier's measured read time per block; computing
+ * it, block_size tokens at the step cost the engine fits (engine.c). When loading is
+ * measured to be slower, lookups answer 0 except every 32nd, which keeps the measure
+ * fresh. Staging holds at most OFFLOAD_STAGING_BYTES; a longer run is cut there.
+ *
+ * The fingerprint every entry must match: XXH3-128 of the layout version, the model's
+ * shape (architecture, vocabulary, dimensions, heads, layers), the KV dtype and block size,
+ * and samples of every layer's K and V projection weights and of the token embeddings, so
+ * another model, a requantized one, another dtype or block size never matches.
+ *
+ * A backend that cannot move blocks (several processes) refuses the tier at start, and
+ * so does a draft-model or MTP proposer (its own KV would be missing for loaded blocks).
+ */
+#ifndef WELD_ENGINE_OFFLOAD_H
+#define WELD_ENGINE_OFFLOAD_H
+
+#include "engine/kv_manager.h"
+#include "exec/runner.h"
+#include "kvtier/kvtier.h"
+#include "model/model.h"
+
+#define OFFLOAD_STAGING_BYTES ((size_t)512 << 20)
+
+struct offload_params {
+    const char *dir;    /* --kv-offload-dir, or NULL */
+    uint64_t dir_bytes; /* --kv-offload-size; 0: the tier's default */
+    const char *store;  /* --kv-store URL, or NULL */
+};
+
+struct offload;
+
+int offload_create(struct offload **out, const struct offload_params *p, const struct model *m,
+                   struct runner *run, enum weld_dtype kv_dtype, int block_size,
+                   struct weld_err *e);
+/* Waits for queued writes. NULL-safe. */
+void offload_free(struct offload *o);
+
+/* struct sched_tier's two calls (u = the offload). */
+int offload_lookup(void *u, const struct kvm_hash *keys, int n);
+void offload_place(void *u, const int32_t *blocks, int n);
+
+/* Before a forward pass: save the blocks kvm evicted (and clear its log), then load the
+   placed ones. */
+void offload_apply(struct offload *o, struct kvm *kvm);
+/* Save blocks (ids with their hashes) now and wait until they are written: a prefill
+   worker handing a prompt to a decode worker, a pool saved at shutdown. */
+void offload_save(struct offload *o, const struct kvm_evicted *blocks, int n);
+/* The engine's current estimate of the seconds one token costs to compute (0: none). */
+void offload_set_token_cost(struct offload *o, double seconds);
+void offload_stats(struct offload *o, struct kvtier_stats *st, uint64_t *blocks_loaded,
+                   uint64_t *blocks_saved, double *load_seconds);
+void offload_describe(struct offload *o, char *buf, size_t cap);
+
+#endif
