@@ -163,6 +163,20 @@ void cli_engine_summary(const struct engine *eng, double seconds, const char *wh
             seconds > 0 ? (double)tot / seconds : 0.0, (unsigned long long)st.steps,
             (unsigned long long)st.preemptions, st.kv_blocks,
             (double)st.kv_bytes / (1024.0 * 1024.0));
+    if (st.tier_on) {
+        const struct kvtier_stats *t = &st.tier;
+        fprintf(stderr,
+                "  kv tier: %llu of %llu tokens past the pool's hit loaded (%.1f%%), "
+                "%llu blocks saved, %llu rejected, %llu errors, %llu dropped\n",
+                (unsigned long long)st.tier_hit_tokens, (unsigned long long)st.tier_query_tokens,
+                st.tier_query_tokens
+                    ? 100.0 * (double)st.tier_hit_tokens / (double)st.tier_query_tokens
+                    : 0.0,
+                (unsigned long long)st.tier_blocks_saved,
+                (unsigned long long)(t->t[KVTIER_FILE].rejects + t->t[KVTIER_STORE].rejects),
+                (unsigned long long)(t->t[KVTIER_FILE].errors + t->t[KVTIER_STORE].errors),
+                (unsigned long long)t->dropped);
+    }
 }
 
 /* ---- results --------------------------------------------------------------------------- */

@@ -4,8 +4,8 @@
  * Index. Every entry file of the directory (all fingerprints: the budget is the
  * directory's) has a node in a chained hash map on (fingerprint, key) and on one LRU list
  * (head = least recently used). At open the directory is scanned and the list ordered by
- * file mtime; a read that hits sets the file's mtime to now (futimens), so the order
- * survives a restart. Leftover temporary files (a writer killed mid-write) are deleted.
+ * file mtime; a write or a read that hits sets the file's mtime to now, made strictly
+ * increasing within the process (stamp), so the order survives a restart. Leftover temporary files (a writer killed mid-write) are deleted.
  *
  * Writes go to DIR/<fp>/.tmp-<pid>-<key> and are renamed into place, so a reader never sees
  * half an entry (a crash can still leave a torn file after a power loss: checksums catch
@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define XXH_STATIC_LINKING_ONLY
@@ -52,6 +53,7 @@ struct tfile {
     uint32_t mask;
     int32_t lru_head, lru_tail;
     uint64_t bytes, entries, evictions;
+    int64_t last_stamp; /* ns of the last mtime set (stamp) */
 };
 
 static uint32_t id_hash(const struct tfile *f, const uint8_t id[32])
@@ -273,6 +275,23 @@ static int scan(struct tfile *f)
     return 0;
 }
 
+/* Stamp fd's mtime with a strictly increasing time (file times are coarse: entries
+   written in one clock tick would tie and lose their order across a restart). */
+static void stamp(struct tfile *f, int fd)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int64_t ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
+    pthread_mutex_lock(&f->mu);
+    if (ns <= f->last_stamp)
+        ns = f->last_stamp + 1;
+    f->last_stamp = ns;
+    pthread_mutex_unlock(&f->mu);
+    struct timespec ts[2] = {{0, UTIME_OMIT},
+                             {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)}};
+    (void)futimens(fd, ts);
+}
+
 static bool read_all(int fd, uint8_t *buf, size_t n)
 {
     size_t got = 0;
@@ -315,7 +334,7 @@ static int f_get_run(void *b, const struct kvtier_key *keys, int n, uint8_t *ent
             *error = true;
         }
         if (ok)
-            (void)futimens(fd, NULL);
+            stamp(f, fd);
         close(fd);
         if (!ok) {
             *bad = i;
@@ -361,6 +380,7 @@ static int f_put(void *b, struct kvtier_key key, const uint8_t *entry)
             break;
         done += (size_t)w;
     }
+    stamp(f, fd);
     if (close(fd) || done < f->entry_bytes || rename(tmp, path)) {
         unlink(tmp);
         return -1;

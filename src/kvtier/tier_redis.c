@@ -7,9 +7,13 @@
  * is one pipeline of GETs, so a run of n blocks costs one round trip, not n) and drops,
  * `wr` for the writer thread (EXISTS, then SET when missing, so an entry already stored by
  * any worker is not sent again). A connection that fails is freed and made again on its
- * next use, at most once a second; meanwhile that use counts as an error (a miss or a
- * dropped write). Every command has a 5 s timeout, so a hung server cannot hang the
- * engine for longer.
+ * next use (then at once when it had worked: a restarted server), else after a back-off of
+ * 1 s doubling to 30 s; meanwhile a use counts as an error (a miss or a dropped write).
+ * Connecting times out after 2 s and every command after 5 s, so a hung server cannot hang
+ * the engine for longer. hiredis writes to its socket with write(), which raises SIGPIPE when the
+ * server has gone: every use blocks SIGPIPE on its thread and consumes one it raised, so a
+ * store that dies never kills the process (the library leaves the signal's disposition
+ * alone).
  */
 #include "core/alloc.h"
 #include "core/progress.h"
@@ -17,6 +21,8 @@
 
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +37,44 @@ struct tredis {
     uint8_t fp[16];
     size_t entry_bytes;
     redisContext *rd, *wr;
-    double t_rd, t_wr; /* last connection attempt */
+    double t_rd, t_wr;       /* last connection attempt */
+    double wait_rd, wait_wr; /* seconds before the next attempt after a failed one */
 };
+
+/* Block SIGPIPE on this thread for a use of the store; pipe_end consumes one raised
+   meanwhile (and not one that was pending before) and restores the mask. */
+struct pipe_guard {
+    sigset_t old;
+    bool was_pending;
+};
+
+static void pipe_begin(struct pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    g->was_pending = sigismember(&pend, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void pipe_end(struct pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    if (!g->was_pending && sigismember(&pend, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
 
 static redisContext *connect_one(struct tredis *r, char *why, size_t cap)
 {
-    struct timeval tv = {5, 0};
+    struct timeval tv = {2, 0}, cmd = {5, 0};
     redisContext *c = r->unix_sock ? redisConnectUnixWithTimeout(r->path, tv)
                                    : redisConnectWithTimeout(r->host, r->port, tv);
     if (!c) {
@@ -48,7 +86,7 @@ static redisContext *connect_one(struct tredis *r, char *why, size_t cap)
         redisFree(c);
         return NULL;
     }
-    redisSetTimeout(c, tv);
+    redisSetTimeout(c, cmd);
     if (r->password[0]) {
         redisReply *y = redisCommand(c, "AUTH %s", r->password);
         bool ok = y && y->type != REDIS_REPLY_ERROR;
@@ -74,8 +112,10 @@ static redisContext *connect_one(struct tredis *r, char *why, size_t cap)
     return c;
 }
 
-/* The connection in *slot, made again if it failed (at most once a second). */
-static redisContext *conn(struct tredis *r, redisContext **slot, double *t_last)
+/* The connection in *slot, made again if it failed: a failed attempt waits 1 s before the
+   next, doubling up to 30 s while they keep failing (a server that does not answer costs
+   the engine one connect timeout per wait, not per step). */
+static redisContext *conn(struct tredis *r, redisContext **slot, double *t_last, double *wait)
 {
     if (*slot && (*slot)->err) {
         redisFree(*slot);
@@ -83,11 +123,12 @@ static redisContext *conn(struct tredis *r, redisContext **slot, double *t_last)
     }
     if (!*slot) {
         double now = time_now();
-        if (now - *t_last < 1.0)
+        if (now - *t_last < *wait)
             return NULL;
         *t_last = now;
         char why[256];
         *slot = connect_one(r, why, sizeof why);
+        *wait = *slot ? 0 : *wait < 1 ? 1 : *wait * 2 > 30 ? 30 : *wait * 2;
     }
     return *slot;
 }
@@ -102,12 +143,12 @@ static int key_name(const struct tredis *r, struct kvtier_key k, char *buf, size
     return snprintf(buf, cap, "weld:kv:%s:%s", f, h);
 }
 
-static int r_get_run(void *b, const struct kvtier_key *keys, int n, uint8_t *entries, int *bad,
-                     bool *error)
+static int r_get_run_raw(void *b, const struct kvtier_key *keys, int n, uint8_t *entries, int *bad,
+                         bool *error)
 {
     struct tredis *r = b;
     *bad = -1;
-    redisContext *c = conn(r, &r->rd, &r->t_rd);
+    redisContext *c = conn(r, &r->rd, &r->t_rd, &r->wait_rd);
     if (!c) {
         *error = true;
         return 0;
@@ -145,10 +186,10 @@ static int r_get_run(void *b, const struct kvtier_key *keys, int n, uint8_t *ent
     return got;
 }
 
-static int r_put(void *b, struct kvtier_key key, const uint8_t *entry)
+static int r_put_raw(void *b, struct kvtier_key key, const uint8_t *entry)
 {
     struct tredis *r = b;
-    redisContext *c = conn(r, &r->wr, &r->t_wr);
+    redisContext *c = conn(r, &r->wr, &r->t_wr, &r->wait_wr);
     if (!c)
         return -1;
     char name[128];
@@ -168,10 +209,10 @@ static int r_put(void *b, struct kvtier_key key, const uint8_t *entry)
     return ok ? 1 : -1;
 }
 
-static void r_drop(void *b, struct kvtier_key key)
+static void r_drop_raw(void *b, struct kvtier_key key)
 {
     struct tredis *r = b;
-    redisContext *c = conn(r, &r->rd, &r->t_rd);
+    redisContext *c = conn(r, &r->rd, &r->t_rd, &r->wait_rd);
     if (!c)
         return;
     char name[128];
@@ -179,6 +220,50 @@ static void r_drop(void *b, struct kvtier_key key)
     redisReply *y = redisCommand(c, "DEL %b", name, (size_t)len);
     if (y)
         freeReplyObject(y);
+}
+
+/* A connection that worked before may have been cut (a restarted server): the first
+   failure on it makes it again at once and tries once more. */
+static int r_get_run(void *b, const struct kvtier_key *keys, int n, uint8_t *entries, int *bad,
+                     bool *error)
+{
+    struct tredis *r = b;
+    struct pipe_guard g;
+    pipe_begin(&g);
+    bool had = r->rd != NULL;
+    int rc = r_get_run_raw(b, keys, n, entries, bad, error);
+    if (*error && had && rc == 0 && *bad < 0) {
+        r->t_rd = 0;
+        r->wait_rd = 0;
+        *error = false;
+        rc = r_get_run_raw(b, keys, n, entries, bad, error);
+    }
+    pipe_end(&g);
+    return rc;
+}
+
+static int r_put(void *b, struct kvtier_key key, const uint8_t *entry)
+{
+    struct tredis *r = b;
+    struct pipe_guard g;
+    pipe_begin(&g);
+    bool had = r->wr != NULL;
+    int rc = r_put_raw(b, key, entry);
+    if (rc < 0 && had) {
+        r->t_wr = 0;
+        r->wait_wr = 0;
+        rc = r_put_raw(b, key, entry);
+    }
+    pipe_end(&g);
+    return rc;
+}
+
+static void r_drop(void *b, struct kvtier_key key)
+{
+    struct pipe_guard g;
+    pipe_begin(&g);
+    r_drop_raw(b, key);
+    pipe_end(&g);
 }
 
 static void r_stats(void *b, struct kvtier_tier_stats *st)

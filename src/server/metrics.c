@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
 static const double ttft_le[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -126,6 +127,77 @@ static void label(char *out, size_t cap, const char *model)
     snprintf(out + w, cap - w, "\"");
 }
 
+/* One metric per tier that is on, labelled tier="file" / "store". */
+static void tier_metric(struct buf *b, const char *name, const char *type, const char *help,
+                        const struct kvtier_stats *t, size_t off, bool is_double, const char *lbl)
+{
+    head(b, name, type, help);
+    for (int w = 0; w < KVTIER_N; w++) {
+        if (!t->t[w].on)
+            continue;
+        const char *p = (const char *)&t->t[w] + off;
+        double v;
+        if (is_double) {
+            memcpy(&v, p, sizeof v);
+        } else {
+            uint64_t u;
+            memcpy(&u, p, sizeof u);
+            v = (double)u;
+        }
+        bprintf(b, "weld:%s{%s,tier=\"%s\"} %.9g\n", name, lbl, kvtier_name(w), v);
+    }
+}
+
+static void tier_metrics(struct buf *b, const struct engine_stats *st, const char *lbl)
+{
+    const struct kvtier_stats *t = &st->tier;
+    counter(b, "kv_tier_query_tokens_total",
+            "Prompt tokens past the pool's prefix hit looked up in the KV tier.",
+            st->tier_query_tokens, lbl);
+    counter(b, "kv_tier_hit_tokens_total", "Of them, loaded from the tier instead of computed.",
+            st->tier_hit_tokens, lbl);
+    counter(b, "kv_tier_blocks_loaded_total", "KV blocks loaded into the pool from the tier.",
+            st->tier_blocks_loaded, lbl);
+    counter(b, "kv_tier_blocks_saved_total", "KV blocks queued to be saved to the tier.",
+            st->tier_blocks_saved, lbl);
+    counter(b, "kv_tier_dropped_total", "Saves dropped because the write queue was full.",
+            t->dropped, lbl);
+    gauge(b, "kv_tier_queue_bytes", "Bytes waiting to be written to the tier.",
+          (double)t->queued_bytes, lbl);
+    struct {
+        const char *name, *type, *help;
+        size_t off;
+        bool dbl;
+    } const rows[] = {
+        {"kv_tier_block_hits_total", "counter", "Blocks found valid at this tier.",
+         offsetof(struct kvtier_tier_stats, hits), false},
+        {"kv_tier_block_misses_total", "counter", "Runs that ended at this tier.",
+         offsetof(struct kvtier_tier_stats, misses), false},
+        {"kv_tier_rejects_total", "counter",
+         "Entries refused (another model or dtype, a failed checksum) and deleted.",
+         offsetof(struct kvtier_tier_stats, rejects), false},
+        {"kv_tier_errors_total", "counter", "I/O or connection errors.",
+         offsetof(struct kvtier_tier_stats, errors), false},
+        {"kv_tier_writes_total", "counter", "Entries written.",
+         offsetof(struct kvtier_tier_stats, puts), false},
+        {"kv_tier_read_bytes_total", "counter", "Bytes read from this tier.",
+         offsetof(struct kvtier_tier_stats, bytes_read), false},
+        {"kv_tier_written_bytes_total", "counter", "Bytes written to this tier.",
+         offsetof(struct kvtier_tier_stats, bytes_written), false},
+        {"kv_tier_read_seconds_total", "counter",
+         "Seconds in reads that hit (transfer latency: divide by block hits).",
+         offsetof(struct kvtier_tier_stats, read_seconds), true},
+        {"kv_tier_evictions_total", "counter", "Entries deleted to stay under the budget.",
+         offsetof(struct kvtier_tier_stats, evictions), false},
+        {"kv_tier_entries", "gauge", "Entries the tier holds (file tier).",
+         offsetof(struct kvtier_tier_stats, entries), false},
+        {"kv_tier_bytes", "gauge", "Bytes the tier holds (file tier).",
+         offsetof(struct kvtier_tier_stats, bytes), false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        tier_metric(b, rows[i].name, rows[i].type, rows[i].help, t, rows[i].off, rows[i].dbl, lbl);
+}
+
 char *server_metrics_text(const struct server_metrics *m, const char *model_name)
 {
     struct buf b = {wmalloc(8192), 0, 8192, false};
@@ -152,6 +224,8 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
             st->cache_hit_tokens, lbl);
     counter(&b, "num_preemptions_total", "Sequences preempted for lack of KV blocks.",
             st->preemptions, lbl);
+    if (st->tier_on)
+        tier_metrics(&b, st, lbl);
     counter(&b, "prompt_tokens_total", "Prompt tokens of accepted requests.", st->prompt_tokens, lbl);
     counter(&b, "generation_tokens_total", "Generated tokens.", st->generated_tokens, lbl);
     counter(&b, "spec_decode_num_drafts_total", "Speculative verify steps of a sequence.",
