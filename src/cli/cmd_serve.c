@@ -36,7 +36,7 @@ int cmd_serve(int argc, char **argv)
     uint64_t stream_buffer = so.stream_buffer;
     float stall = (float)so.stream_stall_timeout;
     bool no_log = false;
-    const char *tool_parser = NULL, *so_config = NULL;
+    const char *tool_parser = NULL, *so_config = NULL, *kv_transfer = NULL;
     const struct cli_opt extra[] = {
         {"host", 0, OPT_STR, &so.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, OPT_INT, &port, "N", "TCP port (default 8000; 0: any free port, printed)"},
@@ -74,6 +74,8 @@ int cmd_serve(int argc, char **argv)
          "structured outputs, as vLLM: '{\"disable_any_whitespace\": true, \"disable_additional_properties\": true}'"},
         {"enable-auto-tool-choice", 0, OPT_FLAG, &so.auto_tool_choice, NULL,
          "let the model decide when to call tools (tool_choice \"auto\"; needs --tool-call-parser)"},
+        {"kv-transfer-config", 0, OPT_STR, &kv_transfer, "JSON",
+         "prefill/decode split, as vLLM: '{\"kv_role\": \"kv_producer\"}' (a prefill server), \"kv_consumer\" (decode) or \"kv_both\"; blocks move through the --kv-store both share"},
     };
     struct cli_opt opts[CLI_ENGINE_N_OPTS + sizeof extra / sizeof extra[0]];
     int n = cli_engine_opts_table(&eo, opts);
@@ -124,6 +126,16 @@ int cmd_serve(int argc, char **argv)
                 "weld serve: --enable-auto-tool-choice needs --tool-call-parser NAME "
                 "(%s)\n",
                 tool_parser_names());
+        return 2;
+    }
+    if (kv_transfer && server_kv_transfer_config(kv_transfer, &so.kv_role, &se)) {
+        fprintf(stderr, "weld serve: %s\n", se.msg);
+        return 2;
+    }
+    if (so.kv_role != SERVER_KV_NONE && !eo.kv_store && !eo.kv_offload_dir) {
+        fprintf(stderr, "weld serve: --kv-transfer-config: the prefill and decode servers move "
+                        "KV blocks through a tier they share: give --kv-store redis://HOST[:PORT] "
+                        "(or a --kv-offload-dir on a file system both see)\n");
         return 2;
     }
     if (!(stall >= 0)) {

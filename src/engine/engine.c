@@ -610,6 +610,13 @@ int engine_add_request(struct engine *eng, const struct request_params *p,
                        const struct request_callbacks *cb, uint64_t *id, struct weld_err *e)
 {
     struct engine_req *er;
+    if (p->kv_save && !eng->off) {
+        eng->st.requests_rejected++;
+        return err_set(e, WELD_ERR_INVALID_ARG,
+                       "kv_transfer_params.do_remote_decode: this engine has no KV tier to "
+                       "save the prompt's blocks to (start it with --kv-store or "
+                       "--kv-offload-dir)");
+    }
     int rc = req_build(eng, p, cb, &er, e);
     if (rc) {
         eng->st.requests_rejected++;
@@ -1148,6 +1155,35 @@ static void spec_propose(struct engine *eng)
 
 /* An entry that reached the end of its tokens: an embedding (hidden: its final hidden
    state) or a prompt-only request finishes; else fork (n > 1, first time), then sample. */
+/* A prefill worker's request (kv_save) has its prompt computed: its full blocks go to the
+   KV tier now, under their prefix hashes, and are written before the request can finish,
+   so a decode worker that gets the request next finds them. Blocks the engine thread for
+   the writes (a prefill worker's steps are long beside them). */
+static void kv_handoff(struct engine *eng, const struct sched_seq *ss, struct request *r)
+{
+    const int bs = eng->sc.kv.block_size;
+    int n = (ss->n_computed < ss->n_prompt ? ss->n_computed : ss->n_prompt) / bs;
+    if (n > ss->table.n_blocks)
+        n = ss->table.n_blocks;
+    struct kvm_hash *h = n > 0 ? wmalloc((size_t)n * sizeof *h) : NULL;
+    struct kvm_evicted *v = n > 0 ? wmalloc((size_t)n * sizeof *v) : NULL;
+    if (h && v) {
+        kvm_prefix_hashes(&ss->table, ss->tokens, bs, n, h);
+        for (int i = 0; i < n; i++)
+            v[i] = (struct kvm_evicted){ss->table.blocks[i], h[i]};
+        double t0 = time_now();
+        offload_save(eng->off, v, n);
+        eng->st.kv_handoff_seconds += time_now() - t0;
+        eng->st.kv_handoffs++;
+        eng->st.kv_handoff_tokens += (uint64_t)n * (uint64_t)bs;
+        r->n_kv_saved = n * bs;
+        r->kv_saved_hash[0] = h[n - 1].lo;
+        r->kv_saved_hash[1] = h[n - 1].hi;
+    }
+    wfree(h);
+    wfree(v);
+}
+
 static void entry_sample(struct engine *eng, struct engine_seq *es, const float *row,
                          const struct logits_top *top, const float *hidden)
 {
@@ -1156,7 +1192,15 @@ static void entry_sample(struct engine *eng, struct engine_seq *es, const float 
     if (es->index == 0 && !er->counted_cached) {
         er->counted_cached = true;
         r->n_cached = es->ss->n_cached;
+        r->n_tier = es->ss->n_tier_cached;
         eng->st.cached_tokens += (uint64_t)r->n_cached;
+        if (r->p.kv_save && eng->off)
+            kv_handoff(eng, es->ss, r);
+        if (r->p.kv_remote_tokens >= 0) {
+            eng->st.kv_remote_prefills++;
+            eng->st.kv_remote_tokens += (uint64_t)r->p.kv_remote_tokens;
+            eng->st.kv_remote_loaded_tokens += (uint64_t)r->n_tier;
+        }
     }
     if (r->p.kind == REQUEST_KIND_EMBED || (r->p.max_tokens == 0 && !er->forked)) {
         struct weld_err e;

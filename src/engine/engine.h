@@ -141,7 +141,13 @@ struct engine_stats {
     uint64_t tier_query_tokens; /* prompt tokens past the pool's hit offered to it */
     uint64_t tier_hit_tokens;   /* of them, loaded instead of computed */
     uint64_t tier_blocks_loaded, tier_blocks_saved;
-    double tier_load_seconds; /* copying loaded blocks into the pool */
+    double tier_load_seconds;         /* copying loaded blocks into the pool */
+    uint64_t kv_handoffs;             /* kv_save requests whose blocks were saved */
+    uint64_t kv_handoff_tokens;       /* their prompt tokens saved */
+    double kv_handoff_seconds;        /* saving them (until written) */
+    uint64_t kv_remote_prefills;      /* requests that came with a prefill worker's handle */
+    uint64_t kv_remote_tokens;        /* the tokens those handles said were saved */
+    uint64_t kv_remote_loaded_tokens; /* of their prompts, loaded from the tier */
     struct kvtier_stats tier;
 };
 

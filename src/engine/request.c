@@ -42,6 +42,7 @@ struct request_params request_params_default(void)
     p.n = 1;
     p.logprobs = -1;
     p.prompt_logprobs = -1;
+    p.kv_remote_tokens = -1;
     return p;
 }
 
@@ -546,13 +547,15 @@ static void seq_finish(struct request *r, struct request_seq *s, enum request_fi
         .req_id = r->id,
         .seq_index = s->index,
         .finish = f,
-        .stop_reason = f == REQUEST_FINISH_STOP ? stop_string(s->stop,
-                                                              stop_matched_index(s->stop))
+        .stop_reason = f == REQUEST_FINISH_STOP ? stop_string(s->stop, stop_matched_index(s->stop))
                                                 : NULL,
         .stop_token = s->stop_token,
         .error = f == REQUEST_FINISH_ERROR ? (r->error ? r->error : "error") : NULL,
         .n_prompt_tokens = r->n_prompt,
         .n_cached_tokens = r->n_cached,
+        .n_tier_tokens = r->n_tier,
+        .n_kv_saved_tokens = r->n_kv_saved,
+        .kv_saved_hash = {r->kv_saved_hash[0], r->kv_saved_hash[1]},
         .n_generated_tokens = s->n_tokens,
         .t_queue = r->t_scheduled > 0 ? r->t_scheduled - r->t_arrival : now - r->t_arrival,
         .t_first_token = r->t_first_token > 0 ? r->t_first_token - r->t_arrival : 0,

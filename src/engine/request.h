@@ -119,6 +119,13 @@ struct request_params {
     const char *cache_salt;          /* NULL or a string mixed into prefix-cache hashes */
     const char *grammar;             /* NULL, or GBNF (grammar/) every sequence's output
                                         must match: compiled by the engine, not copied */
+    bool kv_save;                    /* once its prompt is computed, save the prompt's full
+                                        KV blocks to the KV tier and wait until they are
+                                        written (a prefill worker handing the sequence to a
+                                        decode worker; needs a tier) */
+    int kv_remote_tokens;            /* >= 0: a prefill worker saved this many of its prompt
+                                        tokens for this (decode) engine to load (counted in
+                                        the stats); -1: none (the default) */
 };
 
 /* One token's log-probabilities (pointers valid during the callback only). */
@@ -138,6 +145,9 @@ struct request_result {
     int32_t stop_token;              /* the EOS / stop token id that ended it, or -1 */
     const char *error;               /* REQUEST_FINISH_ERROR: the message */
     int n_prompt_tokens, n_cached_tokens, n_generated_tokens;
+    int n_tier_tokens;               /* of the cached ones, loaded from the KV tier */
+    int n_kv_saved_tokens;           /* kv_save: prompt tokens whose blocks were saved */
+    uint64_t kv_saved_hash[2];       /* ... the prefix hash of the last of them (lo, hi) */
     double t_queue;                  /* seconds from arrival to first scheduled */
     double t_first_token;            /* seconds from arrival to first token (TTFT) */
     double t_total;                  /* seconds from arrival to finish */
@@ -182,6 +192,9 @@ struct request {
     int32_t *prompt;                 /* (n_prompt) */
     int n_prompt;
     int n_cached;                    /* prompt tokens served from the prefix cache */
+    int n_tier;                      /* of them, loaded from the KV tier */
+    int n_kv_saved;                  /* kv_save: tokens saved, and the last block's hash */
+    uint64_t kv_saved_hash[2];
     const struct tokenizer *tok;     /* may be NULL (tests): no text, no eog ids */
     int n_vocab;
     struct request_seq *seqs;        /* (n_seqs = p.n) */

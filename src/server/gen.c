@@ -257,6 +257,10 @@ static void on_finish(void *user, uint64_t req_id, int seq, const struct request
         ev->stop_token = r->stop_token;
         ev->n_prompt = r->n_prompt_tokens;
         ev->n_cached = r->n_cached_tokens;
+        ev->n_tier = r->n_tier_tokens;
+        ev->n_kv_saved = r->n_kv_saved_tokens;
+        ev->kv_saved_hash[0] = r->kv_saved_hash[0];
+        ev->kv_saved_hash[1] = r->kv_saved_hash[1];
         ev->n_generated = r->n_generated_tokens;
         if (ls)
             ev->stop_reason = memcpy(ev->text + 1, r->stop_reason, ls);

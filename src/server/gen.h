@@ -68,6 +68,9 @@ struct server_event {
     enum request_finish reason;
     int32_t stop_token;
     int n_prompt, n_cached, n_generated;
+    int n_tier;                   /* of the cached tokens, loaded from the KV tier */
+    int n_kv_saved;               /* kv_save: prompt tokens saved for a decode server */
+    uint64_t kv_saved_hash[2];    /* ... the last saved block's prefix hash (lo, hi) */
     char *stop_reason;            /* points into the event's own storage, or NULL */
     char *error;                  /* likewise */
     /* a result event (just before its choice's finish; points into its own storage):

@@ -147,6 +147,7 @@ bool http_model(struct server *s, struct server_model *m)
             s->model.dim = engine_model(eng)->cfg.dim;
             s->model.max_model_len = engine_sched_config(eng)->max_model_len;
             s->model.tool_parser = s->o.tool_parser;
+            s->model.kv_role = (int)s->o.kv_role;
             s->model.auto_tool_choice = s->o.auto_tool_choice;
             s->model.schema_opts = s->o.schema_opts;
             const char *src = tok ? tokenizer_chat_template(tok) : NULL;

@@ -224,8 +224,27 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
             st->cache_hit_tokens, lbl);
     counter(&b, "num_preemptions_total", "Sequences preempted for lack of KV blocks.",
             st->preemptions, lbl);
-    if (st->tier_on)
+    if (st->tier_on) {
         tier_metrics(&b, st, lbl);
+        counter(&b, "kv_transfer_saved_requests_total",
+                "Requests whose prompt blocks were saved for a decode server "
+                "(kv_transfer_params.do_remote_decode).",
+                st->kv_handoffs, lbl);
+        counter(&b, "kv_transfer_saved_tokens_total", "Prompt tokens of those blocks.",
+                st->kv_handoff_tokens, lbl);
+        head(&b, "kv_transfer_save_seconds_total", "counter",
+             "Seconds saving them until written (the prefill side's transfer latency).");
+        bprintf(&b, "weld:kv_transfer_save_seconds_total{%s} %.6f\n", lbl, st->kv_handoff_seconds);
+        counter(&b, "kv_transfer_remote_prefills_total",
+                "Requests that came with a prefill server's handle "
+                "(kv_transfer_params.do_remote_prefill).",
+                st->kv_remote_prefills, lbl);
+        counter(&b, "kv_transfer_remote_tokens_total",
+                "Prompt tokens those handles said were saved.", st->kv_remote_tokens, lbl);
+        counter(&b, "kv_transfer_loaded_tokens_total",
+                "Of their prompts, tokens loaded from the tier (the rest was computed).",
+                st->kv_remote_loaded_tokens, lbl);
+    }
     counter(&b, "prompt_tokens_total", "Prompt tokens of accepted requests.", st->prompt_tokens, lbl);
     counter(&b, "generation_tokens_total", "Generated tokens.", st->generated_tokens, lbl);
     counter(&b, "spec_decode_num_drafts_total", "Speculative verify steps of a sequence.",

@@ -63,6 +63,7 @@ struct server_model {
     enum tool_parser tool_parser; /* --tool-call-parser (NONE: not set) */
     struct schema_opts schema_opts; /* --structured-outputs-config */
     bool auto_tool_choice;        /* --enable-auto-tool-choice */
+    int kv_role;                  /* enum server_kv_role */
 };
 
 struct server_error {
@@ -90,6 +91,11 @@ struct server_req {
     int logprobs;              /* -1 off, else top-N (0: the sampled token only) */
     char model[256];           /* the model name to report */
     struct server_tools tools; /* chat: tools and tool_choice (server/tools.h) */
+    /* kv_transfer_params (vLLM's P/D shape): do_remote_decode asks this (prefill) server
+       to save the prompt's blocks and answer with the handle (bl.p.kv_save);
+       do_remote_prefill says a prefill server saved remote_num_tokens of them */
+    bool kv_remote_decode, kv_remote_prefill;
+    int kv_remote_tokens;
 };
 
 /* Fill e and return its http status. param may be NULL. */

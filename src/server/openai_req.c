@@ -24,6 +24,7 @@
  * taken from the field name or the leading word for the error's "param".
  */
 #include "server/openai.h"
+#include "server/server.h"
 
 #include "core/alloc.h"
 #include "core/log.h"
@@ -361,6 +362,55 @@ static int check_lengths(const json_t *body, const struct server_model *m, struc
     return 0;
 }
 
+/* kv_transfer_params, vLLM's shape for disaggregated prefill: {"do_remote_decode": true}
+   from the router to a prefill server, {"do_remote_prefill": true, "remote_num_tokens": N,
+   ...} (the prefill server's answer) to a decode server. Other keys (remote_engine_id,
+   remote_block_hash, ...) are the handle's and pass unread. */
+static int kv_transfer_params(const json_t *body, const struct server_model *m,
+                              struct server_req *r, struct server_error *e)
+{
+    const json_t *kt = json_object_get(body, "kv_transfer_params");
+    if (!kt || json_is_null(kt))
+        return 0;
+    if (!json_is_object(kt))
+        return server_error_set(e, 400, "kv_transfer_params",
+                                "field 'kv_transfer_params': expected an object");
+    const json_t *d = json_object_get(kt, "do_remote_decode");
+    const json_t *p = json_object_get(kt, "do_remote_prefill");
+    const json_t *n = json_object_get(kt, "remote_num_tokens");
+    if ((d && !json_is_boolean(d)) || (p && !json_is_boolean(p)) ||
+        (n &&
+         (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > INT32_MAX)))
+        return server_error_set(e, 400, "kv_transfer_params",
+                                "field 'kv_transfer_params': do_remote_decode and "
+                                "do_remote_prefill must be booleans, remote_num_tokens an "
+                                "integer >= 0");
+    r->kv_remote_decode = json_is_true(d);
+    r->kv_remote_prefill = json_is_true(p);
+    r->kv_remote_tokens = n ? (int)json_integer_value(n) : 0;
+    if (r->kv_remote_decode && r->kv_remote_prefill)
+        return server_error_set(e, 400, "kv_transfer_params",
+                                "field 'kv_transfer_params': do_remote_decode and "
+                                "do_remote_prefill both set");
+    if (r->kv_remote_decode && m->kv_role != SERVER_KV_PRODUCER && m->kv_role != SERVER_KV_BOTH)
+        return server_error_set(e, 400, "kv_transfer_params",
+                                "kv_transfer_params.do_remote_decode: this server is not a KV "
+                                "producer (start it with --kv-transfer-config "
+                                "'{\"kv_role\": \"kv_producer\"}' and a --kv-store)");
+    if (r->kv_remote_prefill && m->kv_role != SERVER_KV_CONSUMER && m->kv_role != SERVER_KV_BOTH)
+        return server_error_set(e, 400, "kv_transfer_params",
+                                "kv_transfer_params.do_remote_prefill: this server is not a KV "
+                                "consumer (start it with --kv-transfer-config "
+                                "'{\"kv_role\": \"kv_consumer\"}' and the producer's "
+                                "--kv-store)");
+    if (r->kv_remote_decode && r->stream)
+        return server_error_set(e, 400, "kv_transfer_params",
+                                "kv_transfer_params.do_remote_decode: the prefill step answers "
+                                "with the transfer handle in a whole response: set \"stream\": "
+                                "false");
+    return 0;
+}
+
 int server_req_parse(const json_t *body, enum server_api api, const struct server_model *m,
                      struct server_req *r, struct server_error *e)
 {
@@ -386,9 +436,14 @@ int server_req_parse(const json_t *body, enum server_api api, const struct serve
         json_object_del(r->fields, "tool_choice");
         json_object_del(r->fields, "parallel_tool_calls");
     }
+    if ((rc = kv_transfer_params(body, m, r, e)))
+        return rc;
+    json_object_del(r->fields, "kv_transfer_params");
     struct weld_err we = {0};
     if (batch_request_parse(r->fields, 0, &m->schema_opts, &r->bl, &we))
         return from_weld_err(e, &we);
+    r->bl.p.kv_save = r->kv_remote_decode;
+    r->bl.p.kv_remote_tokens = r->kv_remote_prefill ? r->kv_remote_tokens : -1;
     if (r->tools.gbnf) {
         if (r->bl.p.grammar)
             return server_error_set(e, 400, "tool_choice",

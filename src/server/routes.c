@@ -47,6 +47,8 @@ struct gen_ctx {
     struct server_job *job;
     struct server_choice *ch;      /* (n_choices) */
     int n_choices, prompt_tokens, cached_tokens;
+    int kv_saved; /* kv_save: prompt tokens saved, and the last hash */
+    uint64_t kv_hash[2];
     char id[64];
     long created;
     double t_check;                /* last disconnect check (time_now) */
@@ -131,6 +133,11 @@ static void apply_event(struct gen_ctx *g, const struct server_event *ev)
         if (ev->choice % g->r.bl.p.n == 0) {
             g->prompt_tokens += ev->n_prompt;
             g->cached_tokens += ev->n_cached;
+        }
+        if (ev->choice == 0) {
+            g->kv_saved = ev->n_kv_saved;
+            g->kv_hash[0] = ev->kv_saved_hash[0];
+            g->kv_hash[1] = ev->kv_saved_hash[1];
         }
         return;
     }
@@ -229,6 +236,17 @@ static enum MHD_Result answer_whole(struct gen_ctx *g)
     }
     json_t *body = server_resp_json(&g->r, g->id, g->created, g->ch, g->n_choices,
                                     g->prompt_tokens, g->cached_tokens);
+    if (body && g->r.kv_remote_decode) { /* the handle for the decode server (kv_transfer.c) */
+        char hash[40], engine[96];
+        snprintf(hash, sizeof hash, "%016llx%016llx", (unsigned long long)g->kv_hash[1],
+                 (unsigned long long)g->kv_hash[0]);
+        snprintf(engine, sizeof engine, "weld-%ld-%d", g->s->t_start, g->s->port);
+        json_object_set_new(body, "kv_transfer_params",
+                            json_pack("{s:b, s:b, s:s, s:i, s:s}", "do_remote_prefill", 1,
+                                      "do_remote_decode", 0, "remote_engine_id", engine,
+                                      "remote_num_tokens", g->kv_saved, "remote_block_hash",
+                                      g->kv_saved ? hash : ""));
+    }
     enum MHD_Result r = http_send_json(g->s, g->c, 200, body);
     ctx_free(g);
     return r;

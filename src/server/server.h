@@ -32,6 +32,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* --kv-transfer-config's kv_role, vLLM's: a producer (prefill worker) saves a request's
+   prompt blocks to the KV tier when asked (kv_transfer_params.do_remote_decode) and
+   answers with the handle; a consumer (decode worker) takes requests that carry one
+   (do_remote_prefill) and loads those blocks instead of computing them; both: either. */
+enum server_kv_role { SERVER_KV_NONE = 0, SERVER_KV_PRODUCER, SERVER_KV_CONSUMER, SERVER_KV_BOTH };
+
+/* Parse a --kv-transfer-config JSON ({"kv_connector": "weld" (default), "kv_role": ...}). */
+int server_kv_transfer_config(const char *json, enum server_kv_role *role, struct weld_err *e);
+
 struct server_opts {
     struct engine_params engine;   /* engine.model_path: the model to load */
     const char *host;              /* "127.0.0.1" */
@@ -56,6 +65,7 @@ struct server_opts {
     bool log_requests;             /* one access-log line per request (default on) */
     bool log_prompts;              /* ... with the prompt text (default off) */
     enum tool_parser tool_parser;  /* --tool-call-parser (server/tools.h); NONE: not set */
+    enum server_kv_role kv_role;   /* --kv-transfer-config kv_role (prefill/decode split) */
     bool auto_tool_choice;         /* --enable-auto-tool-choice */
     struct schema_opts schema_opts; /* --structured-outputs-config (grammar/schema.h) */
 };
