@@ -91,3 +91,18 @@ else()
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+
+# Disaggregated prefill and the KV tier through the server (tests/node/serve_pd.mjs): a
+# kv_producer and a kv_consumer sharing a Redis store answer as one plain server; a file
+# tier under a small pool answers the same. Needs redis-server (skipped without).
+if(WELD_NODE AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/node/node_modules/openai/package.json
+   AND EXISTS ${weld_serve_model})
+  add_test(NAME server_pd
+           COMMAND ${WELD_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/node/serve_pd.mjs
+                   $<TARGET_FILE:weld> ${weld_serve_model} ${CMAKE_CURRENT_BINARY_DIR}/server_pd_tmp
+           WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/node)
+  set_tests_properties(server_pd PROPERTIES TIMEOUT 180)
+else()
+  add_test(NAME server_pd COMMAND sh -c "echo 'skipped: needs node, tests/node/node_modules/openai (npm ci in tests/node) and ${weld_serve_model}'; exit 77")
+  set_tests_properties(server_pd PROPERTIES SKIP_RETURN_CODE 77)
+endif()
