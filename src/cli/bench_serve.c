@@ -42,7 +42,128 @@ struct serve_opts {
     int64_t seed;
     float burstiness, timeout;
     bool json;
+    struct cli_strs scrape; /* --scrape-metrics URL...; none: base_url */
 };
+
+/* ---- the servers' KV cache counters (/metrics before and after the run) ------------------- */
+
+/* weld serve's counters that say where prompt tokens came from and what moved; "@tier"
+   keys are summed per tier label. */
+static const char *const kv_keys[] = {
+    "weld:prefix_cache_queries_total",       "weld:prefix_cache_hits_total",
+    "weld:kv_tier_query_tokens_total",       "weld:kv_tier_hit_tokens_total",
+    "weld:kv_tier_read_bytes_total@file",    "weld:kv_tier_read_bytes_total@store",
+    "weld:kv_tier_written_bytes_total@file", "weld:kv_tier_written_bytes_total@store",
+    "weld:kv_tier_block_hits_total@file",    "weld:kv_tier_block_hits_total@store",
+    "weld:kv_tier_read_seconds_total@file",  "weld:kv_tier_read_seconds_total@store",
+    "weld:kv_transfer_saved_tokens_total",   "weld:kv_transfer_save_seconds_total",
+    "weld:kv_transfer_saved_requests_total", "weld:kv_transfer_remote_tokens_total",
+    "weld:kv_transfer_loaded_tokens_total",  "weld:prompt_tokens_total",
+};
+enum { KV_N = sizeof kv_keys / sizeof kv_keys[0] };
+
+/* Add every server's values of kv_keys into v; false when one could not be read. */
+static bool kv_scrape(const struct serve_opts *o, const char *api_key, double *v)
+{
+    bool all = true;
+    memset(v, 0, KV_N * sizeof *v);
+    int n = o->scrape.n ? o->scrape.n : 1;
+    for (int i = 0; i < n; i++) {
+        const char *url = o->scrape.n ? o->scrape.v[i] : o->base_url;
+        char *txt = NULL;
+        struct weld_err e;
+        if (loadgen_fetch_text(url, "/metrics", api_key, 10, &txt, &e)) {
+            all = false;
+            continue;
+        }
+        for (char *line = txt; line && *line;) {
+            char *end = strchr(line, '\n');
+            if (end)
+                *end = 0;
+            if (*line != '#') {
+                size_t nl = strcspn(line, "{ ");
+                const char *tier = strstr(line, "tier=\"");
+                const char *sp = strrchr(line, ' ');
+                for (int k = 0; sp && k < KV_N; k++) {
+                    const char *at = strchr(kv_keys[k], '@');
+                    size_t kl = at ? (size_t)(at - kv_keys[k]) : strlen(kv_keys[k]);
+                    if (kl != nl || strncmp(line, kv_keys[k], kl))
+                        continue;
+                    if (at && (!tier || strncmp(tier + 6, at + 1, strlen(at + 1)) ||
+                               tier[6 + strlen(at + 1)] != '"'))
+                        continue;
+                    v[k] += strtod(sp + 1, NULL);
+                }
+            }
+            line = end ? end + 1 : NULL;
+        }
+        wfree(txt);
+    }
+    return all;
+}
+
+static double kvd(const double *a, const double *b, const char *key)
+{
+    for (int k = 0; k < KV_N; k++)
+        if (!strcmp(kv_keys[k], key))
+            return b[k] - a[k];
+    return 0;
+}
+
+/* The "KV cache" lines of the report and their JSON (NULL when no server had weld's). */
+static json_t *kv_report(FILE *f, const double *a, const double *b)
+{
+    double q = kvd(a, b, "weld:prefix_cache_queries_total");
+    double h = kvd(a, b, "weld:prefix_cache_hits_total");
+    double tq = kvd(a, b, "weld:kv_tier_query_tokens_total");
+    double th = kvd(a, b, "weld:kv_tier_hit_tokens_total");
+    double pt = kvd(a, b, "weld:prompt_tokens_total");
+    if (q <= 0 && pt <= 0)
+        return NULL;
+    fprintf(f, "%s\n", "----------------KV cache (servers' /metrics)--------------");
+    fprintf(f, "%-40s %-10.2f\n", "Prefix hit rate, pool (%):", q > 0 ? 100 * h / q : 0.0);
+    fprintf(f, "%-40s %-10.2f\n", "Prefix hit rate, KV tier (%):", tq > 0 ? 100 * th / tq : 0.0);
+    fprintf(f, "%-40s %-10.2f\n",
+            "Prompt tokens computed (%):", pt > 0 ? 100 * (pt - h - th) / pt : 0.0);
+    json_t *j = json_pack("{s:f, s:f, s:f, s:f}", "prefix_hit_rate_pool", q > 0 ? h / q : 0.0,
+                          "prefix_hit_rate_tier", tq > 0 ? th / tq : 0.0, "prompt_tokens", pt,
+                          "tier_hit_tokens", th);
+    static const char *const tiers[] = {"file", "store"};
+    for (int t = 0; t < 2; t++) {
+        char k1[80], k2[80], k3[80], k4[80];
+        snprintf(k1, sizeof k1, "weld:kv_tier_read_bytes_total@%s", tiers[t]);
+        snprintf(k2, sizeof k2, "weld:kv_tier_written_bytes_total@%s", tiers[t]);
+        snprintf(k3, sizeof k3, "weld:kv_tier_block_hits_total@%s", tiers[t]);
+        snprintf(k4, sizeof k4, "weld:kv_tier_read_seconds_total@%s", tiers[t]);
+        double rd = kvd(a, b, k1), wr = kvd(a, b, k2), bh = kvd(a, b, k3), rs = kvd(a, b, k4);
+        if (rd <= 0 && wr <= 0)
+            continue;
+        char lbl[64];
+        snprintf(lbl, sizeof lbl, "KV tier %s read / written (MB):", tiers[t]);
+        fprintf(f, "%-40s %.1f / %.1f\n", lbl, rd / 1e6, wr / 1e6);
+        snprintf(lbl, sizeof lbl, "KV tier %s read per block (ms):", tiers[t]);
+        fprintf(f, "%-40s %-10.3f\n", lbl, bh > 0 ? 1e3 * rs / bh : 0.0);
+        json_object_set_new(j, tiers[t],
+                            json_pack("{s:f, s:f, s:f}", "read_bytes", rd, "written_bytes", wr,
+                                      "read_ms_per_block", bh > 0 ? 1e3 * rs / bh : 0.0));
+    }
+    double sr = kvd(a, b, "weld:kv_transfer_saved_requests_total");
+    if (sr > 0) {
+        double st = kvd(a, b, "weld:kv_transfer_saved_tokens_total");
+        double ss = kvd(a, b, "weld:kv_transfer_save_seconds_total");
+        double rt = kvd(a, b, "weld:kv_transfer_remote_tokens_total");
+        double lt = kvd(a, b, "weld:kv_transfer_loaded_tokens_total");
+        fprintf(f, "%-40s %-10.0f\n", "P/D handoffs:", sr);
+        fprintf(f, "%-40s %-10.3f\n", "P/D save per handoff (ms):", 1e3 * ss / sr);
+        fprintf(f, "%-40s %-10.2f\n",
+                "P/D tokens loaded by decode (%):", rt > 0 ? 100 * lt / rt : 0.0);
+        json_object_set_new(j, "pd",
+                            json_pack("{s:f, s:f, s:f, s:f}", "handoffs", sr, "saved_tokens", st,
+                                      "save_ms_per_handoff", 1e3 * ss / sr, "loaded_tokens", lt));
+    }
+    fprintf(f, "%s\n", "==================================================");
+    return j;
+}
 
 static int load_tokenizer(const char *path, struct tokenizer **t, struct weld_err *e)
 {
@@ -196,7 +317,7 @@ static int check_opts(const struct serve_opts *o)
 /* Report: table (stdout, or stderr with --json), JSON, --save-result. */
 static int report(const struct serve_opts *o, const struct loadgen_config *c,
                   const struct loadgen_slo *slo, const struct loadgen_result *r, int n,
-                  double duration, struct weld_err *e)
+                  double duration, const double *kv0, const double *kv1, struct weld_err *e)
 {
     struct loadgen_summary s;
     int rc = loadgen_summarize(r, n, duration, slo, &s, e);
@@ -204,12 +325,19 @@ static int report(const struct serve_opts *o, const struct loadgen_config *c,
         return rc;
     print_failures(r, n);
     loadgen_summary_print(o->json ? stderr : stdout, &s, slo, "Serving Benchmark Result");
-    if (!o->json && !o->save_result)
+    json_t *kv = kv0 ? kv_report(o->json ? stderr : stdout, kv0, kv1) : NULL;
+    if (!o->json && !o->save_result) {
+        json_decref(kv);
         return s.completed > 0 ? WELD_OK
                                : err_set(e, WELD_ERR_IO, "no request succeeded (see above)");
+    }
     json_t *j = result_json(o, c, &s, slo, r, n);
-    if (!j)
+    if (!j) {
+        json_decref(kv);
         return err_set(e, WELD_ERR_NOMEM, "result JSON: out of memory");
+    }
+    if (kv)
+        json_object_set_new(j, "kv_cache", kv);
     if (o->save_result && (rc = jsave_file(j, o->save_result, e)) == WELD_OK)
         fprintf(stderr, "weld bench serve: results saved to %s\n", o->save_result);
     if (rc == WELD_OK && o->json) {
@@ -260,9 +388,12 @@ static int bench_serve(const struct serve_opts *o, struct loadgen_config *c,
     fprintf(stderr, "weld bench serve: %d %s requests to %s%s (model %s), rate %s, %s in "
                     "flight\n", d->n, o->dataset, c->base_url, c->endpoint, c->model,
             o->request_rate, conc);
+    double kv0[KV_N], kv1[KV_N];
+    bool kv_ok = kv_scrape(o, c->api_key, kv0);
     if ((rc = loadgen_run(c, d, &r, &duration, e)))
         goto done;
-    rc = report(o, c, slo, r, d->n, duration, e);
+    kv_ok = kv_scrape(o, c->api_key, kv1) && kv_ok;
+    rc = report(o, c, slo, r, d->n, duration, kv_ok ? kv0 : NULL, kv1, e);
 done:
     loadgen_results_free(r, d ? d->n : 0);
     loadgen_dataset_free(d);
@@ -274,25 +405,41 @@ done:
 static int parse_serve_opts(int argc, char **argv, struct serve_opts *o)
 {
     const struct cli_opt opts[] = {
-        {"base-url", 0, OPT_STR, &o->base_url, "URL", "server to load (default http://127.0.0.1:8000)"},
-        {"endpoint", 0, OPT_STR, &o->endpoint, "PATH", "/v1/completions (default; chat dataset: /v1/chat/completions)"},
+        {"base-url", 0, OPT_STR, &o->base_url, "URL",
+         "server to load (default http://127.0.0.1:8000)"},
+        {"endpoint", 0, OPT_STR, &o->endpoint, "PATH",
+         "/v1/completions (default; chat dataset: /v1/chat/completions)"},
         {"dataset", 0, OPT_STR, &o->dataset, "D", "random (default), shared-prefix or chat"},
         {"num-prompts", 'n', OPT_INT, &o->num_prompts, "N", "requests (default 100)"},
-        {"request-rate", 0, OPT_STR, &o->request_rate, "R", "requests/s, Poisson arrivals, or inf: all at once (default inf)"},
-        {"burstiness", 0, OPT_FLOAT, &o->burstiness, "B", "gamma shape of the arrival gaps; 1 = Poisson (default 1)"},
-        {"max-concurrency", 'c', OPT_INT, &o->max_concurrency, "C", "at most C requests in flight (default 0: no limit)"},
-        {"model", 0, OPT_STR, &o->model, "NAME", "model name sent (default: the server's first in /v1/models)"},
-        {"input-len", 0, OPT_INT, &o->input_len, "I", "prompt tokens (shared-prefix: after the prefix; chat: all turns) (default 512)"},
-        {"output-len", 0, OPT_INT, &o->output_len, "O", "tokens generated per request (max_tokens, ignore_eos) (default 128)"},
-        {"prefix-len", 0, OPT_INT, &o->prefix_len, "P", "shared-prefix: tokens shared per group; chat: system prompt (default 256)"},
+        {"request-rate", 0, OPT_STR, &o->request_rate, "R",
+         "requests/s, Poisson arrivals, or inf: all at once (default inf)"},
+        {"burstiness", 0, OPT_FLOAT, &o->burstiness, "B",
+         "gamma shape of the arrival gaps; 1 = Poisson (default 1)"},
+        {"max-concurrency", 'c', OPT_INT, &o->max_concurrency, "C",
+         "at most C requests in flight (default 0: no limit)"},
+        {"model", 0, OPT_STR, &o->model, "NAME",
+         "model name sent (default: the server's first in /v1/models)"},
+        {"input-len", 0, OPT_INT, &o->input_len, "I",
+         "prompt tokens (shared-prefix: after the prefix; chat: all turns) (default 512)"},
+        {"output-len", 0, OPT_INT, &o->output_len, "O",
+         "tokens generated per request (max_tokens, ignore_eos) (default 128)"},
+        {"prefix-len", 0, OPT_INT, &o->prefix_len, "P",
+         "shared-prefix: tokens shared per group; chat: system prompt (default 256)"},
         {"num-groups", 0, OPT_INT, &o->num_groups, "G", "shared-prefix / chat groups (default 8)"},
-        {"tokenizer", 0, OPT_STR, &o->tokenizer, "PATH", "tokenizer.json or GGUF: prompts of exact token lengths (default: word text, ~lengths)"},
+        {"tokenizer", 0, OPT_STR, &o->tokenizer, "PATH",
+         "tokenizer.json or GGUF: prompts of exact token lengths (default: word text, ~lengths)"},
         {"seed", 's', OPT_I64, &o->seed, "S", "seed of prompts and arrivals (default 0)"},
         {"api-key", 0, OPT_STR, &o->api_key, "KEY", "sent as Authorization: Bearer KEY"},
-        {"goodput", 0, OPT_STR, &o->goodput, "SLOs", "ttft:MS tpot:MS e2el:MS: report requests/s meeting all"},
-        {"timeout", 0, OPT_FLOAT, &o->timeout, "S", "per-request timeout in seconds (default 3600)"},
-        {"save-result", 0, OPT_STR, &o->save_result, "FILE", "write the result JSON (with per-request arrays)"},
-        {"json", 0, OPT_FLAG, &o->json, NULL, "print the result JSON on stdout (the table goes to stderr)"},
+        {"goodput", 0, OPT_STR, &o->goodput, "SLOs",
+         "ttft:MS tpot:MS e2el:MS: report requests/s meeting all"},
+        {"timeout", 0, OPT_FLOAT, &o->timeout, "S",
+         "per-request timeout in seconds (default 3600)"},
+        {"save-result", 0, OPT_STR, &o->save_result, "FILE",
+         "write the result JSON (with per-request arrays)"},
+        {"json", 0, OPT_FLAG, &o->json, NULL,
+         "print the result JSON on stdout (the table goes to stderr)"},
+        {"scrape-metrics", 0, OPT_STRS, &o->scrape, "URL",
+         "servers whose /metrics give the KV cache section (repeat; default: --base-url; behind a router, give the workers)"},
     };
     const char *pos[1];
     int n_pos;

@@ -237,6 +237,10 @@ int loadgen_run(const struct loadgen_config *c, const struct loadgen_dataset *d,
    when none is given. */
 int loadgen_fetch_model(const char *base_url, const char *api_key, double timeout_s,
                         char **model, struct weld_err *e);
+/* GET base_url + path (e.g. "/metrics"): the body, NUL-terminated (heap, wfree); an
+   error naming the URL for anything but 200. */
+int loadgen_fetch_text(const char *base_url, const char *path, const char *api_key,
+                       double timeout_s, char **text, struct weld_err *e);
 
 /* base_url + path without a doubled '/'; heap (wfree), NULL on out of memory. */
 char *loadgen_url(const char *base_url, const char *path);

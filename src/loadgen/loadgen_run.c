@@ -391,15 +391,14 @@ static int models_first_id(const char *url, const struct membuf *b, char **model
     return rc;
 }
 
-int loadgen_fetch_model(const char *base_url, const char *api_key, double timeout_s,
-                        char **model, struct weld_err *e)
+/* GET base_url + path into *b (200 only). */
+static int fetch(const char *base_url, const char *path, const char *api_key, double timeout_s,
+                 struct membuf *b, char **url_out, struct weld_err *e)
 {
-    *model = NULL;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return err_set(e, WELD_ERR_INTERNAL, "curl_global_init failed");
     char errbuf[CURL_ERROR_SIZE] = "";
-    struct membuf b = {0};
-    char *url = loadgen_url(base_url, "/v1/models");
+    char *url = loadgen_url(base_url, path);
     struct curl_slist *hdr = make_headers(api_key);
     CURL *h = curl_easy_init();
     int rc = WELD_OK;
@@ -409,23 +408,51 @@ int loadgen_fetch_model(const char *base_url, const char *api_key, double timeou
     }
     easy_common(h, url, hdr, timeout_s > 0 ? timeout_s : 30, errbuf);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_mem_write);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, b);
     CURLcode cc = curl_easy_perform(h);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     if (cc != CURLE_OK)
         rc = err_set(e, WELD_ERR_IO, "%s: %s%s%s", url,
-                     b.overflow ? "answer over 1 MiB" : curl_easy_strerror(cc),
+                     b->overflow ? "answer over 1 MiB" : curl_easy_strerror(cc),
                      errbuf[0] ? ": " : "", errbuf);
     else if (status != 200)
-        rc = err_set(e, WELD_ERR_IO, "%s: HTTP %ld: %.200s", url, status, b.p ? b.p : "");
-    else
-        rc = models_first_id(url, &b, model, e);
+        rc = err_set(e, WELD_ERR_IO, "%s: HTTP %ld: %.200s", url, status, b->p ? b->p : "");
 done:
     curl_easy_cleanup(h);
     curl_slist_free_all(hdr);
+    curl_global_cleanup();
+    if (url_out && !rc)
+        *url_out = url;
+    else
+        wfree(url);
+    return rc;
+}
+
+int loadgen_fetch_text(const char *base_url, const char *path, const char *api_key,
+                       double timeout_s, char **text, struct weld_err *e)
+{
+    struct membuf b = {0};
+    int rc = fetch(base_url, path, api_key, timeout_s, &b, NULL, e);
+    if (rc || !b.p) {
+        wfree(b.p);
+        *text = NULL;
+        return rc ? rc : err_set(e, WELD_ERR_IO, "%s%s: empty answer", base_url, path);
+    }
+    *text = b.p;
+    return WELD_OK;
+}
+
+int loadgen_fetch_model(const char *base_url, const char *api_key, double timeout_s, char **model,
+                        struct weld_err *e)
+{
+    *model = NULL;
+    struct membuf b = {0};
+    char *url = NULL;
+    int rc = fetch(base_url, "/v1/models", api_key, timeout_s, &b, &url, e);
+    if (!rc)
+        rc = models_first_id(url, &b, model, e);
     wfree(b.p);
     wfree(url);
-    curl_global_cleanup();
     return rc;
 }
