@@ -243,6 +243,21 @@ int kvtier_get_run(struct kvtier *t, const struct kvtier_key *keys, int n, void 
     for (int w = 0; w < KVTIER_N; w++)
         missed_at[w] = -1;
     while (done < n) {
+        /* a block still waiting for the writer is read from the queue (the writer frees an
+           item only under mu, after it is unlinked) */
+        pthread_mutex_lock(&t->mu);
+        const struct qitem *q = t->head;
+        while (q && (q->key.lo != keys[done].lo || q->key.hi != keys[done].hi))
+            q = q->next;
+        if (q) {
+            memcpy((uint8_t *)dst + (size_t)done * bb, q->entry + KVTIER_HEADER_BYTES, bb);
+            t->st.queue_hits++;
+        }
+        pthread_mutex_unlock(&t->mu);
+        if (q) {
+            done++;
+            continue;
+        }
         /* each block from the first tier that has it: a run in one tier, then the rest */
         int best = 0;
         for (int w = 0; w < KVTIER_N && best == 0; w++) {

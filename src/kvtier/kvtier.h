@@ -25,7 +25,7 @@
  * Threads. kvtier_get_run runs on the caller's thread (the engine's: a read is what a
  * cache hit waits for). Puts are copied into a bounded queue and written by one writer
  * thread (the engine never waits for a disk or the network to spill); a put that finds
- * the queue full is dropped and counted. kvtier_flush waits for the queue to drain.
+ * the queue full is dropped and counted. A read finds a block still in the queue there. kvtier_flush waits for the queue to drain.
  * Every call other than get_run is safe from any thread; get_run from one thread at a
  * time.
  *
@@ -76,6 +76,7 @@ struct kvtier_tier_stats {
 struct kvtier_stats {
     struct kvtier_tier_stats t[KVTIER_N];
     uint64_t dropped;      /* puts dropped because the queue was full */
+    uint64_t queue_hits;   /* blocks read from the write queue (not yet written) */
     uint64_t queued_bytes; /* waiting for the writer now */
 };
 

@@ -164,6 +164,8 @@ static void tier_metrics(struct buf *b, const struct engine_stats *st, const cha
             t->dropped, lbl);
     gauge(b, "kv_tier_queue_bytes", "Bytes waiting to be written to the tier.",
           (double)t->queued_bytes, lbl);
+    counter(b, "kv_tier_queue_hits_total",
+            "Blocks loaded from the write queue before they reached a tier.", t->queue_hits, lbl);
     struct {
         const char *name, *type, *help;
         size_t off;
