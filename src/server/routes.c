@@ -183,7 +183,7 @@ static bool gone_check(struct gen_ctx *g)
     if (now - g->t_check < 0.05)
         return false;
     g->t_check = now;
-    return http_client_gone(g->c);
+    return httpd_client_gone(g->c);
 }
 
 static enum MHD_Result answer_whole(struct gen_ctx *g)
