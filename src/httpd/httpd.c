@@ -93,6 +93,26 @@ bool httpd_client_gone(struct MHD_Connection *c)
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+void httpd_client_addr(struct MHD_Connection *c, char *out, size_t cap)
+{
+    const union MHD_ConnectionInfo *ci =
+        c ? MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS) : NULL;
+    snprintf(out, cap, "-");
+    if (!ci || !ci->client_addr)
+        return;
+    const struct sockaddr *sa = ci->client_addr;
+    char host[INET6_ADDRSTRLEN] = "";
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(in->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)(const void *)sa;
+        inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
+        snprintf(out, cap, "[%s]:%u", host, (unsigned)ntohs(in->sin6_port));
+    }
+}
+
 /* Every connection costs a descriptor in MHD and another while it waits in the gate. */
 static void raise_fd_limit(int max_connections)
 {

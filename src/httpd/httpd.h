@@ -57,6 +57,8 @@ void httpd_free(struct httpd *h);
 
 /* The peer closed its end of the connection (a poll() and a peek; never blocks). */
 bool httpd_client_gone(struct MHD_Connection *c);
+/* The client's address as "1.2.3.4:port" or "[::1]:port" ("-" when unknown). */
+void httpd_client_addr(struct MHD_Connection *c, char *out, size_t cap);
 /* Restart the connection's send timeout, so that a stream that waited long for its next
    piece is not cut by it: call before a body callback hands MHD data. */
 void httpd_touch(struct MHD_Connection *c, unsigned timeout_s);
