@@ -68,7 +68,7 @@ int cmd_router(int argc, char **argv)
         {"connect-timeout", 0, OPT_FLOAT, &connect, "S",
          "seconds to connect to a worker (default 5)"},
         {"request-timeout", 0, OPT_FLOAT, &req_timeout, "S",
-         "seconds a worker may take to start answering before another is tried (default 600; 0: none)"},
+         "seconds a worker may take to answer (a stream: its first bytes) before another is tried (default 600; 0: none)"},
         {"pd", 0, OPT_FLAG, &ro.pd, NULL,
          "prefill/decode disaggregation: --prefill and --decode workers"},
         {"prefill", 0, OPT_STRS, &prefill, "URL", "--pd: a prefill worker (repeatable)"},

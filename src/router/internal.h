@@ -55,6 +55,7 @@ struct worker {
 struct rmetrics {     /* mu */
     uint64_t http[6]; /* answers by class: 1xx..5xx at [1..5] */
     uint64_t retries, client_gone, no_worker;
+    uint64_t stream_pauses; /* relays paused for a slow client */
     uint64_t pd_requests, pd_fallbacks;
     uint64_t decisions[POLICY_REASON_COUNT];
     uint64_t match_chars, text_chars; /* cache_aware: sums over routed texts */

@@ -12,7 +12,8 @@
  *   worker_tree_chars            bytes of request text the cache-aware tree holds for it
  * Router-wide:
  *   http_requests_total{status="2xx"...}, retries_total, client_disconnects_total,
- *   no_worker_total (requests refused for want of a healthy worker),
+ *   no_worker_total (requests refused for want of a healthy worker), stream_pauses_total
+ *   (worker transfers paused because their client read slower than the worker wrote),
  *   cache_aware_decisions_total{reason="match|room|balance"}, cache_hit_estimate (bytes of
  *   routed text its worker's tree already held / bytes routed: the prefix hit rate the
  *   tree expects), prefix_match_chars (histogram, per routed request), tree_nodes,
@@ -102,6 +103,10 @@ char *rmetrics_text(struct router *r)
                  "Requests whose client left before the answer ended.", m->client_gone, "");
     prom_counter(&b, NS, "no_worker_total", "Requests refused: no healthy worker.", m->no_worker,
                  "");
+    prom_counter(&b, NS, "stream_pauses_total",
+                 "Worker transfers paused because their client read slower than the worker "
+                 "wrote (--stream-buffer-size).",
+                 m->stream_pauses, "");
     prom_head(&b, NS, "cache_aware_decisions_total", "counter",
               "cache_aware picks by reason: match (longest prefix), room (smallest tree), "
               "balance (least load).");

@@ -44,6 +44,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define MAX_TRIES 16
 
@@ -341,6 +342,15 @@ static void note_commit(struct fwd *f, bool stream)
 static enum MHD_Result answer_stream(struct fwd *f)
 {
     note_commit(f, true);
+    /* the kernel's send buffer is capped too (Linux doubles the value), else a client that
+       stops reading parks up to tcp_wmem's maximum (4 MiB) there, as in weld serve */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(f->c,
+                                                                 MHD_CONNECTION_INFO_CONNECTION_FD);
+    size_t cap = f->r->o.stream_buffer;
+    if (ci && cap > 0) {
+        int sz = cap < (1u << 30) ? (int)cap : 1 << 30;
+        setsockopt(ci->connect_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+    }
     upstream_relay(&f->u, f->r->o.stream_buffer);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
                                                                   relay_read, f, relay_free);
@@ -568,8 +578,7 @@ enum MHD_Result proxy_forward(struct router *r, struct MHD_Connection *c, struct
     bool gen = route == RROUTE_COMPLETIONS || route == RROUTE_CHAT;
     bool pd = r->o.pd && gen;
     bool keyed = gen || route == RROUTE_EMBEDDINGS;
-    bool parse = pd || (keyed && (f->pol == ROUTER_POLICY_CACHE_AWARE ||
-                                  (r->o.pd && r->o.prefill_policy == ROUTER_POLICY_CACHE_AWARE)));
+    bool parse = pd || (keyed && f->pol == ROUTER_POLICY_CACHE_AWARE);
     if (!keyed)
         f->pol = f->pol == ROUTER_POLICY_LEAST_LOAD ? f->pol : ROUTER_POLICY_ROUND_ROBIN;
     if (!parse)

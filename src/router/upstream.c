@@ -44,6 +44,11 @@ static size_t on_write(char *p, size_t size, size_t nmemb, void *ud)
     if (!u->status)
         curl_easy_getinfo(u->uc->h, CURLINFO_RESPONSE_CODE, &u->status);
     if (u->relaying && u->len - u->off >= u->pause_at) {
+        if (!u->paused) {
+            pthread_mutex_lock(&u->r->mu);
+            u->r->m.stream_pauses++;
+            pthread_mutex_unlock(&u->r->mu);
+        }
         u->paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }

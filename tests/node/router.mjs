@@ -27,7 +27,9 @@
 import OpenAI from 'openai';
 import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { once } from 'node:events';
 import http from 'node:http';
+import net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { counter, metrics, sleep, startServer, stopServer } from './serve_lib.mjs';
@@ -124,6 +126,20 @@ async function post(base, path, body, headers = {}) {
     body: typeof body === 'string' ? body : JSON.stringify(body),
     headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}`, ...headers } });
   return { status: r.status, body: await r.text(), headers: r.headers };
+}
+
+// The body of a raw HTTP/1.1 answer in chunked transfer encoding, as text.
+function dechunk(buf) {
+  let at = buf.indexOf('\r\n\r\n') + 4;
+  const out = [];
+  for (;;) {
+    const eol = buf.indexOf('\r\n', at);
+    const n = parseInt(buf.subarray(at, eol).toString(), 16);
+    if (!(n > 0)) break;
+    out.push(buf.subarray(eol + 2, eol + 2 + n));
+    at = eol + 2 + n + 2;
+  }
+  return Buffer.concat(out).toString();
 }
 
 async function collect(stream) {
@@ -342,7 +358,8 @@ async function sectionC(W) {
 
 // ---- D: disconnects and draining on a worker with long requests --------------------------
 async function sectionD(T) {
-  const r = await startRouter(['--worker', T.base, '--shutdown-timeout', '20']);
+  const r = await startRouter(['--worker', T.base, '--shutdown-timeout', '20',
+                               '--stream-buffer-size', '16K']);
   const client = new OpenAI({ baseURL: r.base + '/v1', apiKey: 'none', maxRetries: 0 });
   const tm = Date.now();
   await client.completions.create({ model: T.model, prompt: PROMPT, max_tokens: 30, ignore_eos: true });
@@ -379,6 +396,32 @@ async function sectionD(T) {
   await until('the router counted both', async () =>
     (await metrics(r.base))['weld_router:client_disconnects_total'] >= 1);
   t.eq((await metrics(r.base))['weld_router:worker_requests_in_flight'], 0, 'nothing left in flight');
+
+  // a client that stops reading: the router pauses the worker's transfer instead of
+  // buffering the stream; once the client reads again every byte arrives
+  const sock = net.connect(Number(new URL(r.base).port), '127.0.0.1');
+  await once(sock, 'connect');
+  sock.pause();
+  const payload = JSON.stringify({ prompt: PROMPT, max_tokens: long, ignore_eos: true, stream: true,
+                                   temperature: 0 });
+  sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+             `Content-Length: ${Buffer.byteLength(payload)}\r\nConnection: close\r\n\r\n${payload}`);
+  await until('the relay paused for the slow client', async () =>
+    (await metrics(r.base))['weld_router:stream_pauses_total'] >= 1);
+  const parts = [];
+  sock.on('data', (d) => parts.push(d));
+  sock.resume();
+  await once(sock, 'end');
+  const raw = dechunk(Buffer.concat(parts));
+  const events = raw.split('\n').filter((l) => l.startsWith('data: {'));
+  t.check(raw.includes('data: [DONE]') && raw.includes('"finish_reason":"length"'),
+          'the paused stream ends complete', raw.slice(-200));
+  const text = events.map((l) => JSON.parse(l.slice(6)).choices[0].text).join('');
+  const want = await new OpenAI({ baseURL: T.base + '/v1', apiKey: 'none', maxRetries: 0 })
+    .completions.create({ model: T.model, prompt: PROMPT, max_tokens: long, ignore_eos: true,
+                          temperature: 0 });
+  t.check(text === want.choices[0].text, 'every byte of the paused stream arrived',
+          [text.length, want.choices[0].text.length]);
 
   // SIGTERM: a running stream finishes, new connections are refused, exit 0
   const running = collect(await client.completions.create({ model: T.model, prompt: PROMPT,
