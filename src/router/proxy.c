@@ -2,38 +2,32 @@
  * proxy - one client request forwarded to the fleet: choose a worker, send, retry, relay.
  *
  * Commit point: nothing reaches the client until the router knows which answer it passes
- * on: a whole answer (any status but 503; the body is collected first) or a stream (status
- * 200, text/event-stream, and its first bytes in hand). Before that point every failure is
- * retried on a worker not yet tried, up to --max-retries more attempts: no answer at all
- * (connection refused or reset, an empty or cut answer: the worker is also taken out at
- * once), no first byte within --request-timeout, or 503 (a worker draining or full). So a
- * worker killed mid-run loses no non-streamed request, and a stream is retried only while
- * no byte of it reached the client. Worker statuses and bodies pass through unchanged (a
- * 503 too, when every worker answered 503); the router's own errors (no worker, every
- * attempt failed) use OpenAI's error shape with 502, 503 or 504 and name the worker.
+ * on: a whole answer (any status but 503; collected first) or a stream (200,
+ * text/event-stream, first bytes in hand). Before it, a failure is retried on a worker not
+ * yet tried, --max-retries times: no answer (refused, reset, empty or cut: the worker is
+ * also taken out), no first byte within --request-timeout, or 503 (draining or full). So a
+ * killed worker loses no non-streamed request, and a stream is retried only while its
+ * client has seen nothing. Worker statuses and bodies pass through unchanged (a 503 too,
+ * when every worker said so); the router's own errors are OpenAI's shape, 502/503/504,
+ * naming the worker.
  *
- * A stream is relayed as curl delivers it: MHD's callback body reads the upstream buffer;
- * with the buffer empty the callback lets curl work in 50 ms slices, checking between them
- * whether the client left. A client that stops reading stops MHD calling the callback, so
- * nothing drives curl, and once --stream-buffer-size bytes wait the write callback pauses
- * the transfer (upstream.c): back pressure to the worker, no unbounded buffering here. If
- * the worker fails mid-stream the client gets an error event (data: {"error": ...}) and the
- * end of the body. A client gone (between slices, or a failed write reported by MHD) ends
- * the exchange and closes the worker's connection, which aborts the request there.
+ * A stream is relayed as curl delivers it: MHD's callback body reads the upstream buffer
+ * and, when it is empty, lets curl work in 50 ms slices, checking between them whether the
+ * client left. A client that stops reading stops the callbacks, so nothing drives curl,
+ * and past --stream-buffer-size pending bytes the transfer pauses (upstream.c). A worker
+ * failing mid-stream ends it with an error event (data: {"error": ...}); a client leaving
+ * closes the worker's connection, which aborts the request there.
  *
- * Parsing: the body goes to the worker byte for byte unless the router needs its text
- * (cache_aware: the prompt, the chat messages' roles and contents, or the embedding input)
- * or must rewrite it (P/D); only then is malformed JSON the router's 400.
+ * The body goes to the worker byte for byte unless the router needs its text (cache_aware:
+ * the prompt, the chat messages' roles and contents, the embedding input) or rewrites it
+ * (P/D); only then is malformed JSON the router's 400.
  *
- * P/D mode (vLLM's disaggregated-prefill proxy shape), for completions and chat: a copy of
- * the body with max_tokens 1, stream false, n 1, no max_completion_tokens or
- * stream_options, and "kv_transfer_params": {"do_remote_decode": true} goes to a prefill
- * worker (--prefill-policy, cache_aware by default); the "kv_transfer_params" object of its
- * JSON answer is added to the client's original body, which goes to a decode worker
- * (--decode-policy, least_load by default) whose answer, streamed or not, is the client's.
- * Both carry the same X-Request-Id. A prefill that fails or answers without that object
- * sends the original body to a decode worker as is (it computes the prompt itself), counted
- * in weld_router:pd_fallbacks_total.
+ * P/D (docs/DESIGN.md has the protocol): completions and chat go first to a prefill worker
+ * as a copy with max_tokens 1, stream false, n 1, no max_completion_tokens or
+ * stream_options, and kv_transfer_params {"do_remote_decode": true}; the client's body plus
+ * the kv_transfer_params of that answer then goes to a decode worker, whose answer is the
+ * client's. A prefill that fails or lacks them: the body goes to decode unchanged
+ * (pd_fallbacks_total).
  */
 #include "router/internal.h"
 

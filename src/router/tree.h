@@ -21,9 +21,8 @@
  *   - chars(w) is the sum of the edge lengths of the nodes tagged w; after rtree_evict(w,
  *     max) it is <= max. Every node but the root has a non-empty edge and a tag, so the
  *     nodes and the edge bytes are bounded by the sum of chars over the workers.
- * Costs: insert and match O(len x log 256); evicting or removing a worker O(1) per tag.
- * Not thread-safe: the router holds its mutex around every call. Worker ids are small
- * integers chosen by the caller (slots, reused after rtree_remove_worker).
+ * Costs: insert and match O(len x log 256); eviction and removal O(1) per tag. Not
+ * thread-safe (the router's mutex guards it). Worker ids are the caller's small integers.
  */
 #ifndef WELD_ROUTER_TREE_H
 #define WELD_ROUTER_TREE_H

@@ -324,6 +324,14 @@ async function sectionB(W) {
   const mal = await post(r.base, '/v1/completions', '{"prompt": "a",');
   t.eq(mal.status, 400, 'cache_aware parses the body: malformed JSON is the router\'s 400');
   t.check(/malformed JSON body/.test(mal.body), 'the router says what is wrong', mal.body);
+  // odd shapes the router must read its text from without tripping: the worker judges them
+  for (const body of ['{"messages": "x"}', '{"messages": [1, null, {"role": 5, "content": [{"text": 7}, 3]}]}',
+                      '{"prompt": {"a": [1]}}', '[]', '"text"', '{"prompt": [[1, 2], [3]], "max_tokens": 1}',
+                      '{"prompt": ""}', JSON.stringify({ prompt: '\u00e9'.repeat(300), max_tokens: 1 })]) {
+    const x = await post(r.base, body.includes('messages') ? '/v1/chat/completions' : '/v1/completions', body);
+    t.check(x.status >= 200 && x.status < 500, `odd body answered, not crashed: ${body.slice(0, 40)}`, x);
+  }
+  t.eq((await fetch(r.base + '/health')).status, 200, 'still healthy after odd bodies');
   // chat messages are routed by their text too
   const msgs = (q) => [{ role: 'system', content: prefixes[0] }, { role: 'user', content: q }];
   const seq = await whoServes(r, W, 3, (i) =>
