@@ -333,10 +333,10 @@ TEST(metrics_text)
 {
     struct server_metrics m;
     server_metrics_init(&m);
-    server_hist_observe(&m.ttft, 0.002);
-    server_hist_observe(&m.ttft, 0.005);
-    server_hist_observe(&m.ttft, 100.0);
-    server_hist_observe(&m.ttft, 1e6);
+    prom_hist_observe(&m.ttft, 0.002);
+    prom_hist_observe(&m.ttft, 0.005);
+    prom_hist_observe(&m.ttft, 100.0);
+    prom_hist_observe(&m.ttft, 1e6);
     m.success[REQUEST_FINISH_LENGTH] = 4;
     m.st.generated_tokens = 77;
     m.st.kv_usage = 0.25;

@@ -135,6 +135,7 @@ int cmd_mkmodel(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_router(int argc, char **argv);
 /* `weld bench -m MODEL` / `weld bench --bandwidth` (bench_model.c); argv[0] is "bench". */
 int cmd_bench_model(int argc, char **argv);
 /* `weld bench serve`: load generator for OpenAI-compatible servers (bench_serve.c). */

@@ -25,6 +25,7 @@ static const struct command commands[] = {
     {"mkmodel", cmd_mkmodel, "write a random-weight model at a real model's shape"},
     {"batch", cmd_batch, "run a JSONL file of requests through the engine (offline batch)"},
     {"serve", cmd_serve, "serve a model over HTTP with the OpenAI API"},
+    {"router", cmd_router, "route OpenAI API requests across `weld serve` workers (a fleet)"},
     {"bench", cmd_bench, "benchmarks: bench throughput (continuous batching, prefix cache)"},
 };
 

@@ -25,8 +25,6 @@
 #include "core/log.h"
 #include "core/progress.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,33 +50,13 @@ void http_access_prompt(struct http_access *a, const struct server_req *r)
     free(txt);
 }
 
-static void client_addr(struct MHD_Connection *c, char *out, size_t cap)
-{
-    const union MHD_ConnectionInfo *ci =
-        c ? MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS) : NULL;
-    snprintf(out, cap, "-");
-    if (!ci || !ci->client_addr)
-        return;
-    const struct sockaddr *sa = ci->client_addr;
-    char host[INET6_ADDRSTRLEN] = "";
-    if (sa->sa_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
-        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-        snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(in->sin_port));
-    } else if (sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)(const void *)sa;
-        inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
-        snprintf(out, cap, "[%s]:%u", host, (unsigned)ntohs(in->sin6_port));
-    }
-}
-
 void http_access_log(struct server *s, struct MHD_Connection *c, struct http_access *a,
                      unsigned status)
 {
     if (!s->o.log_requests || !a->method[0])
         return;
     char addr[80], pt[16] = "-", ct[16] = "-", ttft[32] = "-", fin[64] = "-";
-    client_addr(c, addr, sizeof addr);
+    httpd_client_addr(c, addr, sizeof addr);
     if (a->generation) {
         if (a->n_finished > 0)
             snprintf(pt, sizeof pt, "%d", a->prompt_tokens);

@@ -229,7 +229,7 @@ static json_t *collect(struct server *s, struct MHD_Connection *c, struct server
             }
         }
         wfree(ev);
-        if (rc == 0 && http_client_gone(c)) {
+        if (rc == 0 && httpd_client_gone(c)) {
             gone = true;
             break;
         }

@@ -188,7 +188,7 @@ static void on_delta(void *user, uint64_t req_id, int seq, const char *text, siz
     struct server_job *j = s->job;
     pthread_mutex_lock(&g->mu);
     if (itl >= 0)
-        server_hist_observe(&g->m.itl, itl);
+        prom_hist_observe(&g->m.itl, itl);
     if (ev)
         push_locked(j, ev);
     bool pause = j->watched && !j->paused && !j->cancelled && g->stream_buffer &&
@@ -276,10 +276,10 @@ static void on_finish(void *user, uint64_t req_id, int seq, const struct request
         g->success_pending[r->finish]++;
     if (seq == 0) {
         if (r->t_first_token > 0)
-            server_hist_observe(&g->m.ttft, r->t_first_token);
+            prom_hist_observe(&g->m.ttft, r->t_first_token);
         if (r->t_queue > 0)
-            server_hist_observe(&g->m.queue, r->t_queue);
-        server_hist_observe(&g->m.e2e, r->t_total);
+            prom_hist_observe(&g->m.queue, r->t_queue);
+        prom_hist_observe(&g->m.e2e, r->t_total);
     }
     if (ev)
         push_locked(j, ev);

@@ -1,9 +1,9 @@
 /*
- * http - libmicrohttpd glue for `weld serve`: the daemon, routing, auth, the body limit,
- * plain JSON answers and the start/stop sequence of server_run().
+ * http - libmicrohttpd glue for `weld serve`: routing, auth, the body limit, plain JSON
+ * answers and the start/stop sequence of server_run().
  *
- * MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION, poll() so descriptors
- * above FD_SETSIZE work); it has no listening socket: the gate (gate.c) accepts, refuses
+ * The daemon, its accept gate and the API keys are httpd/'s (shared with `weld router`):
+ * MHD runs one thread per connection and has no listening socket; the gate accepts, refuses
  * garbage, silent clients, a client over its connection limit and, past the reserve, all
  * but the cheap GETs, and hands the rest over. MHD's connection timeout is the send
  * timeout (a client silent that long while sending, idle or not reading is closed); a
@@ -35,25 +35,16 @@
 #include "server/http.h"
 
 #include "core/alloc.h"
-#include "server/gate.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "model/model.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <time.h>
-#include <unistd.h>
 
 struct server_opts server_opts_default(void)
 {
@@ -78,13 +69,7 @@ struct server_opts server_opts_default(void)
 enum MHD_Result http_send(struct server *s, struct MHD_Connection *c, int status,
                           const char *ctype, const char *body, size_t len)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body,
-                                                             MHD_RESPMEM_MUST_COPY);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", ctype);
-    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
+    enum MHD_Result rc = httpd_send(c, status, ctype, body, len);
     server_gen_count_http(s->gen, status);
     return rc;
 }
@@ -110,25 +95,7 @@ enum MHD_Result http_send_error(struct server *s, struct MHD_Connection *c,
 
 void http_touch(struct server *s, struct MHD_Connection *c)
 {
-    /* MHD 0.9.75 restarts the timer only when the timeout was 0: set 0, then the value */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
-}
-
-bool http_client_gone(struct MHD_Connection *c)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci)
-        return false;
-    struct pollfd pfd = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&pfd, 1, 0) <= 0)
-        return false;
-    if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
-        return true;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    httpd_touch(c, s->http->timeout_s);
 }
 
 /* ---- the served model (built once the engine is ready) ---------------------------------- */
@@ -192,36 +159,6 @@ static enum MHD_Result route_metrics(struct server *s, struct MHD_Connection *c)
     return rc;
 }
 
-/* Equal, in a time that depends on the lengths only, never on where the bytes differ. */
-static bool same_secret(const char *a, size_t na, const char *b, size_t nb)
-{
-    volatile unsigned char d = na != nb;
-    for (size_t i = 0; i < na && nb; i++)
-        d |= (unsigned char)(a[i] ^ b[i < nb ? i : 0]);
-    return nb && !d;
-}
-
-/* "Authorization: Bearer KEY" with the scheme in any case (RFC 7235) and one of the keys;
-   every key is compared, whichever matches. */
-static bool authorized(struct server *s, struct MHD_Connection *c)
-{
-    if (!s->n_keys)
-        return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer", 6) || (h[6] != ' ' && h[6] != '\t'))
-        return false;
-    const char *t = h + 6;
-    while (*t == ' ' || *t == '\t')
-        t++;
-    size_t n = strlen(t);
-    while (n && (t[n - 1] == ' ' || t[n - 1] == '\t'))
-        n--;
-    bool ok = false;
-    for (int i = 0; i < s->n_keys; i++)
-        ok |= same_secret(t, n, s->keys[i], s->key_len[i]);
-    return ok;
-}
-
 static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct http_conn *hc,
                              const char *url, const char *method)
 {
@@ -236,7 +173,7 @@ static enum MHD_Result route(struct server *s, struct MHD_Connection *c, struct 
         return http_send_json(s, c, 200, json_pack("{s:s}", "version", weld_version()));
     if (!strcmp(url, "/metrics") && get)
         return route_metrics(s, c);
-    if (!authorized(s, c)) {
+    if (!httpd_keys_check(&s->keys, c)) {
         server_error_set(&e, 401, NULL, "Incorrect or missing API key: send the header "
                          "'Authorization: Bearer KEY'");
         return http_send_error(s, c, &e);
@@ -365,90 +302,6 @@ static int read_template(struct server *s, struct weld_err *e)
     return rc;
 }
 
-/* The API keys: --api-key (each), then --api-key-file (one a line; blank lines skipped).
-   Messages name the flag and the file, never a key. */
-static int load_keys(struct server *s, struct weld_err *e)
-{
-    int cap = s->o.n_api_keys + 16;
-    s->keys = wcalloc((size_t)cap, sizeof *s->keys);
-    s->key_len = wcalloc((size_t)cap, sizeof *s->key_len);
-    if (!s->keys || !s->key_len)
-        return err_set(e, WELD_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < s->o.n_api_keys; i++) {
-        if (!s->o.api_keys[i][0])
-            return err_set(e, WELD_ERR_INVALID_ARG, "--api-key: the key is empty");
-        if (!(s->keys[s->n_keys] = wstrdup(s->o.api_keys[i])))
-            return err_set(e, WELD_ERR_NOMEM, "out of memory");
-        s->key_len[s->n_keys] = strlen(s->keys[s->n_keys]);
-        s->n_keys++;
-    }
-    if (!s->o.api_key_file)
-        return WELD_OK;
-    FILE *f = fopen(s->o.api_key_file, "r");
-    if (!f)
-        return err_set(e, WELD_ERR_IO, "--api-key-file %s: %s", s->o.api_key_file,
-                       strerror(errno));
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t n;
-    int rc = WELD_OK, n_file = 0;
-    while (!rc && (n = getline(&line, &lcap, f)) >= 0) {
-        char *t = line;
-        while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
-            t[--n] = 0;
-        while (*t == ' ' || *t == '\t')
-            t++, n--;
-        if (!n)
-            continue;
-        if (s->n_keys == cap) {
-            char **nk = wrealloc(s->keys, (size_t)(cap * 2) * sizeof *nk);
-            if (nk)
-                s->keys = nk;
-            size_t *nl = nk ? wrealloc(s->key_len, (size_t)(cap * 2) * sizeof *nl) : NULL;
-            if (nl)
-                s->key_len = nl;
-            if (!nk || !nl) {
-                rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
-                break;
-            }
-            cap *= 2;
-        }
-        if (!(s->keys[s->n_keys] = wstrdup(t))) {
-            rc = err_set(e, WELD_ERR_NOMEM, "out of memory");
-            break;
-        }
-        s->key_len[s->n_keys++] = (size_t)n;
-        n_file++;
-    }
-    if (!rc && ferror(f))
-        rc = err_set(e, WELD_ERR_IO, "--api-key-file %s: read error", s->o.api_key_file);
-    if (!rc && !n_file)
-        rc = err_set(e, WELD_ERR_INVALID_ARG, "--api-key-file %s: no key in the file (one "
-                     "key a line)", s->o.api_key_file);
-    free(line);
-    fclose(f);
-    return rc;
-}
-
-/* Every connection costs a descriptor in MHD and another while it waits in the gate. */
-static void raise_fd_limit(const struct server *s)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl))
-        return;
-    rlim_t need = (rlim_t)s->o.max_connections * 2 + 64;
-    if (rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-        getrlimit(RLIMIT_NOFILE, &rl);
-    }
-    if (rl.rlim_cur < need)
-        log_warn("weld serve: ulimit -n is %llu; --max-connections %d needs about %llu open "
-                 "files: raise it (ulimit -n) or lower --max-connections",
-                 (unsigned long long)rl.rlim_cur, s->o.max_connections,
-                 (unsigned long long)need);
-}
-
 /* The gate's refusals count in /metrics like every other answer. */
 static void gate_answered(void *cls, int status)
 {
@@ -458,59 +311,19 @@ static void gate_answered(void *cls, int status)
 
 static int start_daemon(struct server *s, struct weld_err *e)
 {
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)s->o.port);
-    const char *host = !strcmp(s->o.host, "localhost") ? "127.0.0.1" : s->o.host;
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-        return err_set(e, WELD_ERR_INVALID_ARG, "--host '%s': expected an IPv4 address",
-                       s->o.host);
-    if (s->o.port < 0 || s->o.port > 65535)
-        return err_set(e, WELD_ERR_INVALID_ARG, "--port %d: expected 0..65535", s->o.port);
-    if (s->o.max_connections < 2 || s->o.max_connections_per_client < 0 ||
-        !(s->o.send_timeout > 0))
-        return err_set(e, WELD_ERR_INVALID_ARG, "--max-connections must be >= 2, "
-                       "--max-connections-per-client >= 0 and --send-timeout > 0");
-    double t = s->o.send_timeout < 1 ? 1 : s->o.send_timeout > 86400 ? 86400 : s->o.send_timeout;
-    s->timeout_s = (unsigned)t + (t > (unsigned)t);
-    int reserve = s->o.max_connections / 16 > 0 ? s->o.max_connections / 16 : 1;
-    s->max_gens = s->o.max_connections - reserve;
-    raise_fd_limit(s);
-
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
-        bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, SOMAXCONN)) {
-        int er = errno;
-        if (fd >= 0)
-            close(fd);
-        return err_set(e, WELD_ERR_IO, "cannot listen on %s:%d (%s)", s->o.host, s->o.port,
-                       strerror(er));
-    }
-    socklen_t sl = sizeof sa;
-    s->port = getsockname(fd, (struct sockaddr *)&sa, &sl) ? s->o.port : ntohs(sa.sin_port);
-    struct gate_opts go = {.listen_fd = fd, .send_timeout = s->o.send_timeout,
-                           .max_connections = s->o.max_connections, .reserve = reserve,
-                           .per_client = s->o.max_connections_per_client,
-                           .answered = gate_answered, .cls = s};
-    int rc = gate_new(&s->gate, &go, e);
-    if (rc) {
-        close(fd);
-        return rc;
-    }
-    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                            MHD_USE_POLL | MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET, 0, NULL,
-                            NULL, on_access, s,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_NOTIFY_CONNECTION, gate_notify, s->gate,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
-                            MHD_OPTION_CONNECTION_TIMEOUT, s->timeout_s,
-                            MHD_OPTION_END);
-    if (!s->d)
-        return err_set(e, WELD_ERR_IO, "cannot start the HTTP server (%s)",
-                       errno ? strerror(errno) : "libmicrohttpd refused its options");
-    return gate_start(s->gate, s->d, e);
+    struct httpd_opts ho = {.host = s->o.host,
+                            .port = s->o.port,
+                            .send_timeout = s->o.send_timeout,
+                            .max_connections = s->o.max_connections,
+                            .max_connections_per_client = s->o.max_connections_per_client,
+                            .access = on_access,
+                            .completed = on_completed,
+                            .cls = s,
+                            .answered = gate_answered};
+    int rc = httpd_start(&s->http, &ho, e);
+    if (!rc)
+        s->max_gens = s->o.max_connections - s->http->reserve;
+    return rc;
 }
 
 /* Wait for SIGINT/SIGTERM (or a failed model load). */
@@ -533,7 +346,7 @@ static int wait_signal(struct server *s, const sigset_t *set, struct weld_err *e
             return err_set(e, WELD_ERR_IO, "the engine lost its backend (%s): stopping", msg);
         if (st == SERVER_GEN_READY && !announced) {
             /* only now: a model that fails to load never shows a "listening" line */
-            fprintf(stderr, "weld serve: listening on http://%s:%d\n", s->o.host, s->port);
+            fprintf(stderr, "weld serve: listening on http://%s:%d\n", s->o.host, s->http->port);
             fflush(stderr);
             struct server_model m;
             http_model(s, &m);
@@ -558,7 +371,7 @@ int server_run(const struct server_opts *o, struct weld_err *e)
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    int rc = load_keys(&s, e);
+    int rc = httpd_keys_load(&s.keys, o->api_keys, o->n_api_keys, o->api_key_file, e);
     if (!rc)
         rc = read_template(&s, e);
     if (!rc && (rc = server_gen_start(&s.gen, &o->engine, e)) == WELD_OK)
@@ -572,19 +385,11 @@ int server_run(const struct server_opts *o, struct weld_err *e)
             log_warn("weld serve: grace period over; aborting the requests still running");
     }
     server_gen_halt(s.gen);
-    if (s.d)
+    if (s.http)
         http_wait_generations(&s, 5.0);
-    gate_stop(s.gate);
-    if (s.d)
-        MHD_stop_daemon(s.d);
-    gate_free(s.gate);
+    httpd_free(s.http);
     server_gen_free(s.gen);
-    for (int i = 0; i < s.n_keys; i++) {
-        memset(s.keys[i], 0, s.key_len[i]);
-        wfree(s.keys[i]);
-    }
-    wfree(s.keys);
-    wfree(s.key_len);
+    httpd_keys_free(&s.keys);
     chat_template_free(s.tmpl);
     pthread_mutex_destroy(&s.mu);
     return rc;

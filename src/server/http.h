@@ -9,6 +9,8 @@
 #ifndef WELD_SERVER_HTTP_H
 #define WELD_SERVER_HTTP_H
 
+#include "httpd/httpd.h"
+#include "httpd/keys.h"
 #include "server/gen.h"
 #include "server/openai.h"
 #include "server/server.h"
@@ -22,15 +24,10 @@ struct server {
     struct server_opts o;
     const char *name;              /* served model name */
     long t_start;
-    int port;                      /* bound port */
-    struct MHD_Daemon *d;
-    struct gate *gate;             /* the accept loop in front of d (gate.c) */
-    unsigned timeout_s;            /* send_timeout rounded up to whole seconds (MHD's unit) */
+    struct httpd *http;            /* the daemon behind its accept gate (httpd/httpd.h) */
     int max_gens;                  /* generation requests allowed at once */
     int gens;                      /* __atomic: generation requests now running */
-    char **keys;                   /* (n_keys) API keys: --api-key, then --api-key-file */
-    size_t *key_len;
-    int n_keys;
+    struct httpd_keys keys;        /* --api-key, then --api-key-file */
     struct server_gen *gen;
     struct chat_template *tmpl;    /* --chat-template, else the model's (parsed lazily) */
     pthread_mutex_t mu;
@@ -75,8 +72,6 @@ enum MHD_Result http_send_json(struct server *s, struct MHD_Connection *c, int s
                                json_t *j);
 enum MHD_Result http_send_error(struct server *s, struct MHD_Connection *c,
                                 const struct server_error *e);
-/* The peer closed its end of the connection. */
-bool http_client_gone(struct MHD_Connection *c);
 /* Restart the connection's send timeout, so that a stream that waited long for its next
    token is not cut by it: call before a body callback hands MHD data. (A whole answer needs
    no call: MHD_queue_response restarts the timer itself.) */

@@ -1,15 +1,12 @@
 /*
  * metrics - histogram bookkeeping and the Prometheus text of GET /metrics (names and
- * semantics in metrics.h). The text is built with a growing buffer; label values (the
- * model name) are escaped as the exposition format asks (backslash, quote, newline).
+ * semantics in metrics.h). The text is built in a strbuf by httpd/prom.h, which escapes the
+ * label value (the model name) as the exposition format asks.
  */
 #include "server/metrics.h"
 
 #include "core/alloc.h"
 
-#include <stdarg.h>
-#include <stdbool.h>
-#include <stdio.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -27,108 +24,36 @@ static const double e2e_le[] = {0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2
 void server_metrics_init(struct server_metrics *m)
 {
     memset(m, 0, sizeof *m);
-    m->ttft = (struct server_hist){.le = ttft_le, .n_le = N_OF(ttft_le)};
-    m->itl = (struct server_hist){.le = itl_le, .n_le = N_OF(itl_le)};
-    m->e2e = (struct server_hist){.le = e2e_le, .n_le = N_OF(e2e_le)};
-    m->queue = (struct server_hist){.le = e2e_le, .n_le = N_OF(e2e_le)};
+    prom_hist_init(&m->ttft, ttft_le, N_OF(ttft_le));
+    prom_hist_init(&m->itl, itl_le, N_OF(itl_le));
+    prom_hist_init(&m->e2e, e2e_le, N_OF(e2e_le));
+    prom_hist_init(&m->queue, e2e_le, N_OF(e2e_le));
 }
 
-void server_hist_observe(struct server_hist *h, double v)
+static void head(struct strbuf *b, const char *name, const char *type, const char *help)
 {
-    int b = 0;
-    while (b < h->n_le && v > h->le[b])
-        b++;
-    h->counts[b]++;
-    h->sum += v;
-    h->n++;
+    prom_head(b, "weld", name, type, help);
 }
 
-struct buf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-};
-
-static void bprintf(struct buf *b, const char *fmt, ...) WELD_PRINTF(2, 3);
-static void bprintf(struct buf *b, const char *fmt, ...)
-{
-    for (;;) {
-        if (b->oom)
-            return;
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n >= 0 && (size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap * 2 + (n > 0 ? (size_t)n : 0);
-        char *np = wrealloc(b->p, cap);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-}
-
-static void head(struct buf *b, const char *name, const char *type, const char *help)
-{
-    bprintf(b, "# HELP weld:%s %s\n# TYPE weld:%s %s\n", name, help, name, type);
-}
-
-static void hist(struct buf *b, const char *name, const char *help, const struct server_hist *h,
+static void hist(struct strbuf *b, const char *name, const char *help, const struct prom_hist *h,
                  const char *lbl)
 {
-    head(b, name, "histogram", help);
-    uint64_t cum = 0;
-    for (int i = 0; i <= h->n_le; i++) {
-        cum += h->counts[i];
-        if (i < h->n_le)
-            bprintf(b, "weld:%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, h->le[i],
-                    (unsigned long long)cum);
-        else
-            bprintf(b, "weld:%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl,
-                    (unsigned long long)cum);
-    }
-    bprintf(b, "weld:%s_sum{%s} %.9g\nweld:%s_count{%s} %llu\n", name, lbl, h->sum, name, lbl,
-            (unsigned long long)h->n);
+    prom_hist(b, "weld", name, help, h, lbl);
 }
 
-static void counter(struct buf *b, const char *name, const char *help, uint64_t v,
+static void counter(struct strbuf *b, const char *name, const char *help, uint64_t v,
                     const char *lbl)
 {
-    head(b, name, "counter", help);
-    bprintf(b, "weld:%s{%s} %llu\n", name, lbl, (unsigned long long)v);
+    prom_counter(b, "weld", name, help, v, lbl);
 }
 
-static void gauge(struct buf *b, const char *name, const char *help, double v, const char *lbl)
+static void gauge(struct strbuf *b, const char *name, const char *help, double v, const char *lbl)
 {
-    head(b, name, "gauge", help);
-    bprintf(b, "weld:%s{%s} %.9g\n", name, lbl, v);
-}
-
-static void label(char *out, size_t cap, const char *model)
-{
-    size_t w = (size_t)snprintf(out, cap, "model_name=\"");
-    for (const char *s = model; *s && w + 4 < cap; s++) {
-        if (*s == '\\' || *s == '"') {
-            out[w++] = '\\';
-            out[w++] = *s;
-        } else if (*s == '\n') {
-            out[w++] = '\\';
-            out[w++] = 'n';
-        } else {
-            out[w++] = *s;
-        }
-    }
-    snprintf(out + w, cap - w, "\"");
+    prom_gauge(b, "weld", name, help, v, lbl);
 }
 
 /* One metric per tier that is on, labelled tier="file" / "store". */
-static void tier_metric(struct buf *b, const char *name, const char *type, const char *help,
+static void tier_metric(struct strbuf *b, const char *name, const char *type, const char *help,
                         const struct kvtier_stats *t, size_t off, bool is_double, const char *lbl)
 {
     head(b, name, type, help);
@@ -144,11 +69,11 @@ static void tier_metric(struct buf *b, const char *name, const char *type, const
             memcpy(&u, p, sizeof u);
             v = (double)u;
         }
-        bprintf(b, "weld:%s{%s,tier=\"%s\"} %.9g\n", name, lbl, kvtier_name(w), v);
+        strbuf_printf(b, "weld:%s{%s,tier=\"%s\"} %.9g\n", name, lbl, kvtier_name(w), v);
     }
 }
 
-static void tier_metrics(struct buf *b, const struct engine_stats *st, const char *lbl)
+static void tier_metrics(struct strbuf *b, const struct engine_stats *st, const char *lbl)
 {
     const struct kvtier_stats *t = &st->tier;
     counter(b, "kv_tier_query_tokens_total",
@@ -202,11 +127,9 @@ static void tier_metrics(struct buf *b, const struct engine_stats *st, const cha
 
 char *server_metrics_text(const struct server_metrics *m, const char *model_name)
 {
-    struct buf b = {wmalloc(8192), 0, 8192, false};
-    if (!b.p)
-        return NULL;
+    struct strbuf b = {0};
     char lbl[600];
-    label(lbl, sizeof lbl, model_name);
+    prom_label(lbl, sizeof lbl, "model_name", model_name);
     const struct engine_stats *st = &m->st;
     gauge(&b, "num_requests_running", "Sequences running (scheduled for steps).", st->running, lbl);
     gauge(&b, "num_requests_waiting", "Sequences waiting to be scheduled.", st->waiting, lbl);
@@ -236,7 +159,8 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
                 st->kv_handoff_tokens, lbl);
         head(&b, "kv_transfer_save_seconds_total", "counter",
              "Seconds saving them until written (the prefill side's transfer latency).");
-        bprintf(&b, "weld:kv_transfer_save_seconds_total{%s} %.6f\n", lbl, st->kv_handoff_seconds);
+        strbuf_printf(&b, "weld:kv_transfer_save_seconds_total{%s} %.6f\n", lbl,
+                      st->kv_handoff_seconds);
         counter(&b, "kv_transfer_remote_prefills_total",
                 "Requests that came with a prefill server's handle "
                 "(kv_transfer_params.do_remote_prefill).",
@@ -258,13 +182,14 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
     head(&b, "spec_decode_num_accepted_tokens_per_pos_total", "counter",
          "Drafted tokens accepted, by position in the draft.");
     for (int i = 0; i < SPEC_MAX_TOKENS; i++)
-        bprintf(&b, "weld:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n",
-                lbl, i, (unsigned long long)st->spec_accepted_at[i]);
+        strbuf_printf(
+            &b, "weld:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n",
+            lbl, i, (unsigned long long)st->spec_accepted_at[i]);
     counter(&b, "structured_output_masks_total",
             "Token masks of constrained requests (finished ones).", st->mask_count, lbl);
     head(&b, "structured_output_mask_seconds_total", "counter",
          "Seconds spent computing those masks.");
-    bprintf(&b, "weld:structured_output_mask_seconds_total{%s} %.6f\n", lbl, st->t_mask);
+    strbuf_printf(&b, "weld:structured_output_mask_seconds_total{%s} %.6f\n", lbl, st->t_mask);
     counter(&b, "jump_forward_draft_tokens_total",
             "Tokens drafted from text a grammar forces (jump-forward).", st->forced_draft_tokens,
             lbl);
@@ -276,8 +201,8 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
     head(&b, "request_success_total", "counter", "Finished choices by finished_reason.");
     static const char *const reasons[] = {NULL, "stop", "length", "abort", "error"};
     for (int i = 1; i < 5; i++)
-        bprintf(&b, "weld:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lbl,
-                reasons[i], (unsigned long long)m->success[i]);
+        strbuf_printf(&b, "weld:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lbl,
+                      reasons[i], (unsigned long long)m->success[i]);
     hist(&b, "time_to_first_token_seconds", "Time to first token.", &m->ttft, lbl);
     hist(&b, "inter_token_latency_seconds", "Time between tokens of a sequence.", &m->itl, lbl);
     hist(&b, "e2e_request_latency_seconds", "Arrival to finish.", &m->e2e, lbl);

@@ -7,7 +7,8 @@
  * monotonic and carry the _total suffix as vLLM's do; gauges come from the engine's own
  * stats (engine_stats_get) taken after every step. kv_cache_usage_perc counts blocks in
  * use by running sequences only: blocks kept in the prefix cache with no user are free.
- * Histograms use vLLM's bucket bounds (cumulative _bucket{le}, _sum, _count).
+ * Histograms use vLLM's bucket bounds (cumulative _bucket{le}, _sum, _count); the text
+ * itself is written by httpd/prom.h, which the router shares.
  *
  * weld's own: num_requests_paused (engine requests paused because their stream's client is
  * not reading) and stream_stall_aborts_total (streams aborted after the stall timeout).
@@ -21,21 +22,12 @@
 #define WELD_SERVER_METRICS_H
 
 #include "engine/engine.h"
+#include "httpd/prom.h"
 
 #include <stdint.h>
 
-#define SERVER_HIST_MAX 24
-
-struct server_hist {
-    const double *le;              /* (n_le) upper bounds, ascending; +Inf is implicit */
-    int n_le;
-    uint64_t counts[SERVER_HIST_MAX]; /* (n_le + 1) per bucket, not cumulative */
-    double sum;
-    uint64_t n;
-};
-
 struct server_metrics {
-    struct server_hist ttft, itl, e2e, queue;
+    struct prom_hist ttft, itl, e2e, queue;
     uint64_t success[5];           /* by enum request_finish (index 0 unused) */
     struct engine_stats st;        /* the engine's last snapshot */
     uint64_t http_requests, http_errors; /* every HTTP request / those answered >= 400 */
@@ -43,7 +35,6 @@ struct server_metrics {
 };
 
 void server_metrics_init(struct server_metrics *m);
-void server_hist_observe(struct server_hist *h, double v);
 /* The whole exposition text (wmalloc'd), or NULL on out of memory. */
 char *server_metrics_text(const struct server_metrics *m, const char *model_name);
 

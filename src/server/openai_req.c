@@ -28,6 +28,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "httpd/httpd.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,12 +41,8 @@
 int server_error_set(struct server_error *e, int http, const char *param, const char *fmt, ...)
 {
     e->http = http;
-    e->type = http == 401 ? "authentication_error"
-              : http == 404 ? "invalid_request_error"
-              : http >= 500 ? (http == 503 ? "service_unavailable" : "server_error")
-                            : "invalid_request_error";
-    e->code = http == 404 ? "model_not_found" : http == 413 ? "request_too_large"
-              : http == 401 ? "invalid_api_key" : NULL;
+    e->type = httpd_error_type(http);
+    e->code = httpd_error_code(http);
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);
@@ -56,12 +53,8 @@ int server_error_set(struct server_error *e, int http, const char *param, const 
 
 json_t *server_error_json(const struct server_error *e)
 {
-    json_t *o = json_object();
-    json_object_set_new(o, "message", json_string(e->msg));
-    json_object_set_new(o, "type", json_string(e->type ? e->type : "invalid_request_error"));
-    json_object_set_new(o, "param", e->param[0] ? json_string(e->param) : json_null());
-    json_object_set_new(o, "code", e->code ? json_string(e->code) : json_null());
-    return json_pack("{s:o}", "error", o);
+    return httpd_error_json(e->http, e->type ? e->type : "invalid_request_error", e->param,
+                            e->code ? e->code : "", e->msg);
 }
 
 /* A lower layer's message -> 400 with the parameter it names. */

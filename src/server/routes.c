@@ -190,7 +190,7 @@ static bool gone_check(struct gen_ctx *g)
     if (now - g->t_check < 0.05)
         return false;
     g->t_check = now;
-    return http_client_gone(g->c);
+    return httpd_client_gone(g->c);
 }
 
 static enum MHD_Result answer_whole(struct gen_ctx *g)
@@ -240,7 +240,8 @@ static enum MHD_Result answer_whole(struct gen_ctx *g)
         char hash[40], engine[96];
         snprintf(hash, sizeof hash, "%016llx%016llx", (unsigned long long)g->kv_hash[1],
                  (unsigned long long)g->kv_hash[0]);
-        snprintf(engine, sizeof engine, "weld-%ld-%d", g->s->t_start, g->s->port);
+        snprintf(engine, sizeof engine, "weld-%ld-%d", g->s->t_start,
+                 g->s->http ? g->s->http->port : 0);
         json_object_set_new(body, "kv_transfer_params",
                             json_pack("{s:b, s:b, s:s, s:i, s:s}", "do_remote_prefill", 1,
                                       "do_remote_decode", 0, "remote_engine_id", engine,

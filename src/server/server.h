@@ -7,10 +7,9 @@
  *   openai_resp.c             response bodies, SSE chunks, logprobs shapes
  *   gen.h / gen.c             the engine thread: inbox, aborts, per-request outboxes
  *   embeddings.c              POST /v1/embeddings (engine requests of kind EMBED)
- *   metrics.h / metrics.c     Prometheus histograms and the /metrics text
- *   http.c                    libmicrohttpd glue, routing, auth, body limit, shutdown
- *   gate.h / gate.c           the accept loop in front of libmicrohttpd: garbage, silent
- *                             clients, per-client limit, the reserve for /health
+ *   metrics.h / metrics.c     what /metrics reports (the text: httpd/prom.h)
+ *   http.c                    routing, auth, body limit, shutdown; the daemon, its accept
+ *                             gate and the API keys are httpd/'s, shared with the router
  *   routes.c                  the POST routes: generation (whole or streamed), tokenize
  *   access.c                  the access log (one line per request)
  *

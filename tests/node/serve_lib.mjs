@@ -73,7 +73,7 @@ export async function metrics(base) {
     const name = key.replace(/\{.*$/, '');
     const reason = key.match(/finished_reason="(\w+)"/);
     const k = reason ? `${name}:${reason[1]}` : name;
-    if (!key.includes('le="')) m[k] = (m[k] || 0) + v;
+    if (!key.includes('le="') && k !== key) m[k] = (m[k] || 0) + v;
   }
   return m;
 }

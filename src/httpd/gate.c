@@ -26,12 +26,12 @@
  * only answers with a complete HTTP/1.1 response and "Connection: close", then drains
  * what the client already sent so the close does not reset the answer away.
  */
-#include "server/gate.h"
+#include "httpd/gate.h"
 
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/progress.h"
-#include "server/openai.h"
+#include "httpd/httpd.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -49,12 +49,12 @@
 struct pend {
     int fd;
     struct sockaddr_in sa;
-    double t0;                 /* accepted at (time_now) */
-    double recheck;            /* a partial first line: look again at this time */
+    double t0;      /* accepted at (time_now) */
+    double recheck; /* a partial first line: look again at this time */
 };
 
 struct held {
-    uint32_t ip;               /* network order */
+    uint32_t ip; /* network order */
     int n;
 };
 
@@ -65,14 +65,14 @@ struct gate {
     bool started;
     int wake[2];
     pthread_mutex_t mu;
-    struct held *held;         /* (n_held), under mu */
-    int n_held, total;         /* under mu */
-    struct pend *pend;         /* (n_pend), gate thread */
+    struct held *held; /* (n_held), under mu */
+    int n_held, total; /* under mu */
+    struct pend *pend; /* (n_pend), gate thread */
     int n_pend, cap;
-    struct pollfd *pfd;        /* (cap + 2) */
-    double listen_pause;       /* out of descriptors: accept again at this time */
+    struct pollfd *pfd;  /* (cap + 2) */
+    double listen_pause; /* out of descriptors: accept again at this time */
     /* refusals since the last log line */
-    long n_refused[4];         /* 400, 408, 429, 503 */
+    long n_refused[4]; /* 400, 408, 429, 503 */
     char last_ip[INET_ADDRSTRLEN];
     double t_log;
 };
@@ -132,10 +132,11 @@ static void note_refusal(struct gate *g, int status, const struct sockaddr_in *s
     if (now - g->t_log < 10)
         return;
     g->t_log = now;
-    log_warn("weld serve: refused connections: %ld bad request line (400), %ld sent nothing "
+    log_warn("refused connections: %ld bad request line (400), %ld sent nothing "
              "in %.0f s (408), %ld over --max-connections-per-client %d (429), %ld server full "
-             "(503); last from %s", g->n_refused[0], g->n_refused[1], g->o.send_timeout,
-             g->n_refused[2], g->o.per_client, g->n_refused[3], g->last_ip);
+             "(503); last from %s",
+             g->n_refused[0], g->n_refused[1], g->o.send_timeout, g->n_refused[2], g->o.per_client,
+             g->n_refused[3], g->last_ip);
     memset(g->n_refused, 0, sizeof g->n_refused);
 }
 
@@ -143,19 +144,20 @@ static void note_refusal(struct gate *g, int status, const struct sockaddr_in *s
 static void refuse(struct gate *g, int fd, const struct sockaddr_in *sa, int status,
                    const char *msg)
 {
-    struct server_error e;
-    server_error_set(&e, status, NULL, "%s", msg);
-    json_t *j = server_error_json(&e);
+    json_t *j = httpd_error_json(status, NULL, NULL, NULL, msg);
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    const char *reason = status == 400 ? "Bad Request" : status == 408 ? "Request Timeout"
-                         : status == 429 ? "Too Many Requests" : "Service Unavailable";
+    const char *reason = status == 400   ? "Bad Request"
+                         : status == 408 ? "Request Timeout"
+                         : status == 429 ? "Too Many Requests"
+                                         : "Service Unavailable";
     char head[256];
-    int nh = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\nConnection: close\r\n\r\n", status, reason,
-                      body ? strlen(body) : 0);
-    if (send(fd, head, (size_t)nh, MSG_NOSIGNAL | MSG_DONTWAIT | (body ? MSG_MORE : 0)) == nh
-        && body)
+    int nh = snprintf(head, sizeof head,
+                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                      status, reason, body ? strlen(body) : 0);
+    if (send(fd, head, (size_t)nh, MSG_NOSIGNAL | MSG_DONTWAIT | (body ? MSG_MORE : 0)) == nh &&
+        body)
         (void)!send(fd, body, strlen(body), MSG_NOSIGNAL | MSG_DONTWAIT);
     free(body);
     char junk[4096];
@@ -181,7 +183,7 @@ static bool tchar(unsigned char c)
 /* b: the first n bytes sent. cheap_only: only the reserved routes may come in. */
 static enum verdict classify(const char *b, size_t n, bool cheap_only)
 {
-    static const char *const cheap[] = {"GET /health", "HEAD /health", "GET /metrics",
+    static const char *const cheap[] = {"GET /health",   "HEAD /health", "GET /metrics",
                                         "HEAD /metrics", "GET /version", "HEAD /version"};
     size_t i = 0;
     while (i < n && (b[i] == '\r' || b[i] == '\n')) /* empty lines before a request: allowed */
@@ -228,15 +230,15 @@ static void examine(struct gate *g, int k, double now)
     if (v == V_PASS && total >= g->o.max_connections)
         v = V_BUSY;
     switch (v) {
-    case V_WAIT:
-        p->recheck = now + 0.02;
-        return;
+    case V_WAIT: p->recheck = now + 0.02; return;
     case V_BAD:
-        refuse(g, p->fd, &p->sa, 400, "malformed request line: expected 'METHOD /path "
+        refuse(g, p->fd, &p->sa, 400,
+               "malformed request line: expected 'METHOD /path "
                "HTTP/1.1'");
         break;
     case V_BUSY:
-        refuse(g, p->fd, &p->sa, 503, "the server has no free connection for this request; "
+        refuse(g, p->fd, &p->sa, 503,
+               "the server has no free connection for this request; "
                "retry later");
         break;
     case V_PASS:
@@ -254,16 +256,16 @@ static void accept_some(struct gate *g, double now)
     for (int i = 0; i < 64; i++) {
         struct sockaddr_in sa;
         socklen_t sl = sizeof sa;
-        int fd = accept4(g->o.listen_fd, (struct sockaddr *)&sa, &sl,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(g->o.listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 if (now - g->t_log >= 10) {
                     g->t_log = now;
-                    log_warn("weld serve: cannot accept connections: %s (raise ulimit -n or "
-                             "lower --max-connections)", strerror(errno));
+                    log_warn("cannot accept connections: %s (raise ulimit -n or "
+                             "lower --max-connections)",
+                             strerror(errno));
                 }
                 g->listen_pause = now + 0.1;
             }
@@ -279,11 +281,14 @@ static void accept_some(struct gate *g, double now)
             n_ip += g->pend[k].sa.sin_addr.s_addr == sa.sin_addr.s_addr;
         char msg[160];
         if (g->o.per_client && n_ip >= g->o.per_client) {
-            snprintf(msg, sizeof msg, "too many connections from your address (the limit is "
-                     "%d, --max-connections-per-client)", g->o.per_client);
+            snprintf(msg, sizeof msg,
+                     "too many connections from your address (the limit is "
+                     "%d, --max-connections-per-client)",
+                     g->o.per_client);
             refuse(g, fd, &sa, 429, msg);
         } else if (g->n_pend >= g->cap) {
-            refuse(g, fd, &sa, 503, "too many connections are waiting to send a request; "
+            refuse(g, fd, &sa, 503,
+                   "too many connections are waiting to send a request; "
                    "retry later");
         } else {
             g->pend[g->n_pend++] = (struct pend){fd, sa, now, 0};
@@ -318,7 +323,7 @@ static void *gate_main(void *arg)
         double wait_ms = (next - now) * 1000 + 1;
         int r = poll(g->pfd, (nfds_t)n, wait_ms < 0 ? 0 : wait_ms > 1000 ? 1000 : (int)wait_ms);
         if (r < 0 && errno != EINTR) {
-            log_error("weld serve: poll: %s", strerror(errno));
+            log_error("gate: poll: %s", strerror(errno));
             break;
         }
         if (r > 0 && g->pfd[0].revents)
@@ -359,6 +364,7 @@ int gate_new(struct gate **out, const struct gate_opts *o, struct weld_err *e)
     pthread_mutex_init(&g->mu, NULL);
     g->t_log = -1e9;
     if (!g->held || !g->pend || !g->pfd || pipe2(g->wake, O_CLOEXEC | O_NONBLOCK)) {
+        g->o.listen_fd = -1; /* still the caller's */
         gate_free(g);
         return err_set(e, WELD_ERR_NOMEM, "cannot set up the accept loop: %s",
                        strerror(errno ? errno : ENOMEM));

@@ -1,13 +1,14 @@
 /*
- * gate - the accept loop in front of libmicrohttpd (see gate.c). Internal to src/server.
+ * gate - the accept loop in front of libmicrohttpd (see gate.c). Used through httpd.h by
+ * src/server and src/router.
  *
  * Order of use: gate_new (before MHD starts, so that gate_notify can be given to it as
  * MHD_OPTION_NOTIFY_CONNECTION), MHD_start_daemon with MHD_USE_NO_LISTEN_SOCKET |
  * MHD_USE_ITC, gate_start (the gate's thread accepts and hands connections over with
  * MHD_add_connection), gate_stop (before MHD_stop_daemon), gate_free (after it).
  */
-#ifndef WELD_SERVER_GATE_H
-#define WELD_SERVER_GATE_H
+#ifndef WELD_HTTPD_GATE_H
+#define WELD_HTTPD_GATE_H
 
 #include "core/err.h"
 
@@ -16,11 +17,11 @@
 struct gate;
 
 struct gate_opts {
-    int listen_fd;             /* bound and listening; the gate owns it from gate_start */
-    double send_timeout;       /* seconds a new connection gets to send its first bytes */
-    int max_connections;       /* connections libmicrohttpd may hold */
-    int reserve;               /* of those, kept for GET /health, /metrics, /version */
-    int per_client;            /* connections one client address may hold (0: no limit) */
+    int listen_fd;       /* bound and listening; the gate owns it from gate_start */
+    double send_timeout; /* seconds a new connection gets to send its first bytes */
+    int max_connections; /* connections libmicrohttpd may hold */
+    int reserve;         /* of those, kept for GET /health, /metrics, /version */
+    int per_client;      /* connections one client address may hold (0: no limit) */
     void (*answered)(void *cls, int status); /* NULL, or told of each refusal's status */
     void *cls;
 };
