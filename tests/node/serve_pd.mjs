@@ -43,6 +43,28 @@ const post = async (base, path, body) => {
 };
 const strip = (r) => r.choices.map((c) => [c.text ?? c.message?.content, c.finish_reason]);
 
+// `weld router` on a free port (its "listening on" line), like startServer
+async function startRouter(args) {
+  const proc = spawn(weld, ['router', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
+  let err = '';
+  const port = await new Promise((resolve, reject) => {
+    const to = setTimeout(() => reject(new Error('router: no "listening on" line: ' + err)), 30000);
+    proc.stderr.on('data', (d) => {
+      err += d.toString();
+      const m = err.match(/listening on http:\/\/[\d.]+:(\d+)/);
+      if (m) { clearTimeout(to); resolve(Number(m[1])); }
+    });
+  });
+  const base = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 300; i++) {
+    const r = await fetch(base + '/health').catch(() => null);
+    if (r && r.status === 200) break;
+    await sleep(50);
+  }
+  return { proc, base, exited };
+}
+
 // the router's two steps: prefill (max_tokens 1, no stream) for the handle, then decode
 async function pd(P, D, path, body) {
   const pre = await post(P.base, path, { ...body, max_tokens: 1, stream: false, n: 1,
@@ -129,6 +151,32 @@ try {
   t.check(md['weld:kv_transfer_loaded_tokens_total'] < md['weld:kv_transfer_remote_tokens_total'],
           'the flushed handle is counted as not loaded');
   t.check(md['weld:kv_tier_block_hits_total'] > 0, 'store hits in the tier metrics');
+
+  // the same through `weld router --pd`: the router makes both steps
+  const R = await startRouter(['--pd', '--prefill', P.base, '--decode', D.base]);
+  try {
+    const client = new OpenAI({ baseURL: R.base + '/v1', apiKey: 'none', maxRetries: 0 });
+    for (const extra of [{ temperature: 0 }, { temperature: 0.8, seed: 3, n: 3 }]) {
+      const body = { prompt: prompts[2] + ' a cake', max_tokens: 24, ...extra };
+      const via = await client.completions.create({ model: stories, ...body });
+      t.eq(strip(via), strip((await post(S.base, '/v1/completions', body)).body),
+           `router --pd equals one server: ${JSON.stringify(extra)}`);
+    }
+    const chat = { messages: [{ role: 'user', content: prompts[0] }], max_tokens: 16, temperature: 0 };
+    t.eq(strip(await client.chat.completions.create({ model: stories, ...chat })),
+         strip((await post(S.base, '/v1/chat/completions', chat)).body), 'router --pd chat');
+    const body = { prompt: prompts[1] + ' in the garden', max_tokens: 20, temperature: 0 };
+    const s = await client.completions.create({ model: stories, ...body, stream: true });
+    let text = '';
+    for await (const ch of s) text += ch.choices.map((x) => x.text).join('');
+    t.eq(text, (await post(S.base, '/v1/completions', body)).body.choices[0].text,
+         'router --pd stream');
+    const mr = await (await fetch(R.base + '/metrics')).text();
+    t.check(/weld_router:pd_fallbacks_total\S* 0\b/.test(mr), 'no P/D fallback', mr.match(/pd_fallbacks.*/g));
+  } finally {
+    R.proc.kill('SIGTERM');
+    t.eq((await R.exited).code, 0, 'router exits 0');
+  }
 
   // wrong uses
   const bad = async (base, body, what, want) => {
