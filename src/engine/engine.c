@@ -1375,6 +1375,14 @@ int engine_step(struct engine *eng, struct weld_err *e)
             offload_set_token_cost(eng->off, (t1 - t0) / 1024);
         offload_apply(eng->off, sched_kvm(eng->s));
     }
+    if (pl.n_entries == 0 && pl.n_failed == 0 && pl.n_preempted == 0) {
+        /* nothing runnable: the waiting sequences wait for the KV tier's reads */
+        if (eng->off && offload_waiting(eng->off))
+            offload_wait(eng->off, 0.01); /* sleep, not spin */
+        rc = sched_step_done(eng->s, e);
+        step_aborts(eng);
+        return rc;
+    }
     eng->in_step = true;
     rc = step_run(eng, &pl, e);
     eng->in_step = false;

@@ -1,10 +1,11 @@
 /*
  * offload - the engine's side of the KV tier (design in offload.h).
  *
- * Staging: blocks [0, n_placed) of `staging` are read and have their pool block in
- * `dst`; the n_tent after them are the last lookup's, waiting for offload_place (or for
- * the next lookup, which reuses the space). offload_apply loads the placed ones in one
- * backend call.
+ * Reads: offload_lookup queues the run in a slot for the prefetch thread (which alone calls
+ * kvtier_get_run) and answers -1 until it is read; the lookup that finds the slot ready
+ * takes its buffer as the tentative blocks (tent), offload_place turns them into a chunk
+ * with their pool blocks, and offload_apply copies the chunks in and frees them. Slots and
+ * quit are under mu; tent and chunks belong to the engine's thread.
  */
 #include "engine/offload.h"
 
@@ -12,22 +13,45 @@
 #include "core/log.h"
 #include "core/progress.h"
 
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #define SAVE_CHUNK 64
 #define PROBE_EVERY 32
+#define PREFETCH_SLOTS 8
+#define PREFETCH_KEEP_S 2.0
+
+/* A read the prefetch thread does for one lookup: keys[0, n) into buf, got of them found. */
+struct pslot {
+    int state;               /* SLOT_* */
+    struct kvtier_key *keys; /* (n) */
+    int n, got;
+    uint8_t *buf;          /* (n) blocks */
+    double t_read, t_done; /* seconds reading; time_now when done */
+};
+enum { SLOT_EMPTY = 0, SLOT_QUEUED, SLOT_RUNNING, SLOT_READY };
+
+/* Blocks read for a lookup and placed: buf's n blocks go to dst before the next step. */
+struct chunk {
+    uint8_t *buf;
+    int32_t *dst;
+    int n;
+};
 
 struct offload {
     struct kvtier *tier;
     struct runner *run;
     size_t bb; /* bytes of one block */
     int block_size;
-    uint8_t *staging; /* (cap) blocks */
-    int32_t *dst;     /* (cap) pool block of each placed one */
-    int cap, max_blocks, n_placed, n_tent;
+    int max_blocks;       /* per lookup */
+    struct chunk *chunks; /* (cap_chunks) placed, waiting for offload_apply */
+    int n_chunks, cap_chunks;
+    uint8_t *tent; /* the last lookup's blocks, waiting for offload_place */
+    int n_tent;
     uint8_t *save_buf; /* (SAVE_CHUNK) blocks */
     struct kvtier_key keys[SAVE_CHUNK];
     double token_cost; /* seconds per computed token (engine's fit) */
@@ -35,7 +59,59 @@ struct offload {
     uint64_t lookups_skipped;
     uint64_t loaded, saved;
     double t_load;
+    /* the prefetch thread */
+    pthread_t th;
+    bool th_on, quit;
+    pthread_mutex_t mu;     /* slots, quit */
+    pthread_cond_t cv;      /* a slot was queued / quit */
+    pthread_cond_t cv_done; /* a slot became ready */
+    struct pslot slots[PREFETCH_SLOTS];
 };
+
+static void *prefetch_main(void *arg)
+{
+    struct offload *o = arg;
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        struct pslot *p = NULL;
+        for (int i = 0; i < PREFETCH_SLOTS && !p; i++)
+            if (o->slots[i].state == SLOT_QUEUED)
+                p = &o->slots[i];
+        if (!p) {
+            if (o->quit)
+                break;
+            pthread_cond_wait(&o->cv, &o->mu);
+            continue;
+        }
+        p->state = SLOT_RUNNING;
+        pthread_mutex_unlock(&o->mu);
+        double t0 = time_now();
+        int got = 0;
+        while (got < p->n) {
+            int m = p->n - got < SAVE_CHUNK ? p->n - got : SAVE_CHUNK;
+            int r = kvtier_get_run(o->tier, p->keys + got, m, p->buf + (size_t)got * o->bb);
+            got += r;
+            if (r < m)
+                break;
+        }
+        double now = time_now();
+        pthread_mutex_lock(&o->mu);
+        p->got = got;
+        p->t_read = now - t0;
+        p->t_done = now;
+        p->state = SLOT_READY;
+        pthread_cond_broadcast(&o->cv_done);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+static void slot_clear(struct pslot *p)
+{
+    wfree(p->keys);
+    wfree(p->buf);
+    memset(p, 0, sizeof *p);
+}
 
 static void hash_tensor_sample(XXH3_state_t *st, const struct tensor *t)
 {
@@ -86,11 +162,14 @@ int offload_create(struct offload **out, const struct offload_params *p, const s
     o->run = run;
     o->bb = bb;
     o->block_size = block_size;
-    o->max_blocks = (int)(OFFLOAD_STAGING_BYTES / bb);
+    o->max_blocks = (int)(OFFLOAD_STAGING_BYTES / PREFETCH_SLOTS / bb);
     o->max_blocks = o->max_blocks < 1 ? 1 : o->max_blocks;
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv, NULL);
+    pthread_cond_init(&o->cv_done, NULL);
     o->save_buf = wmalloc(SAVE_CHUNK * bb);
     if (!o->save_buf) {
-        wfree(o);
+        offload_free(o);
         return err_set(e, WELD_ERR_NOMEM, "KV tier: out of memory for %d blocks of %zu bytes",
                        SAVE_CHUNK, bb);
     }
@@ -100,6 +179,10 @@ int offload_create(struct offload **out, const struct offload_params *p, const s
                                .block_bytes = bb};
     fingerprint(tc.fingerprint, m, kv_dtype, block_size, bb);
     int rc = kvtier_open(&o->tier, &tc, e);
+    if (!rc && pthread_create(&o->th, NULL, prefetch_main, o))
+        rc = err_set(e, WELD_ERR_IO, "KV tier: cannot start the prefetch thread");
+    else if (!rc)
+        o->th_on = true;
     if (rc) {
         offload_free(o);
         return rc;
@@ -112,75 +195,153 @@ void offload_free(struct offload *o)
 {
     if (!o)
         return;
+    if (o->th_on) {
+        pthread_mutex_lock(&o->mu);
+        o->quit = true;
+        pthread_cond_broadcast(&o->cv);
+        pthread_mutex_unlock(&o->mu);
+        pthread_join(o->th, NULL);
+    }
+    for (int i = 0; i < PREFETCH_SLOTS; i++)
+        slot_clear(&o->slots[i]);
+    for (int i = 0; i < o->n_chunks; i++) {
+        wfree(o->chunks[i].buf);
+        wfree(o->chunks[i].dst);
+    }
+    wfree(o->chunks);
+    wfree(o->tent);
     kvtier_close(o->tier);
-    wfree(o->staging);
-    wfree(o->dst);
+    pthread_cond_destroy(&o->cv_done);
+    pthread_cond_destroy(&o->cv);
+    pthread_mutex_destroy(&o->mu);
     wfree(o->save_buf);
     wfree(o);
 }
 
-/* Room for n more staged blocks past the placed ones; false when out of memory. */
-static bool staging_room(struct offload *o, int n)
+static bool same_keys(const struct pslot *p, const struct kvm_hash *keys, int n)
 {
-    int want = o->n_placed + n;
-    if (want <= o->cap)
-        return true;
-    int cap = o->cap ? o->cap : 16;
-    while (cap < want)
-        cap *= 2;
-    cap = cap > o->max_blocks ? o->max_blocks : cap;
-    if (cap < want)
-        return false;
-    uint8_t *s = wrealloc(o->staging, (size_t)cap * o->bb);
-    if (!s)
-        return false;
-    o->staging = s;
-    int32_t *d = wrealloc(o->dst, (size_t)cap * sizeof *d);
-    if (!d)
-        return false;
-    o->dst = d;
-    o->cap = cap;
-    return true;
+    return p->n == n && p->keys[0].lo == keys[0].lo && p->keys[0].hi == keys[0].hi &&
+           p->keys[n - 1].lo == keys[n - 1].lo && p->keys[n - 1].hi == keys[n - 1].hi;
 }
 
-int offload_lookup(void *u, const struct kvm_hash *keys, int n)
+/* The lookup asks the prefetch thread for the run and answers -1 (wait) until it has read
+   it; the next lookup of the same keys then takes the blocks it found. A slot nobody
+   claims within PREFETCH_KEEP_S (its sequence was aborted, or admitted without it) is
+   dropped when a slot is needed. */
+int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take)
 {
     struct offload *o = u;
-    o->n_tent = 0;
+    if (take) {
+        wfree(o->tent);
+        o->tent = NULL;
+        o->n_tent = 0;
+    }
     if (o->load_cost > 0 && o->token_cost > 0 && o->load_cost > o->token_cost * o->block_size &&
         ++o->lookups_skipped % PROBE_EVERY != 0)
         return 0;
-    if (n > o->max_blocks - o->n_placed)
-        n = o->max_blocks - o->n_placed;
-    if (n <= 0 || !staging_room(o, n))
+    n = n < o->max_blocks ? n : o->max_blocks;
+    if (n <= 0)
         return 0;
-    int got = 0;
-    double t0 = time_now();
-    while (got < n) {
-        struct kvtier_key k[SAVE_CHUNK];
-        int m = n - got < SAVE_CHUNK ? n - got : SAVE_CHUNK;
-        for (int i = 0; i < m; i++)
-            k[i] = (struct kvtier_key){keys[got + i].lo, keys[got + i].hi};
-        int r = kvtier_get_run(o->tier, k, m, o->staging + (size_t)(o->n_placed + got) * o->bb);
-        got += r;
-        if (r < m)
-            break;
+    pthread_mutex_lock(&o->mu);
+    struct pslot *p = NULL, *free_slot = NULL, *oldest = NULL;
+    double now = time_now();
+    for (int i = 0; i < PREFETCH_SLOTS; i++) {
+        struct pslot *x = &o->slots[i];
+        if (x->state != SLOT_EMPTY && same_keys(x, keys, n))
+            p = x;
+        else if (!free_slot && (x->state == SLOT_EMPTY ||
+                                (x->state == SLOT_READY && now - x->t_done > PREFETCH_KEEP_S)))
+            free_slot = x;
+        if (x->state == SLOT_READY && (!oldest || x->t_done < oldest->t_done))
+            oldest = x;
     }
-    if (got > 0) {
-        double per = (time_now() - t0) / got;
-        o->load_cost = o->load_cost > 0 ? 0.8 * o->load_cost + 0.2 * per : per;
+    if (p && (p->state != SLOT_READY || !take)) {
+        pthread_mutex_unlock(&o->mu);
+        return -1; /* reading, or read for a sequence not yet first in line */
     }
-    o->n_tent = got;
-    return got;
+    if (!p && !free_slot && take && oldest != NULL)
+        free_slot = oldest; /* the sequence first in line comes before the lookahead's */
+    if (p) {                /* read: take its blocks */
+        int got = p->got;
+        double per = got > 0 ? p->t_read / got : 0;
+        o->tent = p->buf;
+        o->n_tent = got;
+        p->buf = NULL;
+        slot_clear(p);
+        pthread_mutex_unlock(&o->mu);
+        if (got > 0)
+            o->load_cost = o->load_cost > 0 ? 0.8 * o->load_cost + 0.2 * per : per;
+        if (!got) {
+            wfree(o->tent);
+            o->tent = NULL;
+        }
+        return got;
+    }
+    if (!free_slot) { /* every slot reading: the first in line waits for one */
+        pthread_mutex_unlock(&o->mu);
+        return take ? -1 : 0;
+    }
+    slot_clear(free_slot);
+    free_slot->keys = wmalloc((size_t)n * sizeof *free_slot->keys);
+    free_slot->buf = wmalloc((size_t)n * o->bb);
+    if (!free_slot->keys || !free_slot->buf) {
+        slot_clear(free_slot);
+        pthread_mutex_unlock(&o->mu);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        free_slot->keys[i] = (struct kvtier_key){keys[i].lo, keys[i].hi};
+    free_slot->n = n;
+    free_slot->state = SLOT_QUEUED;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    return -1;
 }
 
 void offload_place(void *u, const int32_t *blocks, int n)
 {
     struct offload *o = u;
-    WELD_ASSERT(n <= o->n_tent);
-    memcpy(o->dst + o->n_placed, blocks, (size_t)n * sizeof *blocks);
-    o->n_placed += n;
+    WELD_ASSERT(n <= o->n_tent && o->tent);
+    if (o->n_chunks == o->cap_chunks) {
+        int cap = o->cap_chunks ? 2 * o->cap_chunks : 8;
+        struct chunk *c = wrealloc(o->chunks, (size_t)cap * sizeof *c);
+        WELD_ASSERT(c); /* a few bytes; the scheduler has no way back from here */
+        o->chunks = c;
+        o->cap_chunks = cap;
+    }
+    int32_t *dst = wmalloc((size_t)n * sizeof *dst);
+    WELD_ASSERT(dst);
+    memcpy(dst, blocks, (size_t)n * sizeof *blocks);
+    o->chunks[o->n_chunks++] = (struct chunk){o->tent, dst, n};
+    o->tent = NULL;
     o->n_tent = 0;
+}
+
+bool offload_waiting(struct offload *o)
+{
+    pthread_mutex_lock(&o->mu);
+    bool busy = false;
+    for (int i = 0; i < PREFETCH_SLOTS && !busy; i++)
+        busy = o->slots[i].state == SLOT_QUEUED || o->slots[i].state == SLOT_RUNNING;
+    pthread_mutex_unlock(&o->mu);
+    return busy;
+}
+
+void offload_wait(struct offload *o, double seconds)
+{
+    pthread_mutex_lock(&o->mu);
+    bool busy = false;
+    for (int i = 0; i < PREFETCH_SLOTS && !busy; i++)
+        busy = o->slots[i].state == SLOT_QUEUED || o->slots[i].state == SLOT_RUNNING;
+    if (busy) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = ts.tv_nsec + (long)(seconds * 1e9);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&o->cv_done, &o->mu, &ts);
+    }
+    pthread_mutex_unlock(&o->mu);
 }
 
 static void save_now(struct offload *o, const struct kvm_evicted *ev, int n, bool wait)
@@ -204,13 +365,19 @@ void offload_apply(struct offload *o, struct kvm *kvm)
     if (n > 0)
         save_now(o, ev, n, false);
     kvm_evictions_clear(kvm);
-    if (o->n_placed > 0) {
-        double t0 = time_now();
-        runner_block_load(o->run, o->dst, o->n_placed, o->staging);
-        o->t_load += time_now() - t0;
-        o->loaded += (uint64_t)o->n_placed;
-        o->n_placed = 0;
+    double t0 = time_now();
+    for (int i = 0; i < o->n_chunks; i++) {
+        struct chunk *c = &o->chunks[i];
+        runner_block_load(o->run, c->dst, c->n, c->buf);
+        o->loaded += (uint64_t)c->n;
+        wfree(c->buf);
+        wfree(c->dst);
     }
+    if (o->n_chunks)
+        o->t_load += time_now() - t0;
+    o->n_chunks = 0;
+    wfree(o->tent);
+    o->tent = NULL;
     o->n_tent = 0;
 }
 

@@ -9,16 +9,18 @@
  * written again (the tier checks); a full write queue drops saves (counted), never waits.
  *
  * Load. At admission the scheduler asks offload_lookup for the blocks past the pool's own
- * hit (sched.h, struct sched_tier); the run the tier holds is read at once into staging
- * memory and checked (kvtier.h: fingerprint, key, checksums), so a damaged entry is a miss,
- * never wrong KV. When the sequence is admitted, offload_place names the pool blocks,
- * and offload_apply copies them in after the saves (a load may go to a block whose old
- * content is being saved) and before the forward pass, which may already read them.
+ * hit (sched.h, struct sched_tier). A prefetch thread reads the run the tier holds into
+ * memory and checks it (kvtier.h: fingerprint, key, checksums: a damaged entry is a miss,
+ * never wrong KV); meanwhile the sequence waits and the engine's steps go on (a Redis
+ * round trip or a cold disk never stalls the decodes of others). The next lookup takes
+ * what was read; when the sequence is admitted, offload_place names the pool blocks, and
+ * offload_apply copies them in after the saves (a load may go to a block whose old content
+ * is being saved) and before the forward pass, which may already read them.
  *
  * Cheaper only. Loading a block costs the tier's measured read time per block; computing
  * it, block_size tokens at the step cost the engine fits (engine.c). When loading is
  * measured to be slower, lookups answer 0 except every 32nd, which keeps the measure
- * fresh. Staging holds at most OFFLOAD_STAGING_BYTES; a longer run is cut there.
+ * fresh. Reads in flight hold at most OFFLOAD_STAGING_BYTES together; a longer run is cut.
  *
  * The fingerprint every entry must match: XXH3-128 of the layout version, the model's
  * shape (architecture, vocabulary, dimensions, heads, layers), the KV dtype and block size,
@@ -53,9 +55,13 @@ int offload_create(struct offload **out, const struct offload_params *p, const s
 void offload_free(struct offload *o);
 
 /* struct sched_tier's two calls (u = the offload). */
-int offload_lookup(void *u, const struct kvm_hash *keys, int n);
+int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take);
 void offload_place(void *u, const int32_t *blocks, int n);
 
+/* True while the prefetch thread reads for a lookup; offload_wait sleeps until one
+   finishes (at most seconds): an engine with nothing else to run waits there, not spins. */
+bool offload_waiting(struct offload *o);
+void offload_wait(struct offload *o, double seconds);
 /* Before a forward pass: save the blocks kvm evicted (and clear its log), then load the
    placed ones. */
 void offload_apply(struct offload *o, struct kvm *kvm);

@@ -58,7 +58,9 @@ struct sched {
     bool plan_pending;
     uint64_t n_steps, n_preemptions, n_added, n_finished, n_aborted, n_rejected;
     uint64_t n_prefix_waits;
-    uint64_t tier_lookups, tier_query_tokens, tier_hit_tokens;
+    uint64_t tier_lookups, tier_query_tokens, tier_hit_tokens, n_tier_waits;
+    bool tier_blocked;          /* this step's admission waits for the tier (plan_admit) */
+    int tier_blocked_at;        /* at that waiting index */
     struct kvm_hash *tier_keys; /* (cap_tier_keys) admission scratch */
     int cap_tier_keys;
     int n_paused;            /* sequences with paused set, any state */
@@ -68,6 +70,7 @@ struct sched {
 };
 
 #define SCHED_PREEMPT_LOG_S 1.0
+#define SCHED_TIER_LOOKAHEAD 8 /* sequences behind a waiting one whose reads start */
 static void preempt_log(struct sched *s, const struct sched_seq *seq, int n_blocks, bool flush);
 
 /* ---- queues --------------------------------------------------------------------------- */
@@ -647,7 +650,8 @@ static bool prefix_in_flight(const struct sched *s, const struct sched_seq *seq,
 /* The second tier's part of seq's admission after a pool hit of `hit` tokens, with n
    tokens planned to compute (which fit): asks the tier for the full blocks after the hit
    and keeps the leading ones that still fit with the chunk that then follows (less to
-   compute, maybe a longer chunk within *budget), updating *n. Returns the tokens to load. */
+   compute, maybe a longer chunk within *budget), updating *n. Returns the tokens to load,
+   or -1 when the tier is still reading them (ask again in a later step). */
 static int tier_lookup(struct sched *s, struct sched_seq *seq, int hit, const int *budget, int *n,
                        int evictable)
 {
@@ -666,8 +670,9 @@ static int tier_lookup(struct sched *s, struct sched_seq *seq, int hit, const in
     }
     kvm_prefix_hashes(&seq->table, seq->tokens, bs, last, s->tier_keys);
     s->tier_lookups++;
-    s->tier_query_tokens += (uint64_t)(last - first) * (uint64_t)bs;
-    int k = s->cfg.tier.lookup(s->cfg.tier.u, s->tier_keys + first, last - first);
+    int k = s->cfg.tier.lookup(s->cfg.tier.u, s->tier_keys + first, last - first, true);
+    if (k < 0)
+        return -1;
     for (; k > 0; k--) {
         int from = hit + k * bs, m = seq->n_tokens - from;
         m = m < *budget ? m : *budget;
@@ -678,8 +683,31 @@ static int tier_lookup(struct sched *s, struct sched_seq *seq, int hit, const in
             break;
         }
     }
+    s->tier_query_tokens += (uint64_t)(last - first) * (uint64_t)bs;
     s->tier_hit_tokens += (uint64_t)k * (uint64_t)bs;
     return k * bs;
+}
+
+/* A sequence behind one waiting for the tier: have the tier start reading its blocks
+   (lookup without taking them), so that reads overlap while the order is kept. */
+static void tier_prefetch(struct sched *s, struct sched_seq *seq)
+{
+    const int bs = s->cfg.kv.block_size;
+    if (!s->cfg.tier.lookup || !s->cfg.kv.prefix_caching)
+        return;
+    int hit = kvm_prefix_peek(s->kvm, &seq->table, seq->tokens, seq->n_tokens, NULL);
+    int first = hit / bs, last = (seq->n_tokens - 1) / bs;
+    if (last <= first)
+        return;
+    if (last > s->cap_tier_keys) {
+        struct kvm_hash *k = wrealloc(s->tier_keys, (size_t)last * sizeof *k);
+        if (!k)
+            return;
+        s->tier_keys = k;
+        s->cap_tier_keys = last;
+    }
+    kvm_prefix_hashes(&seq->table, seq->tokens, bs, last, s->tier_keys);
+    (void)s->cfg.tier.lookup(s->cfg.tier.u, s->tier_keys + first, last - first, false);
 }
 
 /* Step 3: admit waiting sequences in key order while they fit; paused ones are passed
@@ -687,6 +715,7 @@ static int tier_lookup(struct sched *s, struct sched_seq *seq, int hit, const in
    taken (by preempting them) when a sequence cannot be admitted without them. */
 static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct weld_err *e)
 {
+    s->tier_blocked = false;
     int active = s->running.n;
     for (int i = 0; s->n_paused > 0 && i < s->running.n; i++)
         active -= s->running.v[i]->paused;
@@ -694,6 +723,12 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
     while (w < s->waiting.n && active < s->cfg.max_num_seqs && *budget > 0) {
         struct sched_seq *seq = s->waiting.v[w];
         if (seq->paused) {
+            w++;
+            continue;
+        }
+        if (s->tier_blocked) { /* the head waits for its reads: start the next ones' */
+            if (w - s->tier_blocked_at <= SCHED_TIER_LOOKAHEAD && !seq->no_prefix_hit)
+                tier_prefetch(s, seq);
             w++;
             continue;
         }
@@ -720,6 +755,13 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
             continue;
         }
         int loaded = seq->no_prefix_hit ? 0 : tier_lookup(s, seq, hit, budget, &n, evictable);
+        if (loaded < 0) { /* its blocks are being read: it stays first in line */
+            s->n_tier_waits++;
+            s->tier_blocked = true;
+            s->tier_blocked_at = w;
+            w++;
+            continue;
+        }
         int cached = 0;
         int rc = seq->no_prefix_hit ? WELD_OK
                  : kvm_prefix_take(s->kvm, &seq->table, seq->tokens, seq->n_tokens, &cached, e);
@@ -831,6 +873,7 @@ void sched_stats_get(const struct sched *s, struct sched_stats *st)
     st->tier_lookups = s->tier_lookups;
     st->tier_query_tokens = s->tier_query_tokens;
     st->tier_hit_tokens = s->tier_hit_tokens;
+    st->n_tier_waits = s->n_tier_waits;
     st->n_preemptions = s->n_preemptions;
     st->n_added = s->n_added;
     st->n_finished = s->n_finished;

@@ -33,9 +33,11 @@
  *      while running < max_num_seqs and budget is left: a prefix-cache hit skips its full
  *      blocks (never the whole token list; none for a no_prefix_hit sequence), then a
  *      chunk of min(rest, budget left, its max_chunk) tokens. With a second tier
- *      (sched_config.tier) the full blocks after the pool's hit are offered to it once
+ * (sched_config.tier) the full blocks after the pool's hit are offered to it once
  *      the sequence is known to fit without them; the leading ones it holds are loaded
- *      instead of computed (they take blocks but no token budget).
+ * instead of computed (they take blocks but no token budget). While the tier reads
+ *      them the sequence waits, first in line, and the tier starts reading for the next
+ *      few in line.
  *      Admission stops at the first sequence whose chunk's blocks are not available (no
  *      preemption for admission: head-of-line order is kept), and at the first one whose
  *      next block after its cache hit is one that a running sequence is still to compute
@@ -86,12 +88,15 @@ enum sched_state { SCHED_WAITING = 0, SCHED_RUNNING, SCHED_FAILED };
 /* A second tier of KV blocks (the engine's KV tier) asked at admission, after the pool's
    own prefix hit: lookup gets the keys of the blocks that follow the hit (up to the last
    full block before the last token) and returns how many leading ones it holds, ready
-   to load (0: none, or loading them would cost more than computing them); when the
-   sequence is then admitted, place gets the physical blocks those loads must go to before
-   the next forward pass. A lookup not followed by place is forgotten. */
+   to load (0: none, or loading them would cost more than computing them), or -1 while it
+   is still reading them: then the sequence stays first in line, nothing behind it is
+   admitted in this step (counted in n_tier_waits), and the tier is asked to start reading
+   for the next few in line (take false: nothing is taken, the answer is ignored). When
+   the sequence is admitted, place gets the physical blocks those loads must go to before
+   the next forward pass. A lookup (take) not followed by place is forgotten. */
 struct sched_tier {
     void *u;
-    int (*lookup)(void *u, const struct kvm_hash *keys, int n);
+    int (*lookup)(void *u, const struct kvm_hash *keys, int n, bool take);
     void (*place)(void *u, const int32_t *blocks, int n);
 };
 
@@ -185,6 +190,7 @@ struct sched_stats {
     uint64_t tier_lookups;      /* admissions that asked the second tier */
     uint64_t tier_query_tokens; /* tokens past the pool's hit offered to it */
     uint64_t tier_hit_tokens;   /* of those, loaded from it */
+    uint64_t n_tier_waits;      /* admissions put off while the tier read their blocks */
     struct kvm_stats kv;
 };
 
