@@ -147,6 +147,8 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "weld serve: %s\n", e.msg);
         return 1;
     }
+    /* a decode server's loads land in pool pages never touched: fault them in at start */
+    so.engine.kv_prefault = so.kv_role == SERVER_KV_CONSUMER || so.kv_role == SERVER_KV_BOTH;
     so.port = port;
     so.shutdown_timeout = grace;
     so.max_body = (size_t)max_body;

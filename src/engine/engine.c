@@ -111,6 +111,7 @@ struct engine {
        that asked it; and the guesses right / examined (decayed by SPEC_GUESS_DECAY a
        verify) */
     struct fit step_fit, prop_fit;
+    struct fit prefill_fit; /* steps of >= 64 tokens only: the KV tier's compute cost */
     double spec_guess_ok, spec_guess_n;
     uint64_t spec_skipped; /* steps that did not speculate since the last probe */
     uint64_t spec_probe;   /* steps between probes now (SPEC_PROBE_MIN..MAX) */
@@ -339,6 +340,7 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
     bp.kv_block_size = p->block_size;
     bp.kv_blocks = n_blocks;
     bp.kv_type = p->kv_dtype;
+    bp.kv_prefault_bytes = p->kv_prefault ? SIZE_MAX : 0;
     bp.n_threads = p->n_threads;
     bp.tuning = p->tuning;
     if ((rc = runner_create_ex(&eng->run, eng->m, &bp, e)))
@@ -1302,6 +1304,8 @@ static int step_run(struct engine *eng, struct sched_plan *pl, struct weld_err *
         double dt = time_now() - t0, x = pl->n_tokens;
         eng->st.t_forward += dt;
         fit_add(&eng->step_fit, x, dt);
+        if (x >= 64) /* prefill-sized steps: what computing a prompt's blocks costs */
+            fit_add(&eng->prefill_fit, x, dt);
     }
     if (rc) {
         /* Nothing of this plan was computed: keep its blocks out of the prefix cache. */
@@ -1370,9 +1374,9 @@ int engine_step(struct engine *eng, struct weld_err *e)
         return rc;
     if (eng->off) {
         /* evicted blocks out to the tier, then loaded ones in: before the forward pass */
-        double t0, t1;
-        if (fit_at(&eng->step_fit, 0, &t0) && fit_at(&eng->step_fit, 1024, &t1))
-            offload_set_token_cost(eng->off, (t1 - t0) / 1024);
+        double t1;
+        if (fit_at(&eng->prefill_fit, 1024, &t1))
+            offload_set_token_cost(eng->off, t1 / 1024);
         offload_apply(eng->off, sched_kvm(eng->s));
     }
     if (pl.n_entries == 0 && pl.n_failed == 0 && pl.n_preempted == 0) {

@@ -102,6 +102,10 @@ struct engine_params {
     const char *kv_offload_dir; /* --kv-offload-dir: a local directory, or NULL */
     uint64_t kv_offload_bytes;  /* --kv-offload-size: its budget; 0: 16 GiB */
     const char *kv_store;       /* --kv-store: redis://HOST[:PORT][/DB] or unix:///PATH */
+    bool kv_prefault;           /* touch every page of the KV pool at start (a decode
+                                       server: loaded blocks land in pages never written,
+                                       and a fault per page in the middle of a step stalls
+                                       every running decode); default: the first 256 MiB */
 };
 
 struct engine_stats {

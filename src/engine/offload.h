@@ -18,7 +18,8 @@
  * is being saved) and before the forward pass, which may already read them.
  *
  * Cheaper only. Loading a block costs the tier's measured read time per block; computing
- * it, block_size tokens at the step cost the engine fits (engine.c). When loading is
+ * it, block_size tokens at the cost per token of the engine's prefill-sized steps (a line
+ * fitted to steps of 64 tokens or more, engine.c; decode steps say nothing of it). When loading is
  * measured to be slower, lookups answer 0 except every 32nd, which keeps the measure
  * fresh. Reads in flight hold at most OFFLOAD_STAGING_BYTES together; a longer run is cut.
  *

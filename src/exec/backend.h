@@ -46,6 +46,8 @@ struct backend_params {
     int kv_block_size;  /* 0: default (16) */
     int kv_blocks;      /* physical KV blocks in the pool (ids [0, kv_blocks) in engine
                            tables); 0: enough for max_seqs sequences of max_ctx */
+    size_t kv_prefault_bytes; /* pool pages touched at creation (kv_config.prefault_bytes);
+                                0: the default 256 MiB; SIZE_MAX: all of it */
     enum weld_dtype kv_type; /* KV element type: DT_F16 (the default backend_params_init
                                 and runner_create pick), DT_BF16, DT_F32 or DT_Q8_0 (needs
                                 head_dim % 32 == 0). Zero-initialised params mean DT_F32. */

@@ -140,6 +140,7 @@ static int cpu_ctx_create(void **out, const struct model *m, const struct backen
         .block_size = p->kv_block_size,
         .n_blocks = p->kv_blocks,
         .type = p->kv_type,
+        .prefault_bytes = p->kv_prefault_bytes,
     };
     kv_shape_for(&m->cfg, &kc.kv_dim, &kc.head_dim, &kc.latent);
     if (c->part.tp_size > 1) { /* a shard's KV heads: its K part's */
