@@ -1157,10 +1157,11 @@ static void spec_propose(struct engine *eng)
 
 /* An entry that reached the end of its tokens: an embedding (hidden: its final hidden
    state) or a prompt-only request finishes; else fork (n > 1, first time), then sample. */
-/* A prefill worker's request (kv_save) has its prompt computed: its full blocks go to the
-   KV tier now, under their prefix hashes, and are written before the request can finish,
-   so a decode worker that gets the request next finds them. Blocks the engine thread for
-   the writes (a prefill worker's steps are long beside them). */
+/* A prefill worker's request (kv_save) has its prompt computed: its full blocks are copied
+   out of the pool into the KV tier's write queue now, under their prefix hashes, and the
+   request's result carries the ticket its answer waits on (engine_tier_wait) until they
+   are written, so a decode worker that gets the request next finds them. The engine goes
+   on with its next step meanwhile. */
 static void kv_handoff(struct engine *eng, const struct sched_seq *ss, struct request *r)
 {
     const int bs = eng->sc.kv.block_size;
@@ -1174,7 +1175,7 @@ static void kv_handoff(struct engine *eng, const struct sched_seq *ss, struct re
         for (int i = 0; i < n; i++)
             v[i] = (struct kvm_evicted){ss->table.blocks[i], h[i]};
         double t0 = time_now();
-        offload_save(eng->off, v, n);
+        r->kv_ticket = offload_save_async(eng->off, v, n);
         eng->st.kv_handoff_seconds += time_now() - t0;
         eng->st.kv_handoffs++;
         eng->st.kv_handoff_tokens += (uint64_t)n * (uint64_t)bs;
@@ -1392,6 +1393,12 @@ int engine_step(struct engine *eng, struct weld_err *e)
     eng->in_step = false;
     step_aborts(eng);
     return rc;
+}
+
+void engine_tier_wait(const struct engine *eng, uint64_t ticket)
+{
+    if (eng->off && ticket)
+        offload_wait_saved(eng->off, ticket);
 }
 
 bool engine_broken(const struct engine *eng)

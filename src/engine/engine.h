@@ -148,7 +148,8 @@ struct engine_stats {
     double tier_load_seconds;         /* copying loaded blocks into the pool */
     uint64_t kv_handoffs;             /* kv_save requests whose blocks were saved */
     uint64_t kv_handoff_tokens;       /* their prompt tokens saved */
-    double kv_handoff_seconds;        /* saving them (until written) */
+    double kv_handoff_seconds;        /* the engine's part of saving them (copied out of the
+                                       pool and queued; the writes run on) */
     uint64_t kv_remote_prefills;      /* requests that came with a prefill worker's handle */
     uint64_t kv_remote_tokens;        /* the tokens those handles said were saved */
     uint64_t kv_remote_loaded_tokens; /* of their prompts, loaded from the tier */
@@ -169,6 +170,10 @@ uint64_t engine_kv_auto_bytes(uint64_t seq_bytes, int max_num_seqs, uint64_t mem
                               uint64_t weight_bytes);
 
 int engine_create(struct engine **out, const struct engine_params *p, struct weld_err *e);
+/* Wait until the KV blocks a kv_save request handed to the tier (request_result.kv_ticket)
+   are written. The one call safe from any thread while the engine runs (it touches only
+   the tier's queue). */
+void engine_tier_wait(const struct engine *eng, uint64_t ticket);
 /* NULL-safe. Unfinished requests are dropped without callbacks. */
 void engine_free(struct engine *eng);
 

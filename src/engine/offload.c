@@ -387,6 +387,17 @@ void offload_save(struct offload *o, const struct kvm_evicted *blocks, int n)
     kvtier_flush(o->tier);
 }
 
+uint64_t offload_save_async(struct offload *o, const struct kvm_evicted *blocks, int n)
+{
+    save_now(o, blocks, n, true);
+    return kvtier_ticket(o->tier);
+}
+
+void offload_wait_saved(struct offload *o, uint64_t ticket)
+{
+    kvtier_wait_ticket(o->tier, ticket);
+}
+
 void offload_set_token_cost(struct offload *o, double seconds)
 {
     o->token_cost = seconds;

@@ -69,6 +69,11 @@ void offload_apply(struct offload *o, struct kvm *kvm);
 /* Save blocks (ids with their hashes) now and wait until they are written: a prefill
    worker handing a prompt to a decode worker, a pool saved at shutdown. */
 void offload_save(struct offload *o, const struct kvm_evicted *blocks, int n);
+/* The same without the wait: the blocks are copied out of the pool now (waiting only for
+   room in the write queue); returns the ticket offload_wait_saved waits on, from any
+   thread, until they are written. */
+uint64_t offload_save_async(struct offload *o, const struct kvm_evicted *blocks, int n);
+void offload_wait_saved(struct offload *o, uint64_t ticket);
 /* The engine's current estimate of the seconds one token costs to compute (0: none). */
 void offload_set_token_cost(struct offload *o, double seconds);
 void offload_stats(struct offload *o, struct kvtier_stats *st, uint64_t *blocks_loaded,

@@ -556,6 +556,7 @@ static void seq_finish(struct request *r, struct request_seq *s, enum request_fi
         .n_tier_tokens = r->n_tier,
         .n_kv_saved_tokens = r->n_kv_saved,
         .kv_saved_hash = {r->kv_saved_hash[0], r->kv_saved_hash[1]},
+        .kv_ticket = r->kv_ticket,
         .n_generated_tokens = s->n_tokens,
         .t_queue = r->t_scheduled > 0 ? r->t_scheduled - r->t_arrival : now - r->t_arrival,
         .t_first_token = r->t_first_token > 0 ? r->t_first_token - r->t_arrival : 0,

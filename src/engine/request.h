@@ -119,10 +119,10 @@ struct request_params {
     const char *cache_salt;          /* NULL or a string mixed into prefix-cache hashes */
     const char *grammar;             /* NULL, or GBNF (grammar/) every sequence's output
                                         must match: compiled by the engine, not copied */
-    bool kv_save;                    /* once its prompt is computed, save the prompt's full
-                                        KV blocks to the KV tier and wait until they are
-                                        written (a prefill worker handing the sequence to a
-                                        decode worker; needs a tier) */
+    bool kv_save;                    /* once its prompt is computed, hand the prompt's full
+                                        KV blocks to the KV tier (a prefill worker handing
+                                        the sequence to a decode worker; needs a tier); the
+                                        result's kv_ticket says when they are written */
     int kv_remote_tokens;            /* >= 0: a prefill worker saved this many of its prompt
                                         tokens for this (decode) engine to load (counted in
                                         the stats); -1: none (the default) */
@@ -148,6 +148,7 @@ struct request_result {
     int n_tier_tokens;               /* of the cached ones, loaded from the KV tier */
     int n_kv_saved_tokens;           /* kv_save: prompt tokens whose blocks were saved */
     uint64_t kv_saved_hash[2];       /* ... the prefix hash of the last of them (lo, hi) */
+    uint64_t kv_ticket;              /* ... written once engine_tier_wait(ticket) returns */
     double t_queue;                  /* seconds from arrival to first scheduled */
     double t_first_token;            /* seconds from arrival to first token (TTFT) */
     double t_total;                  /* seconds from arrival to finish */
@@ -195,6 +196,7 @@ struct request {
     int n_tier;                      /* of them, loaded from the KV tier */
     int n_kv_saved;                  /* kv_save: tokens saved, and the last block's hash */
     uint64_t kv_saved_hash[2];
+    uint64_t kv_ticket;              /* engine_tier_wait's ticket for them */
     const struct tokenizer *tok;     /* may be NULL (tests): no text, no eog ids */
     int n_vocab;
     struct request_seq *seqs;        /* (n_seqs = p.n) */

@@ -349,6 +349,22 @@ void kvtier_flush(struct kvtier *t)
     pthread_mutex_unlock(&t->mu);
 }
 
+uint64_t kvtier_ticket(struct kvtier *t)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t v = t->enqueued;
+    pthread_mutex_unlock(&t->mu);
+    return v;
+}
+
+void kvtier_wait_ticket(struct kvtier *t, uint64_t ticket)
+{
+    pthread_mutex_lock(&t->mu);
+    while (t->written < ticket)
+        pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+
 void kvtier_stats_get(struct kvtier *t, struct kvtier_stats *st)
 {
     pthread_mutex_lock(&t->mu);

@@ -98,6 +98,10 @@ int kvtier_get_run(struct kvtier *t, const struct kvtier_key *keys, int n, void 
 int kvtier_put(struct kvtier *t, const struct kvtier_key *keys, int n, const void *src, bool wait);
 /* Return once every put queued before the call is written (or failed). */
 void kvtier_flush(struct kvtier *t);
+/* A ticket for the puts queued so far, and waiting (from any thread) until they are
+   written: kvtier_flush for puts of one's own while others keep queueing. */
+uint64_t kvtier_ticket(struct kvtier *t);
+void kvtier_wait_ticket(struct kvtier *t, uint64_t ticket);
 void kvtier_stats_get(struct kvtier *t, struct kvtier_stats *st);
 /* "file" / "store". */
 const char *kvtier_name(enum kvtier_which w);

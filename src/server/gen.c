@@ -79,6 +79,8 @@ struct server_gen {
     bool go, closed, quit, busy;
     struct server_metrics m;
     uint64_t success_pending[5];          /* finished since the last snapshot */
+    int tier_waiters;                     /* HTTP threads in server_gen_tier_wait */
+    bool eng_gone;                        /* server_gen_free is freeing the engine */
     size_t stream_buffer;                 /* 0: no cap */
     double stall_timeout;                 /* 0: none */
     struct server_job *resume_head;       /* jobs whose HTTP side asked for a resume */
@@ -261,6 +263,7 @@ static void on_finish(void *user, uint64_t req_id, int seq, const struct request
         ev->n_kv_saved = r->n_kv_saved_tokens;
         ev->kv_saved_hash[0] = r->kv_saved_hash[0];
         ev->kv_saved_hash[1] = r->kv_saved_hash[1];
+        ev->kv_ticket = r->kv_ticket;
         ev->n_generated = r->n_generated_tokens;
         if (ls)
             ev->stop_reason = memcpy(ev->text + 1, r->stop_reason, ls);
@@ -600,6 +603,11 @@ void server_gen_free(struct server_gen *g)
     if (!g)
         return;
     server_gen_halt(g);
+    pthread_mutex_lock(&g->mu); /* HTTP threads waiting for the tier's writes first */
+    g->eng_gone = true;
+    while (g->tier_waiters > 0)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
     engine_free(g->eng);
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
@@ -812,4 +820,19 @@ bool server_gen_drain(struct server_gen *g, double timeout)
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
+}
+
+void server_gen_tier_wait(struct server_gen *g, uint64_t ticket)
+{
+    pthread_mutex_lock(&g->mu);
+    const struct engine *eng = g->eng_gone ? NULL : g->eng;
+    g->tier_waiters += eng != NULL;
+    pthread_mutex_unlock(&g->mu);
+    if (!eng)
+        return;
+    engine_tier_wait(eng, ticket); /* thread-safe: only the tier's write queue */
+    pthread_mutex_lock(&g->mu);
+    g->tier_waiters--;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }

@@ -71,6 +71,7 @@ struct server_event {
     int n_tier;                   /* of the cached tokens, loaded from the KV tier */
     int n_kv_saved;               /* kv_save: prompt tokens saved for a decode server */
     uint64_t kv_saved_hash[2];    /* ... the last saved block's prefix hash (lo, hi) */
+    uint64_t kv_ticket;           /* ... written once server_gen_tier_wait(ticket) returns */
     char *stop_reason;            /* points into the event's own storage, or NULL */
     char *error;                  /* likewise */
     /* a result event (just before its choice's finish; points into its own storage):
@@ -129,5 +130,9 @@ void server_gen_count_http(struct server_gen *g, int status);
 void server_gen_close(struct server_gen *g);
 /* Wait until no job is queued or running, at most timeout seconds; true if idle. */
 bool server_gen_drain(struct server_gen *g, double timeout);
+
+/* Wait until the KV blocks of a finished kv_save request are written (its event's
+   kv_ticket): from an HTTP thread, before it hands out the transfer handle. */
+void server_gen_tier_wait(struct server_gen *g, uint64_t ticket);
 
 #endif

@@ -49,6 +49,7 @@ struct gen_ctx {
     int n_choices, prompt_tokens, cached_tokens;
     int kv_saved; /* kv_save: prompt tokens saved, and the last hash */
     uint64_t kv_hash[2];
+    uint64_t kv_ticket; /* wait for it before handing out the handle */
     char id[64];
     long created;
     double t_check;                /* last disconnect check (time_now) */
@@ -138,6 +139,7 @@ static void apply_event(struct gen_ctx *g, const struct server_event *ev)
             g->kv_saved = ev->n_kv_saved;
             g->kv_hash[0] = ev->kv_saved_hash[0];
             g->kv_hash[1] = ev->kv_saved_hash[1];
+            g->kv_ticket = ev->kv_ticket;
         }
         return;
     }
@@ -237,6 +239,7 @@ static enum MHD_Result answer_whole(struct gen_ctx *g)
     json_t *body = server_resp_json(&g->r, g->id, g->created, g->ch, g->n_choices,
                                     g->prompt_tokens, g->cached_tokens);
     if (body && g->r.kv_remote_decode) { /* the handle for the decode server (kv_transfer.c) */
+        server_gen_tier_wait(g->s->gen, g->kv_ticket); /* its blocks are written first */
         char hash[40], engine[96];
         snprintf(hash, sizeof hash, "%016llx%016llx", (unsigned long long)g->kv_hash[1],
                  (unsigned long long)g->kv_hash[0]);
