@@ -1174,6 +1174,7 @@ static void kv_handoff(struct engine *eng, const struct sched_seq *ss, struct re
         kvm_prefix_hashes(&ss->table, ss->tokens, bs, n, h);
         for (int i = 0; i < n; i++)
             v[i] = (struct kvm_evicted){ss->table.blocks[i], h[i]};
+        kvm_mark_in_tier(sched_kvm(eng->s), ss->table.blocks, n);
         double t0 = time_now();
         r->kv_ticket = offload_save_async(eng->off, v, n);
         eng->st.kv_handoff_seconds += time_now() - t0;

@@ -42,6 +42,7 @@ struct kvm_block {
     uint8_t list;       /* KVM_LIST_* */
     bool hashed;        /* hash is valid: the block is full of computed tokens */
     bool registered;    /* in the hash map (implies hashed) */
+    bool in_tier;       /* its content is in the second tier already (not logged again) */
     struct kvm_hash hash;
 };
 
@@ -247,13 +248,15 @@ static int block_alloc(struct kvm *m)
         WELD_ASSERT(m->lru.n > 0);
         id = m->lru.head;
         list_remove(m, &m->lru, id);
-        if (m->evicted && m->blocks[id].registered && m->n_evicted < m->cfg.n_blocks)
+        if (m->evicted && m->blocks[id].registered && !m->blocks[id].in_tier &&
+            m->n_evicted < m->cfg.n_blocks)
             m->evicted[m->n_evicted++] = (struct kvm_evicted){id, m->blocks[id].hash};
         map_remove(m, id);
         m->evictions++;
     }
     struct kvm_block *b = &m->blocks[id];
     b->hashed = false;
+    b->in_tier = false;
     b->ref = 1;
     m->n_used++;
     return id;
@@ -547,6 +550,13 @@ const struct kvm_evicted *kvm_evictions(const struct kvm *m, int *n)
 void kvm_evictions_clear(struct kvm *m)
 {
     m->n_evicted = 0;
+}
+
+void kvm_mark_in_tier(struct kvm *m, const int32_t *blocks, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (blocks[i] >= 0 && blocks[i] < m->cfg.n_blocks)
+            m->blocks[blocks[i]].in_tier = true;
 }
 
 void kvm_prefix_hashes(const struct kvm_table *t, const int32_t *tokens, int block_size,

@@ -193,6 +193,9 @@ void kvm_copies_clear(struct kvm *m);
    and clears the log. */
 const struct kvm_evicted *kvm_evictions(const struct kvm *m, int *n);
 void kvm_evictions_clear(struct kvm *m);
+/* These blocks' content is in the second tier already (loaded from it, or saved to it):
+   their eviction is not logged, until they are allocated for new content. */
+void kvm_mark_in_tier(struct kvm *m, const int32_t *blocks, int n);
 /* The chained hashes of the first n_blocks full blocks of tokens for table t (only its
    salt is used): the prefix-cache keys those blocks have or would have. */
 void kvm_prefix_hashes(const struct kvm_table *t, const int32_t *tokens, int block_size,

@@ -24,6 +24,7 @@
 #define PROBE_EVERY 32
 #define PREFETCH_SLOTS 8
 #define PREFETCH_KEEP_S 2.0
+#define PREFETCH_WAIT_S 0.003 /* the first in line waits this long before the step goes on */
 
 /* A read the prefetch thread does for one lookup: keys[0, n) into buf, got of them found. */
 struct pslot {
@@ -218,6 +219,19 @@ void offload_free(struct offload *o)
     wfree(o);
 }
 
+/* Under mu: wait until p is read or `seconds` passed. */
+static void wait_ready(struct offload *o, struct pslot *p, double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long ns = ts.tv_nsec + (long)(seconds * 1e9);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    while (p->state != SLOT_READY && p->state != SLOT_EMPTY)
+        if (pthread_cond_timedwait(&o->cv_done, &o->mu, &ts))
+            break;
+}
+
 static bool same_keys(const struct pslot *p, const struct kvm_hash *keys, int n)
 {
     return p->n == n && p->keys[0].lo == keys[0].lo && p->keys[0].hi == keys[0].hi &&
@@ -255,6 +269,8 @@ int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take)
         if (x->state == SLOT_READY && (!oldest || x->t_done < oldest->t_done))
             oldest = x;
     }
+    if (p && take && p->state != SLOT_READY) /* a quick answer (a miss, a few blocks) */
+        wait_ready(o, p, PREFETCH_WAIT_S);
     if (p && (p->state != SLOT_READY || !take)) {
         pthread_mutex_unlock(&o->mu);
         return -1; /* reading, or read for a sequence not yet first in line */
@@ -295,7 +311,9 @@ int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take)
     free_slot->state = SLOT_QUEUED;
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
-    return -1;
+    /* the first in line waits a moment: a miss or a short run is answered in well under
+       that, and the step does not go without it */
+    return take ? offload_lookup(u, keys, n, true) : -1;
 }
 
 void offload_place(void *u, const int32_t *blocks, int n)

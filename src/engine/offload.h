@@ -11,8 +11,9 @@
  * Load. At admission the scheduler asks offload_lookup for the blocks past the pool's own
  * hit (sched.h, struct sched_tier). A prefetch thread reads the run the tier holds into
  * memory and checks it (kvtier.h: fingerprint, key, checksums: a damaged entry is a miss,
- * never wrong KV); meanwhile the sequence waits and the engine's steps go on (a Redis
- * round trip or a cold disk never stalls the decodes of others). The next lookup takes
+ * never wrong KV). The lookup waits up to 3 ms for it (a miss or a short run: the step
+ * does not go without the sequence); past that the sequence waits and the engine's steps
+ * go on (a Redis round trip or a cold disk never stalls the decodes of others). The next lookup takes
  * what was read; when the sequence is admitted, offload_place names the pool blocks, and
  * offload_apply copies them in after the saves (a load may go to a block whose old content
  * is being saved) and before the forward pass, which may already read them.

@@ -769,9 +769,11 @@ static int plan_admit(struct sched *s, struct sched_plan *p, int *budget, struct
             rc = kvm_table_reserve(s->kvm, &seq->table, cached + loaded + n, e);
         if (!rc && loaded) {
             rc = kvm_table_commit(s->kvm, &seq->table, seq->tokens, cached + loaded, e);
-            if (!rc)
-                s->cfg.tier.place(s->cfg.tier.u, seq->table.blocks + cached / s->cfg.kv.block_size,
-                                  loaded / s->cfg.kv.block_size);
+            if (!rc) {
+                const int32_t *b = seq->table.blocks + cached / s->cfg.kv.block_size;
+                s->cfg.tier.place(s->cfg.tier.u, b, loaded / s->cfg.kv.block_size);
+                kvm_mark_in_tier(s->kvm, b, loaded / s->cfg.kv.block_size);
+            }
         }
         if (rc) {
             kvm_table_free(s->kvm, &seq->table);
