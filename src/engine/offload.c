@@ -56,7 +56,7 @@ struct offload {
     uint8_t *save_buf; /* (SAVE_CHUNK) blocks */
     struct kvtier_key keys[SAVE_CHUNK];
     double token_cost; /* seconds per computed token (engine's fit) */
-    double load_cost;  /* seconds per loaded block (decayed mean); 0: unknown */
+    double load_cost;  /* seconds per read block (decayed mean; under mu); 0: unknown */
     uint64_t lookups_skipped;
     uint64_t loaded, saved;
     double t_load;
@@ -97,6 +97,10 @@ static void *prefetch_main(void *arg)
         }
         double now = time_now();
         pthread_mutex_lock(&o->mu);
+        if (got > 0) { /* every read, taken or not, keeps the measure fresh */
+            double per = (now - t0) / got;
+            o->load_cost = o->load_cost > 0 ? 0.8 * o->load_cost + 0.2 * per : per;
+        }
         p->got = got;
         p->t_read = now - t0;
         p->t_done = now;
@@ -242,20 +246,9 @@ static bool same_keys(const struct pslot *p, const struct kvm_hash *keys, int n)
    it; the next lookup of the same keys then takes the blocks it found. A slot nobody
    claims within PREFETCH_KEEP_S (its sequence was aborted, or admitted without it) is
    dropped when a slot is needed. */
-int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take)
+static int slots_lookup(struct offload *o, const struct kvm_hash *keys, int n, bool take,
+                        bool first_try)
 {
-    struct offload *o = u;
-    if (take) {
-        wfree(o->tent);
-        o->tent = NULL;
-        o->n_tent = 0;
-    }
-    if (o->load_cost > 0 && o->token_cost > 0 && o->load_cost > o->token_cost * o->block_size &&
-        ++o->lookups_skipped % PROBE_EVERY != 0)
-        return 0;
-    n = n < o->max_blocks ? n : o->max_blocks;
-    if (n <= 0)
-        return 0;
     pthread_mutex_lock(&o->mu);
     struct pslot *p = NULL, *free_slot = NULL, *oldest = NULL;
     double now = time_now();
@@ -279,14 +272,11 @@ int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take)
         free_slot = oldest; /* the sequence first in line comes before the lookahead's */
     if (p) {                /* read: take its blocks */
         int got = p->got;
-        double per = got > 0 ? p->t_read / got : 0;
         o->tent = p->buf;
         o->n_tent = got;
         p->buf = NULL;
         slot_clear(p);
         pthread_mutex_unlock(&o->mu);
-        if (got > 0)
-            o->load_cost = o->load_cost > 0 ? 0.8 * o->load_cost + 0.2 * per : per;
         if (!got) {
             wfree(o->tent);
             o->tent = NULL;
@@ -313,7 +303,25 @@ int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take)
     pthread_mutex_unlock(&o->mu);
     /* the first in line waits a moment: a miss or a short run is answered in well under
        that, and the step does not go without it */
-    return take ? offload_lookup(u, keys, n, true) : -1;
+    return take && first_try ? slots_lookup(o, keys, n, true, false) : -1;
+}
+
+int offload_lookup(void *u, const struct kvm_hash *keys, int n, bool take)
+{
+    struct offload *o = u;
+    if (take) {
+        wfree(o->tent);
+        o->tent = NULL;
+        o->n_tent = 0;
+    }
+    pthread_mutex_lock(&o->mu);
+    bool dearer = o->load_cost > 0 && o->token_cost > 0 &&
+                  o->load_cost > o->token_cost * o->block_size;
+    pthread_mutex_unlock(&o->mu);
+    if (dearer && ++o->lookups_skipped % PROBE_EVERY != 0)
+        return 0;
+    n = n < o->max_blocks ? n : o->max_blocks;
+    return n > 0 ? slots_lookup(o, keys, n, take, true) : 0;
 }
 
 void offload_place(void *u, const int32_t *blocks, int n)

@@ -647,6 +647,29 @@ static bool prefix_in_flight(const struct sched *s, const struct sched_seq *seq,
     return false;
 }
 
+/* The prefix keys of seq's full blocks [0, *last) into s->tier_keys, *first the first past
+   a pool hit of `hit` tokens (the last block before the last token at most: one token is
+   always computed). False when there is no tier, nothing past the hit, or no memory. */
+static bool tier_keys(struct sched *s, const struct sched_seq *seq, int hit, int *first, int *last)
+{
+    const int bs = s->cfg.kv.block_size;
+    if (!s->cfg.tier.lookup || !s->cfg.kv.prefix_caching)
+        return false;
+    *first = hit / bs;
+    *last = (seq->n_tokens - 1) / bs;
+    if (*last <= *first)
+        return false;
+    if (*last > s->cap_tier_keys) {
+        struct kvm_hash *k = wrealloc(s->tier_keys, (size_t)*last * sizeof *k);
+        if (!k)
+            return false;
+        s->tier_keys = k;
+        s->cap_tier_keys = *last;
+    }
+    kvm_prefix_hashes(&seq->table, seq->tokens, bs, *last, s->tier_keys);
+    return true;
+}
+
 /* The second tier's part of seq's admission after a pool hit of `hit` tokens, with n
    tokens planned to compute (which fit): asks the tier for the full blocks after the hit
    and keeps the leading ones that still fit with the chunk that then follows (less to
@@ -656,19 +679,9 @@ static int tier_lookup(struct sched *s, struct sched_seq *seq, int hit, const in
                        int evictable)
 {
     const int bs = s->cfg.kv.block_size;
-    if (!s->cfg.tier.lookup || !s->cfg.kv.prefix_caching)
-        return 0;
-    int first = hit / bs, last = (seq->n_tokens - 1) / bs;
-    if (last <= first)
-        return 0;
-    if (last > s->cap_tier_keys) {
-        struct kvm_hash *k = wrealloc(s->tier_keys, (size_t)last * sizeof *k);
-        if (!k)
-            return 0; /* compute instead */
-        s->tier_keys = k;
-        s->cap_tier_keys = last;
-    }
-    kvm_prefix_hashes(&seq->table, seq->tokens, bs, last, s->tier_keys);
+    int first, last;
+    if (!tier_keys(s, seq, hit, &first, &last))
+        return 0; /* nothing to ask, or no memory for the keys: compute */
     s->tier_lookups++;
     int k = s->cfg.tier.lookup(s->cfg.tier.u, s->tier_keys + first, last - first, true);
     if (k < 0)
@@ -692,22 +705,10 @@ static int tier_lookup(struct sched *s, struct sched_seq *seq, int hit, const in
    (lookup without taking them), so that reads overlap while the order is kept. */
 static void tier_prefetch(struct sched *s, struct sched_seq *seq)
 {
-    const int bs = s->cfg.kv.block_size;
-    if (!s->cfg.tier.lookup || !s->cfg.kv.prefix_caching)
-        return;
+    int first, last;
     int hit = kvm_prefix_peek(s->kvm, &seq->table, seq->tokens, seq->n_tokens, NULL);
-    int first = hit / bs, last = (seq->n_tokens - 1) / bs;
-    if (last <= first)
-        return;
-    if (last > s->cap_tier_keys) {
-        struct kvm_hash *k = wrealloc(s->tier_keys, (size_t)last * sizeof *k);
-        if (!k)
-            return;
-        s->tier_keys = k;
-        s->cap_tier_keys = last;
-    }
-    kvm_prefix_hashes(&seq->table, seq->tokens, bs, last, s->tier_keys);
-    (void)s->cfg.tier.lookup(s->cfg.tier.u, s->tier_keys + first, last - first, false);
+    if (tier_keys(s, seq, hit, &first, &last))
+        (void)s->cfg.tier.lookup(s->cfg.tier.u, s->tier_keys + first, last - first, false);
 }
 
 /* Step 3: admit waiting sequences in key order while they fit; paused ones are passed

@@ -32,7 +32,8 @@ import http from 'node:http';
 import net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { counter, metrics, sleep, startServer, stopServer } from './serve_lib.mjs';
+import { counter, metrics, sleep, startRouter as startRouterOf, startServer, stopServer }
+  from './serve_lib.mjs';
 
 const [weld, stories, tmp, sanitized] = process.argv.slice(2);
 const slow = sanitized === '1';
@@ -44,37 +45,7 @@ const PROMPT = 'Once upon a time';
 
 // ---- helpers ---------------------------------------------------------------------------
 
-const routers = new Set();
-process.on('exit', () => { for (const p of routers) { try { p.kill('SIGKILL'); } catch {} } });
-
-async function startRouter(args, { healthy = true } = {}) {
-  const proc = spawn(weld, ['router', '--port', '0', ...args],
-                     { stdio: ['ignore', 'ignore', 'pipe'] });
-  routers.add(proc);
-  let err = '';
-  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => {
-    routers.delete(proc);
-    resolve({ code, sig });
-  }));
-  const port = await new Promise((resolve, reject) => {
-    const tm = setTimeout(() => reject(new Error('no "listening on" line in 30 s: ' + err)), 30000);
-    proc.stderr.on('data', (d) => {
-      err += d.toString();
-      const m = err.match(/weld router: listening on http:\/\/[\d.]+:(\d+)/);
-      if (m) { clearTimeout(tm); resolve(Number(m[1])); }
-    });
-    proc.on('exit', (code) => reject(new Error(`weld router exited (${code}): ${err}`)));
-  });
-  const base = `http://127.0.0.1:${port}`;
-  if (healthy) {
-    const t0 = Date.now();
-    while ((await fetch(base + '/health').catch(() => null))?.status !== 200) {
-      if (Date.now() - t0 > 20000) throw new Error('router /health never 200: ' + err);
-      await sleep(20);
-    }
-  }
-  return { proc, base, exited, stderr: () => err };
-}
+const startRouter = (args, opts) => startRouterOf(weld, args, opts);
 
 async function stopRouter(r, what) {
   r.proc.kill('SIGTERM');

@@ -55,6 +55,38 @@ export async function startServer(weld, model, args = [], env = {}) {
   return { proc, port, base, exited, stderr: () => err };
 }
 
+// `weld router ARGS` on a free port (--port 0; its "listening on" line), waiting for
+// /health to answer 200 unless healthy is false. Killed like servers if still running
+// when the script exits.
+export async function startRouter(weld, args, { healthy = true } = {}) {
+  const proc = spawn(weld, ['router', '--port', '0', ...args],
+                     { stdio: ['ignore', 'ignore', 'pipe'] });
+  live.add(proc);
+  let err = '';
+  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => {
+    live.delete(proc);
+    resolve({ code, sig });
+  }));
+  const port = await new Promise((resolve, reject) => {
+    const tm = setTimeout(() => reject(new Error('no "listening on" line in 30 s: ' + err)), 30000);
+    proc.stderr.on('data', (d) => {
+      err += d.toString();
+      const m = err.match(/weld router: listening on http:\/\/[\d.]+:(\d+)/);
+      if (m) { clearTimeout(tm); resolve(Number(m[1])); }
+    });
+    proc.on('exit', (code) => reject(new Error(`weld router exited (${code}): ${err}`)));
+  });
+  const base = `http://127.0.0.1:${port}`;
+  if (healthy) {
+    const t0 = Date.now();
+    while ((await fetch(base + '/health').catch(() => null))?.status !== 200) {
+      if (Date.now() - t0 > 20000) throw new Error('router /health never 200: ' + err);
+      await sleep(20);
+    }
+  }
+  return { proc, base, exited, stderr: () => err };
+}
+
 export async function stopServer(s) {
   s.proc.kill('SIGTERM');
   return s.exited;

@@ -11,7 +11,7 @@
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import OpenAI from 'openai';
-import { counter, metrics, sleep, startServer, stopServer } from './serve_lib.mjs';
+import { counter, metrics, sleep, startRouter, startServer, stopServer } from './serve_lib.mjs';
 
 const [weld, stories, tmp] = process.argv.slice(2);
 const t = counter();
@@ -42,28 +42,6 @@ const post = async (base, path, body) => {
   return { status: r.status, body: await r.json() };
 };
 const strip = (r) => r.choices.map((c) => [c.text ?? c.message?.content, c.finish_reason]);
-
-// `weld router` on a free port (its "listening on" line), like startServer
-async function startRouter(args) {
-  const proc = spawn(weld, ['router', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
-  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
-  let err = '';
-  const port = await new Promise((resolve, reject) => {
-    const to = setTimeout(() => reject(new Error('router: no "listening on" line: ' + err)), 30000);
-    proc.stderr.on('data', (d) => {
-      err += d.toString();
-      const m = err.match(/listening on http:\/\/[\d.]+:(\d+)/);
-      if (m) { clearTimeout(to); resolve(Number(m[1])); }
-    });
-  });
-  const base = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 300; i++) {
-    const r = await fetch(base + '/health').catch(() => null);
-    if (r && r.status === 200) break;
-    await sleep(50);
-  }
-  return { proc, base, exited };
-}
 
 // the router's two steps: prefill (max_tokens 1, no stream) for the handle, then decode
 async function pd(P, D, path, body) {
@@ -153,7 +131,7 @@ try {
   t.check(md['weld:kv_tier_block_hits_total'] > 0, 'store hits in the tier metrics');
 
   // the same through `weld router --pd`: the router makes both steps
-  const R = await startRouter(['--pd', '--prefill', P.base, '--decode', D.base]);
+  const R = await startRouter(weld, ['--pd', '--prefill', P.base, '--decode', D.base]);
   try {
     const client = new OpenAI({ baseURL: R.base + '/v1', apiKey: 'none', maxRetries: 0 });
     for (const extra of [{ temperature: 0 }, { temperature: 0.8, seed: 3, n: 3 }]) {
