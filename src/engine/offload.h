@@ -2,35 +2,29 @@
  * offload - the engine's side of the KV tier (kvtier/): what the pool evicts is saved
  * there, and what a new prompt finds there is loaded instead of computed.
  *
- * Save. The block manager logs every cached block it evicts (kv_manager.h,
- * log_evictions); before each forward pass (which is what would overwrite them)
- * offload_apply copies those blocks out of the pool (backend block_save) and queues them
- * for the tier's writer, under their prefix hashes. A block the tier already holds is not
- * written again (the tier checks); a full write queue drops saves (counted), never waits.
+ * Save. The block manager logs each cached block it evicts (kv_manager.h); before the
+ * next forward pass, which would overwrite them, offload_apply copies them out of the pool
+ * (backend block_save) into the tier's write queue under their prefix hashes. Blocks the
+ * tier holds already are skipped; a full queue drops saves (counted), never waits.
  *
- * Load. At admission the scheduler asks offload_lookup for the blocks past the pool's own
- * hit (sched.h, struct sched_tier). A prefetch thread reads the run the tier holds into
- * memory and checks it (kvtier.h: fingerprint, key, checksums: a damaged entry is a miss,
- * never wrong KV). The lookup waits up to 3 ms for it (a miss or a short run: the step
- * does not go without the sequence); past that the sequence waits and the engine's steps
- * go on (a Redis round trip or a cold disk never stalls the decodes of others). The next lookup takes
- * what was read; when the sequence is admitted, offload_place names the pool blocks, and
- * offload_apply copies them in after the saves (a load may go to a block whose old content
- * is being saved) and before the forward pass, which may already read them.
+ * Load. At admission the scheduler asks offload_lookup for the blocks past the pool's hit
+ * (sched.h, struct sched_tier). A prefetch thread reads and checks the run the tier holds
+ * (a damaged entry is a miss, never wrong KV). The lookup waits up to 3 ms (a miss or a
+ * short run costs no step); past that the sequence waits and the other sequences' steps
+ * go on. A later lookup takes what was read, offload_place names its pool blocks, and
+ * offload_apply copies them in after the saves (a load may reuse a block being saved) and
+ * before the forward pass.
  *
- * Cheaper only. Loading a block costs the tier's measured read time per block; computing
- * it, block_size tokens at the cost per token of the engine's prefill-sized steps (a line
- * fitted to steps of 64 tokens or more, engine.c; decode steps say nothing of it). When loading is
- * measured to be slower, lookups answer 0 except every 32nd, which keeps the measure
- * fresh. Reads in flight hold at most OFFLOAD_STAGING_BYTES together; a longer run is cut.
+ * Cheaper only. A block's load costs the measured read time; its compute, block_size
+ * tokens at the cost of prefill-sized steps (engine.c). While loading measures dearer,
+ * lookups answer 0 but every 32nd. Reads in flight hold at most OFFLOAD_STAGING_BYTES.
  *
- * The fingerprint every entry must match: XXH3-128 of the layout version, the model's
- * shape (architecture, vocabulary, dimensions, heads, layers), the KV dtype and block size,
- * and samples of every layer's K and V projection weights and of the token embeddings, so
- * another model, a requantized one, another dtype or block size never matches.
+ * Fingerprint (what every entry must match): XXH3-128 of the layout version, the model's
+ * shape, the KV dtype and block size, and samples of every layer's K/V projections and of
+ * the embeddings: another model, quantization, dtype or block size never matches.
  *
- * A backend that cannot move blocks (several processes) refuses the tier at start, and
- * so does a draft-model or MTP proposer (its own KV would be missing for loaded blocks).
+ * Refused at start: a backend of several processes, a draft or MTP proposer (its own KV
+ * would be missing for loaded blocks).
  */
 #ifndef WELD_ENGINE_OFFLOAD_H
 #define WELD_ENGINE_OFFLOAD_H

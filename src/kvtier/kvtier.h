@@ -2,36 +2,29 @@
  * kvtier - the second tier of the KV cache: blocks the pool lets go of, kept on local disk
  * and in a shared store, found again by their prefix hash.
  *
- * What it is. A block's key is its prefix-cache hash (engine/kv_manager.h: XXH3-128 of
- * its parent's hash and its token ids, from the cache salt), so a key names a whole
- * prefix, never a block alone. An entry is a 64-byte header (magic, the fingerprint of
- * model + shard + KV type + block size + layout, the key, the payload length and its
- * XXH3-64, a checksum of the header) and the block's bytes in the layout-independent order
- * of kv_block_save (exec/kv.h). Tiers, tried in this order:
- *   file   --kv-offload-dir: one file per entry under DIR/<fingerprint>/, written to a
- *          temporary name and renamed; bounded by a byte budget over the whole directory
- *          (every model's entries), least recently used first out; the index is rebuilt
- *          from the directory at start, so a restarted worker finds what it left.
+ * A block's key is its prefix-cache hash (engine/kv_manager.h), so a key names a whole
+ * prefix, never a block alone. An entry is a 64-byte header (magic, the engine's
+ * fingerprint, the key, the payload length and XXH3-64, the header's own XXH3-64) and the
+ * block's bytes in kv_block_save's layout-independent order (exec/kv.h). Tiers, in order:
+ *   file   --kv-offload-dir: a file per entry under DIR/<fingerprint>/, renamed into
+ *          place; a byte budget over the whole directory, least recently used out first;
+ *          the index is rebuilt from the directory at start (a restart finds it all).
  *   store  --kv-store redis://HOST[:PORT][/DB] or unix:///PATH: a Redis server shared by
- *          workers and machines (hiredis), key "weld:kv:<fingerprint>:<key>"; its size is
- *          Redis's business (maxmemory with an LRU policy).
+ *          workers and machines, key "weld:kv:<fingerprint>:<key>"; its size is Redis's
+ *          business (maxmemory with an LRU policy).
  * A put goes to every tier that lacks the entry.
  *
- * Trust. Nothing read is used unless its header matches this engine's fingerprint and key
- * and both checksums hold: another model, another dtype or block size, a truncated or
- * corrupted file are counted as rejects (the file is deleted) and read as a miss. So a
- * tier can be shared, copied or damaged without ever changing an answer.
+ * Trust. Nothing read is used unless its header matches the fingerprint and key and both
+ * checksums hold; anything else (another model or dtype, a torn or damaged file) is a
+ * reject, deleted, and reads as a miss: a tier can be shared or damaged without ever
+ * changing an answer.
  *
- * Threads. kvtier_get_run runs on the caller's thread (the engine's: a read is what a
- * cache hit waits for). Puts are copied into a bounded queue and written by one writer
- * thread (the engine never waits for a disk or the network to spill); a put that finds
- * the queue full is dropped and counted. A read finds a block still in the queue there. kvtier_flush waits for the queue to drain.
- * Every call other than get_run is safe from any thread; get_run from one thread at a
- * time.
+ * Threads. kvtier_get_run runs on its caller's thread, one at a time. Puts are copied into
+ * a bounded queue that one writer thread drains (a full queue drops them, counted); a read
+ * finds a block still queued there. Every other call is safe from any thread.
  *
- * Failure. A tier that cannot be opened at start is an error naming it and what to check;
- * later I/O errors (a full disk, Redis gone) are counted, logged at most every 10 s, and
- * read as misses; the store reconnects on the next use.
+ * Failure. A tier that cannot be opened is an error naming it; later I/O errors are
+ * counted, logged at most every 10 s and read as misses; the store reconnects.
  */
 #ifndef WELD_KVTIER_KVTIER_H
 #define WELD_KVTIER_KVTIER_H
