@@ -301,10 +301,13 @@ TEST(stream_pause_and_stall)
     CHECK_EQ_INT(r.reason[0], REQUEST_FINISH_LENGTH);
     CHECK_EQ_INT(metrics_of(g).st.paused, 0);
 
-    /* paused past the stall timeout: aborted, its socket shut down */
+    /* paused past the stall timeout: aborted, its socket shut down. The job is watched
+       only after it is submitted (as the HTTP side does), and this prompt's blocks are
+       cached now, so its first 32 tokens may all come before the watch: ask for more */
     server_gen_set_stream_limits(g, 2048, 0.2);
     int sv[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    p.max_tokens = 120;
     j = server_gen_submit(g, &p, &pr, 1, &e);
     REQUIRE(j);
     server_gen_watch(j, sv[0], "t2");
