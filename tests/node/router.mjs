@@ -32,7 +32,8 @@ import http from 'node:http';
 import net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { counter, metrics, sleep, startRouter as startRouterOf, startServer, stopServer }
+import { counter, expectStatus as expectStatusOf, metrics, sleep, startRouter as startRouterOf,
+  startServer, stopServer }
   from './serve_lib.mjs';
 
 const [weld, stories, tmp, sanitized] = process.argv.slice(2);
@@ -82,15 +83,7 @@ async function until(what, cond, ms = 10000) {
   }
 }
 
-async function expectStatus(promise, status, what, check) {
-  try {
-    await promise;
-    t.check(false, `${what}: expected HTTP ${status}, got success`);
-  } catch (e) {
-    if (!t.eq(e.status, status, `${what}: status`)) console.error(e);
-    if (check) check(e.error || {});
-  }
-}
+const expectStatus = (...a) => expectStatusOf(t, ...a);
 
 async function post(base, path, body, headers = {}) {
   const r = await fetch(base + path, { method: 'POST',

@@ -16,7 +16,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { counter, metrics, sleep, startServer, stopServer } from './serve_lib.mjs';
+import { counter, expectStatus as expectStatusOf, metrics, sleep, startServer, stopServer }
+  from './serve_lib.mjs';
 
 const [weld, stories, tmp] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -31,15 +32,7 @@ function generate(model, args) {
                       { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).replace(/\n$/, '');
 }
 
-async function expectStatus(promise, status, what, check) {
-  try {
-    await promise;
-    t.check(false, `${what}: expected HTTP ${status}, got success`);
-  } catch (e) {
-    if (!t.eq(e.status, status, `${what}: status`)) console.error(e);
-    if (check) check(e.error || {});
-  }
-}
+const expectStatus = (...a) => expectStatusOf(t, ...a);
 
 async function rawPost(base, path, body, headers = {}) {
   const r = await fetch(base + path, { method: 'POST', body,

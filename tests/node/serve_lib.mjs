@@ -24,6 +24,18 @@ export function counter() {
   return c;
 }
 
+// An OpenAI-client call that must fail with HTTP status; check (optional) gets its error
+// object. Counted in t (a counter()).
+export async function expectStatus(t, promise, status, what, check) {
+  try {
+    await promise;
+    t.check(false, `${what}: expected HTTP ${status}, got success`);
+  } catch (e) {
+    if (!t.eq(e.status, status, `${what}: status`)) console.error(e);
+    if (check) check(e.error || {});
+  }
+}
+
 export async function startServer(weld, model, args = [], env = {}) {
   const proc = spawn(weld, ['serve', model, '--port', '0', ...args],
                      { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
