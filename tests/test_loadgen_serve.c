@@ -155,6 +155,37 @@ TEST(random_exact_lengths)
     json_decref(j);
 }
 
+/* --mix: each request has one class's lengths (input with BOS, output exactly), each class
+   its share; the config echoes the mix; a bad mix is a usage error before any request. */
+TEST(random_mix)
+{
+    char args[4096];
+    snprintf(args, sizeof args,
+             "--num-prompts 8 --max-concurrency 4 --mix 40:2,6:12:3 "
+             "--seed 1 --tokenizer '%s'",
+             model_path);
+    int code = -1;
+    json_t *j = bench(args, &code);
+    CHECK_EQ_INT(code, 0);
+    REQUIRE(j);
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "completed")), 8);
+    CHECK_EQ_STR(json_string_value(json_object_get(j, "mix")), "40:2,6:12:3");
+    json_t *in = json_object_get(j, "input_lens"), *out = json_object_get(j, "output_lens");
+    int n_long = 0;
+    for (size_t i = 0; i < json_array_size(in); i++) {
+        json_int_t il = json_integer_value(json_array_get(in, i));
+        json_int_t ol = json_integer_value(json_array_get(out, i));
+        CHECK((il == 41 && ol == 2) || (il == 7 && ol == 12));
+        n_long += il == 41;
+    }
+    CHECK_EQ_INT(n_long, 2);
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "total_output_tokens")), 2 * 2 + 6 * 12);
+    json_decref(j);
+    j = bench("--mix 40:2,6", &code);
+    CHECK_EQ_INT(code, 2);
+    json_decref(j);
+}
+
 TEST(shared_prefix_paced)
 {
     int code = -1;
@@ -196,6 +227,7 @@ int main(void)
         return 1;
     }
     RUN(random_exact_lengths);
+    RUN(random_mix);
     RUN(shared_prefix_paced);
     RUN(chat_without_template_fails_cleanly);
     stop_server();

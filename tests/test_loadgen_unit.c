@@ -464,6 +464,79 @@ TEST(dataset_random_words_deterministic)
     loadgen_dataset_free(NULL);
 }
 
+/* --mix: the parser's accepted and refused forms; each class gets exactly its share of the
+   requests with its lengths, in a seeded order that is the same run to run; with a shared
+   prefix the class sets the part after it. */
+TEST(dataset_mix)
+{
+    struct loadgen_mix_class m[LOADGEN_MIX_MAX];
+    struct weld_err e;
+    int n = -1;
+    REQUIRE(loadgen_mix_parse("30:2,5:9:3", m, &n, &e) == WELD_OK);
+    CHECK_EQ_INT(n, 2);
+    CHECK(m[0].input_len == 30 && m[0].output_len == 2 && m[0].weight == 1);
+    CHECK(m[1].input_len == 5 && m[1].output_len == 9 && m[1].weight == 3);
+    const char *bad[] = {"",
+                         "30",
+                         "30:",
+                         ":2",
+                         "30:2,",
+                         "30:2:0",
+                         "0:2",
+                         "30:-2",
+                         "30:2:1:1",
+                         "30:2x",
+                         "a:b",
+                         "30:2,,5:9",
+                         "1:1,1:1,1:1,1:1,1:1,1:1,1:1,1:1,1:1,"
+                         "1:1,1:1,1:1,1:1,1:1,1:1,1:1,1:1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (loadgen_mix_parse(bad[i], m, &n, &e) == WELD_OK) {
+            fprintf(stderr, "  --mix '%s' accepted\n", bad[i]);
+            CHECK(!"a bad --mix was accepted");
+        } else {
+            CHECK(strstr(e.msg, "--mix") != NULL);
+        }
+    }
+    REQUIRE(loadgen_mix_parse("30:2,5:9:3", m, &n, &e) == WELD_OK);
+    struct loadgen_dataset_params p = {.kind = LOADGEN_DATASET_RANDOM,
+                                       .num_prompts = 10,
+                                       .input_len = 99,
+                                       .output_len = 99,
+                                       .seed = 3,
+                                       .mix = m,
+                                       .n_mix = n};
+    struct loadgen_dataset *a, *b, *c;
+    REQUIRE(loadgen_dataset_build(&p, &a, NULL) == WELD_OK);
+    REQUIRE(loadgen_dataset_build(&p, &b, NULL) == WELD_OK);
+    p.seed = 5;
+    REQUIRE(loadgen_dataset_build(&p, &c, NULL) == WELD_OK);
+    int long_n = 0, same_order = 1;
+    for (int i = 0; i < 10; i++) {
+        bool lng = a->p[i].prompt_len == 30;
+        CHECK(lng ? a->p[i].output_len == 2 : a->p[i].prompt_len == 5 && a->p[i].output_len == 9);
+        CHECK_EQ_INT(count_words(a->p[i].text), a->p[i].prompt_len);
+        CHECK_EQ_STR(a->p[i].text, b->p[i].text);
+        long_n += lng;
+        same_order &= (c->p[i].prompt_len == 30) == lng;
+    }
+    CHECK_EQ_INT(long_n, 3); /* 2.5 and 7.5: the tie's remainder goes to the first class */
+    CHECK(!same_order);      /* 120 orders: seed 5 gives another */
+
+    loadgen_dataset_free(a);
+    loadgen_dataset_free(b);
+    loadgen_dataset_free(c);
+
+    p.kind = LOADGEN_DATASET_SHARED_PREFIX, p.prefix_len = 7, p.num_groups = 2, p.n_mix = 1;
+    REQUIRE(loadgen_dataset_build(&p, &a, NULL) == WELD_OK);
+    for (int i = 0; i < 10; i++)
+        CHECK(a->p[i].prompt_len == 37 && a->p[i].output_len == 2 && a->p[i].group == i % 2);
+    loadgen_dataset_free(a);
+    m[0].weight = 0;
+    CHECK(loadgen_dataset_build(&p, &a, &e) != WELD_OK && a == NULL);
+    CHECK(strstr(e.msg, "mix class 0") != NULL);
+}
+
 /* Bytes spanned by the first n words of s (including the space after them). */
 static size_t words_bytes(const char *s, int n)
 {
@@ -656,11 +729,18 @@ TEST(allocation_failures)
         REQUIRE(tokenizer_load_gguf(&tok, f, NULL) == WELD_OK);
         gguf_close(f);
     }
+    const struct loadgen_mix_class mix[2] = {{9, 2, 1}, {5, 3, 2}};
     for (int with_tok = 0; with_tok < 2; with_tok++) {
-        struct loadgen_dataset_params p = {.kind = LOADGEN_DATASET_CHAT, .num_prompts = 3,
-                                           .input_len = 9, .output_len = 2, .prefix_len = 4,
-                                           .num_groups = 2, .seed = 1,
-                                           .tok = with_tok ? tok : NULL};
+        struct loadgen_dataset_params p = {.kind = LOADGEN_DATASET_CHAT,
+                                           .num_prompts = 3,
+                                           .input_len = 9,
+                                           .output_len = 2,
+                                           .prefix_len = 4,
+                                           .num_groups = 2,
+                                           .seed = 1,
+                                           .tok = with_tok ? tok : NULL,
+                                           .mix = mix,
+                                           .n_mix = 2};
         if (with_tok && !tok)
             break;
         int ok_at = 0;
@@ -723,6 +803,7 @@ int main(void)
     RUN(slo_parse);
     RUN(arrivals_poisson);
     RUN(dataset_random_words_deterministic);
+    RUN(dataset_mix);
     RUN(dataset_shared_prefix_groups);
     RUN(dataset_chat_shape);
     RUN(request_body_prompt);

@@ -4,7 +4,7 @@
  *
  *   weld bench serve --base-url URL --dataset random|shared-prefix|chat --num-prompts N
  *        --request-rate R|inf --max-concurrency C [--model NAME] [--input-len I]
- *        [--output-len O] [--prefix-len P] [--num-groups G] [--seed S] [--api-key KEY]
+ *        [--output-len O] [--mix I:O[:W],...] [--prefix-len P] [--num-groups G] [--seed S] [--api-key KEY]
  *        [--endpoint /v1/completions|/v1/chat/completions] [--tokenizer PATH]
  *        [--goodput ttft:MS tpot:MS e2el:MS] [--save-result FILE] [--json]
  *
@@ -37,7 +37,7 @@
 
 struct serve_opts {
     const char *base_url, *endpoint, *dataset, *model, *api_key, *tokenizer;
-    const char *request_rate, *goodput, *save_result;
+    const char *request_rate, *goodput, *save_result, *mix;
     int num_prompts, max_concurrency, input_len, output_len, prefix_len, num_groups;
     int64_t seed;
     float burstiness, timeout;
@@ -282,6 +282,7 @@ static json_t *result_json(const struct serve_opts *o, const struct loadgen_conf
     bad |= json_object_set_new(j, "max_concurrency", c->max_concurrency > 0
                                                          ? json_integer(c->max_concurrency)
                                                          : json_null());
+    bad |= json_object_set_new(j, "mix", o->mix ? json_string(o->mix) : json_null());
     bad |= json_object_set_new(j, "tokenizer", o->tokenizer ? json_string(o->tokenizer)
                                                             : json_null());
     if (bad) {
@@ -309,6 +310,11 @@ static int check_opts(const struct serve_opts *o)
         bad = "--max-concurrency must be >= 0 (0: no limit)";
     else if (!(o->burstiness > 0))
         bad = "--burstiness must be > 0";
+    struct loadgen_mix_class mix[LOADGEN_MIX_MAX];
+    struct weld_err e;
+    int n_mix;
+    if (!bad && o->mix && loadgen_mix_parse(o->mix, mix, &n_mix, &e))
+        bad = e.msg;
     if (bad)
         fprintf(stderr, "weld bench serve: %s\n", bad);
     return bad ? 2 : 0;
@@ -366,6 +372,10 @@ static int bench_serve(const struct serve_opts *o, struct loadgen_config *c,
     if (loadgen_dataset_kind_parse(o->dataset, &dp.kind))
         return err_set(e, WELD_ERR_INVALID_ARG,
                        "--dataset '%s': expected random, shared-prefix or chat", o->dataset);
+    struct loadgen_mix_class mix[LOADGEN_MIX_MAX];
+    if (o->mix && loadgen_mix_parse(o->mix, mix, &dp.n_mix, e))
+        return WELD_ERR_INVALID_ARG;
+    dp.mix = o->mix ? mix : NULL;
     struct tokenizer *tok = NULL;
     struct loadgen_dataset *d = NULL;
     struct loadgen_result *r = NULL;
@@ -385,9 +395,11 @@ static int bench_serve(const struct serve_opts *o, struct loadgen_config *c,
     char conc[32] = "no limit on requests";
     if (c->max_concurrency > 0)
         snprintf(conc, sizeof conc, "at most %d", c->max_concurrency);
-    fprintf(stderr, "weld bench serve: %d %s requests to %s%s (model %s), rate %s, %s in "
-                    "flight\n", d->n, o->dataset, c->base_url, c->endpoint, c->model,
-            o->request_rate, conc);
+    fprintf(stderr,
+            "weld bench serve: %d %s requests%s%s to %s%s (model %s), rate %s, %s in "
+            "flight\n",
+            d->n, o->dataset, o->mix ? " of mix " : "", o->mix ? o->mix : "", c->base_url,
+            c->endpoint, c->model, o->request_rate, conc);
     double kv0[KV_N], kv1[KV_N];
     bool kv_ok = kv_scrape(o, c->api_key, kv0);
     if ((rc = loadgen_run(c, d, &r, &duration, e)))
@@ -423,6 +435,9 @@ static int parse_serve_opts(int argc, char **argv, struct serve_opts *o)
          "prompt tokens (shared-prefix: after the prefix; chat: all turns) (default 512)"},
         {"output-len", 0, OPT_INT, &o->output_len, "O",
          "tokens generated per request (max_tokens, ignore_eos) (default 128)"},
+        {"mix", 0, OPT_STR, &o->mix, "I:O[:W],...",
+         "length classes in place of --input-len/--output-len, W their shares (default 1): "
+         "e.g. 1536:16,64:512"},
         {"prefix-len", 0, OPT_INT, &o->prefix_len, "P",
          "shared-prefix: tokens shared per group; chat: system prompt (default 256)"},
         {"num-groups", 0, OPT_INT, &o->num_groups, "G", "shared-prefix / chat groups (default 8)"},

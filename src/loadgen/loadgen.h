@@ -125,11 +125,21 @@ enum loadgen_dataset_kind {
                                        group) + 1-3 turns summing to ~input_len */
 };
 
+/* One class of a mixed workload (--mix INPUT:OUTPUT[:WEIGHT],...): its requests have these
+   lengths, and it gets weight / (sum of weights) of the requests. */
+struct loadgen_mix_class {
+    int input_len, output_len, weight;
+};
+#define LOADGEN_MIX_MAX 16
+
 struct loadgen_dataset_params {
     enum loadgen_dataset_kind kind;
     int num_prompts, input_len, output_len, prefix_len, num_groups;
     uint64_t seed;
     const struct tokenizer *tok;    /* NULL: word-list text, lengths approximate */
+    const struct loadgen_mix_class *mix; /* (n_mix) classes in place of input_len and
+                                            output_len; NULL: every request the same */
+    int n_mix;
 };
 
 struct loadgen_msg {
@@ -153,6 +163,9 @@ struct loadgen_dataset {
 };
 
 int loadgen_dataset_kind_parse(const char *name, enum loadgen_dataset_kind *out);
+/* "1536:16,64:512:3" into out[0..*n) (at most LOADGEN_MIX_MAX classes; weight 1 when
+   absent); an error names the bad part. */
+int loadgen_mix_parse(const char *spec, struct loadgen_mix_class *out, int *n, struct weld_err *e);
 const char *loadgen_dataset_kind_name(enum loadgen_dataset_kind k);
 int loadgen_dataset_build(const struct loadgen_dataset_params *p, struct loadgen_dataset **out,
                           struct weld_err *e);

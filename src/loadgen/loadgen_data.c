@@ -26,8 +26,15 @@
  *                  (none when prefix_len is 0), then 1-3 user turns (user, assistant, ...,
  *                  user) whose contents split input_len tokens between them.
  *
- * Not done: real conversation corpora (ShareGPT) or length distributions; every request
- * has exactly the lengths asked for, like vLLM's random dataset with range ratio 0.
+ * Mixed lengths (params->mix, --mix I:O[:W],...): any dataset's requests fall into classes
+ * of their own input and output lengths (input as input_len above). Class k gets exactly
+ * its share W_k / sum(W) of the requests (largest remainders), in an order shuffled by the
+ * same seeded stream, so a mix of long prompts with short outputs and short prompts with
+ * long outputs loads a server as such a service does, and every run sends the same mix.
+ *
+ * Not done: real conversation corpora (ShareGPT) or length distributions; within a class
+ * every request has exactly the lengths asked for, like vLLM's random dataset with range
+ * ratio 0.
  */
 #include "loadgen/loadgen.h"
 
@@ -35,6 +42,7 @@
 #include "core/rng.h"
 #include "tokenizer/tokenizer.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define FIT_ROUNDS 24
@@ -82,6 +90,39 @@ int loadgen_dataset_kind_parse(const char *name, enum loadgen_dataset_kind *out)
     else
         return WELD_ERR_INVALID_ARG;
     return WELD_OK;
+}
+
+int loadgen_mix_parse(const char *spec, struct loadgen_mix_class *out, int *n, struct weld_err *e)
+{
+    *n = 0;
+    for (const char *p = spec;;) {
+        const char *end = p + strcspn(p, ",");
+        long v[3] = {0, 0, 1};
+        int k = 0;
+        const char *q = p;
+        while (k < 3) {
+            char *stop;
+            if (*q < '0' || *q > '9')
+                break;
+            v[k++] = strtol(q, &stop, 10);
+            q = stop;
+            if (q == end || *q != ':')
+                break;
+            q++;
+        }
+        if (k < 2 || q != end || v[0] < 1 || v[0] > MAX_TOKENS_PER_TEXT || v[1] < 1 ||
+            v[1] > MAX_TOKENS_PER_TEXT || v[2] < 1 || v[2] > 1000000)
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "--mix: '%.*s' is not INPUT:OUTPUT[:WEIGHT] (token counts >= 1, "
+                           "weight 1..1000000; e.g. --mix 1536:16,64:512)",
+                           (int)(end - p), p);
+        if (*n == LOADGEN_MIX_MAX)
+            return err_set(e, WELD_ERR_INVALID_ARG, "--mix: at most %d classes", LOADGEN_MIX_MAX);
+        out[(*n)++] = (struct loadgen_mix_class){(int)v[0], (int)v[1], (int)v[2]};
+        if (!*end)
+            return WELD_OK;
+        p = end + 1;
+    }
 }
 
 const char *loadgen_dataset_kind_name(enum loadgen_dataset_kind k)
@@ -252,6 +293,17 @@ static int make_text(struct gen *g, const char *head, int head_n, int n, char **
 
 static int check_params(const struct loadgen_dataset_params *p, struct weld_err *e)
 {
+    if (p->n_mix < 0 || p->n_mix > LOADGEN_MIX_MAX || (p->n_mix > 0) != (p->mix != NULL))
+        return err_set(e, WELD_ERR_INVALID_ARG, "dataset: %d mix classes (at most %d)", p->n_mix,
+                       LOADGEN_MIX_MAX);
+    for (int k = 0; k < p->n_mix; k++)
+        if (p->mix[k].input_len < 1 || p->mix[k].input_len > MAX_TOKENS_PER_TEXT ||
+            p->mix[k].output_len < 1 || p->mix[k].weight < 1)
+            return err_set(e, WELD_ERR_INVALID_ARG,
+                           "dataset: mix class %d (%d:%d:%d) needs lengths in 1..%d and a "
+                           "weight >= 1",
+                           k, p->mix[k].input_len, p->mix[k].output_len, p->mix[k].weight,
+                           MAX_TOKENS_PER_TEXT);
     if (p->num_prompts < 1 || p->num_prompts > 10000000)
         return err_set(e, WELD_ERR_INVALID_ARG, "dataset: num_prompts %d must be in 1..1e7",
                        p->num_prompts);
@@ -288,10 +340,9 @@ static int make_prefixes(struct gen *g, char ***pre, int **pre_n, struct weld_er
     return WELD_OK;
 }
 
-static int build_chat(struct gen *g, struct loadgen_prompt *pr, const char *sys, int sys_n,
+static int build_chat(struct gen *g, struct loadgen_prompt *pr, int in, const char *sys, int sys_n,
                       struct weld_err *e)
 {
-    int in = g->p->input_len;
     int turns = 1 + (int)(rng_u64(&g->g) % 3);
     while (turns > 1 && in < 2 * turns - 1)
         turns--;
@@ -317,29 +368,68 @@ static int build_chat(struct gen *g, struct loadgen_prompt *pr, const char *sys,
     return WELD_OK;
 }
 
+/* Each request's mix class: class k gets its weight's share of the n requests (largest
+   remainders, ties to the first class), then the order is shuffled (Fisher-Yates). */
+static int *mix_classes(struct gen *g, int n, struct weld_err *e)
+{
+    const struct loadgen_mix_class *mix = g->p->mix;
+    int nm = g->p->n_mix, *cls = wmalloc((size_t)n * sizeof *cls), given = 0;
+    if (!cls) {
+        err_set(e, WELD_ERR_NOMEM, "dataset: out of memory");
+        return NULL;
+    }
+    int64_t wsum = 0, rem[LOADGEN_MIX_MAX];
+    int cnt[LOADGEN_MIX_MAX];
+    for (int k = 0; k < nm; k++)
+        wsum += mix[k].weight;
+    for (int k = 0; k < nm; k++) {
+        cnt[k] = (int)((int64_t)n * mix[k].weight / wsum);
+        rem[k] = (int64_t)n * mix[k].weight % wsum;
+        given += cnt[k];
+    }
+    for (; given < n; given++) {
+        int best = 0;
+        for (int k = 1; k < nm; k++)
+            best = rem[k] > rem[best] ? k : best;
+        cnt[best]++, rem[best] = -1;
+    }
+    for (int k = 0, i = 0; k < nm; k++)
+        for (int c = 0; c < cnt[k]; c++)
+            cls[i++] = k;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_u64(&g->g) % (uint64_t)(i + 1)), t = cls[i];
+        cls[i] = cls[j], cls[j] = t;
+    }
+    return cls;
+}
+
 static int build_prompts(struct gen *g, struct loadgen_dataset *d, struct weld_err *e)
 {
     const struct loadgen_dataset_params *p = g->p;
     char **pre = NULL;
     int *pre_n = NULL, rc = WELD_OK;
     bool grouped = p->kind != LOADGEN_DATASET_RANDOM && p->prefix_len > 0;
+    int *cls = NULL;
+    if (p->n_mix > 0 && !(cls = mix_classes(g, p->num_prompts, e)))
+        return WELD_ERR_NOMEM;
     if (grouped && (rc = make_prefixes(g, &pre, &pre_n, e)))
         goto free_prefixes;
     for (int i = 0; i < p->num_prompts && rc == WELD_OK; i++) {
         struct loadgen_prompt *pr = &d->p[i];
         int grp = p->kind == LOADGEN_DATASET_RANDOM ? -1 : i % p->num_groups, got = 0;
         pr->group = grp;
-        pr->output_len = p->output_len;
+        pr->output_len = cls ? p->mix[cls[i]].output_len : p->output_len;
+        int in = cls ? p->mix[cls[i]].input_len : p->input_len;
         if (p->kind == LOADGEN_DATASET_CHAT) {
-            rc = build_chat(g, pr, grouped ? pre[grp] : NULL, grouped ? pre_n[grp] : 0, e);
+            rc = build_chat(g, pr, in, grouped ? pre[grp] : NULL, grouped ? pre_n[grp] : 0, e);
         } else {
             int head_n = grouped ? pre_n[grp] : 0;
-            rc = make_text(g, grouped ? pre[grp] : NULL, head_n, p->input_len, &pr->text,
-                           &got, e);
+            rc = make_text(g, grouped ? pre[grp] : NULL, head_n, in, &pr->text, &got, e);
             pr->prompt_len = head_n + got;
         }
     }
 free_prefixes:
+    wfree(cls);
     for (int i = 0; pre && i < p->num_groups; i++)
         wfree(pre[i]);
     wfree(pre);
