@@ -149,6 +149,8 @@ int cmd_serve(int argc, char **argv)
     }
     /* a decode server's loads land in pool pages never touched: fault them in at start */
     so.engine.kv_prefault = so.kv_role == SERVER_KV_CONSUMER || so.kv_role == SERVER_KV_BOTH;
+    /* a prefill server's answers wait for its writes (the handoff) */
+    so.engine.kv_writes_urgent = so.kv_role == SERVER_KV_PRODUCER || so.kv_role == SERVER_KV_BOTH;
     so.port = port;
     so.shutdown_timeout = grace;
     so.max_body = (size_t)max_body;

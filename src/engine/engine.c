@@ -357,7 +357,8 @@ static int engine_open_pool(struct engine *eng, const struct engine_params *p,
                            "found by their prefix hash): drop --no-enable-prefix-caching");
         struct offload_params op = {.dir = p->kv_offload_dir,
                                     .dir_bytes = p->kv_offload_bytes,
-                                    .store = p->kv_store};
+                                    .store = p->kv_store,
+                                    .writer_nice = p->kv_writes_urgent ? 0 : 10};
         if ((rc = offload_create(&eng->off, &op, eng->m, eng->run, p->kv_dtype, p->block_size, e)))
             return rc;
         eng->sc.kv.log_evictions = true;

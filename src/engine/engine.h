@@ -106,6 +106,10 @@ struct engine_params {
                                        server: loaded blocks land in pages never written,
                                        and a fault per page in the middle of a step stalls
                                        every running decode); default: the first 256 MiB */
+    bool kv_writes_urgent;      /* answers wait for the tier's writes (a prefill server's
+                                   handoffs): its writer keeps the engine's priority; else
+                                   it runs at nice 10, so spills only take CPU the steps
+                                   leave and do not stretch them */
 };
 
 struct engine_stats {

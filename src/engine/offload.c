@@ -181,7 +181,8 @@ int offload_create(struct offload **out, const struct offload_params *p, const s
     struct kvtier_config tc = {.dir = p->dir,
                                .dir_max_bytes = p->dir_bytes,
                                .store_url = p->store,
-                               .block_bytes = bb};
+                               .block_bytes = bb,
+                               .writer_nice = p->writer_nice};
     fingerprint(tc.fingerprint, m, kv_dtype, block_size, bb);
     int rc = kvtier_open(&o->tier, &tc, e);
     if (!rc && pthread_create(&o->th, NULL, prefetch_main, o))

@@ -40,6 +40,7 @@ struct offload_params {
     const char *dir;    /* --kv-offload-dir, or NULL */
     uint64_t dir_bytes; /* --kv-offload-size; 0: the tier's default */
     const char *store;  /* --kv-store URL, or NULL */
+    int writer_nice;    /* the tier's writer thread (kvtier_config.writer_nice) */
 };
 
 struct offload;

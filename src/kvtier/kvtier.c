@@ -17,9 +17,13 @@
 #include "core/progress.h"
 #include "kvtier/tier.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -127,6 +131,11 @@ static void warn_io(struct kvtier *t, int w, const char *what)
 static void *writer_main(void *arg)
 {
     struct kvtier *t = arg;
+    /* Lowering one's own priority needs no privilege; on Linux it applies to this thread. */
+    if (t->c.writer_nice > 0 &&
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), t->c.writer_nice) != 0)
+        log_warn("kv tier: cannot lower the writer thread's priority (nice %d): %s",
+                 t->c.writer_nice, strerror(errno));
     pthread_mutex_lock(&t->mu);
     for (;;) {
         while (!t->head && !t->quit)

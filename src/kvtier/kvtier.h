@@ -20,8 +20,10 @@
  * changing an answer.
  *
  * Threads. kvtier_get_run runs on its caller's thread, one at a time. Puts are copied into
- * a bounded queue that one writer thread drains (a full queue drops them, counted); a read
- * finds a block still queued there. Every other call is safe from any thread.
+ * a bounded queue that one writer thread drains (a full queue drops them, counted), at a
+ * lower priority where nobody waits for it (writer_nice), so writing never stretches the
+ * engine's steps on a busy core; a read finds a block still queued there. Every other call
+ * is safe from any thread.
  *
  * Failure. A tier that cannot be opened is an error naming it; later I/O errors are
  * counted, logged at most every 10 s and read as misses; the store reconnects.
@@ -50,6 +52,8 @@ struct kvtier_config {
     uint8_t fingerprint[16]; /* what the entries must match (the engine's) */
     size_t block_bytes;      /* payload bytes of one block (> 0) */
     size_t queue_bytes;      /* writes waiting for the writer; 0: KVTIER_DEFAULT_QUEUE_BYTES */
+    int writer_nice;         /* > 0: the writer thread lowers its priority to this nice value
+                                (Linux: per thread); 0: it keeps the caller's */
 };
 
 enum kvtier_which { KVTIER_FILE = 0, KVTIER_STORE, KVTIER_N };

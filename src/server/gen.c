@@ -830,8 +830,11 @@ void server_gen_tier_wait(struct server_gen *g, uint64_t ticket)
     pthread_mutex_unlock(&g->mu);
     if (!eng)
         return;
+    double t0 = time_now();
     engine_tier_wait(eng, ticket); /* thread-safe: only the tier's write queue */
+    double waited = time_now() - t0;
     pthread_mutex_lock(&g->mu);
+    g->m.kv_save_wait_seconds += waited;
     g->tier_waiters--;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);

@@ -158,9 +158,11 @@ char *server_metrics_text(const struct server_metrics *m, const char *model_name
         counter(&b, "kv_transfer_saved_tokens_total", "Prompt tokens of those blocks.",
                 st->kv_handoff_tokens, lbl);
         head(&b, "kv_transfer_save_seconds_total", "counter",
-             "Seconds saving them until written (the prefill side's transfer latency).");
+             "Seconds from the end of their prompts until their blocks were written: the "
+             "engine's copy into the write queue plus the answers' wait for the writer (the "
+             "prefill side's transfer latency).");
         strbuf_printf(&b, "weld:kv_transfer_save_seconds_total{%s} %.6f\n", lbl,
-                      st->kv_handoff_seconds);
+                      st->kv_handoff_seconds + m->kv_save_wait_seconds);
         counter(&b, "kv_transfer_remote_prefills_total",
                 "Requests that came with a prefill server's handle "
                 "(kv_transfer_params.do_remote_prefill).",

@@ -32,6 +32,7 @@ struct server_metrics {
     struct engine_stats st;        /* the engine's last snapshot */
     uint64_t http_requests, http_errors; /* every HTTP request / those answered >= 400 */
     uint64_t stream_stalls;        /* streams aborted after --stream-stall-timeout */
+    double kv_save_wait_seconds;   /* answers held until their blocks were written (P/D) */
 };
 
 void server_metrics_init(struct server_metrics *m);
