@@ -28,6 +28,11 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+/* Items a writer keeps for the next puts: a fresh allocation of an entry's size comes from
+   pages the allocator has just given back (a fault and a zeroed page every 4 KiB, on the
+   engine's thread), a reused one does not. */
+#define SPARE_MAX 64
+
 static const char MAGIC[8] = {'W', 'E', 'L', 'D', 'K', 'V', '0', '1'};
 
 struct qitem {
@@ -46,6 +51,8 @@ struct kvtier {
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;  /* queue changed / written moved */
     struct qitem *head, *tail;
+    struct qitem *spare; /* written items kept for reuse (at most SPARE_MAX) */
+    int n_spare;
     size_t queued;
     uint64_t enqueued, written; /* entries ever queued / done */
     bool quit, thread_on;
@@ -162,7 +169,13 @@ static void *writer_main(void *arg)
         t->queued -= t->entry_bytes;
         t->written++;
         pthread_cond_broadcast(&t->cv);
-        wfree(q);
+        if (t->n_spare < SPARE_MAX) {
+            q->next = t->spare;
+            t->spare = q;
+            t->n_spare++;
+        } else {
+            wfree(q);
+        }
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
@@ -234,11 +247,12 @@ void kvtier_close(struct kvtier *t)
     for (int w = 0; w < KVTIER_N; w++)
         if (t->b[w])
             t->ops[w]->close(t->b[w]);
-    while (t->head) {
-        struct qitem *q = t->head;
-        t->head = q->next;
-        wfree(q);
-    }
+    struct qitem *lists[2] = {t->head, t->spare};
+    for (int k = 0; k < 2; k++)
+        for (struct qitem *q = lists[k], *next; q; q = next) {
+            next = q->next;
+            wfree(q);
+        }
     pthread_cond_destroy(&t->cv);
     pthread_mutex_destroy(&t->mu);
     wfree(t->scratch);
@@ -319,10 +333,16 @@ int kvtier_put(struct kvtier *t, const struct kvtier_key *keys, int n, const voi
         bool room = t->queued == 0 || t->queued + t->entry_bytes <= t->c.queue_bytes;
         if (!room)
             t->st.dropped += (uint64_t)(n - i);
+        struct qitem *q = room ? t->spare : NULL;
+        if (q) {
+            t->spare = q->next;
+            t->n_spare--;
+        }
         pthread_mutex_unlock(&t->mu);
         if (!room)
             break;
-        struct qitem *q = wmalloc(sizeof *q + t->entry_bytes);
+        if (!q)
+            q = wmalloc(sizeof *q + t->entry_bytes);
         if (!q) {
             pthread_mutex_lock(&t->mu);
             t->st.dropped += (uint64_t)(n - i);
