@@ -476,8 +476,8 @@ TEST(dataset_mix)
     CHECK_EQ_INT(n, 2);
     CHECK(m[0].input_len == 30 && m[0].output_len == 2 && m[0].weight == 1);
     CHECK(m[1].input_len == 5 && m[1].output_len == 9 && m[1].weight == 3);
-    const char *bad[] = {"",    "30",    "30:",      ":2",    "30:2,", "30:2:0",
-                         "0:2", "30:-2", "30:2:1:1", "30:2x", "a:b",   "30:2,,5:9"};
+    const char *bad[] = {"",      "30",       "30:",   ":2",  "30:2,",     "30:2:0", "0:2",
+                         "30:-2", "30:2:1:1", "30:2x", "a:b", "30:2,,5:9", "30:2:"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (loadgen_mix_parse(bad[i], m, &n, &e) == WELD_OK) {
             fprintf(stderr, "  --mix '%s' accepted\n", bad[i]);

@@ -110,8 +110,8 @@ int loadgen_mix_parse(const char *spec, struct loadgen_mix_class *out, int *n, s
                 break;
             q++;
         }
-        if (k < 2 || q != end || v[0] < 1 || v[0] > MAX_TOKENS_PER_TEXT || v[1] < 1 ||
-            v[1] > MAX_TOKENS_PER_TEXT || v[2] < 1 || v[2] > 1000000)
+        if (k < 2 || q != end || q[-1] == ':' || v[0] < 1 || v[0] > MAX_TOKENS_PER_TEXT ||
+            v[1] < 1 || v[1] > MAX_TOKENS_PER_TEXT || v[2] < 1 || v[2] > 1000000)
             return err_set(e, WELD_ERR_INVALID_ARG,
                            "--mix: '%.*s' is not INPUT:OUTPUT[:WEIGHT] (token counts >= 1, "
                            "weight 1..1000000; e.g. --mix 1536:16,64:512)",
